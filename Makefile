@@ -1,0 +1,28 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test test-all clean
+
+# Creates or updates .venv only when requirements.txt or setup.py changed.
+venv: $(STAMP)
+
+$(STAMP): requirements.txt setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --disable-pip-version-check -q -r requirements.txt
+	$(PY) -m pip install --disable-pip-version-check -q --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+demo: venv
+	$(PY) -m rankgen_jax.smoke --out runs/smoke
+
+test: venv
+	$(PY) -m pytest -q -m "not slow" tests
+
+test-all: venv
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,90 @@
+"""`import` and `export-hf`: move parameters between T5X / HF folders and our checkpoint format."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+from rankgen_jax.checkpoints import native
+from rankgen_jax.configs import HeadConfig, ModelConfig
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.models.factory import check_params_match, to_canonical_layout
+
+SOURCES = ("hf", "t5x")
+EXPORT_FORMATS = ("rankgen", "t5-encoder")
+
+
+def _note(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def read_source(
+    source: str, path: str, head: HeadConfig | None = None, relpos_max_distance: int = 128
+) -> tuple[ModelConfig, dict, str | None]:
+    """(model config, canonical params, spiece.model path or None) from an HF folder or a T5X checkpoint.
+
+    head / relpos_max_distance apply to T5X only: its checkpoints store no model
+    config, so what shapes cannot tell is taken from the caller and announced.
+    """
+    if not Path(path).exists() and not str(path).startswith("gs://"):
+        raise RankgenError(f"{path}: no such file or folder")
+    if source == "hf":
+        from rankgen_jax.checkpoints.hf import load_hf_folder
+
+        return load_hf_folder(path)
+    if source == "t5x":
+        from rankgen_jax.checkpoints.t5x import load_t5x_checkpoint
+
+        head = head if head is not None else HeadConfig()
+        model_config, params = load_t5x_checkpoint(path, head=head, relpos_max_distance=relpos_max_distance)
+        head_note = (
+            "no head"
+            if model_config.head is None
+            else ", ".join(f"{f.name}={getattr(model_config.head, f.name)}" for f in dataclasses.fields(HeadConfig))
+        )
+        _note(
+            f"note: T5X checkpoints store no model config; inferred from shapes: {model_config.encoder}; "
+            f"assumed relpos_max_distance={relpos_max_distance} and head ({head_note}) "
+            "(change with --relpos_max_distance / --pooling / --l2_normalize)"
+        )
+        return model_config, params, None
+    raise RankgenError(f"unknown import source {source!r}: expected one of {SOURCES}")
+
+
+def import_checkpoint(
+    source: str,
+    path: str,
+    out: str,
+    overwrite: bool = False,
+    vocab: str | None = None,
+    head: HeadConfig | None = None,
+    relpos_max_distance: int = 128,
+) -> ModelConfig:
+    """Convert a checkpoint into a new rankgen_jax checkpoint folder; returns its model config."""
+    model_config, params, spiece = read_source(source, path, head, relpos_max_distance)
+    if vocab is not None:
+        if not Path(vocab).is_file():
+            raise RankgenError(f"{vocab}: no such vocabulary file")
+        spiece = vocab
+    check_params_match(params, model_config, where=path)
+    native.save_params(out, model_config, params, spiece_model=spiece, overwrite=overwrite)
+    return model_config
+
+
+def export_hf(checkpoint: str, out: str, fmt: str = "rankgen", overwrite: bool = False, step: int | None = None) -> None:
+    """Write a checkpoint's parameters as a HuggingFace folder (safetensors)."""
+    from rankgen_jax.checkpoints.hf import save_hf_folder
+
+    if fmt not in EXPORT_FORMATS:
+        raise RankgenError(f"unknown export format {fmt!r}: expected one of {EXPORT_FORMATS}")
+    model_config, params = native.restore_params(checkpoint, step)
+    params = to_canonical_layout(params)
+    check_params_match(params, model_config, where=checkpoint)
+    if fmt == "rankgen" and model_config.head is None:
+        raise RankgenError(
+            f"{checkpoint}: holds a bare encoder without a head; export it with --format t5-encoder"
+        )
+    if native.vocab_path(checkpoint) is None:
+        _note(f"note: {checkpoint} has no vocabulary; the exported folder will have no tokenizer files")
+    save_hf_folder(model_config, params, out, fmt=fmt, spiece_model=native.vocab_path(checkpoint), overwrite=overwrite)

@@ -1,0 +1,126 @@
+"""The project's own checkpoint folder: model config, vocabulary, Orbax-saved state.
+
+Layout of CKPT_DIR (the same that `rankgen-jax train` writes into its workdir):
+
+    model_config.json        ModelConfig (encoder + head)
+    vocab/spiece.model       SentencePiece vocabulary, when known
+    checkpoints/<step>/      Orbax CheckpointManager steps; item `params` holds
+                             the canonical (unscanned, T5X-named) parameters
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import orbax.checkpoint as ocp
+
+from rankgen_jax.configs import ModelConfig
+from rankgen_jax.errors import RankgenError
+
+MODEL_CONFIG_FILE = "model_config.json"
+VOCAB_FILE = os.path.join("vocab", "spiece.model")
+STEPS_DIR = "checkpoints"
+
+
+def ensure_writable_dir(path: str | os.PathLike, overwrite: bool) -> Path:
+    """Create an output folder; refuse a non-empty one unless overwrite (then empty it)."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise RankgenError(f"{out}: exists and is not a folder")
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise RankgenError(f"{out}: folder is not empty (pass --overwrite to replace its contents)")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def is_checkpoint_dir(path: str | os.PathLike) -> bool:
+    return (Path(path) / MODEL_CONFIG_FILE).is_file()
+
+
+def _require_checkpoint_dir(path: str | os.PathLike) -> Path:
+    ckpt = Path(path)
+    if not ckpt.exists():
+        raise RankgenError(f"{ckpt}: no such checkpoint folder")
+    if not is_checkpoint_dir(ckpt):
+        raise RankgenError(
+            f"{ckpt}: not a rankgen_jax checkpoint (no {MODEL_CONFIG_FILE}; "
+            "create one with `rankgen-jax import` or `rankgen-jax train`)"
+        )
+    return ckpt
+
+
+def step_manager(path: str | os.PathLike, max_to_keep: int | None = None, async_save: bool = False) -> ocp.CheckpointManager:
+    """Orbax manager over CKPT_DIR/checkpoints."""
+    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=async_save)
+    return ocp.CheckpointManager(Path(path).absolute() / STEPS_DIR, options=options)
+
+
+def save_model_config(path: str | os.PathLike, model_config: ModelConfig, spiece_model: str | None = None) -> None:
+    ckpt = Path(path)
+    ckpt.mkdir(parents=True, exist_ok=True)
+    (ckpt / MODEL_CONFIG_FILE).write_text(model_config.to_json() + "\n", encoding="utf-8")
+    if spiece_model is not None:
+        (ckpt / VOCAB_FILE).parent.mkdir(exist_ok=True)
+        shutil.copyfile(spiece_model, ckpt / VOCAB_FILE)
+
+
+def save_params(
+    path: str | os.PathLike,
+    model_config: ModelConfig,
+    params: dict,
+    step: int = 0,
+    spiece_model: str | None = None,
+    overwrite: bool = False,
+) -> None:
+    """Write a new checkpoint folder holding only parameters (what `import` produces)."""
+    ckpt = ensure_writable_dir(path, overwrite)
+    save_model_config(ckpt, model_config, spiece_model)
+    manager = step_manager(ckpt)
+    manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params)))
+    manager.wait_until_finished()
+    manager.close()
+
+
+def load_model_config(path: str | os.PathLike) -> ModelConfig:
+    ckpt = _require_checkpoint_dir(path)
+    config_file = ckpt / MODEL_CONFIG_FILE
+    return ModelConfig.from_json(config_file.read_text(encoding="utf-8"), where=str(config_file))
+
+
+def vocab_path(path: str | os.PathLike) -> str | None:
+    """The checkpoint's SentencePiece model, or None when it has none."""
+    candidate = Path(path) / VOCAB_FILE
+    return str(candidate) if candidate.is_file() else None
+
+
+def restore_params(path: str | os.PathLike, step: int | None = None) -> tuple[ModelConfig, dict]:
+    """(model config, parameters as numpy arrays) of a step (default: the latest)."""
+    ckpt = _require_checkpoint_dir(path)
+    model_config = load_model_config(ckpt)
+    manager = step_manager(ckpt)
+    steps = manager.all_steps()
+    if not steps:
+        raise RankgenError(f"{ckpt}: checkpoint folder has no saved steps under {STEPS_DIR}/")
+    if step is None:
+        step = max(steps)
+    elif step not in steps:
+        raise RankgenError(f"{ckpt}: no step {step} (saved steps: {sorted(steps)})")
+    try:
+        restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore()))
+    except Exception as e:  # Orbax raises many types for damaged folders
+        raise RankgenError(f"{ckpt}: cannot read step {step} ({type(e).__name__}: {e})") from None
+    finally:
+        manager.close()
+    params = _to_numpy(restored.params)
+    return model_config, params
+
+
+def _to_numpy(tree):
+    if isinstance(tree, dict):
+        return {k: _to_numpy(v) for k, v in tree.items()}
+    return np.asarray(tree)

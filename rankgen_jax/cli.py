@@ -1,0 +1,95 @@
+"""`rankgen-jax` command line: one subcommand per job; the logic lives in importable modules."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rankgen_jax.runtime import configure_xla_flags
+
+configure_xla_flags()
+
+from rankgen_jax.configs import POOLINGS, HeadConfig  # noqa: E402
+from rankgen_jax.errors import RankgenError  # noqa: E402
+
+
+def _add_import(subparsers) -> None:
+    p = subparsers.add_parser(
+        "import",
+        help="convert an HF folder or a T5X checkpoint into a rankgen_jax checkpoint",
+        description="Convert a HuggingFace T5 folder (plain T5 or the RankGen T5EncoderWithProjection format) "
+        "or a T5X checkpoint (local, or gs:// through tensorstore) into a rankgen_jax checkpoint folder.",
+    )
+    p.add_argument("--from", dest="source", required=True, choices=["hf", "t5x"], help="source format")
+    p.add_argument("--path", required=True, help="HF folder or T5X checkpoint folder (checkpoint_N/)")
+    p.add_argument("--out", required=True, help="new checkpoint folder to write")
+    p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out")
+    p.add_argument("--vocab", help="SentencePiece model to store with the checkpoint (default: the source's spiece.model)")
+    t5x = p.add_argument_group("T5X only (its checkpoints store no model config)")
+    t5x.add_argument("--pooling", choices=POOLINGS, default="first", help="dual-encoder pooling (default: first, as RankGen)")
+    t5x.add_argument("--l2_normalize", action="store_true", help="L2-normalise vectors (Sentence-T5 / t5x_retrieval)")
+    t5x.add_argument("--no_head", action="store_true", help="import the encoder only, without a dual-encoder head")
+    t5x.add_argument("--relpos_max_distance", type=int, default=128, help="relative position max distance (default 128)")
+    p.set_defaults(run=_run_import)
+
+
+def _run_import(args) -> None:
+    from rankgen_jax.checkpoints.convert import import_checkpoint
+
+    head = None if args.no_head else HeadConfig(pooling=args.pooling, l2_normalize=args.l2_normalize)
+    if args.source == "hf" and (args.no_head or args.pooling != "first" or args.l2_normalize):
+        raise RankgenError("--pooling / --l2_normalize / --no_head apply to --from t5x only (HF folders carry their config)")
+    config = import_checkpoint(
+        args.source, args.path, args.out, overwrite=args.overwrite, vocab=args.vocab,
+        head=head, relpos_max_distance=args.relpos_max_distance,
+    )
+    kind = "dual encoder" if config.head is not None else "encoder"
+    print(f"imported {kind} ({config.encoder.num_layers} layers, d_model {config.encoder.d_model}) to {args.out}")
+
+
+def _add_export(subparsers) -> None:
+    p = subparsers.add_parser(
+        "export-hf",
+        help="write a checkpoint as a HuggingFace folder (safetensors)",
+        description="Export a rankgen_jax checkpoint as a HuggingFace folder: the released RankGen format "
+        "(T5EncoderWithProjection, load with AutoModel.from_pretrained(dir, trust_remote_code=True)) "
+        "or a plain T5EncoderModel.",
+    )
+    p.add_argument("--checkpoint", required=True, help="rankgen_jax checkpoint folder (import output or train workdir)")
+    p.add_argument("--out", required=True, help="HF folder to write")
+    p.add_argument("--format", choices=["rankgen", "t5-encoder"], default="rankgen", help="default: rankgen")
+    p.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
+    p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out")
+    p.set_defaults(run=_run_export)
+
+
+def _run_export(args) -> None:
+    from rankgen_jax.checkpoints.convert import export_hf
+
+    export_hf(args.checkpoint, args.out, fmt=args.format, overwrite=args.overwrite, step=args.step)
+    print(f"exported {args.checkpoint} to {args.out} ({args.format} format)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rankgen-jax",
+        description="Train and use RankGen-style ranking models on T5 encoders (JAX/Flax).",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_import(subparsers)
+    _add_export(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.run(args)
+    except RankgenError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""Model configurations: T5 encoder sizes, dual-encoder heads, and their JSON form.
+
+A checkpoint folder stores its `ModelConfig` as JSON, so every tool that reads
+a checkpoint builds exactly the model that wrote it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import gin
+
+from rankgen_jax.errors import RankgenError
+
+MLP_ACTIVATIONS = ("gated-gelu", "relu")
+POOLINGS = ("first", "mean", "first_last_avg", "last2_avg")
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+    """Hyper-parameters of a T5 encoder (T5 1.0 with `relu`, T5 1.1 with `gated-gelu`)."""
+
+    vocab_size: int = 32128
+    d_model: int = 512
+    d_ff: int = 1024
+    num_layers: int = 8
+    num_heads: int = 6
+    d_kv: int = 64
+    mlp_activation: str = "gated-gelu"
+    relpos_buckets: int = 32
+    relpos_max_distance: int = 128
+    dropout_rate: float = 0.0
+    layer_norm_eps: float = 1e-6
+    pad_id: int = 0
+    eos_id: int = 1
+    # Activation dtype; parameters stay float32.
+    dtype: str = "float32"
+    remat: bool = False
+    scan_layers: bool = False
+
+    def __post_init__(self):
+        if self.mlp_activation not in MLP_ACTIVATIONS:
+            raise RankgenError(
+                f"T5Config.mlp_activation={self.mlp_activation!r}: expected one of {MLP_ACTIVATIONS}")
+        for name in ("vocab_size", "d_model", "d_ff", "num_layers", "num_heads", "d_kv",
+                     "relpos_buckets", "relpos_max_distance"):
+            if getattr(self, name) <= 0:
+                raise RankgenError(f"T5Config.{name} must be positive, got {getattr(self, name)}")
+
+
+# T5 1.1 sizes (DESIGN.md s3). `tiny` is for tests only.
+T5_1_1_SIZES: dict[str, dict[str, int]] = {
+    "tiny": dict(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16),
+    "small": dict(d_model=512, d_ff=1024, num_layers=8, num_heads=6, d_kv=64),
+    "base": dict(d_model=768, d_ff=2048, num_layers=12, num_heads=12, d_kv=64),
+    "large": dict(d_model=1024, d_ff=2816, num_layers=24, num_heads=16, d_kv=64),
+    "xl": dict(d_model=2048, d_ff=5120, num_layers=24, num_heads=32, d_kv=64),
+    "xxl": dict(d_model=4096, d_ff=10240, num_layers=24, num_heads=64, d_kv=64),
+}
+
+# T5 1.0 sizes (ReLU MLP).
+T5_1_0_SIZES: dict[str, dict[str, int]] = {
+    "tiny": dict(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16),
+    "small": dict(d_model=512, d_ff=2048, num_layers=6, num_heads=8, d_kv=64),
+    "base": dict(d_model=768, d_ff=3072, num_layers=12, num_heads=12, d_kv=64),
+    "large": dict(d_model=1024, d_ff=4096, num_layers=24, num_heads=16, d_kv=64),
+    "3b": dict(d_model=1024, d_ff=16384, num_layers=24, num_heads=32, d_kv=128),
+    "11b": dict(d_model=1024, d_ff=65536, num_layers=24, num_heads=128, d_kv=128),
+}
+
+
+@gin.configurable
+def t5_config(size: str = "small", version: str = "1.1", **overrides: Any) -> T5Config:
+    """Named T5 encoder size (`tiny` ... `xxl`), with field overrides."""
+    table = {"1.1": T5_1_1_SIZES, "1.0": T5_1_0_SIZES}.get(version)
+    if table is None:
+        raise RankgenError(f"unknown T5 version {version!r}: expected '1.0' or '1.1'")
+    if size not in table:
+        raise RankgenError(f"unknown T5 {version} size {size!r}: expected one of {sorted(table)}")
+    activation = "gated-gelu" if version == "1.1" else "relu"
+    return T5Config(**{"mlp_activation": activation, **table[size], **overrides})
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class HeadConfig:
+    """Turns encoder hidden states into one vector per input.
+
+    projection_dim: -1 projects d -> d_model, 0 means no projection,
+      any other value projects d -> projection_dim (bias-free).
+    """
+
+    pooling: str = "first"
+    projection_dim: int = -1
+    l2_normalize: bool = False
+
+    def __post_init__(self):
+        if self.pooling not in POOLINGS:
+            raise RankgenError(f"HeadConfig.pooling={self.pooling!r}: expected one of {POOLINGS}")
+        if self.projection_dim < -1:
+            raise RankgenError(f"HeadConfig.projection_dim must be -1, 0 or positive, got {self.projection_dim}")
+
+    def output_dim(self, d_model: int) -> int:
+        return d_model if self.projection_dim in (-1, 0) else self.projection_dim
+
+
+# RankGen: first token -> projection d -> d, no normalisation (DESIGN.md s4).
+RANKGEN_HEAD = HeadConfig(pooling="first", projection_dim=-1, l2_normalize=False)
+# Sentence-T5 / t5x_retrieval: mean over non-pad -> projection -> L2.
+ST5_HEAD = HeadConfig(pooling="mean", projection_dim=-1, l2_normalize=True)
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """What a checkpoint holds: an encoder, and a head if it is a dual encoder."""
+
+    encoder: T5Config = dataclasses.field(default_factory=T5Config)
+    head: HeadConfig | None = RANKGEN_HEAD
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "encoder_type": "t5",
+            "encoder": dataclasses.asdict(self.encoder),
+            "head": None if self.head is None else dataclasses.asdict(self.head),
+        }
+
+    @classmethod
+    def from_json_dict(cls, data: dict[str, Any], where: str = "model config") -> "ModelConfig":
+        try:
+            if data.get("encoder_type", "t5") != "t5":
+                raise RankgenError(f"{where}: unsupported encoder_type {data.get('encoder_type')!r}")
+            encoder = T5Config(**data["encoder"])
+            head = None if data.get("head") is None else HeadConfig(**data["head"])
+        except (KeyError, TypeError) as e:
+            raise RankgenError(f"{where}: malformed model config ({e})") from None
+        return cls(encoder=encoder, head=head)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_json_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "model config") -> "ModelConfig":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise RankgenError(f"{where}: not valid JSON ({e})") from None
+        return cls.from_json_dict(data, where)

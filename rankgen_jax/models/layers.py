@@ -1,0 +1,89 @@
+"""Building blocks shared by the encoders: dense kernels, RMS norm, embedding.
+
+Every parameter carries logical axis names (T5X vocabulary: `embed`, `mlp`,
+`heads`, `kv`, `joined_kv`, `vocab`, `relpos_buckets`) so one rules table maps
+any model onto any mesh.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Initializer = Callable[..., jax.Array]
+
+# Activations at layer boundaries: [batch, length, embed].
+ACTIVATION_AXES = ("batch", "length", "embed")
+
+default_kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+
+
+def activation_dtype(name: str) -> jnp.dtype:
+    """The activation dtype named in a config (`float32`, `bfloat16`)."""
+    return jnp.dtype(name)
+
+
+def constrain(x: jax.Array, axes: Sequence[str]) -> jax.Array:
+    """Logical sharding constraint; a no-op outside a mesh with axis rules."""
+    return nn.with_logical_constraint(x, tuple(axes))
+
+
+class DenseKernel(nn.Module):
+    """Bias-free dense layer over the last axis, float32 kernel named `kernel`.
+
+    Inputs are kept 2-D ([tokens, features]) by the callers: on XLA:CPU a 3-D
+    dot makes the weight gradient pay for large transposes.
+    """
+
+    features: int
+    kernel_axes: tuple[str, str]
+    dtype: jnp.dtype = jnp.float32
+    kernel_init: Initializer = default_kernel_init
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        kernel = self.param(
+            "kernel",
+            nn.with_logical_partitioning(self.kernel_init, self.kernel_axes),
+            (x.shape[-1], self.features),
+            jnp.float32,
+        )
+        return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+
+
+class RMSNorm(nn.Module):
+    """T5 layer norm: scale only, no bias, no mean subtraction; computed in float32."""
+
+    eps: float = 1e-6
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        scale = self.param(
+            "scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)), (x.shape[-1],), jnp.float32
+        )
+        x32 = x.astype(jnp.float32)
+        variance = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+        return (x32 * jax.lax.rsqrt(variance + self.eps) * scale).astype(self.dtype)
+
+
+class Embed(nn.Module):
+    """Token embedding table `embedding` [vocab, embed]."""
+
+    num_embeddings: int
+    features: int
+    dtype: jnp.dtype = jnp.float32
+    embedding_init: Initializer = nn.initializers.normal(stddev=1.0)
+
+    @nn.compact
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        embedding = self.param(
+            "embedding",
+            nn.with_logical_partitioning(self.embedding_init, ("vocab", "embed")),
+            (self.num_embeddings, self.features),
+            jnp.float32,
+        )
+        return jnp.take(embedding, ids, axis=0).astype(self.dtype)

@@ -1,0 +1,26 @@
+"""Test settings: 8 fake CPU devices for sharding tests, offline HF, a vocabulary trained once."""
+
+import os
+
+# Must happen before jax is imported anywhere.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+from rankgen_jax.runtime import configure_xla_flags  # noqa: E402
+
+configure_xla_flags(host_device_count=8)
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+T5X_FIXTURE = SHARED / "fixtures" / "t5x_de_t5_tiny.checkpoint_1000"
+
+
+@pytest.fixture(scope="session")
+def spiece_model(tmp_path_factory) -> str:
+    """A 1000-piece SentencePiece model trained on the bundled corpus (T5 special ids)."""
+    from rankgen_jax.vocab import corpus_lines, train_vocab
+
+    out = tmp_path_factory.mktemp("vocab") / "spiece.model"
+    return train_vocab(corpus_lines(max_lines=20000), out, vocab_size=1000)
