@@ -19,6 +19,15 @@ def _note(message: str) -> None:
     print(message, file=sys.stderr)
 
 
+def _refuse_non_empty(out: str, overwrite: bool) -> None:
+    """Fail before any work when the output folder would be clobbered."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise RankgenError(f"{out}: exists and is not a folder")
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        raise RankgenError(f"{out}: folder is not empty (pass --overwrite to replace its contents)")
+
+
 def read_source(
     source: str, path: str, head: HeadConfig | None = None, relpos_max_distance: int = 128
 ) -> tuple[ModelConfig, dict, str | None]:
@@ -62,6 +71,7 @@ def import_checkpoint(
     relpos_max_distance: int = 128,
 ) -> ModelConfig:
     """Convert a checkpoint into a new rankgen_jax checkpoint folder; returns its model config."""
+    _refuse_non_empty(out, overwrite)
     model_config, params, spiece = read_source(source, path, head, relpos_max_distance)
     if vocab is not None:
         if not Path(vocab).is_file():
@@ -78,6 +88,7 @@ def export_hf(checkpoint: str, out: str, fmt: str = "rankgen", overwrite: bool =
 
     if fmt not in EXPORT_FORMATS:
         raise RankgenError(f"unknown export format {fmt!r}: expected one of {EXPORT_FORMATS}")
+    _refuse_non_empty(out, overwrite)
     model_config, params = native.restore_params(checkpoint, step)
     params = to_canonical_layout(params)
     check_params_match(params, model_config, where=checkpoint)

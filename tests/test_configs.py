@@ -1,0 +1,43 @@
+"""Named model sizes, gin files and the JSON form of model configs."""
+
+import gin
+import pytest
+
+from rankgen_jax.configs import T5_1_1_SIZES, HeadConfig, ModelConfig, T5Config, t5_config
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.vocab import REPO_ROOT
+
+
+@pytest.mark.parametrize("size", sorted(T5_1_1_SIZES))
+def test_gin_model_files(size):
+    gin.clear_config()
+    try:
+        gin.parse_config_file(str(REPO_ROOT / "gin_configs" / "models" / f"t5_1_1_{size}.gin"))
+        config = ModelConfig()
+    finally:
+        gin.clear_config()
+    assert config.encoder == t5_config(size)
+    assert config.encoder.mlp_activation == "gated-gelu"
+    assert config.head == HeadConfig("first", -1, False)
+
+
+def test_xl_matches_design_numbers():
+    xl = t5_config("xl")
+    assert (xl.d_model, xl.d_ff, xl.num_layers, xl.num_heads, xl.d_kv, xl.vocab_size) == (2048, 5120, 24, 32, 64, 32128)
+    assert t5_config("base", version="1.0").mlp_activation == "relu"
+
+
+def test_json_round_trip_and_errors():
+    config = ModelConfig(encoder=t5_config("tiny", dtype="bfloat16"), head=HeadConfig("mean", 16, True))
+    assert ModelConfig.from_json(config.to_json()) == config
+    assert ModelConfig.from_json(ModelConfig(head=None).to_json()).head is None
+    with pytest.raises(RankgenError, match="not valid JSON"):
+        ModelConfig.from_json("{", where="x.json")
+    with pytest.raises(RankgenError, match="malformed"):
+        ModelConfig.from_json('{"encoder": {"d_model": 4, "bogus": 1}}', where="x.json")
+    with pytest.raises(RankgenError, match="size"):
+        t5_config("huge")
+    with pytest.raises(RankgenError, match="mlp_activation"):
+        T5Config(mlp_activation="swish")
+    with pytest.raises(RankgenError, match="pooling"):
+        HeadConfig(pooling="max")
