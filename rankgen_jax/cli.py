@@ -70,6 +70,42 @@ def _run_export(args) -> None:
     print(f"exported {args.checkpoint} to {args.out} ({args.format} format)")
 
 
+def _add_train(subparsers) -> None:
+    p = subparsers.add_parser(
+        "train",
+        help="train (or resume) a dual encoder configured with gin",
+        description="Train a model with the sharded train step. Configure with gin files and bindings, e.g. "
+        "--gin_file=rankgen_t5_tiny_books.gin --gin.TrainerConfig.num_steps=200. Resumes from the workdir's "
+        "latest checkpoint; SIGTERM saves and exits 0.",
+    )
+    p.add_argument("--gin_file", action="append", default=[], help="gin file (repeatable; also looked up in gin_configs/)")
+    p.add_argument("--workdir", required=True, help="checkpoints, metrics.jsonl, TensorBoard events, operative config")
+    p.set_defaults(run=_run_train)
+
+
+def _run_train(args) -> None:
+    from rankgen_jax.gin_utils import parse_gin
+    from rankgen_jax.trainer import train
+
+    parse_gin(args.gin_file, args.gin_bindings)
+    metrics = train(args.workdir)
+    shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items()))
+    print(f"done: {shown}; outputs in {args.workdir}")
+
+
+def _split_gin_bindings(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Pull `--gin.Name.param=value` arguments out of argv (argparse cannot declare them)."""
+    rest, bindings = [], []
+    for arg in argv:
+        if arg.startswith("--gin."):
+            if "=" not in arg:
+                raise RankgenError(f"gin binding {arg!r} needs a value: --gin.Name.param=value")
+            bindings.append(arg[len("--gin.") :])
+        else:
+            rest.append(arg)
+    return rest, bindings
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rankgen-jax",
@@ -78,15 +114,21 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_import(subparsers)
     _add_export(subparsers)
+    _add_train(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        argv, bindings = _split_gin_bindings(list(sys.argv[1:] if argv is None else argv))
+        args = build_parser().parse_args(argv)
+        args.gin_bindings = bindings
+        if bindings and args.command != "train":
+            raise RankgenError("--gin.* bindings apply to `train` only")
         args.run(args)
     except RankgenError as e:
-        print(f"error: {e}", file=sys.stderr)
+        # gin appends "In call to configurable ..." lines to errors raised inside configurables.
+        print(f"error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
         return 2
     return 0
 

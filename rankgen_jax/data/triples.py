@@ -1,0 +1,185 @@
+"""Simple in-memory triple sources behind the trainer's batch interface.
+
+A source returns the global batch for a step index, deterministically: the
+same (seed, index) always gives the same rows, so resuming only needs the next
+index, and each host can build just its own rows. The seqio pipeline of the
+data issue will plug in behind the same `batch(index, rows)` interface.
+
+Batches are dicts of right-padded int32 ids: `query_ids` [B, Lq] (prefixes,
+"pre " marker), `positive_ids` [B, Lc] (gold continuations, "suffi " marker)
+and, with negatives, `negative_ids` [B, Lc] (another span of the same book).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Protocol
+
+import gin
+import numpy as np
+
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.vocab import BUNDLED_CORPUS, EOS_ID, REPO_ROOT, Vocabulary
+
+DEMO_VOCAB = REPO_ROOT / "data" / "vocab" / "demo_spiece_8k.model"
+
+
+class BatchSource(Protocol):
+    batch_size: int
+
+    def batch(self, index: int, rows: slice | None = None) -> dict[str, np.ndarray]: ...
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where training triples come from.
+
+    source: "books" (windows of tokenised documents under `corpus`) or
+      "random" (uniform random ids; for benchmarks and tests).
+    holdout_documents: the last N documents (by file name) form the eval source.
+    """
+
+    source: str = "books"
+    corpus: str = str(BUNDLED_CORPUS)
+    vocab: str = str(DEMO_VOCAB)
+    batch_size: int = 32
+    prefix_length: int = 256
+    continuation_length: int = 128
+    with_negative: bool = True
+    same_document: bool = True
+    holdout_documents: int = 1
+    vocab_size: int = 8064  # random source only
+    seed: int = 0
+
+
+def _row_rng(seed: int, index: int, row: int) -> np.random.Generator:
+    return np.random.default_rng([seed, index, row])
+
+
+def _pad(sequences: list[np.ndarray], length: int) -> np.ndarray:
+    out = np.zeros((len(sequences), length), np.int32)
+    for i, seq in enumerate(sequences):
+        out[i, : len(seq)] = seq[:length]
+    return out
+
+
+class RandomTriples:
+    """Uniform random token ids with random lengths (no text): for throughput and equivalence tests."""
+
+    def __init__(self, config: DataConfig):
+        self.config = config
+        self.batch_size = config.batch_size
+
+    def batch(self, index: int, rows: slice | None = None) -> dict[str, np.ndarray]:
+        cfg = self.config
+        keys = ["query_ids", "positive_ids"] + (["negative_ids"] if cfg.with_negative else [])
+        lengths = [cfg.prefix_length, cfg.continuation_length, cfg.continuation_length]
+        out: dict[str, list[np.ndarray]] = {k: [] for k in keys}
+        for row in range(self.batch_size)[rows or slice(None)]:
+            rng = _row_rng(cfg.seed, index, row)
+            for key, max_len in zip(keys, lengths):
+                n = int(rng.integers(max(2, max_len // 2), max_len + 1))
+                out[key].append(np.append(rng.integers(3, cfg.vocab_size, n - 1), EOS_ID))
+        return {k: _pad(v, dict(zip(keys, lengths))[k]) for k, v in out.items()}
+
+
+def read_documents(folder: str | Path) -> list[tuple[str, str]]:
+    """(name, text) of every readable UTF-8 .txt file under a folder; unreadable files are skipped and reported."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise RankgenError(f"{folder}: no such corpus folder")
+    docs, skipped = [], []
+    for path in sorted(root.rglob("*.txt")):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            skipped.append(path.name)
+            continue
+        if text.strip():
+            docs.append((str(path.relative_to(root)), text))
+        else:
+            skipped.append(path.name)
+    if skipped:
+        print(f"note: skipped {len(skipped)} empty or unreadable files under {folder}: {', '.join(skipped[:5])}")
+    if not docs:
+        raise RankgenError(f"{folder}: no usable .txt documents")
+    return docs
+
+
+class BookTriples:
+    """Token windows of whole books: prefix, the tokens that follow it, and a span elsewhere in the same book.
+
+    A stand-in for the sentence-bounded RankGen examples of the data issue:
+    spans here are cut at token boundaries. With same_document, every row of a
+    batch comes from one book (RankGen's InBook setting), so in-batch
+    negatives are in-book too.
+    """
+
+    def __init__(self, config: DataConfig, documents: list[tuple[str, str]]):
+        self.config = config
+        self.batch_size = config.batch_size
+        vocab = Vocabulary(config.vocab)
+        self.pre = np.asarray(vocab.encode("pre", add_eos=False), np.int32)
+        self.suffi = np.asarray(vocab.encode("suffi", add_eos=False), np.int32)
+        self.prefix_body = config.prefix_length - len(self.pre) - 1
+        self.cont_body = config.continuation_length - len(self.suffi) - 1
+        span = self.prefix_body + self.cont_body
+        self.names, self.tokens = [], []
+        for name, text in documents:
+            ids = np.asarray(vocab.encode(" ".join(text.split()), add_eos=False), np.int32)
+            # Room for a prefix + continuation and a disjoint negative span.
+            if len(ids) >= span + self.cont_body + 1:
+                self.names.append(name)
+                self.tokens.append(ids)
+        if not self.tokens:
+            raise RankgenError(f"{config.corpus}: no document is long enough for one example ({span} tokens)")
+        sizes = np.array([len(t) for t in self.tokens], np.float64)
+        self.doc_weights = sizes / sizes.sum()
+
+    def _example(self, doc: np.ndarray, rng: np.random.Generator):
+        span = self.prefix_body + self.cont_body
+        start = int(rng.integers(0, len(doc) - span + 1))
+        prefix = doc[start : start + self.prefix_body]
+        positive = doc[start + self.prefix_body : start + span]
+        # A negative that does not overlap the prefix or the gold continuation.
+        candidates = [s for s in (int(rng.integers(0, len(doc) - self.cont_body + 1)) for _ in range(8))
+                      if s + self.cont_body <= start or s >= start + span]
+        neg_start = candidates[0] if candidates else (start + span) % (len(doc) - self.cont_body + 1)
+        negative = doc[neg_start : neg_start + self.cont_body]
+        return prefix, positive, negative
+
+    def batch(self, index: int, rows: slice | None = None) -> dict[str, np.ndarray]:
+        cfg = self.config
+        batch_doc = int(np.random.default_rng([cfg.seed, index]).choice(len(self.tokens), p=self.doc_weights))
+        out = {"query_ids": [], "positive_ids": [], "negative_ids": []}
+        for row in range(self.batch_size)[rows or slice(None)]:
+            rng = _row_rng(cfg.seed, index, row)
+            doc = batch_doc if cfg.same_document else int(rng.choice(len(self.tokens), p=self.doc_weights))
+            prefix, positive, negative = self._example(self.tokens[doc], rng)
+            out["query_ids"].append(np.concatenate([self.pre, prefix, [EOS_ID]]))
+            out["positive_ids"].append(np.concatenate([self.suffi, positive, [EOS_ID]]))
+            out["negative_ids"].append(np.concatenate([self.suffi, negative, [EOS_ID]]))
+        lengths = {"query_ids": cfg.prefix_length, "positive_ids": cfg.continuation_length,
+                   "negative_ids": cfg.continuation_length}
+        if not cfg.with_negative:
+            del out["negative_ids"]
+        return {k: _pad(v, lengths[k]) for k, v in out.items()}
+
+
+def make_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
+    """(train source, eval source). Eval uses held-out documents, or another seed for random data."""
+    if config.batch_size <= 0:
+        raise RankgenError(f"DataConfig.batch_size must be positive, got {config.batch_size}")
+    if config.source == "random":
+        return RandomTriples(config), RandomTriples(dataclasses.replace(config, seed=config.seed + 10_000))
+    if config.source == "books":
+        docs = read_documents(config.corpus)
+        held = config.holdout_documents
+        if held <= 0 or held >= len(docs):
+            raise RankgenError(
+                f"{config.corpus}: holdout_documents={held} must leave at least one of {len(docs)} documents on each side"
+            )
+        return BookTriples(config, docs[:-held]), BookTriples(dataclasses.replace(config, seed=config.seed + 10_000), docs[-held:])
+    raise RankgenError(f"unknown data source {config.source!r}: expected 'books' or 'random'")

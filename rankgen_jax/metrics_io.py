@@ -1,0 +1,175 @@
+"""Training metrics to TensorBoard event files and a JSONL file, without TensorFlow.
+
+`tensorboard.summary.writer.event_file_writer.EventFileWriter` creates its
+directory and file through `tensorboard.compat.tf`, which imports TensorFlow
+whenever it is installed (seqio installs it here): seconds of start-up and a
+process that may grab accelerators. So we write the same files with the
+pieces that writer is made of and that do not touch TensorFlow: the event
+protos (`tensorboard.compat.proto`) and the TFRecord framing
+(`tensorboard.summary.writer.record_writer.RecordWriter`), into a file opened
+with plain `open`. Logdirs are local paths.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
+from tensorboard.plugins.text import metadata as text_metadata
+from tensorboard.summary.writer.record_writer import RecordWriter
+
+from rankgen_jax.errors import RankgenError
+
+log = logging.getLogger(__name__)
+
+# Distinguishes two writers opened by one process in the same second.
+_writer_serial = 0
+
+
+def _to_float(name: str, value: Any) -> float:
+    """A Python float from a Python, NumPy or JAX scalar (or size-1 array)."""
+    try:
+        array = np.asarray(value)
+        if array.size != 1:
+            raise ValueError(f"shape {array.shape}")
+        return float(array.reshape(()))
+    except (TypeError, ValueError) as e:
+        raise RankgenError(f"metric {name!r} is not a scalar: {e}") from e
+
+
+class MetricWriter:
+    """Scalars to TensorBoard event files and to a JSONL file; a no-op when enabled=False.
+
+    JSONL: one object per call, `{"step": N, "<prefix><name>": value, ...}`.
+    Pass enabled=False on non-zero hosts: nothing is created or written.
+    Layout: `<logdir>/<jsonl_name>` and `<logdir>/<tb_subdir>/events.out.tfevents.*`.
+    A restarted run pointed at the same logdir appends to the JSONL file and
+    starts a new events file beside the old ones (TensorBoard reads them all).
+    Each `write_scalars` call is one JSONL line, so train and eval scalars of
+    the same step are two lines with the same "step". Lines are flushed as they
+    are written, so a killed run loses at most a partly written last line,
+    which `read_jsonl` skips.
+    """
+
+    def __init__(self, logdir: str, enabled: bool = True, jsonl_name: str = "metrics.jsonl",
+                 tb_subdir: str = "tensorboard"):
+        self.enabled = enabled
+        self.logdir = Path(logdir)
+        self.jsonl_path = self.logdir / jsonl_name
+        self.tb_dir = self.logdir / tb_subdir
+        self._jsonl = None
+        self._events = None
+        self.events_path: Path | None = None
+        if not enabled:
+            return
+        if "://" in str(logdir):
+            raise RankgenError(f"metrics logdir {logdir!r}: only local paths are supported")
+        self.tb_dir.mkdir(parents=True, exist_ok=True)
+        self._jsonl = self._open_jsonl(self.jsonl_path)
+        self._events = self._open_events()
+
+    @staticmethod
+    def _open_jsonl(path: Path):
+        """Open for appending; end a previous run's truncated last line so it stays a separate (skipped) line."""
+        if path.exists() and path.stat().st_size > 0:
+            with open(path, "rb") as f:
+                f.seek(-1, os.SEEK_END)
+                ends_with_newline = f.read(1) == b"\n"
+            if not ends_with_newline:
+                with open(path, "a", encoding="utf-8") as f:
+                    f.write("\n")
+        return open(path, "a", encoding="utf-8")
+
+    def _open_events(self) -> RecordWriter:
+        """A new events file named as TensorBoard's own writer names them, starting with the version event."""
+        global _writer_serial
+        _writer_serial += 1
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{_writer_serial}"
+        self.events_path = self.tb_dir / name
+        writer = RecordWriter(open(self.events_path, "wb"))
+        writer.write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
+        writer.flush()
+        return writer
+
+    def _write_event(self, step: int, values: list[summary_pb2.Summary.Value]) -> None:
+        event = event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary_pb2.Summary(value=values))
+        self._events.write(event.SerializeToString())
+
+    def write_scalars(self, step: int, scalars: dict[str, Any], prefix: str = "") -> None:
+        """Write scalars (Python/NumPy/JAX) under `prefix + name`, e.g. prefix "train/" or "eval/"."""
+        if not self.enabled or not scalars:
+            return
+        values = {f"{prefix}{name}": _to_float(name, value) for name, value in scalars.items()}
+        self._write_event(step, [summary_pb2.Summary.Value(tag=tag, simple_value=v) for tag, v in values.items()])
+        # NaN/Inf are written as JSON's NaN/Infinity extensions, which json.loads reads back: a
+        # diverging loss is exactly what one wants to see in the log.
+        self._jsonl.write(json.dumps({"step": int(step), **values}) + "\n")
+        self.flush()
+
+    def write_text(self, step: int, tag: str, text: str) -> None:
+        """Write text (e.g. the operative gin config) to TensorBoard's Text tab."""
+        if not self.enabled:
+            return
+        tensor = tensor_pb2.TensorProto(
+            dtype=types_pb2.DT_STRING, tensor_shape=tensor_shape_pb2.TensorShapeProto(),
+            string_val=[text.encode("utf-8")])
+        meta = text_metadata.create_summary_metadata(display_name=tag, description="")
+        self._write_event(step, [summary_pb2.Summary.Value(tag=tag, metadata=meta, tensor=tensor)])
+        self._events.flush()
+
+    def flush(self) -> None:
+        """Push buffered lines and events to the OS."""
+        if self.enabled and self._jsonl is not None:
+            self._jsonl.flush()
+            self._events.flush()
+
+    def close(self) -> None:
+        """Flush and close both files; later writes are errors, a second close is a no-op."""
+        if self.enabled and self._jsonl is not None:
+            self.flush()
+            self._jsonl.close()
+            self._events.close()
+            self._jsonl = self._events = None
+
+    def __enter__(self) -> MetricWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_jsonl_counted(path: str | os.PathLike) -> tuple[list[dict], int]:
+    """(records, number of unreadable lines skipped) from a metrics JSONL file."""
+    records, skipped = [], 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                # A run killed mid-write leaves a partial line; after a restart it sits
+                # mid-file (the writer ends it with a newline before appending).
+                skipped += 1
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+            else:
+                skipped += 1
+    return records, skipped
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """The records of a metrics JSONL file, skipping (with a warning) partial lines from killed runs."""
+    records, skipped = read_jsonl_counted(path)
+    if skipped:
+        log.warning("%s: skipped %d unreadable line(s) (a run killed mid-write?)", path, skipped)
+    return records
+

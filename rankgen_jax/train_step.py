@@ -1,0 +1,199 @@
+"""The one training step for every model and loss, and its eval twin.
+
+`train_step(state, batch, ...)` is a pure module-level function; the trainer
+binds the static parts (model, loss, optimizer, gradient mode) with
+functools.partial and jits it once with explicit shardings and a donated state.
+
+Gradient modes:
+- plain: one forward/backward over the whole global batch;
+- GradCache (num_chunks > 1): embed every chunk without keeping activations,
+  take d loss / d embeddings on the full global batch (so every example still
+  sees every in-batch negative), then back-propagate chunk by chunk in a
+  lax.scan; activation memory scales with the chunk, not the batch;
+- accumulation (accum_steps > 1): average gradients of microbatches; exact only
+  for losses without cross-example terms, which is checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from rankgen_jax import losses
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.train_state import TrainState
+
+# Dual-encoder towers: output name -> batch key of its token ids.
+TOWERS = (("query", "query_ids"), ("positive", "positive_ids"), ("negative", "negative_ids"))
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOptions:
+    """Static settings of a step (hashable, bound before jit)."""
+
+    loss_name: str = "in_batch_softmax"
+    loss_options: tuple[tuple[str, Any], ...] = ()
+    num_chunks: int = 1
+    accum_steps: int = 1
+
+    def __post_init__(self):
+        if self.num_chunks < 1 or self.accum_steps < 1:
+            raise RankgenError("num_chunks and accum_steps must be >= 1")
+        if self.num_chunks > 1 and self.accum_steps > 1:
+            raise RankgenError("choose GradCache (num_chunks) or gradient accumulation (accum_steps), not both")
+        if self.accum_steps > 1 and losses.LOSS_NEEDS_FULL_BATCH.get(self.loss_name, True):
+            raise RankgenError(
+                f"loss {self.loss_name!r} compares examples across the batch: gradient accumulation would drop "
+                "in-batch negatives; use GradCache (num_chunks) instead"
+            )
+
+
+def _towers(batch: dict) -> list[tuple[str, str]]:
+    return [(name, key) for name, key in TOWERS if key in batch]
+
+
+def _embed(model: nn.Module, params, ids, rng) -> jax.Array:
+    rngs = {"dropout": rng} if rng is not None else {}
+    return model.apply({"params": params}, ids, rngs=rngs)
+
+
+def _tower_rng(rng, tower_index: int, chunk_index=0):
+    return None if rng is None else jax.random.fold_in(jax.random.fold_in(rng, tower_index), chunk_index)
+
+
+def _loss(options: StepOptions, outputs, batch, loss_params):
+    return losses.get_loss(options.loss_name)(outputs, batch, loss_params, **dict(options.loss_options))
+
+
+def _split(x: jax.Array, n: int) -> jax.Array:
+    """[B, ...] -> [n, B/n, ...] taking every n-th row, so each chunk spans all data shards."""
+    chunked = x.reshape(x.shape[0] // n, n, *x.shape[1:]).swapaxes(0, 1)
+    return nn.with_logical_constraint(chunked, (None, "batch") + (None,) * (x.ndim - 1))
+
+
+def _merge(x: jax.Array) -> jax.Array:
+    """Inverse of _split: [n, B/n, ...] -> [B, ...] in the original row order."""
+    return x.swapaxes(0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def plain_grads(model, options: StepOptions, params, loss_params, batch, rng):
+    """(loss, metrics, (model grads, loss-param grads)) from one pass over the batch."""
+
+    def objective(params, loss_params):
+        outputs = {
+            name: _embed(model, params, batch[key], _tower_rng(rng, i)) for i, (name, key) in enumerate(_towers(batch))
+        }
+        return _loss(options, outputs, batch, loss_params)
+
+    (loss, metrics), grads = jax.value_and_grad(objective, argnums=(0, 1), has_aux=True)(params, loss_params)
+    return loss, metrics, grads
+
+
+def grad_cache_grads(model, options: StepOptions, params, loss_params, batch, rng):
+    """GradCache: same loss and gradients as plain_grads, activation memory of one chunk.
+
+    The backward scan re-runs each chunk's forward inside its own iteration
+    (a vjp per chunk), so no activations outlive the chunk that made them: the
+    same recomputation jax.checkpoint would do, without a differentiated scan.
+    """
+    n = options.num_chunks
+    towers = _towers(batch)
+    chunk_rngs = jnp.arange(n)
+
+    def embed_chunks(tower_index, ids_NxCxL):
+        return jax.lax.map(
+            lambda xs: _embed(model, params, xs[0], _tower_rng(rng, tower_index, xs[1])), (ids_NxCxL, chunk_rngs)
+        )
+
+    split_ids = {name: _split(batch[key], n) for name, key in towers}
+    outputs = {
+        name: _merge(jax.lax.stop_gradient(embed_chunks(i, split_ids[name]))) for i, (name, _) in enumerate(towers)
+    }
+    (loss, metrics), (d_outputs, loss_grads) = jax.value_and_grad(
+        lambda outs, lp: _loss(options, outs, batch, lp), argnums=(0, 1), has_aux=True
+    )(outputs, loss_params)
+
+    def backprop_chunk(tower_index):
+        def body(grads_acc, xs):
+            ids_CxL, d_emb_CxD, chunk = xs
+            _, vjp = jax.vjp(lambda p: _embed(model, p, ids_CxL, _tower_rng(rng, tower_index, chunk)), params)
+            return jax.tree_util.tree_map(jnp.add, grads_acc, vjp(d_emb_CxD)[0]), None
+
+        return body
+
+    model_grads = jax.tree_util.tree_map(jnp.zeros_like, params)
+    for i, (name, _) in enumerate(towers):
+        model_grads, _ = jax.lax.scan(
+            backprop_chunk(i),
+            model_grads,
+            (split_ids[name], _split(d_outputs[name], n), chunk_rngs),
+        )
+    return loss, metrics, (model_grads, loss_grads)
+
+
+def accumulated_grads(model, options: StepOptions, params, loss_params, batch, rng):
+    """Mean of microbatch gradients and metrics (for losses that are means over examples)."""
+    n = options.accum_steps
+    micro = jax.tree_util.tree_map(lambda x: _split(x, n), batch)
+
+    def body(carry, xs):
+        micro_batch, index = xs
+        loss, metrics, grads = plain_grads(model, options, params, loss_params, micro_batch, _tower_rng(rng, 99, index))
+        return jax.tree_util.tree_map(jnp.add, carry, (loss, metrics, grads)), None
+
+    zeros = jax.tree_util.tree_map(
+        jnp.zeros_like,
+        jax.eval_shape(lambda: plain_grads(model, options, params, loss_params, jax.tree_util.tree_map(lambda x: x[0], micro), rng)),
+    )
+    total, _ = jax.lax.scan(body, zeros, (micro, jnp.arange(n)))
+    return jax.tree_util.tree_map(lambda x: x / n, total)
+
+
+def compute_grads(model, options: StepOptions, params, loss_params, batch, rng):
+    """Dispatch on the gradient mode; all return (loss, metrics, (model grads, loss grads))."""
+    if options.num_chunks > 1:
+        return grad_cache_grads(model, options, params, loss_params, batch, rng)
+    if options.accum_steps > 1:
+        return accumulated_grads(model, options, params, loss_params, batch, rng)
+    return plain_grads(model, options, params, loss_params, batch, rng)
+
+
+def train_step(
+    state: TrainState,
+    batch: dict,
+    *,
+    model: nn.Module,
+    options: StepOptions,
+    tx: optax.GradientTransformation,
+    schedule: Callable[[jax.Array], jax.Array],
+    use_dropout: bool,
+) -> tuple[TrainState, dict]:
+    """One optimizer update on a global batch; returns the new state and scalar metrics."""
+    base_rng = jax.random.wrap_key_data(state.rng)
+    step_rng = jax.random.fold_in(base_rng, state.step) if use_dropout else None
+    loss, metrics, (model_grads, loss_grads) = compute_grads(model, options, state.params, state.loss_params, batch, step_rng)
+    grads = {"model": model_grads, "loss": loss_grads}
+    updates, opt_state = tx.update(grads, state.opt_state, state.trainable())
+    trainable = optax.apply_updates(state.trainable(), updates)
+    new_state = state.replace(
+        step=state.step + 1, params=trainable["model"], loss_params=trainable["loss"], opt_state=opt_state
+    )
+    metrics = {
+        **metrics,
+        "loss": loss,
+        "grad_norm": optax.global_norm(grads),
+        "learning_rate": schedule(state.step),
+    }
+    return new_state, metrics
+
+
+def eval_step(state: TrainState, batch: dict, *, model: nn.Module, options: StepOptions) -> dict:
+    """Loss and metrics on a batch without updating anything (no dropout)."""
+    outputs = {name: _embed(model, state.params, batch[key], None) for name, key in _towers(batch)}
+    loss, metrics = _loss(options, outputs, batch, state.loss_params)
+    return {**metrics, "loss": loss}

@@ -1,0 +1,338 @@
+"""The training loop: data -> sharded train_step -> metrics, eval, checkpoints; resumable and preemption-safe.
+
+Read top to bottom: configs, state set-up (resume / init checkpoint / random),
+the loop. Everything model- or loss-specific lives in train_step and losses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import queue
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import flax.linen as nn
+import gin
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from jax.sharding import NamedSharding, PartitionSpec
+from tqdm import tqdm
+
+from rankgen_jax import losses, partitioning
+from rankgen_jax.checkpoints import native
+from rankgen_jax.configs import ModelConfig
+from rankgen_jax.data.triples import DataConfig, make_sources
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.metrics_io import MetricWriter
+from rankgen_jax.models.factory import abstract_variables, build_model, check_params_match, to_model_layout
+from rankgen_jax.models.factory import init_params as random_params
+from rankgen_jax.optimizers import OptimizerConfig, make_optimizer, nonfinite_counts
+from rankgen_jax.train_state import TrainState, create_state, state_shardings
+from rankgen_jax.train_step import StepOptions, eval_step, train_step
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+    """Loop, mesh and gradient-mode settings.
+
+    num_chunks > 1: GradCache over that many chunks; accum_steps > 1: gradient
+    accumulation (losses without cross-example terms only).
+    init_checkpoint: a rankgen_jax checkpoint (from `import`) to start from;
+      its architecture wins, the gin ModelConfig supplies dropout / dtype /
+      remat / scan and the head when the checkpoint has none.
+    """
+
+    num_steps: int = 100
+    log_every: int = 10
+    eval_every: int = 0
+    eval_batches: int = 2
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 3
+    async_checkpoints: bool = True
+    seed: int = 0
+    init_checkpoint: str = ""
+    mesh_data: int = -1
+    mesh_model: int = 1
+    axis_rules: str = "standard"
+    num_chunks: int = 1
+    accum_steps: int = 1
+    profile_start_step: int = -1
+    profile_num_steps: int = 3
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """Which loss, with its options (see rankgen_jax.losses)."""
+
+    name: str = "in_batch_softmax"
+    logit_scale: float = 1.0
+    learn_logit_scale: bool = False
+    margin: float = 0.0
+    mask_duplicates: bool = True
+
+    def options(self) -> dict:
+        every = {k: v for k, v in dataclasses.asdict(self).items() if k != "name"}
+        accepted = losses.loss_option_names(self.name)
+        return {k: v for k, v in every.items() if k in accepted}
+
+
+def _check_divisible(batch_size: int, data_axis: int, trainer: TrainerConfig) -> None:
+    parts = data_axis * max(trainer.num_chunks, trainer.accum_steps)
+    if batch_size % parts:
+        what = f"data axis ({data_axis})"
+        if parts != data_axis:
+            what += f" x {'num_chunks' if trainer.num_chunks > 1 else 'accum_steps'} ({parts // data_axis})"
+        raise RankgenError(f"batch size {batch_size} is not divisible by the {what}")
+
+
+def _resolve_model_config(workdir: Path, trainer: TrainerConfig, gin_model: ModelConfig) -> tuple[ModelConfig, dict | None, str | None]:
+    """(model config, initial params or None, vocab path or None): resume > init checkpoint > gin."""
+    if native.is_checkpoint_dir(workdir):
+        return native.load_model_config(workdir), None, native.vocab_path(workdir)
+    if not trainer.init_checkpoint:
+        return gin_model, None, None
+    source_config, params = native.restore_params(trainer.init_checkpoint)
+    runtime = {f: getattr(gin_model.encoder, f) for f in ("dropout_rate", "dtype", "remat", "scan_layers")}
+    encoder = dataclasses.replace(source_config.encoder, **runtime)
+    head = source_config.head if source_config.head is not None else gin_model.head
+    return ModelConfig(encoder=encoder, head=head), params, native.vocab_path(trainer.init_checkpoint)
+
+
+def _prefetch(source, start: int, stop: int, put) -> Iterator:
+    """Build and place batches on a background thread, two steps ahead of the device."""
+    q: queue.Queue = queue.Queue(maxsize=2)
+    rows = _local_rows(source.batch_size)
+
+    def work():
+        for index in range(start, stop):
+            q.put(put(source.batch(index, rows)))
+        q.put(None)
+
+    threading.Thread(target=work, daemon=True).start()
+    while (item := q.get()) is not None:
+        yield item
+
+
+def _local_rows(batch_size: int) -> slice:
+    """This host's rows of the global batch."""
+    per_host = batch_size // jax.process_count()
+    return slice(jax.process_index() * per_host, (jax.process_index() + 1) * per_host)
+
+
+def train(
+    workdir: str,
+    trainer: TrainerConfig | None = None,
+    model_config: ModelConfig | None = None,
+    data: DataConfig | None = None,
+    loss: LossConfig | None = None,
+    optimizer: OptimizerConfig | None = None,
+) -> dict:
+    """Train (or resume) in workdir; returns the last logged train metrics. Configs default to gin's."""
+    trainer, model_config = trainer or TrainerConfig(), model_config or ModelConfig()
+    data, loss, optimizer = data or DataConfig(), loss or LossConfig(), optimizer or OptimizerConfig()
+    workdir_path = Path(workdir)
+
+    # --- mesh and static step settings -------------------------------------------------
+    mesh = partitioning.make_mesh(trainer.mesh_data, trainer.mesh_model)
+    rules = partitioning.rules_by_name(trainer.axis_rules)
+    _check_divisible(data.batch_size, mesh.shape["data"], trainer)
+    options = StepOptions(loss.name, tuple(sorted(loss.options().items())), trainer.num_chunks, trainer.accum_steps)
+    model_config, init_params, vocab = _resolve_model_config(workdir_path, trainer, model_config)
+    if model_config.head is None:
+        raise RankgenError("training a dual encoder needs a head (ModelConfig.head)")
+    tx, schedule = make_optimizer(optimizer)
+    loss_params = losses.init_loss_params(loss.name, **loss.options())
+    train_source, eval_source = make_sources(data)
+
+    # --- state, created sharded; step functions jitted once -----------------------------
+    setup = build_step_functions(model_config, options, tx, schedule, loss_params, mesh, rules, trainer.seed)
+    manager = native.step_manager(workdir_path, max_to_keep=trainer.keep_checkpoints, async_save=trainer.async_checkpoints)
+    start = manager.latest_step()
+    if init_params is not None and start is None:
+        init_params = _complete_params(init_params, model_config, trainer.init_checkpoint, trainer.seed)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
+        if start is not None:
+            state = _restore(manager, start, setup.abstract_state, setup.shardings)
+            print(f"resuming from {workdir}/checkpoints/{start}", file=sys.stderr)
+        else:
+            start = 0
+            state = setup.init()
+            if init_params is not None:
+                # Optimizer moments start at zero whatever the params, so the fresh opt_state stays valid.
+                state = state.replace(params=partitioning.device_put_tree(init_params, setup.shardings.params))
+            native.save_model_config(workdir_path, model_config, vocab or (data.vocab if data.source == "books" else None))
+            (workdir_path / "config.gin").write_text(gin.config_str())
+        put = functools.partial(_put_batch, sharding=setup.batch_sharding, batch_size=data.batch_size)
+        return _loop(trainer, workdir_path, state, start, train_source, eval_source, put, setup.train_step,
+                     setup.eval_step, manager, optimizer.max_consecutive_nonfinite)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepFunctions:
+    """What the loop needs: a sharded init, the jitted steps, and the shardings they use."""
+
+    init: Callable[[], TrainState]
+    train_step: Callable
+    eval_step: Callable
+    abstract_state: TrainState
+    shardings: TrainState
+    batch_sharding: NamedSharding
+
+
+def build_step_functions(
+    model_config: ModelConfig, options: StepOptions, tx, schedule, loss_params: dict, mesh, rules, seed: int
+) -> StepFunctions:
+    """Jit train_step / eval_step once for this mesh, with explicit shardings and a donated state.
+
+    Call the returned functions under `jax.set_mesh(mesh)` and the logical axis rules.
+    """
+    model = build_model(model_config)
+    param_specs = nn.get_partition_spec(abstract_variables(model_config))["params"]
+
+    def random_state():
+        dummy = np.ones((1, 8), np.int32)
+        params = nn.unbox(model.init(jax.random.PRNGKey(seed), dummy))["params"]
+        return create_state(params, loss_params, tx, seed)
+
+    abstract_state, shardings = state_shardings(random_state, param_specs, mesh, rules)
+    batch_sharding = NamedSharding(mesh, PartitionSpec("data"))
+    step = jax.jit(
+        functools.partial(train_step, model=model, options=options, tx=tx, schedule=schedule,
+                          use_dropout=model_config.encoder.dropout_rate > 0),
+        in_shardings=(shardings, batch_sharding),
+        out_shardings=(shardings, partitioning.replicated(mesh)),
+        donate_argnums=(0,),
+    )
+    evaluate = jax.jit(
+        functools.partial(eval_step, model=model, options=options),
+        in_shardings=(shardings, batch_sharding),
+        out_shardings=partitioning.replicated(mesh),
+    )
+    return StepFunctions(jax.jit(random_state, out_shardings=shardings), step, evaluate, abstract_state, shardings,
+                         batch_sharding)
+
+
+def _put_batch(local: dict, sharding: NamedSharding, batch_size: int) -> dict:
+    """Global arrays from this host's rows (one host: the whole batch)."""
+    return {
+        k: jax.make_array_from_process_local_data(sharding, v, (batch_size,) + v.shape[1:]) for k, v in local.items()
+    }
+
+
+def _restore(manager, step: int, abstract_state: TrainState, shardings: TrainState) -> TrainState:
+    target = jax.tree_util.tree_map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state, shardings
+    )
+    rest = {"step": target.step, "loss_params": target.loss_params, "opt_state": target.opt_state, "rng": target.rng}
+    restored = manager.restore(
+        step,
+        args=ocp.args.Composite(params=ocp.args.StandardRestore(target.params), train_state=ocp.args.StandardRestore(rest)),
+    )
+    return TrainState(params=restored.params, **restored.train_state)
+
+
+def _complete_params(params: dict, model_config: ModelConfig, where: str, seed: int) -> dict:
+    """A checkpoint's params in the model's layout; a missing head projection starts from random init."""
+    params = to_model_layout(params, model_config)
+    if model_config.head.projection_dim != 0 and "projection_layer" not in params:
+        print(f"note: {where} has no projection; the head's projection starts from random init", file=sys.stderr)
+        params = {**params, "projection_layer": random_params(model_config, seed)["projection_layer"]}
+    check_params_match(params, model_config, where)
+    return params
+
+
+def _save(manager, state: TrainState) -> None:
+    step = int(state.step)
+    rest = {"step": state.step, "loss_params": state.loss_params, "opt_state": state.opt_state, "rng": state.rng}
+    manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(state.params),
+                                               train_state=ocp.args.StandardSave(rest)))
+
+
+class _Preemption:
+    """SIGTERM sets a flag; the loop saves and exits cleanly at the next step boundary."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def restore(self):
+        signal.signal(signal.SIGTERM, self._previous)
+
+
+def _loop(trainer, workdir, state, start, train_source, eval_source, put, step_fn, eval_fn, manager, max_nonfinite):
+    writer = MetricWriter(str(workdir), enabled=jax.process_index() == 0)
+    preemption = _Preemption()
+    pending: list[tuple[int, dict]] = []
+    last: dict = {}
+    bar = tqdm(total=trainer.num_steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
+               mininterval=1.0 if sys.stderr.isatty() else 30.0, disable=jax.process_index() != 0)
+    started = time.time()
+    try:
+        for step, batch in zip(range(start, trainer.num_steps), _prefetch(train_source, start, trainer.num_steps, put)):
+            if step == trainer.profile_start_step:
+                jax.profiler.start_trace(str(workdir / "profile"))
+            state, metrics = step_fn(state, batch)
+            if trainer.profile_start_step >= 0 and step == trainer.profile_start_step + trainer.profile_num_steps - 1:
+                jax.block_until_ready(state)
+                jax.profiler.stop_trace()
+            pending.append((step + 1, metrics))
+            done = step + 1
+            is_last = done == trainer.num_steps
+            if done % trainer.log_every == 0 or is_last or preemption.requested:
+                last = _flush_metrics(writer, pending, bar)
+                pending = []
+                consecutive, total = (int(x) for x in jax.device_get(nonfinite_counts(state.opt_state)))
+                if consecutive >= max_nonfinite:
+                    raise RankgenError(
+                        f"stopping at step {done}: {consecutive} consecutive steps with non-finite gradients "
+                        f"({total} in all) were skipped; lower the learning rate or check the data"
+                    )
+            if trainer.eval_every and (done % trainer.eval_every == 0 or is_last):
+                writer.write_scalars(done, _evaluate(eval_fn, state, eval_source, put, trainer.eval_batches), prefix="eval/")
+            if done % trainer.checkpoint_every == 0 or is_last or preemption.requested:
+                _save(manager, state)
+            bar.update(1)
+            if preemption.requested:
+                print(f"SIGTERM: saved step {done}; exiting", file=sys.stderr)
+                break
+        if pending:
+            last = _flush_metrics(writer, pending, bar)
+    finally:
+        manager.wait_until_finished()
+        manager.close()
+        writer.close()
+        bar.close()
+        preemption.restore()
+    if jax.process_index() == 0 and not (workdir / "operative_config.gin").exists():
+        (workdir / "operative_config.gin").write_text(gin.operative_config_str())
+    last["seconds"] = time.time() - started
+    return last
+
+
+def _flush_metrics(writer: MetricWriter, pending: list, bar) -> dict:
+    """One host sync per log interval: fetch every pending step's metrics and write them."""
+    fetched = jax.device_get([m for _, m in pending])
+    scalars = {}
+    for (step, _), values in zip(pending, fetched):
+        scalars = {k: float(np.asarray(v)) for k, v in values.items()}
+        writer.write_scalars(step, scalars, prefix="train/")
+    bar.set_postfix(loss=f"{scalars['loss']:.4f}", acc=f"{scalars.get('accuracy', float('nan')):.3f}")
+    writer.flush()
+    return scalars
+
+
+def _evaluate(eval_fn, state, source, put, num_batches: int) -> dict:
+    results = [eval_fn(state, put(source.batch(i, _local_rows(source.batch_size)))) for i in range(num_batches)]
+    fetched = jax.device_get(results)
+    return {k: float(np.mean([r[k] for r in fetched])) for k in fetched[0]}
