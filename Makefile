@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-all clean
+.PHONY: venv demo test test-all bench clean
 
 # Creates or updates .venv only when requirements.txt or setup.py changed.
 venv: $(STAMP)
@@ -26,3 +26,6 @@ test-all: venv
 
 clean:
 	rm -rf runs .pytest_cache
+
+bench: venv
+	$(PY) -m rankgen_jax.bench --out runs/bench/bench.json

@@ -53,7 +53,7 @@ class T5Config:
 
 # T5 1.1 sizes (DESIGN.md s3). `tiny` is for tests only.
 T5_1_1_SIZES: dict[str, dict[str, int]] = {
-    "tiny": dict(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16),
+    "tiny": dict(d_model=128, d_ff=512, num_layers=2, num_heads=4, d_kv=32),
     "small": dict(d_model=512, d_ff=1024, num_layers=8, num_heads=6, d_kv=64),
     "base": dict(d_model=768, d_ff=2048, num_layers=12, num_heads=12, d_kv=64),
     "large": dict(d_model=1024, d_ff=2816, num_layers=24, num_heads=16, d_kv=64),
@@ -63,7 +63,7 @@ T5_1_1_SIZES: dict[str, dict[str, int]] = {
 
 # T5 1.0 sizes (ReLU MLP).
 T5_1_0_SIZES: dict[str, dict[str, int]] = {
-    "tiny": dict(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16),
+    "tiny": dict(d_model=128, d_ff=512, num_layers=2, num_heads=4, d_kv=32),
     "small": dict(d_model=512, d_ff=2048, num_layers=6, num_heads=8, d_kv=64),
     "base": dict(d_model=768, d_ff=3072, num_layers=12, num_heads=12, d_kv=64),
     "large": dict(d_model=1024, d_ff=4096, num_layers=24, num_heads=16, d_kv=64),

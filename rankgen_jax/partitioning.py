@@ -19,9 +19,13 @@ from rankgen_jax.errors import RankgenError
 
 LogicalRules = Sequence[tuple[str, str | tuple[str, ...] | None]]
 
+# The batch is split over slices (`replica`, data-center network) and over
+# `data` within a slice; with one slice `replica` has size 1.
+BATCH_MESH_AXES = ("replica", "data")
+
 # T5X's standard rules (1-D parameter and activation partitioning).
 STANDARD_RULES: LogicalRules = (
-    ("batch", "data"),
+    ("batch", BATCH_MESH_AXES),
     ("vocab", "model"),
     ("embed", None),
     ("mlp", "model"),
@@ -37,21 +41,7 @@ STANDARD_RULES: LogicalRules = (
 
 # Fully sharded data parallel: parameters (and optimizer state) also split
 # their `embed` axis over `data`.
-FSDP_RULES: LogicalRules = (
-    ("batch", "data"),
-    ("vocab", "model"),
-    ("embed", "data"),
-    ("embed", None),
-    ("mlp", "model"),
-    ("heads", "model"),
-    ("kv", None),
-    ("joined_kv", "model"),
-    ("relpos_buckets", None),
-    ("length", None),
-    ("layers", None),
-    ("projection", None),
-    ("candidates", None),
-)
+FSDP_RULES: LogicalRules = (("embed", "data"),) + tuple(STANDARD_RULES)
 
 NAMED_RULES = {"standard": STANDARD_RULES, "fsdp": FSDP_RULES}
 
@@ -62,21 +52,41 @@ def rules_by_name(name: str) -> LogicalRules:
     return NAMED_RULES[name]
 
 
-def make_mesh(data: int = -1, model: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A (`data`, `model`) mesh; -1 takes all remaining devices. Axes are Auto (flax.linen needs that)."""
+def make_mesh(
+    data: int = -1, model: int = 1, devices: Sequence[jax.Device] | None = None, replica: int = 1
+) -> Mesh:
+    """A (`replica`, `data`, `model`) mesh; -1 for data or model takes the remaining devices.
+
+    Axes are Auto (flax.linen's logical constraints need that). On a
+    multi-slice TPU job `replica` counts slices; the device order then should
+    come from a hybrid (ICI x DCN) layout, which the TPU launch code supplies.
+    """
     devices = list(devices if devices is not None else jax.devices())
     n = len(devices)
     if data == -1 and model == -1:
         raise RankgenError("mesh: at most one of data/model may be -1")
+    if replica <= 0 or n % replica:
+        raise RankgenError(f"mesh replica={replica} does not divide the {n} available devices")
+    per_replica = n // replica
     if data == -1:
-        data = n // model if model > 0 and n % model == 0 else 0
+        data = per_replica // model if model > 0 and per_replica % model == 0 else 0
     if model == -1:
-        model = n // data if data > 0 and n % data == 0 else 0
-    if data <= 0 or model <= 0 or data * model != n:
-        raise RankgenError(f"mesh data={data} x model={model} does not match the {n} available devices")
+        model = per_replica // data if data > 0 and per_replica % data == 0 else 0
+    if data <= 0 or model <= 0 or replica * data * model != n:
+        shown = f"replica={replica} x data={data} x model={model}" if replica != 1 else f"data={data} x model={model}"
+        raise RankgenError(f"mesh {shown} does not match the {n} available devices")
     return jax.make_mesh(
-        (data, model), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto), devices=devices
+        (replica, data, model), ("replica", "data", "model"), axis_types=(AxisType.Auto,) * 3, devices=devices
     )
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Leading (batch) axis split over every data-parallel device."""
+    return NamedSharding(mesh, PartitionSpec(BATCH_MESH_AXES))
+
+
+def data_parallel_size(mesh: Mesh) -> int:
+    return mesh.shape["replica"] * mesh.shape["data"]
 
 
 def logical_shardings(boxed_tree, mesh: Mesh, rules: LogicalRules):

@@ -21,7 +21,7 @@ import gin
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 from tqdm import tqdm
 
 from rankgen_jax import losses, partitioning
@@ -60,6 +60,7 @@ class TrainerConfig:
     init_checkpoint: str = ""
     mesh_data: int = -1
     mesh_model: int = 1
+    mesh_replica: int = 1
     axis_rules: str = "standard"
     num_chunks: int = 1
     accum_steps: int = 1
@@ -85,6 +86,7 @@ class LossConfig:
 
 
 def _check_divisible(batch_size: int, data_axis: int, trainer: TrainerConfig) -> None:
+    """The global batch must split evenly over data-parallel devices (and GradCache chunks / microbatches)."""
     parts = data_axis * max(trainer.num_chunks, trainer.accum_steps)
     if batch_size % parts:
         what = f"data axis ({data_axis})"
@@ -141,9 +143,9 @@ def train(
     workdir_path = Path(workdir)
 
     # --- mesh and static step settings -------------------------------------------------
-    mesh = partitioning.make_mesh(trainer.mesh_data, trainer.mesh_model)
+    mesh = partitioning.make_mesh(trainer.mesh_data, trainer.mesh_model, replica=trainer.mesh_replica)
     rules = partitioning.rules_by_name(trainer.axis_rules)
-    _check_divisible(data.batch_size, mesh.shape["data"], trainer)
+    _check_divisible(data.batch_size, partitioning.data_parallel_size(mesh), trainer)
     options = StepOptions(loss.name, tuple(sorted(loss.options().items())), trainer.num_chunks, trainer.accum_steps)
     model_config, init_params, vocab = _resolve_model_config(workdir_path, trainer, model_config)
     if model_config.head is None:
@@ -203,7 +205,7 @@ def build_step_functions(
         return create_state(params, loss_params, tx, seed)
 
     abstract_state, shardings = state_shardings(random_state, param_specs, mesh, rules)
-    batch_sharding = NamedSharding(mesh, PartitionSpec("data"))
+    batch_sharding = partitioning.batch_sharding(mesh)
     step = jax.jit(
         functools.partial(train_step, model=model, options=options, tx=tx, schedule=schedule,
                           use_dropout=model_config.encoder.dropout_rate > 0),

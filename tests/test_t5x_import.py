@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+from flax.traverse_util import flatten_dict, unflatten_dict
 import pytest
 import tensorstore as ts
 from flax import serialization
@@ -25,26 +26,13 @@ BF16 = np.dtype(ts.bfloat16.numpy_dtype)
 # ---------------------------------------------------------------------------
 
 
-def flatten(tree: dict, prefix: str = "") -> dict:
+def flatten(tree: dict) -> dict:
     """{'a/b': leaf} of a nested dict."""
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{prefix}{key}/"))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
+    return flatten_dict(tree, sep="/")
 
 
 def unflatten(flat: dict) -> dict:
-    tree: dict = {}
-    for name, value in flat.items():
-        *parents, leaf = name.split("/")
-        node = tree
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return tree
+    return unflatten_dict(flat, sep="/")
 
 
 def fixture_msgpack() -> dict:

@@ -51,7 +51,9 @@ def _run_steps(mesh, rules_name, num_steps=3):
             in_shardings=(fns.shardings, fns.batch_sharding),
         )(state, jax.device_put(_batch(0), fns.batch_sharding))
         for i in range(num_steps):
-            state, metrics = fns.train_step(state, jax.device_put(_batch(i), fns.batch_sharding))
+            batch = jax.device_put(_batch(i), fns.batch_sharding)
+            assert len(batch["query_ids"].sharding.device_set) == mesh.shape["replica"] * mesh.shape["data"] * mesh.shape["model"]
+            state, metrics = fns.train_step(state, batch)
             losses.append(float(metrics["loss"]))
     return losses, jax.device_get(grads), jax.device_get(state.params), jax.device_get(state.loss_params), state
 
@@ -61,9 +63,12 @@ def single_device_run():
     return _run_steps(partitioning.make_mesh(1, 1, devices=jax.devices()[:1]), "standard")
 
 
-@pytest.mark.parametrize("data,model,rules", [(8, 1, "standard"), (4, 2, "standard"), (4, 2, "fsdp")])
-def test_sharded_steps_equal_single_device(single_device_run, data, model, rules):
-    losses, grads, params, loss_params, state = _run_steps(partitioning.make_mesh(data, model), rules)
+@pytest.mark.parametrize(
+    "replica,data,model,rules",
+    [(1, 8, 1, "standard"), (1, 4, 2, "standard"), (1, 4, 2, "fsdp"), (2, 2, 2, "standard")],
+)
+def test_sharded_steps_equal_single_device(single_device_run, replica, data, model, rules):
+    losses, grads, params, loss_params, state = _run_steps(partitioning.make_mesh(data, model, replica=replica), rules)
     ref_losses, ref_grads, ref_params, ref_loss_params, _ = single_device_run
     np.testing.assert_allclose(losses, ref_losses, atol=TOL, rtol=TOL)
     assert losses[0] != losses[-1]  # the params really changed
@@ -96,7 +101,7 @@ def test_grad_cache_equals_plain_backprop(plain_reference, num_chunks):
     batch = _batch(1)
     ref_loss, ref_metrics, ref_grads = _grads(StepOptions("in_batch_softmax", LOSS_OPTIONS), params, loss_params, batch)
     loss, metrics, grads = _grads(StepOptions("in_batch_softmax", LOSS_OPTIONS, num_chunks=num_chunks), params, loss_params, batch)
-    assert abs(loss - ref_loss) < TOL
+    assert abs(loss - ref_loss) <= TOL * max(1.0, abs(ref_loss))
     assert abs(metrics["accuracy"] - ref_metrics["accuracy"]) < TOL
     _assert_trees_close(grads, ref_grads)
     assert np.abs(np.asarray(ref_grads[1]["log_logit_scale"])) > 0  # the learned scale gets a gradient
@@ -111,7 +116,7 @@ def test_grad_cache_sharded_equals_plain_single(plain_reference):
     with jax.set_mesh(mesh), nn.logical_axis_rules(list(partitioning.STANDARD_RULES)):
         sharded = jax.device_put(batch, partitioning.NamedSharding(mesh, partitioning.PartitionSpec("data")))
         loss, _, grads = _grads(options, params, loss_params, sharded)
-    assert abs(loss - ref_loss) < TOL
+    assert abs(loss - ref_loss) <= TOL * max(1.0, abs(ref_loss))
     _assert_trees_close(grads, ref_grads)
 
 
@@ -121,7 +126,7 @@ def test_accumulation_equals_full_batch_for_per_example_loss(plain_reference, ac
     batch = _batch(3)
     ref = _grads(StepOptions("per_example_softmax", (("logit_scale", 3.0),)), params, {}, batch)
     got = _grads(StepOptions("per_example_softmax", (("logit_scale", 3.0),), accum_steps=accum_steps), params, {}, batch)
-    assert abs(got[0] - ref[0]) < TOL
+    assert abs(got[0] - ref[0]) <= TOL * max(1.0, abs(ref[0]))
     _assert_trees_close(got[2], ref[2])
 
 

@@ -55,7 +55,8 @@ def _wait_for_checkpoint(workdir: Path, step: int, proc, timeout=240):
 
 def test_in_process_run_writes_everything(tmp_path, capsys):
     code = main(["train", f"--workdir={tmp_path}", *TINY, "--gin.TrainerConfig.num_steps=6",
-                 "--gin.TrainerConfig.eval_every=3", "--gin.TrainerConfig.checkpoint_every=3"])
+                 "--gin.TrainerConfig.eval_every=3", "--gin.TrainerConfig.checkpoint_every=3",
+                 "--gin.TrainerConfig.profile_start_step=2", "--gin.TrainerConfig.profile_num_steps=2"])
     assert code == 0, capsys.readouterr().err
     records = read_jsonl(tmp_path / "metrics.jsonl")
     train = [r for r in records if "train/loss" in r]
@@ -71,6 +72,7 @@ def test_in_process_run_writes_everything(tmp_path, capsys):
     assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == [3, 6]
     config, params = native.restore_params(tmp_path)
     assert config.encoder.vocab_size == 128 and "projection_layer" in params
+    assert list((tmp_path / "profile").rglob("*.xplane.pb")), "profiler trace missing"
 
 
 def test_sigkill_then_resume_reproduces_losses(tmp_path):

@@ -45,6 +45,7 @@ import re
 from typing import Any
 
 import numpy as np
+from flax.traverse_util import unflatten_dict
 import tensorstore as ts
 
 from rankgen_jax.configs import RANKGEN_HEAD, HeadConfig, ModelConfig, T5Config
@@ -85,7 +86,7 @@ def read_t5x_target(path: str) -> dict:
     _, target = _read_index(location)
     flat = _flatten(target)
     arrays = _read_arrays(location, _open_arrays(location, flat))
-    return _unflatten(arrays)
+    return unflatten_dict(arrays, sep="/")
 
 
 def infer_t5_config(params: dict, relpos_max_distance: int = 128, where: str = "") -> T5Config:
@@ -130,7 +131,7 @@ def load_t5x_checkpoint(path: str, head: HeadConfig | None = RANKGEN_HEAD,
     expected = _expected_shapes(encoder, projection_out if head is not None else None)
     _check_shapes(shapes, expected, where)
     arrays = _read_arrays(location, {name: handles[name] for name in expected})
-    return ModelConfig(encoder=encoder, head=head), _unflatten(arrays)
+    return ModelConfig(encoder=encoder, head=head), unflatten_dict(arrays, sep="/")
 
 
 # ---------------------------------------------------------------------------
@@ -256,18 +257,6 @@ def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
         elif value is not None:
             flat[name] = value
     return flat
-
-
-def _unflatten(flat: dict[str, Any]) -> dict:
-    """Inverse of `_flatten`."""
-    tree: dict = {}
-    for name, value in flat.items():
-        *parents, leaf = name.split("/")
-        node = tree
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return tree
 
 
 def _canonical_names(flat: dict[str, Any], where: str) -> dict[str, Any]:
