@@ -109,17 +109,27 @@ def _resolve_model_config(workdir: Path, trainer: TrainerConfig, gin_model: Mode
 
 
 def _prefetch(source, start: int, stop: int, put) -> Iterator:
-    """Build and place batches on a background thread, two steps ahead of the device."""
+    """Build and place batches on a background thread, two steps ahead of the device.
+
+    An exception in the thread is re-raised here, so a data error stops the run
+    with its message instead of leaving the loop waiting forever.
+    """
     q: queue.Queue = queue.Queue(maxsize=2)
     rows = _local_rows(source.batch_size)
+    done = object()
 
     def work():
-        for index in range(start, stop):
-            q.put(put(source.batch(index, rows)))
-        q.put(None)
+        try:
+            for index in range(start, stop):
+                q.put(put(source.batch(index, rows)))
+            q.put(done)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            q.put(e)
 
     threading.Thread(target=work, daemon=True).start()
-    while (item := q.get()) is not None:
+    while (item := q.get()) is not done:
+        if isinstance(item, BaseException):
+            raise item
         yield item
 
 
@@ -162,10 +172,10 @@ def train(
         init_params = _complete_params(init_params, model_config, trainer.init_checkpoint, trainer.seed)
     with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
         if start is not None:
-            state = _restore(manager, start, setup.abstract_state, setup.shardings)
+            state, data_start = _restore(manager, start, setup.abstract_state, setup.shardings)
             print(f"resuming from {workdir}/checkpoints/{start}", file=sys.stderr)
         else:
-            start = 0
+            start = data_start = 0
             state = setup.init()
             if init_params is not None:
                 # Optimizer moments start at zero whatever the params, so the fresh opt_state stays valid.
@@ -173,8 +183,8 @@ def train(
             native.save_model_config(workdir_path, model_config, vocab or (data.vocab if data.source == "books" else None))
             (workdir_path / "config.gin").write_text(gin.config_str())
         put = functools.partial(_put_batch, sharding=setup.batch_sharding, batch_size=data.batch_size)
-        return _loop(trainer, workdir_path, state, start, train_source, eval_source, put, setup.train_step,
-                     setup.eval_step, manager, optimizer.max_consecutive_nonfinite)
+        return _loop(trainer, workdir_path, state, start, data_start, train_source, eval_source, put,
+                     setup.train_step, setup.eval_step, manager, optimizer.max_consecutive_nonfinite)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,16 +239,21 @@ def _put_batch(local: dict, sharding: NamedSharding, batch_size: int) -> dict:
     }
 
 
-def _restore(manager, step: int, abstract_state: TrainState, shardings: TrainState) -> TrainState:
+def _restore(manager, step: int, abstract_state: TrainState, shardings: TrainState) -> tuple[TrainState, int]:
+    """(state, index of the next batch) of a saved step, restored straight into its shardings."""
     target = jax.tree_util.tree_map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state, shardings
     )
     rest = {"step": target.step, "loss_params": target.loss_params, "opt_state": target.opt_state, "rng": target.rng}
     restored = manager.restore(
         step,
-        args=ocp.args.Composite(params=ocp.args.StandardRestore(target.params), train_state=ocp.args.StandardRestore(rest)),
+        args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(target.params),
+            train_state=ocp.args.StandardRestore(rest),
+            data=ocp.args.JsonRestore(),
+        ),
     )
-    return TrainState(params=restored.params, **restored.train_state)
+    return TrainState(params=restored.params, **restored.train_state), int(restored.data["next_batch_index"])
 
 
 def _complete_params(params: dict, model_config: ModelConfig, where: str, seed: int) -> dict:
@@ -251,11 +266,14 @@ def _complete_params(params: dict, model_config: ModelConfig, where: str, seed: 
     return params
 
 
-def _save(manager, state: TrainState) -> None:
-    step = int(state.step)
+def _save(manager, state: TrainState, next_batch_index: int) -> None:
+    """Params (the item `export-hf` reads), the rest of the state, and the data position."""
     rest = {"step": state.step, "loss_params": state.loss_params, "opt_state": state.opt_state, "rng": state.rng}
-    manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(state.params),
-                                               train_state=ocp.args.StandardSave(rest)))
+    manager.save(int(state.step), args=ocp.args.Composite(
+        params=ocp.args.StandardSave(state.params),
+        train_state=ocp.args.StandardSave(rest),
+        data=ocp.args.JsonSave({"next_batch_index": next_batch_index}),
+    ))
 
 
 class _Preemption:
@@ -272,7 +290,8 @@ class _Preemption:
         signal.signal(signal.SIGTERM, self._previous)
 
 
-def _loop(trainer, workdir, state, start, train_source, eval_source, put, step_fn, eval_fn, manager, max_nonfinite):
+def _loop(trainer, workdir, state, start, data_start, train_source, eval_source, put, step_fn, eval_fn, manager,
+          max_nonfinite):
     writer = MetricWriter(str(workdir), enabled=jax.process_index() == 0)
     preemption = _Preemption()
     pending: list[tuple[int, dict]] = []
@@ -281,7 +300,8 @@ def _loop(trainer, workdir, state, start, train_source, eval_source, put, step_f
                mininterval=1.0 if sys.stderr.isatty() else 30.0, disable=jax.process_index() != 0)
     started = time.time()
     try:
-        for step, batch in zip(range(start, trainer.num_steps), _prefetch(train_source, start, trainer.num_steps, put)):
+        batches = _prefetch(train_source, data_start, data_start + trainer.num_steps - start, put)
+        for step, batch in zip(range(start, trainer.num_steps), batches):
             if step == trainer.profile_start_step:
                 jax.profiler.start_trace(str(workdir / "profile"))
             state, metrics = step_fn(state, batch)
@@ -303,7 +323,7 @@ def _loop(trainer, workdir, state, start, train_source, eval_source, put, step_f
             if trainer.eval_every and (done % trainer.eval_every == 0 or is_last):
                 writer.write_scalars(done, _evaluate(eval_fn, state, eval_source, put, trainer.eval_batches), prefix="eval/")
             if done % trainer.checkpoint_every == 0 or is_last or preemption.requested:
-                _save(manager, state)
+                _save(manager, state, next_batch_index=data_start + done - start)
             bar.update(1)
             if preemption.requested:
                 print(f"SIGTERM: saved step {done}; exiting", file=sys.stderr)

@@ -160,3 +160,21 @@ def test_config_errors_are_clear(tmp_path, capsys, args, fragment):
     errors = [l for l in err.splitlines() if l.startswith("error:")]
     assert len(errors) == 1 and fragment in errors[0], err
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_data_errors_reach_the_loop():
+    from rankgen_jax.trainer import _prefetch
+
+    class Broken:
+        batch_size = 8
+
+        def batch(self, index, rows=None):
+            if index == 2:
+                raise ValueError("bad record at batch 2")
+            return {"x": np.full((8, 1), index)}
+
+    got = []
+    with pytest.raises(ValueError, match="bad record at batch 2"):
+        for batch in _prefetch(Broken(), 0, 5, lambda b: b):
+            got.append(int(batch["x"][0, 0]))
+    assert got == [0, 1]
