@@ -32,7 +32,7 @@ from rankgen_jax.errors import RankgenError
 from rankgen_jax.metrics_io import MetricWriter
 from rankgen_jax.models.factory import abstract_variables, build_model, check_params_match, to_model_layout
 from rankgen_jax.models.factory import init_params as random_params
-from rankgen_jax.optimizers import OptimizerConfig, make_optimizer, nonfinite_counts
+from rankgen_jax.optimizers import OptimizerConfig, check_nonfinite, make_optimizer
 from rankgen_jax.train_state import TrainState, create_state, state_shardings
 from rankgen_jax.train_step import StepOptions, eval_step, train_step
 
@@ -184,7 +184,7 @@ def train(
             (workdir_path / "config.gin").write_text(gin.config_str())
         put = functools.partial(_put_batch, sharding=setup.batch_sharding, batch_size=data.batch_size)
         return _loop(trainer, workdir_path, state, start, data_start, train_source, eval_source, put,
-                     setup.train_step, setup.eval_step, manager, optimizer.max_consecutive_nonfinite)
+                     setup.train_step, setup.eval_step, manager, optimizer)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,8 +291,9 @@ class _Preemption:
 
 
 def _loop(trainer, workdir, state, start, data_start, train_source, eval_source, put, step_fn, eval_fn, manager,
-          max_nonfinite):
+          optimizer: OptimizerConfig):
     writer = MetricWriter(str(workdir), enabled=jax.process_index() == 0)
+    writer.write_text(start, "gin_config", gin.config_str())
     preemption = _Preemption()
     pending: list[tuple[int, dict]] = []
     last: dict = {}
@@ -314,12 +315,7 @@ def _loop(trainer, workdir, state, start, data_start, train_source, eval_source,
             if done % trainer.log_every == 0 or is_last or preemption.requested:
                 last = _flush_metrics(writer, pending, bar)
                 pending = []
-                consecutive, total = (int(x) for x in jax.device_get(nonfinite_counts(state.opt_state)))
-                if consecutive >= max_nonfinite:
-                    raise RankgenError(
-                        f"stopping at step {done}: {consecutive} consecutive steps with non-finite gradients "
-                        f"({total} in all) were skipped; lower the learning rate or check the data"
-                    )
+                check_nonfinite(state.opt_state, optimizer)
             if trainer.eval_every and (done % trainer.eval_every == 0 or is_last):
                 writer.write_scalars(done, _evaluate(eval_fn, state, eval_source, put, trainer.eval_batches), prefix="eval/")
             if done % trainer.checkpoint_every == 0 or is_last or preemption.requested:

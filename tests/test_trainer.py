@@ -124,7 +124,7 @@ def test_nonfinite_guard_skips_then_stops(tmp_path, capsys):
                  "--gin.LossConfig.logit_scale=1e39", "--gin.OptimizerConfig.max_consecutive_nonfinite=3"])
     err = capsys.readouterr().err
     assert code == 2
-    assert "3 consecutive steps with non-finite gradients" in err
+    assert "the last 3 steps had NaN/Inf gradients" in err
 
 
 def test_init_checkpoint_supplies_the_encoder(tmp_path, capsys):
