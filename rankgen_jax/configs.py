@@ -16,6 +16,9 @@ from rankgen_jax.errors import RankgenError
 
 MLP_ACTIVATIONS = ("gated-gelu", "relu")
 POOLINGS = ("first", "mean", "first_last_avg", "last2_avg")
+BERT_VARIANTS = ("bert", "distilbert", "roberta")
+BERT_ACTIVATIONS = ("gelu", "gelu_new", "relu")
+MODEL_KINDS = ("encoder", "dual_encoder", "cross_encoder")
 
 
 @gin.configurable
@@ -86,6 +89,55 @@ def t5_config(size: str = "small", version: str = "1.1", **overrides: Any) -> T5
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """Hyper-parameters of a BERT-family encoder (post-LN, absolute positions).
+
+    variant: `bert` (also MiniLM), `distilbert` (no token types, no pooler),
+      `roberta` (positions offset past the padding index: position_offset =
+      pad_id + 1, and padding positions get pad_id).
+    Field names shared with T5Config (d_model, num_layers, num_heads,
+    dropout_rate, dtype, remat) mean the same thing.
+    """
+
+    variant: str = "bert"
+    vocab_size: int = 30522
+    d_model: int = 384
+    d_ff: int = 1536
+    num_layers: int = 6
+    num_heads: int = 12
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    hidden_act: str = "gelu"
+    pad_id: int = 0
+    position_offset: int = 0
+    has_pooler: bool = True
+    dropout_rate: float = 0.0
+    dtype: str = "float32"
+    remat: bool = False
+    scan_layers: bool = False
+
+    def __post_init__(self):
+        if self.variant not in BERT_VARIANTS:
+            raise RankgenError(f"BertConfig.variant={self.variant!r}: expected one of {BERT_VARIANTS}")
+        if self.hidden_act not in BERT_ACTIVATIONS:
+            raise RankgenError(f"BertConfig.hidden_act={self.hidden_act!r}: expected one of {BERT_ACTIVATIONS}")
+        if self.d_model % self.num_heads:
+            raise RankgenError(f"BertConfig.d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
+        if self.scan_layers:
+            raise RankgenError("BertConfig.scan_layers is not supported (BERT-family encoders are unrolled)")
+
+    @property
+    def d_kv(self) -> int:
+        return self.d_model // self.num_heads
+
+
+# all-MiniLM-L6-v2 (the pretrained encoder the demo starts from).
+MINILM_L6 = BertConfig()
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
 class HeadConfig:
     """Turns encoder hidden states into one vector per input.
 
@@ -113,31 +165,64 @@ RANKGEN_HEAD = HeadConfig(pooling="first", projection_dim=-1, l2_normalize=False
 ST5_HEAD = HeadConfig(pooling="mean", projection_dim=-1, l2_normalize=True)
 
 
+EncoderConfig = T5Config | BertConfig
+_ENCODER_TYPES = {"t5": T5Config, "bert": BertConfig}
+
+
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """What a checkpoint holds: an encoder, and a head if it is a dual encoder."""
+    """What a checkpoint holds: an encoder, plus a head for dual or cross encoders.
 
-    encoder: T5Config = dataclasses.field(default_factory=T5Config)
+    kind: `encoder` (bare, head None), `dual_encoder` (vector head; score = dot
+      product) or `cross_encoder` (query and candidate read together; the head
+      pools and a linear layer gives `num_scores` scores). Defaults from head.
+    shared_towers: dual encoders only; False gives queries and documents
+      separate encoders (DKMR^2, CL-DRD), each with its own head.
+    """
+
+    encoder: EncoderConfig = dataclasses.field(default_factory=T5Config)
     head: HeadConfig | None = RANKGEN_HEAD
+    kind: str = ""
+    shared_towers: bool = True
+    num_scores: int = 1
+
+    def __post_init__(self):
+        if not self.kind:
+            object.__setattr__(self, "kind", "encoder" if self.head is None else "dual_encoder")
+        if self.kind not in MODEL_KINDS:
+            raise RankgenError(f"ModelConfig.kind={self.kind!r}: expected one of {MODEL_KINDS}")
+        if (self.kind == "encoder") != (self.head is None):
+            raise RankgenError(f"ModelConfig.kind={self.kind!r} {'takes no' if self.kind == 'encoder' else 'needs a'} head")
+        if self.num_scores < 1:
+            raise RankgenError(f"ModelConfig.num_scores must be >= 1, got {self.num_scores}")
+
+    @property
+    def encoder_type(self) -> str:
+        return "bert" if isinstance(self.encoder, BertConfig) else "t5"
 
     def to_json_dict(self) -> dict[str, Any]:
         return {
-            "encoder_type": "t5",
+            "encoder_type": self.encoder_type,
             "encoder": dataclasses.asdict(self.encoder),
             "head": None if self.head is None else dataclasses.asdict(self.head),
+            "kind": self.kind,
+            "shared_towers": self.shared_towers,
+            "num_scores": self.num_scores,
         }
 
     @classmethod
     def from_json_dict(cls, data: dict[str, Any], where: str = "model config") -> "ModelConfig":
+        encoder_type = data.get("encoder_type", "t5")
+        if encoder_type not in _ENCODER_TYPES:
+            raise RankgenError(f"{where}: unsupported encoder_type {encoder_type!r}")
         try:
-            if data.get("encoder_type", "t5") != "t5":
-                raise RankgenError(f"{where}: unsupported encoder_type {data.get('encoder_type')!r}")
-            encoder = T5Config(**data["encoder"])
+            encoder = _ENCODER_TYPES[encoder_type](**data["encoder"])
             head = None if data.get("head") is None else HeadConfig(**data["head"])
+            extra = {k: data[k] for k in ("kind", "shared_towers", "num_scores") if k in data}
         except (KeyError, TypeError) as e:
             raise RankgenError(f"{where}: malformed model config ({e})") from None
-        return cls(encoder=encoder, head=head)
+        return cls(encoder=encoder, head=head, **extra)
 
     def to_json(self) -> str:
         return json.dumps(self.to_json_dict(), indent=2, sort_keys=True)

@@ -1,4 +1,4 @@
-"""Contrastive losses for dual encoders: pure functions of embeddings and token ids.
+"""Losses as pure functions: contrastive losses for dual encoders, listwise losses for cross encoders.
 
 Every loss has the same signature so the trainer can pick one by name:
 
@@ -238,9 +238,50 @@ def per_example_softmax_loss(
     return _softmax_loss_and_metrics(scores_BxC, valid_BxC, gold_BxC, scale, margin)
 
 
+def listwise_softmax_loss(
+    outputs: dict[str, Array],
+    batch: dict[str, Array],
+    loss_params: dict[str, Array],
+    *,
+    temperature: float = 1.0,
+) -> tuple[Array, dict[str, Array]]:
+    """Cross entropy of a candidate list's softmax against its normalised labels (cross encoders).
+
+    `outputs["scores"]` [B, C]; `batch["labels"]` [B, C] (graded relevance >= 0,
+    e.g. one-hot gold); optional `batch["candidate_mask"]` [B, C] marks real
+    candidates (padding gets -inf before the logsumexp). Rows without any
+    positive label are left out of the mean. Per-query terms only: gradient
+    accumulation is exact when every microbatch has as many such rows.
+    """
+    del loss_params
+    scores_BxC = jnp.asarray(outputs["scores"], jnp.float32)
+    labels_BxC = jnp.maximum(jnp.asarray(batch["labels"], jnp.float32), 0.0)
+    mask_BxC = batch["candidate_mask"].astype(bool) if "candidate_mask" in batch else jnp.ones_like(scores_BxC, bool)
+    labels_BxC = jnp.where(mask_BxC, labels_BxC, 0.0)
+    label_sum_B = jnp.sum(labels_BxC, axis=-1)
+    has_positive_B = label_sum_B > 0
+    target_BxC = labels_BxC / jnp.maximum(label_sum_B, 1e-12)[:, None]
+    logits_BxC = jnp.where(mask_BxC, scores_BxC / temperature, -jnp.inf)
+    log_probs_BxC = jax.nn.log_softmax(logits_BxC, axis=-1)
+    row_loss_B = -jnp.sum(jnp.where(mask_BxC, target_BxC * log_probs_BxC, 0.0), axis=-1)
+    num_rows = jnp.maximum(jnp.sum(has_positive_B), 1)
+    loss = jnp.sum(jnp.where(has_positive_B, row_loss_B, 0.0)) / num_rows
+    best_B = jnp.argmax(jnp.where(mask_BxC, scores_BxC, -jnp.inf), axis=-1)
+    top_label_B = jnp.take_along_axis(labels_BxC, best_B[:, None], axis=-1)[:, 0]
+    hit_B = top_label_B == jnp.max(labels_BxC, axis=-1)
+    metrics = {
+        "loss": loss,
+        # The top-scored candidate has the list's highest label.
+        "accuracy": jnp.sum(jnp.where(has_positive_B, hit_B, False)) / num_rows,
+        "mean_score": jnp.sum(jnp.where(mask_BxC, scores_BxC, 0.0)) / jnp.maximum(jnp.sum(mask_BxC), 1),
+    }
+    return loss, metrics
+
+
 LOSSES: dict[str, LossFn] = {
     "in_batch_softmax": in_batch_softmax_loss,
     "per_example_softmax": per_example_softmax_loss,
+    "listwise_softmax": listwise_softmax_loss,
 }
 
 # Losses with cross-example terms: a micro-batch sees fewer negatives, so the
@@ -248,6 +289,7 @@ LOSSES: dict[str, LossFn] = {
 LOSS_NEEDS_FULL_BATCH: dict[str, bool] = {
     "in_batch_softmax": True,
     "per_example_softmax": False,
+    "listwise_softmax": False,
 }
 
 

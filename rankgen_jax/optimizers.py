@@ -49,7 +49,8 @@ class OptimizerConfig:
       to `end_lr_fraction * learning_rate` at `total_steps` and stay there.
     weight_decay: AdamW decoupled weight decay, multiplied by the LR (the optax
       and PyTorch convention); applied only to parameters with >= 2 dimensions
-      (kernels and embeddings, not layer-norm scales or scalars).
+      (kernels and embeddings, not layer-norm scales or scalars), and not to
+      an unused BERT pooler.
     clip_grad_norm: clip gradients to this global norm before the optimizer; 0 = off.
     loss_params_learning_rate: constant LR for the `loss` subtree (e.g. a logit
       scale); 0 = the loss params share the model's optimizer and schedule.
@@ -114,8 +115,16 @@ def make_schedule(cfg: OptimizerConfig) -> optax.Schedule:
 
 
 def _matrices_only(params):
-    """Weight-decay mask: True for kernels/embeddings, False for vectors and scalars."""
-    return jax.tree_util.tree_map(lambda p: jnp.ndim(p) >= 2, params)
+    """Weight-decay mask: True for kernels/embeddings, False for vectors and scalars.
+
+    A BERT pooler is kept for round trips but no head uses it: its gradient is
+    zero, and decay alone would shrink the weights that get exported.
+    """
+    def decays(path, p):
+        unused = any(isinstance(k, jax.tree_util.DictKey) and k.key == "pooler" for k in path)
+        return jnp.ndim(p) >= 2 and not unused
+
+    return jax.tree_util.tree_map_with_path(decays, params)
 
 
 def _adafactor(

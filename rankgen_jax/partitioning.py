@@ -33,6 +33,8 @@ STANDARD_RULES: LogicalRules = (
     ("kv", None),
     ("joined_kv", "model"),
     ("relpos_buckets", None),
+    ("abspos_buckets", None),
+    ("type_vocab", None),
     ("length", None),
     ("layers", None),
     ("projection", None),

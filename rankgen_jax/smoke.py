@@ -54,7 +54,7 @@ def run(out: Path, num_pairs: int = 16) -> dict:
     print("[2/4] random-init tiny T5 1.1 RankGen dual encoder -> rankgen_jax checkpoint", flush=True)
     config = ModelConfig(encoder=t5_config("tiny", vocab_size=1024), head=RANKGEN_HEAD)
     params = init_params(config, seed=0)
-    native.save_params(out / "checkpoint", config, params, spiece_model=vocab.path, overwrite=True)
+    native.save_params(out / "checkpoint", config, params, vocab=vocab.path, overwrite=True)
 
     print("[3/4] export to the RankGen HuggingFace format and reload with transformers", flush=True)
     export_hf(str(out / "checkpoint"), str(out / "hf"), fmt="rankgen", overwrite=True)

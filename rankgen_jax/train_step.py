@@ -28,8 +28,35 @@ from rankgen_jax import losses
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.train_state import TrainState
 
-# Dual-encoder towers: output name -> batch key of its token ids.
-TOWERS = (("query", "query_ids"), ("positive", "positive_ids"), ("negative", "negative_ids"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Tower:
+    """One model call of a step: which batch arrays go in, which output comes out.
+
+    tower: the DualEncoder tower ("query" / "document"); None for models without towers.
+    """
+
+    output: str
+    ids_key: str
+    tower: str | None = None
+
+    @property
+    def type_ids_key(self) -> str:
+        return self.ids_key.removesuffix("_ids") + "_type_ids"
+
+
+# The batch layout of each model kind: dual encoders embed prefixes and
+# candidates separately (one padded call for all would cost ~1.5x the token
+# work); cross encoders score [B, C, L] candidate lists in one call.
+TOWERS = {
+    "dual_encoder": (
+        Tower("query", "query_ids", "query"),
+        Tower("positive", "positive_ids", "document"),
+        Tower("negative", "negative_ids", "document"),
+    ),
+    "cross_encoder": (Tower("scores", "pair_ids"),),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,8 +67,11 @@ class StepOptions:
     loss_options: tuple[tuple[str, Any], ...] = ()
     num_chunks: int = 1
     accum_steps: int = 1
+    model_kind: str = "dual_encoder"
 
     def __post_init__(self):
+        if self.model_kind not in TOWERS:
+            raise RankgenError(f"no training batch layout for model kind {self.model_kind!r}: expected one of {sorted(TOWERS)}")
         if self.num_chunks < 1 or self.accum_steps < 1:
             raise RankgenError("num_chunks and accum_steps must be >= 1")
         if self.num_chunks > 1 and self.accum_steps > 1:
@@ -53,13 +83,22 @@ class StepOptions:
             )
 
 
-def _towers(batch: dict) -> list[tuple[str, str]]:
-    return [(name, key) for name, key in TOWERS if key in batch]
+def _towers(options: StepOptions, batch: dict) -> list[Tower]:
+    return [t for t in TOWERS[options.model_kind] if t.ids_key in batch]
 
 
-def _embed(model: nn.Module, params, ids, rng) -> jax.Array:
+def _inputs(tower: Tower, batch: dict) -> dict:
+    """The model's keyword inputs for one tower: ids, and token types when the batch has them."""
+    inputs = {"input_ids": batch[tower.ids_key]}
+    if tower.type_ids_key in batch:
+        inputs["token_type_ids"] = batch[tower.type_ids_key]
+    return inputs
+
+
+def _embed(model: nn.Module, params, tower: Tower, inputs: dict, rng) -> jax.Array:
     rngs = {"dropout": rng} if rng is not None else {}
-    return model.apply({"params": params}, ids, rngs=rngs)
+    kwargs = {"tower": tower.tower} if tower.tower is not None else {}
+    return model.apply({"params": params}, **inputs, **kwargs, rngs=rngs)
 
 
 def _tower_rng(rng, tower_index: int, chunk_index=0):
@@ -86,7 +125,8 @@ def plain_grads(model, options: StepOptions, params, loss_params, batch, rng):
 
     def objective(params, loss_params):
         outputs = {
-            name: _embed(model, params, batch[key], _tower_rng(rng, i)) for i, (name, key) in enumerate(_towers(batch))
+            t.output: _embed(model, params, t, _inputs(t, batch), _tower_rng(rng, i))
+            for i, t in enumerate(_towers(options, batch))
         }
         return _loss(options, outputs, batch, loss_params)
 
@@ -102,36 +142,35 @@ def grad_cache_grads(model, options: StepOptions, params, loss_params, batch, rn
     same recomputation jax.checkpoint would do, without a differentiated scan.
     """
     n = options.num_chunks
-    towers = _towers(batch)
+    towers = _towers(options, batch)
     chunk_rngs = jnp.arange(n)
+    split_inputs = {t.output: jax.tree_util.tree_map(lambda x: _split(x, n), _inputs(t, batch)) for t in towers}
 
-    def embed_chunks(tower_index, ids_NxCxL):
+    def embed_chunks(tower_index, tower):
         return jax.lax.map(
-            lambda xs: _embed(model, params, xs[0], _tower_rng(rng, tower_index, xs[1])), (ids_NxCxL, chunk_rngs)
+            lambda xs: _embed(model, params, tower, xs[0], _tower_rng(rng, tower_index, xs[1])),
+            (split_inputs[tower.output], chunk_rngs),
         )
 
-    split_ids = {name: _split(batch[key], n) for name, key in towers}
-    outputs = {
-        name: _merge(jax.lax.stop_gradient(embed_chunks(i, split_ids[name]))) for i, (name, _) in enumerate(towers)
-    }
+    outputs = {t.output: _merge(jax.lax.stop_gradient(embed_chunks(i, t))) for i, t in enumerate(towers)}
     (loss, metrics), (d_outputs, loss_grads) = jax.value_and_grad(
         lambda outs, lp: _loss(options, outs, batch, lp), argnums=(0, 1), has_aux=True
     )(outputs, loss_params)
 
-    def backprop_chunk(tower_index):
+    def backprop_chunk(tower_index, tower):
         def body(grads_acc, xs):
-            ids_CxL, d_emb_CxD, chunk = xs
-            _, vjp = jax.vjp(lambda p: _embed(model, p, ids_CxL, _tower_rng(rng, tower_index, chunk)), params)
-            return jax.tree_util.tree_map(jnp.add, grads_acc, vjp(d_emb_CxD)[0]), None
+            inputs, d_output, chunk = xs
+            _, vjp = jax.vjp(lambda p: _embed(model, p, tower, inputs, _tower_rng(rng, tower_index, chunk)), params)
+            return jax.tree_util.tree_map(jnp.add, grads_acc, vjp(d_output)[0]), None
 
         return body
 
     model_grads = jax.tree_util.tree_map(jnp.zeros_like, params)
-    for i, (name, _) in enumerate(towers):
+    for i, t in enumerate(towers):
         model_grads, _ = jax.lax.scan(
-            backprop_chunk(i),
+            backprop_chunk(i, t),
             model_grads,
-            (split_ids[name], _split(d_outputs[name], n), chunk_rngs),
+            (split_inputs[t.output], _split(d_outputs[t.output], n), chunk_rngs),
         )
     return loss, metrics, (model_grads, loss_grads)
 
@@ -194,6 +233,6 @@ def train_step(
 
 def eval_step(state: TrainState, batch: dict, *, model: nn.Module, options: StepOptions) -> dict:
     """Loss and metrics on a batch without updating anything (no dropout)."""
-    outputs = {name: _embed(model, state.params, batch[key], None) for name, key in _towers(batch)}
+    outputs = {t.output: _embed(model, state.params, t, _inputs(t, batch), None) for t in _towers(options, batch)}
     loss, metrics = _loss(options, outputs, batch, state.loss_params)
     return {**metrics, "loss": loss}

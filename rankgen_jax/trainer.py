@@ -30,7 +30,7 @@ from rankgen_jax.configs import ModelConfig
 from rankgen_jax.data.triples import DataConfig, make_sources
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.metrics_io import MetricWriter
-from rankgen_jax.models.factory import abstract_variables, build_model, check_params_match, to_model_layout
+from rankgen_jax.models.factory import abstract_variables, build_model, check_params_match, init_variables, to_model_layout
 from rankgen_jax.models.factory import init_params as random_params
 from rankgen_jax.optimizers import OptimizerConfig, check_nonfinite, make_optimizer
 from rankgen_jax.train_state import TrainState, create_state, state_shardings
@@ -95,6 +95,16 @@ def _check_divisible(batch_size: int, data_axis: int, trainer: TrainerConfig) ->
         raise RankgenError(f"batch size {batch_size} is not divisible by the {what}")
 
 
+def _check_vocab_fits(data: DataConfig, source, model_config: ModelConfig) -> None:
+    """Token ids the data can produce must exist in the model's embedding table."""
+    size = getattr(getattr(source, "text", None), "size", None) if data.source == "books" else data.vocab_size
+    if size is not None and size > model_config.encoder.vocab_size:
+        raise RankgenError(
+            f"the data's vocabulary has {size} ids but the model's embedding has {model_config.encoder.vocab_size} rows "
+            f"(DataConfig.vocab={data.vocab!r}); use the model's own tokenizer"
+        )
+
+
 def _resolve_model_config(workdir: Path, trainer: TrainerConfig, gin_model: ModelConfig) -> tuple[ModelConfig, dict | None, str | None]:
     """(model config, initial params or None, vocab path or None): resume > init checkpoint > gin."""
     if native.is_checkpoint_dir(workdir):
@@ -104,8 +114,11 @@ def _resolve_model_config(workdir: Path, trainer: TrainerConfig, gin_model: Mode
     source_config, params = native.restore_params(trainer.init_checkpoint)
     runtime = {f: getattr(gin_model.encoder, f) for f in ("dropout_rate", "dtype", "remat", "scan_layers")}
     encoder = dataclasses.replace(source_config.encoder, **runtime)
-    head = source_config.head if source_config.head is not None else gin_model.head
-    return ModelConfig(encoder=encoder, head=head), params, native.vocab_path(trainer.init_checkpoint)
+    if source_config.kind == "encoder":  # a bare encoder: the head and towers come from gin
+        config = dataclasses.replace(gin_model, encoder=encoder)
+    else:
+        config = dataclasses.replace(source_config, encoder=encoder)
+    return config, params, native.vocab_path(trainer.init_checkpoint)
 
 
 def _prefetch(source, start: int, stop: int, put) -> Iterator:
@@ -156,13 +169,20 @@ def train(
     mesh = partitioning.make_mesh(trainer.mesh_data, trainer.mesh_model, replica=trainer.mesh_replica)
     rules = partitioning.rules_by_name(trainer.axis_rules)
     _check_divisible(data.batch_size, partitioning.data_parallel_size(mesh), trainer)
-    options = StepOptions(loss.name, tuple(sorted(loss.options().items())), trainer.num_chunks, trainer.accum_steps)
     model_config, init_params, vocab = _resolve_model_config(workdir_path, trainer, model_config)
-    if model_config.head is None:
-        raise RankgenError("training a dual encoder needs a head (ModelConfig.head)")
+    if model_config.kind != "dual_encoder":
+        raise RankgenError(
+            f"the trainer's data sources produce dual-encoder triples; ModelConfig.kind={model_config.kind!r} "
+            "has no training data yet (cross-encoder lists arrive with the rankers issue)"
+        )
+    options = StepOptions(loss.name, tuple(sorted(loss.options().items())), trainer.num_chunks, trainer.accum_steps,
+                          model_kind=model_config.kind)
     tx, schedule = make_optimizer(optimizer)
     loss_params = losses.init_loss_params(loss.name, **loss.options())
+    if vocab and data.source == "books" and data.vocab == DataConfig().vocab:
+        data = dataclasses.replace(data, vocab=vocab)  # tokenise with the checkpoint's own tokenizer
     train_source, eval_source = make_sources(data)
+    _check_vocab_fits(data, train_source, model_config)
 
     # --- state, created sharded; step functions jitted once -----------------------------
     setup = build_step_functions(model_config, options, tx, schedule, loss_params, mesh, rules, trainer.seed)
@@ -180,7 +200,7 @@ def train(
             if init_params is not None:
                 # Optimizer moments start at zero whatever the params, so the fresh opt_state stays valid.
                 state = state.replace(params=partitioning.device_put_tree(init_params, setup.shardings.params))
-            native.save_model_config(workdir_path, model_config, vocab or (data.vocab if data.source == "books" else None))
+            native.save_model_config(workdir_path, model_config, data.vocab if data.source == "books" else vocab)
             (workdir_path / "config.gin").write_text(gin.config_str())
         put = functools.partial(_put_batch, sharding=setup.batch_sharding, batch_size=data.batch_size)
         return _loop(trainer, workdir_path, state, start, data_start, train_source, eval_source, put,
@@ -210,8 +230,7 @@ def build_step_functions(
     param_specs = nn.get_partition_spec(abstract_variables(model_config))["params"]
 
     def random_state():
-        dummy = np.ones((1, 8), np.int32)
-        params = nn.unbox(model.init(jax.random.PRNGKey(seed), dummy))["params"]
+        params = nn.unbox(init_variables(model_config, jax.random.PRNGKey(seed)))["params"]
         return create_state(params, loss_params, tx, seed)
 
     abstract_state, shardings = state_shardings(random_state, param_specs, mesh, rules)
@@ -257,11 +276,18 @@ def _restore(manager, step: int, abstract_state: TrainState, shardings: TrainSta
 
 
 def _complete_params(params: dict, model_config: ModelConfig, where: str, seed: int) -> dict:
-    """A checkpoint's params in the model's layout; a missing head projection starts from random init."""
+    """A checkpoint's params in the model's layout.
+
+    A missing head projection starts from random init; a single encoder
+    starts both towers of a two-tower model.
+    """
     params = to_model_layout(params, model_config)
+    single = dataclasses.replace(model_config, shared_towers=True)
     if model_config.head.projection_dim != 0 and "projection_layer" not in params:
         print(f"note: {where} has no projection; the head's projection starts from random init", file=sys.stderr)
-        params = {**params, "projection_layer": random_params(model_config, seed)["projection_layer"]}
+        params = {**params, "projection_layer": random_params(single, seed)["projection_layer"]}
+    if not model_config.shared_towers and "query_tower" not in params:
+        params = {"query_tower": params, "document_tower": params}
     check_params_match(params, model_config, where)
     return params
 

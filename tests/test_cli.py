@@ -70,7 +70,7 @@ def test_help_lists_subcommands(capsys):
 def test_hf_import_export_is_bit_exact(tmp_path, capsys, hf_t5_folder):
     code, out, err = run_cli(capsys, "import", "--from", "hf", "--path", hf_t5_folder, "--out", tmp_path / "ckpt")
     assert code == 0, err
-    assert native.vocab_path(tmp_path / "ckpt") is not None
+    assert native.spiece_path(tmp_path / "ckpt") is not None
     code, _, err = run_cli(capsys, "export-hf", "--checkpoint", tmp_path / "ckpt", "--out", tmp_path / "hf",
                            "--format", "t5-encoder")
     assert code == 0, err
@@ -149,11 +149,11 @@ def test_bad_inputs_give_one_line_errors(tmp_path, capsys, t5x_import, hf_t5_fol
     code, _, err = run_cli(capsys, "export-hf", "--checkpoint", tmp_path / "empty", "--out", tmp_path / "o4")
     assert_one_line_error(code, err, "not a rankgen_jax checkpoint")
 
-    bert = tmp_path / "bert"
-    bert.mkdir()
-    (bert / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
-    code, _, err = run_cli(capsys, "import", "--from", "hf", "--path", bert, "--out", tmp_path / "o5")
-    assert_one_line_error(code, err, "Bert")
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    code, _, err = run_cli(capsys, "import", "--from", "hf", "--path", gpt2, "--out", tmp_path / "o5")
+    assert_one_line_error(code, err, "GPT2")
 
     broken = tmp_path / "broken_t5x"
     shutil.copytree(T5X_FIXTURE, broken)

@@ -258,7 +258,7 @@ def test_per_example_loss_is_a_mean_of_independent_terms():
         sub_batch = {k: v[part] for k, v in batch.items()}
         halves.append(float(run_loss("per_example_softmax", sub_out, sub_batch, {})[0]))
     np.testing.assert_allclose(np.mean(halves), full, rtol=RTOL)
-    assert losses.LOSS_NEEDS_FULL_BATCH == {"in_batch_softmax": True, "per_example_softmax": False}
+    assert losses.LOSS_NEEDS_FULL_BATCH == {"in_batch_softmax": True, "per_example_softmax": False, "listwise_softmax": False}
 
 
 @pytest.mark.parametrize("name", ["in_batch_softmax", "per_example_softmax"])
@@ -349,3 +349,45 @@ def test_registry_and_errors():
     # Without masking, ids are not needed at all.
     loss, _ = jax.jit(functools.partial(losses.in_batch_softmax_loss, mask_duplicates=False))(outputs, {}, {})
     assert np.isfinite(float(loss))
+
+
+def _numpy_listwise(scores, labels, mask, temperature):
+    losses, hits = [], []
+    for s, y, m in zip(scores.astype(np.float64), labels.astype(np.float64), mask):
+        y = np.where(m, np.maximum(y, 0), 0)
+        if y.sum() <= 0:
+            continue
+        z = s[m] / temperature
+        log_p = z - np.log(np.exp(z - z.max()).sum()) - z.max()
+        losses.append(-(y[m] / y.sum() * log_p).sum())
+        hits.append(y[m][np.argmax(s[m])] == y.max())
+    return float(np.mean(losses)), float(np.mean(hits))
+
+
+def test_listwise_softmax_matches_numpy():
+    rng = np.random.RandomState(7)
+    scores = rng.randn(5, 6).astype(np.float32) * 3
+    labels = np.zeros((5, 6), np.float32)
+    labels[np.arange(5), rng.randint(0, 4, 5)] = 1.0
+    labels[2] = [3, 2, 0, 1, 0, 0]  # graded
+    labels[4] = 0.0  # no positive: left out of the mean
+    mask = np.ones((5, 6), bool)
+    mask[1, 4:] = False
+    mask[3, 5] = False
+    for temperature in (1.0, 0.5):
+        loss, metrics = jax.jit(
+            lambda s, b: losses.get_loss("listwise_softmax")({"scores": s}, b, {}, temperature=temperature)
+        )(scores, {"labels": labels, "candidate_mask": mask})
+        want_loss, want_acc = _numpy_listwise(scores, labels, mask, temperature)
+        np.testing.assert_allclose(float(loss), want_loss, rtol=1e-5)
+        np.testing.assert_allclose(float(metrics["accuracy"]), want_acc, rtol=1e-6)
+    # Gradient: softmax minus the normalised labels, over real candidates of rows with a positive.
+    grad = jax.grad(lambda s: losses.get_loss("listwise_softmax")({"scores": s}, {"labels": labels, "candidate_mask": mask}, {})[0])(scores)
+    want = np.zeros_like(scores, dtype=np.float64)
+    rows = [r for r in range(5) if labels[r][mask[r]].sum() > 0]
+    for r in rows:
+        m = mask[r]
+        z = scores[r][m].astype(np.float64)
+        p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+        want[r, m] = (p - labels[r][m] / labels[r][m].sum()) / len(rows)
+    np.testing.assert_allclose(np.asarray(grad), want, atol=1e-6)

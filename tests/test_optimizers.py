@@ -273,3 +273,14 @@ def test_invalid_configs_raise(kwargs, match):
 def test_nonfinite_counts_needs_guarded_state():
     with pytest.raises(RankgenError, match="non-finite guard"):
         nonfinite_counts(optax.sgd(0.1).init({"w": jnp.ones(2)}))
+
+
+def test_adamw_does_not_decay_an_unused_pooler():
+    cfg = OptimizerConfig(name="adamw", learning_rate=0.1, weight_decay=0.5)
+    tx, _ = make_optimizer(cfg)
+    params = {"model": {"pooler": {"dense": {"kernel": jnp.ones((4, 4))}}, "w": {"kernel": jnp.ones((4, 4))}}, "loss": {}}
+    grads = jax.tree_util.tree_map(jnp.zeros_like, params)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    new = optax.apply_updates(params, updates)
+    np.testing.assert_array_equal(np.asarray(new["model"]["pooler"]["dense"]["kernel"]), 1.0)
+    np.testing.assert_allclose(np.asarray(new["model"]["w"]["kernel"]), 1.0 - 0.1 * 0.5, rtol=1e-6)

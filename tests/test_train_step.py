@@ -11,11 +11,9 @@ from rankgen_jax.data.triples import DataConfig, RandomTriples
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.losses import init_loss_params
 from rankgen_jax.models.factory import build_model, init_params
-from rankgen_jax.optimizers import OptimizerConfig, make_optimizer
 from rankgen_jax.train_step import StepOptions, compute_grads
-from rankgen_jax.trainer import build_step_functions
+from step_harness import TOL, assert_trees_close, run_steps
 
-TOL = 1e-5
 CONFIG = ModelConfig(encoder=t5_config("tiny", vocab_size=128), head=HeadConfig("first", -1, False))
 DATA = DataConfig(source="random", batch_size=16, prefix_length=12, continuation_length=8, vocab_size=128, seed=3)
 LOSS_OPTIONS = (("learn_logit_scale", True), ("logit_scale", 2.0), ("margin", 0.1))
@@ -25,37 +23,8 @@ def _batch(index=0, data=DATA):
     return RandomTriples(data).batch(index)
 
 
-def _assert_trees_close(a, b, tol=TOL):
-    """Every tensor within tol of the reference, relative to the tensor's scale (fp32 sums in another order)."""
-    for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree_util.tree_leaves(b)):
-        x, y = np.asarray(x), np.asarray(y)
-        scale = max(1.0, float(np.abs(y).max()))
-        diff = float(np.abs(x - y).max())
-        assert diff <= tol * scale, f"{jax.tree_util.keystr(path)}: max abs diff {diff:.3g} > {tol} x {scale:.3g}"
-
-
 def _run_steps(mesh, rules_name, num_steps=3):
-    rules = partitioning.rules_by_name(rules_name)
-    options = StepOptions("in_batch_softmax", LOSS_OPTIONS)
-    # Adam divides by sqrt(v) + eps: with the default eps 1e-8 a gradient entry that is ~0
-    # turns fp32 summation-order noise (1e-7) into a full-size update. eps 1e-3 keeps the
-    # comparison about the step, not about amplified rounding noise.
-    tx, schedule = make_optimizer(OptimizerConfig(name="adamw", learning_rate=1e-3, eps=1e-3, clip_grad_norm=1.0))
-    loss_params = init_loss_params("in_batch_softmax", **dict(LOSS_OPTIONS))
-    fns = build_step_functions(CONFIG, options, tx, schedule, loss_params, mesh, rules, seed=0)
-    losses = []
-    with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
-        state = fns.init()
-        grads = jax.jit(
-            lambda s, b: compute_grads(build_model(CONFIG), options, s.params, s.loss_params, b, None)[2],
-            in_shardings=(fns.shardings, fns.batch_sharding),
-        )(state, jax.device_put(_batch(0), fns.batch_sharding))
-        for i in range(num_steps):
-            batch = jax.device_put(_batch(i), fns.batch_sharding)
-            assert len(batch["query_ids"].sharding.device_set) == mesh.shape["replica"] * mesh.shape["data"] * mesh.shape["model"]
-            state, metrics = fns.train_step(state, batch)
-            losses.append(float(metrics["loss"]))
-    return losses, jax.device_get(grads), jax.device_get(state.params), jax.device_get(state.loss_params), state
+    return run_steps(CONFIG, StepOptions("in_batch_softmax", LOSS_OPTIONS), _batch, mesh, rules_name, num_steps)
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +41,9 @@ def test_sharded_steps_equal_single_device(single_device_run, replica, data, mod
     ref_losses, ref_grads, ref_params, ref_loss_params, _ = single_device_run
     np.testing.assert_allclose(losses, ref_losses, atol=TOL, rtol=TOL)
     assert losses[0] != losses[-1]  # the params really changed
-    _assert_trees_close(grads, ref_grads)
-    _assert_trees_close(params, ref_params)
-    _assert_trees_close(loss_params, ref_loss_params)
+    assert_trees_close(grads, ref_grads)
+    assert_trees_close(params, ref_params)
+    assert_trees_close(loss_params, ref_loss_params)
     # The state really is sharded as the rules say.
     wi = state.params["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
     assert len(wi.sharding.device_set) == 8
@@ -103,7 +72,7 @@ def test_grad_cache_equals_plain_backprop(plain_reference, num_chunks):
     loss, metrics, grads = _grads(StepOptions("in_batch_softmax", LOSS_OPTIONS, num_chunks=num_chunks), params, loss_params, batch)
     assert abs(loss - ref_loss) <= TOL * max(1.0, abs(ref_loss))
     assert abs(metrics["accuracy"] - ref_metrics["accuracy"]) < TOL
-    _assert_trees_close(grads, ref_grads)
+    assert_trees_close(grads, ref_grads)
     assert np.abs(np.asarray(ref_grads[1]["log_logit_scale"])) > 0  # the learned scale gets a gradient
 
 
@@ -117,7 +86,7 @@ def test_grad_cache_sharded_equals_plain_single(plain_reference):
         sharded = jax.device_put(batch, partitioning.NamedSharding(mesh, partitioning.PartitionSpec("data")))
         loss, _, grads = _grads(options, params, loss_params, sharded)
     assert abs(loss - ref_loss) <= TOL * max(1.0, abs(ref_loss))
-    _assert_trees_close(grads, ref_grads)
+    assert_trees_close(grads, ref_grads)
 
 
 @pytest.mark.parametrize("accum_steps", [2, 4])
@@ -127,7 +96,7 @@ def test_accumulation_equals_full_batch_for_per_example_loss(plain_reference, ac
     ref = _grads(StepOptions("per_example_softmax", (("logit_scale", 3.0),)), params, {}, batch)
     got = _grads(StepOptions("per_example_softmax", (("logit_scale", 3.0),), accum_steps=accum_steps), params, {}, batch)
     assert abs(got[0] - ref[0]) <= TOL * max(1.0, abs(ref[0]))
-    _assert_trees_close(got[2], ref[2])
+    assert_trees_close(got[2], ref[2])
 
 
 def test_accumulation_refused_for_in_batch_loss():

@@ -30,8 +30,12 @@ def _refuse_non_empty(out: str, overwrite: bool) -> None:
 
 def read_source(
     source: str, path: str, head: HeadConfig | None = None, relpos_max_distance: int = 128
-) -> tuple[ModelConfig, dict, str | None]:
-    """(model config, canonical params, spiece.model path or None) from an HF folder or a T5X checkpoint.
+) -> tuple[ModelConfig, dict, str | list[str] | None]:
+    """(model config, canonical params, tokenizer: spiece.model path, tokenizer files, or None).
+
+    HF folders may hold a T5 (plain or RankGen format) or a BERT-family model
+    (BERT, MiniLM, DistilBERT, RoBERTa; a sentence-transformers folder imports
+    as a dual encoder).
 
     head / relpos_max_distance apply to T5X only: its checkpoints store no model
     config, so what shapes cannot tell is taken from the caller and announced.
@@ -39,8 +43,11 @@ def read_source(
     if not Path(path).exists() and not str(path).startswith("gs://"):
         raise RankgenError(f"{path}: no such file or folder")
     if source == "hf":
+        from rankgen_jax.checkpoints import hf_bert
         from rankgen_jax.checkpoints.hf import load_hf_folder
 
+        if hf_bert.is_bert_folder(path):
+            return hf_bert.load_bert_folder(path)
         return load_hf_folder(path)
     if source == "t5x":
         from rankgen_jax.checkpoints.t5x import load_t5x_checkpoint
@@ -72,30 +79,51 @@ def import_checkpoint(
 ) -> ModelConfig:
     """Convert a checkpoint into a new rankgen_jax checkpoint folder; returns its model config."""
     _refuse_non_empty(out, overwrite)
-    model_config, params, spiece = read_source(source, path, head, relpos_max_distance)
+    model_config, params, tokenizer = read_source(source, path, head, relpos_max_distance)
     if vocab is not None:
-        if not Path(vocab).is_file():
-            raise RankgenError(f"{vocab}: no such vocabulary file")
-        spiece = vocab
+        if not Path(vocab).exists():
+            raise RankgenError(f"{vocab}: no such vocabulary file or folder")
+        tokenizer = vocab
     check_params_match(params, model_config, where=path)
-    native.save_params(out, model_config, params, spiece_model=spiece, overwrite=overwrite)
+    native.save_params(out, model_config, params, vocab=tokenizer, overwrite=overwrite)
     return model_config
 
 
 def export_hf(checkpoint: str, out: str, fmt: str = "rankgen", overwrite: bool = False, step: int | None = None) -> None:
-    """Write a checkpoint's parameters as a HuggingFace folder (safetensors)."""
-    from rankgen_jax.checkpoints.hf import save_hf_folder
+    """Write a checkpoint's parameters as a HuggingFace folder (safetensors).
 
+    T5: `fmt` picks the RankGen or the plain T5EncoderModel layout. BERT family:
+    the base model's layout, plus sentence-transformers files for dual encoders.
+    Two-tower dual encoders write `query_encoder/` and `document_encoder/`.
+    """
     if fmt not in EXPORT_FORMATS:
         raise RankgenError(f"unknown export format {fmt!r}: expected one of {EXPORT_FORMATS}")
     _refuse_non_empty(out, overwrite)
     model_config, params = native.restore_params(checkpoint, step)
     params = to_canonical_layout(params)
     check_params_match(params, model_config, where=checkpoint)
+    if model_config.kind == "cross_encoder":
+        raise RankgenError(f"{checkpoint}: cross-encoder export arrives with the rankers issue")
+    if native.vocab_path(checkpoint) is None:
+        _note(f"note: {checkpoint} has no vocabulary; the exported folder will have no tokenizer files")
+    if not model_config.shared_towers:
+        single = dataclasses.replace(model_config, shared_towers=True)
+        for tower in ("query", "document"):
+            _export_one(checkpoint, single, params[f"{tower}_tower"], str(Path(out) / f"{tower}_encoder"), fmt, True)
+        return
+    _export_one(checkpoint, model_config, params, out, fmt, overwrite)
+
+
+def _export_one(checkpoint: str, model_config: ModelConfig, params: dict, out: str, fmt: str, overwrite: bool) -> None:
+    from rankgen_jax.checkpoints.hf import save_hf_folder
+
+    if model_config.encoder_type == "bert":
+        from rankgen_jax.checkpoints.hf_bert import save_bert_folder
+
+        save_bert_folder(model_config, params, out, native.tokenizer_files(native.vocab_path(checkpoint)), overwrite)
+        return
     if fmt == "rankgen" and model_config.head is None:
         raise RankgenError(
             f"{checkpoint}: holds a bare encoder without a head; export it with --format t5-encoder"
         )
-    if native.vocab_path(checkpoint) is None:
-        _note(f"note: {checkpoint} has no vocabulary; the exported folder will have no tokenizer files")
-    save_hf_folder(model_config, params, out, fmt=fmt, spiece_model=native.vocab_path(checkpoint), overwrite=overwrite)
+    save_hf_folder(model_config, params, out, fmt=fmt, spiece_model=native.spiece_path(checkpoint), overwrite=overwrite)

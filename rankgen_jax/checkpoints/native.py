@@ -3,7 +3,8 @@
 Layout of CKPT_DIR (the same that `rankgen-jax train` writes into its workdir):
 
     model_config.json        ModelConfig (encoder + head)
-    vocab/spiece.model       SentencePiece vocabulary, when known
+    vocab/                   the tokenizer, when known: spiece.model (T5) or
+                             tokenizer.json and its companions (BERT family)
     checkpoints/<step>/      Orbax CheckpointManager steps; item `params` holds
                              the canonical (unscanned, T5X-named) parameters
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import orbax.checkpoint as ocp
@@ -21,7 +23,10 @@ from rankgen_jax.configs import ModelConfig
 from rankgen_jax.errors import RankgenError
 
 MODEL_CONFIG_FILE = "model_config.json"
-VOCAB_FILE = os.path.join("vocab", "spiece.model")
+VOCAB_DIR = "vocab"
+# Files that make up a tokenizer; copied together so the folder is self-contained.
+TOKENIZER_FILES = ("spiece.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.txt", "vocab.json", "merges.txt")
 STEPS_DIR = "checkpoints"
 
 
@@ -60,13 +65,36 @@ def step_manager(path: str | os.PathLike, max_to_keep: int | None = None, async_
     return ocp.CheckpointManager(Path(path).absolute() / STEPS_DIR, options=options)
 
 
-def save_model_config(path: str | os.PathLike, model_config: ModelConfig, spiece_model: str | None = None) -> None:
+def tokenizer_files(vocab: str | os.PathLike | Sequence[str] | None) -> list[str]:
+    """The tokenizer files a vocabulary spec stands for.
+
+    A spiece.model is alone; a tokenizer.json brings the tokenizer files beside
+    it; a folder gives every tokenizer file in it; a list is taken as is.
+    """
+    if vocab is None:
+        return []
+    if not isinstance(vocab, (str, os.PathLike)):
+        return [str(v) for v in vocab]
+    p = Path(vocab)
+    if p.is_dir():
+        return [str(p / name) for name in TOKENIZER_FILES if (p / name).is_file()]
+    if p.name == "tokenizer.json":
+        return [str(p.parent / name) for name in TOKENIZER_FILES if name != "spiece.model" and (p.parent / name).is_file()]
+    return [str(p)]
+
+
+def save_model_config(path: str | os.PathLike, model_config: ModelConfig, vocab=None) -> None:
+    """Write model_config.json and copy the tokenizer (see tokenizer_files) into vocab/."""
     ckpt = Path(path)
     ckpt.mkdir(parents=True, exist_ok=True)
     (ckpt / MODEL_CONFIG_FILE).write_text(model_config.to_json() + "\n", encoding="utf-8")
-    if spiece_model is not None:
-        (ckpt / VOCAB_FILE).parent.mkdir(exist_ok=True)
-        shutil.copyfile(spiece_model, ckpt / VOCAB_FILE)
+    files = tokenizer_files(vocab)
+    if files:
+        (ckpt / VOCAB_DIR).mkdir(exist_ok=True)
+    for file in files:
+        # A spiece model keeps T5's conventional name whatever it was called.
+        name = Path(file).name if Path(file).name in TOKENIZER_FILES else "spiece.model"
+        shutil.copyfile(file, ckpt / VOCAB_DIR / name)
 
 
 def save_params(
@@ -74,12 +102,12 @@ def save_params(
     model_config: ModelConfig,
     params: dict,
     step: int = 0,
-    spiece_model: str | None = None,
+    vocab=None,
     overwrite: bool = False,
 ) -> None:
     """Write a new checkpoint folder holding only parameters (what `import` produces)."""
     ckpt = ensure_writable_dir(path, overwrite)
-    save_model_config(ckpt, model_config, spiece_model)
+    save_model_config(ckpt, model_config, vocab)
     manager = step_manager(ckpt)
     manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params)))
     manager.wait_until_finished()
@@ -93,8 +121,14 @@ def load_model_config(path: str | os.PathLike) -> ModelConfig:
 
 
 def vocab_path(path: str | os.PathLike) -> str | None:
-    """The checkpoint's SentencePiece model, or None when it has none."""
-    candidate = Path(path) / VOCAB_FILE
+    """The checkpoint's tokenizer folder (for load_text_encoder), or None when it has none."""
+    folder = Path(path) / VOCAB_DIR
+    return str(folder) if folder.is_dir() and any(folder.iterdir()) else None
+
+
+def spiece_path(path: str | os.PathLike) -> str | None:
+    """The checkpoint's SentencePiece model, or None."""
+    candidate = Path(path) / VOCAB_DIR / "spiece.model"
     return str(candidate) if candidate.is_file() else None
 
 

@@ -20,7 +20,8 @@ import gin
 import numpy as np
 
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.vocab import BUNDLED_CORPUS, EOS_ID, REPO_ROOT, Vocabulary
+from rankgen_jax.text import load_text_encoder, pad_batch
+from rankgen_jax.vocab import BUNDLED_CORPUS, EOS_ID, REPO_ROOT
 
 DEMO_VOCAB = REPO_ROOT / "data" / "vocab" / "demo_spiece_8k.model"
 
@@ -43,7 +44,7 @@ class DataConfig:
 
     source: str = "books"
     corpus: str = str(BUNDLED_CORPUS)
-    vocab: str = str(DEMO_VOCAB)
+    vocab: str = str(DEMO_VOCAB)  # spiece.model, tokenizer.json, or a folder with one
     batch_size: int = 32
     prefix_length: int = 256
     continuation_length: int = 128
@@ -120,15 +121,15 @@ class BookTriples:
     def __init__(self, config: DataConfig, documents: list[tuple[str, str]]):
         self.config = config
         self.batch_size = config.batch_size
-        vocab = Vocabulary(config.vocab)
-        self.pre = np.asarray(vocab.encode("pre", add_eos=False), np.int32)
-        self.suffi = np.asarray(vocab.encode("suffi", add_eos=False), np.int32)
-        self.prefix_body = config.prefix_length - len(self.pre) - 1
-        self.cont_body = config.continuation_length - len(self.suffi) - 1
+        self.text = load_text_encoder(config.vocab)
+        self.pre = self.text.tokenize("pre")
+        self.suffi = self.text.tokenize("suffi")
+        self.prefix_body = config.prefix_length - len(self.pre) - self.text.num_special
+        self.cont_body = config.continuation_length - len(self.suffi) - self.text.num_special
         span = self.prefix_body + self.cont_body
         self.names, self.tokens = [], []
         for name, text in documents:
-            ids = np.asarray(vocab.encode(" ".join(text.split()), add_eos=False), np.int32)
+            ids = np.asarray(self.text.tokenize(" ".join(text.split())), np.int32)
             # Room for a prefix + continuation and a disjoint negative span.
             if len(ids) >= span + self.cont_body + 1:
                 self.names.append(name)
@@ -158,14 +159,14 @@ class BookTriples:
             rng = _row_rng(cfg.seed, index, row)
             doc = batch_doc if cfg.same_document else int(rng.choice(len(self.tokens), p=self.doc_weights))
             prefix, positive, negative = self._example(self.tokens[doc], rng)
-            out["query_ids"].append(np.concatenate([self.pre, prefix, [EOS_ID]]))
-            out["positive_ids"].append(np.concatenate([self.suffi, positive, [EOS_ID]]))
-            out["negative_ids"].append(np.concatenate([self.suffi, negative, [EOS_ID]]))
+            out["query_ids"].append(self.text.add_special(self.pre + prefix.tolist()))
+            out["positive_ids"].append(self.text.add_special(self.suffi + positive.tolist()))
+            out["negative_ids"].append(self.text.add_special(self.suffi + negative.tolist()))
         lengths = {"query_ids": cfg.prefix_length, "positive_ids": cfg.continuation_length,
                    "negative_ids": cfg.continuation_length}
         if not cfg.with_negative:
             del out["negative_ids"]
-        return {k: _pad(v, lengths[k]) for k, v in out.items()}
+        return {k: pad_batch(v, lengths[k], self.text.pad_id) for k, v in out.items()}
 
 
 def make_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:

@@ -10,33 +10,45 @@ from flax.traverse_util import flatten_dict
 
 from rankgen_jax.configs import ModelConfig
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.models.heads import DualEncoder
-from rankgen_jax.models.t5 import T5Encoder, to_scanned_layout, to_unscanned_layout
+from rankgen_jax.models.heads import CrossEncoder, DualEncoder, build_backbone
+from rankgen_jax.models.t5 import to_scanned_layout, to_unscanned_layout
 
 
 def build_model(config: ModelConfig) -> nn.Module:
-    """A DualEncoder, or a bare T5Encoder when the config has no head."""
-    return DualEncoder(config) if config.head is not None else T5Encoder(config.encoder)
+    """The module for config.kind: DualEncoder, CrossEncoder, or the bare encoder."""
+    if config.kind == "dual_encoder":
+        return DualEncoder(config)
+    if config.kind == "cross_encoder":
+        return CrossEncoder(config)
+    return build_backbone(config.encoder)
 
 
 def _dummy_ids(length: int = 8) -> jax.Array:
     return jnp.ones((1, length), jnp.int32)
 
 
+def init_variables(config: ModelConfig, rng: jax.Array):
+    """model.init touching every tower (boxed variables, with logical axis names)."""
+    model = build_model(config)
+    if config.kind == "dual_encoder":
+        return model.init(rng, _dummy_ids(), method=DualEncoder.initialize)
+    return model.init(rng, _dummy_ids())
+
+
 def abstract_variables(config: ModelConfig):
     """Shapes and logical axis names of the model's variables, without allocating them."""
-    model = build_model(config)
-    return jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), _dummy_ids()))
+    return jax.eval_shape(lambda: init_variables(config, jax.random.PRNGKey(0)))
 
 
 def init_params(config: ModelConfig, seed: int = 0) -> dict:
     """Random-init parameters (unboxed, model layout)."""
-    model = build_model(config)
-    return nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(seed), _dummy_ids()))["params"]
+    return nn.unbox(jax.jit(lambda rng: init_variables(config, rng))(jax.random.PRNGKey(seed)))["params"]
 
 
 def to_model_layout(params: dict, config: ModelConfig) -> dict:
     """Canonical (T5X `layers_{i}`) params -> the layout the model's scan setting wants."""
+    if "encoder" not in params or not isinstance(params["encoder"], dict):
+        return params  # two-tower trees and BERT-family encoders are never scanned
     scanned = "layers" in params["encoder"]
     if config.encoder.scan_layers and not scanned:
         return to_scanned_layout(params, config.encoder.num_layers)
@@ -46,7 +58,7 @@ def to_model_layout(params: dict, config: ModelConfig) -> dict:
 
 
 def to_canonical_layout(params: dict) -> dict:
-    return to_unscanned_layout(params) if "layers" in params["encoder"] else params
+    return to_unscanned_layout(params) if "layers" in params.get("encoder", {}) else params
 
 
 def check_params_match(params: dict, config: ModelConfig, where: str) -> None:

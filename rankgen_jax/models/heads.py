@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from rankgen_jax.configs import HeadConfig, ModelConfig
+from rankgen_jax.configs import BertConfig, HeadConfig, ModelConfig
 from rankgen_jax.models.layers import DenseKernel, activation_dtype
 from rankgen_jax.models.t5 import EncoderOutput, T5Encoder
 
@@ -58,11 +60,48 @@ class VectorHead(nn.Module):
         return vectors_BxD
 
 
-class DualEncoder(nn.Module):
-    """Shared encoder + vector head; score of a (query, candidate) pair is a dot product.
+def build_backbone(encoder_config) -> nn.Module:
+    """The encoder module for an encoder config: T5 or BERT family."""
+    if isinstance(encoder_config, BertConfig):
+        from rankgen_jax.models.bert import BertEncoder
 
-    The encoder and the head share this module's scope, so the parameter tree is
-    T5X's: {token_embedder, encoder, projection_layer}.
+        return BertEncoder(encoder_config)
+    return T5Encoder(encoder_config)
+
+
+def _pad_id(config: ModelConfig) -> int:
+    return config.encoder.pad_id
+
+
+def _needs_hidden_states(head: HeadConfig) -> bool:
+    return head.pooling in ("first_last_avg", "last2_avg")
+
+
+class VectorEncoder(nn.Module):
+    """One tower: encoder + vector head in a single scope (T5X names: token_embedder, encoder, projection_layer)."""
+
+    config: ModelConfig
+
+    def setup(self):
+        self.backbone = build_backbone(self.config.encoder)
+        nn.share_scope(self, self.backbone)
+        self.head = VectorHead(self.config.head, self.config.encoder.d_model)
+        nn.share_scope(self, self.head)
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None) -> jax.Array:
+        if attention_mask is None:
+            attention_mask = input_ids != _pad_id(self.config)
+        output = self.backbone(input_ids, attention_mask, token_type_ids=token_type_ids,
+                               output_hidden_states=_needs_hidden_states(self.config.head))
+        return self.head(output, attention_mask)
+
+
+class DualEncoder(nn.Module):
+    """Query and document vectors; score = dot product.
+
+    Shared towers (RankGen): one encoder whose parameters sit at the top level
+    (T5X's tree). Separate towers (DKMR^2, CL-DRD): `query_tower` and
+    `document_tower`, each a full VectorEncoder.
     """
 
     config: ModelConfig
@@ -70,15 +109,52 @@ class DualEncoder(nn.Module):
     def setup(self):
         if self.config.head is None:
             raise ValueError("DualEncoder needs a ModelConfig with a head")
-        self.backbone = T5Encoder(self.config.encoder)
+        if self.config.shared_towers:
+            self.shared = VectorEncoder(self.config)
+            nn.share_scope(self, self.shared)
+        else:
+            self.query_tower = VectorEncoder(self.config)
+            self.document_tower = VectorEncoder(self.config)
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, tower: str = "query") -> jax.Array:
+        """Vectors [N, D] of `tower` ("query" or "document"; the same encoder when shared)."""
+        if self.config.shared_towers:
+            return self.shared(input_ids, attention_mask, token_type_ids)
+        if tower == "query":
+            return self.query_tower(input_ids, attention_mask, token_type_ids)
+        if tower == "document":
+            return self.document_tower(input_ids, attention_mask, token_type_ids)
+        raise ValueError(f"unknown tower {tower!r}: expected 'query' or 'document'")
+
+    def initialize(self, input_ids) -> tuple[jax.Array, jax.Array]:
+        """Touch every tower so `init` creates all parameters."""
+        return self(input_ids, tower="query"), self(input_ids, tower="document")
+
+
+class CrossEncoder(nn.Module):
+    """Query and candidate read together; pooled -> optional projection -> linear to num_scores.
+
+    Inputs are [..., L] (e.g. [B, C, L] candidate lists); outputs [...] scores,
+    or [..., num_scores] with several outputs (multi-perspective).
+    """
+
+    config: ModelConfig
+
+    def setup(self):
+        self.backbone = build_backbone(self.config.encoder)
         nn.share_scope(self, self.backbone)
-        self.head = VectorHead(self.config.head, self.config.encoder.d_model)
+        self.head = VectorHead(dataclasses.replace(self.config.head, l2_normalize=False), self.config.encoder.d_model)
         nn.share_scope(self, self.head)
+        self.score_head = DenseKernel(self.config.num_scores, ("embed", "scores"), jnp.float32, use_bias=True)
 
-    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
-        if attention_mask is None:
-            attention_mask = input_ids != self.config.encoder.pad_id
-        needs_states = self.config.head.pooling in ("first_last_avg", "last2_avg")
-        output = self.backbone(input_ids, attention_mask, output_hidden_states=needs_states)
-        return self.head(output, attention_mask)
-
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None) -> jax.Array:
+        lead_shape, length = input_ids.shape[:-1], input_ids.shape[-1]
+        flat = lambda x: None if x is None else x.reshape(-1, length)  # noqa: E731
+        ids_NxL = flat(input_ids)
+        mask_NxL = flat(attention_mask) if attention_mask is not None else ids_NxL != _pad_id(self.config)
+        output = self.backbone(ids_NxL, mask_NxL, token_type_ids=flat(token_type_ids),
+                               output_hidden_states=_needs_hidden_states(self.config.head))
+        scores_NxS = self.score_head(self.head(output, mask_NxL))
+        if self.config.num_scores == 1:
+            return scores_NxS[:, 0].reshape(lead_shape)
+        return scores_NxS.reshape(*lead_shape, self.config.num_scores)

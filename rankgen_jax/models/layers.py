@@ -32,7 +32,7 @@ def constrain(x: jax.Array, axes: Sequence[str]) -> jax.Array:
 
 
 class DenseKernel(nn.Module):
-    """Bias-free dense layer over the last axis, float32 kernel named `kernel`.
+    """Dense layer over the last axis: float32 `kernel`, and a `bias` when use_bias (T5 has none).
 
     Inputs are kept 2-D ([tokens, features]) by the callers: on XLA:CPU a 3-D
     dot makes the weight gradient pay for large transposes.
@@ -42,6 +42,7 @@ class DenseKernel(nn.Module):
     kernel_axes: tuple[str, str]
     dtype: jnp.dtype = jnp.float32
     kernel_init: Initializer = default_kernel_init
+    use_bias: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -51,7 +52,13 @@ class DenseKernel(nn.Module):
             (x.shape[-1], self.features),
             jnp.float32,
         )
-        return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+        y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+        if self.use_bias:
+            bias = self.param(
+                "bias", nn.with_logical_partitioning(nn.initializers.zeros, self.kernel_axes[1:]), (self.features,), jnp.float32
+            )
+            y = y + bias.astype(self.dtype)
+        return y
 
 
 class RMSNorm(nn.Module):

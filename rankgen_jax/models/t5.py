@@ -236,8 +236,14 @@ class T5Encoder(nn.Module):
         self.encoder = T5EncoderStack(cfg, name="encoder")
 
     def __call__(
-        self, input_ids: jax.Array, attention_mask: jax.Array | None = None, output_hidden_states: bool = False
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array | None = None,
+        token_type_ids: jax.Array | None = None,
+        output_hidden_states: bool = False,
     ) -> EncoderOutput:
+        """token_type_ids: accepted for a uniform encoder interface; T5 has no token types."""
+        del token_type_ids
         if attention_mask is None:
             attention_mask = input_ids != self.config.pad_id
         embedded_BxLxD = self.token_embedder(input_ids)

@@ -1,0 +1,131 @@
+"""Text to token ids for any encoder, behind one interface.
+
+T5 models use a SentencePiece vocabulary (`spiece.model`: ids + EOS); the BERT
+family uses the HF `tokenizers` library (`tokenizer.json`: [CLS] ids [SEP], or
+<s> ids </s> for RoBERTa). Data pipelines and inference code ask a
+TextEncoder for `tokenize` (no special tokens), `add_special`, `encode_pair`
+and `batch`, and never need to know which one they hold. RankGen's text
+markers ("pre ", "suffi ") are plain text and work with both.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.vocab import Vocabulary
+
+
+class TextEncoder(Protocol):
+    pad_id: int
+    size: int
+    num_special: int
+
+    def tokenize(self, text: str) -> list[int]: ...
+
+    def add_special(self, ids: Sequence[int]) -> list[int]: ...
+
+    def encode_pair(self, first: str, second: str) -> tuple[list[int], list[int]]: ...
+
+
+def encode(encoder: TextEncoder, text: str) -> list[int]:
+    """Ids of one text with the model's special tokens."""
+    return encoder.add_special(encoder.tokenize(text))
+
+
+def pad_batch(sequences: Sequence[Sequence[int]], max_length: int, pad_id: int = 0) -> np.ndarray:
+    """[N, max_length] int32, right-padded; a too-long row keeps its last id (EOS / [SEP]) at the end."""
+    out = np.full((len(sequences), max_length), pad_id, np.int32)
+    for row, ids in enumerate(sequences):
+        ids = list(ids)
+        if len(ids) > max_length:
+            ids = ids[: max_length - 1] + ids[-1:]
+        out[row, : len(ids)] = ids
+    return out
+
+
+def batch(encoder: TextEncoder, texts: Sequence[str], max_length: int) -> np.ndarray:
+    return pad_batch([encode(encoder, t) for t in texts], max_length, encoder.pad_id)
+
+
+class SentencePieceEncoder:
+    """T5: SentencePiece ids, EOS appended; a pair is `first </s> second </s>` with no token types."""
+
+    num_special = 1
+
+    def __init__(self, path: str | Path):
+        self.vocab = Vocabulary(path)
+        self.pad_id = 0
+        self.size = self.vocab.size
+        self.path = str(path)
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.vocab.encode(text, add_eos=False)
+
+    def add_special(self, ids: Sequence[int]) -> list[int]:
+        return list(ids) + [1]
+
+    def encode_pair(self, first: str, second: str) -> tuple[list[int], list[int]]:
+        ids = self.add_special(self.tokenize(first)) + self.add_special(self.tokenize(second))
+        return ids, [0] * len(ids)
+
+
+class HFTokenizerEncoder:
+    """BERT family: a `tokenizer.json` (WordPiece or BPE) with its own special tokens and token types."""
+
+    def __init__(self, path: str | Path):
+        from tokenizers import Tokenizer
+
+        try:
+            self.tokenizer = Tokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a bare Exception for malformed files
+            raise RankgenError(f"{path}: not a tokenizers tokenizer.json ({e})") from None
+        self.tokenizer.no_truncation()
+        self.tokenizer.no_padding()
+        self.path = str(path)
+        self.size = self.tokenizer.get_vocab_size()
+        specials = self.tokenizer.encode("").ids
+        # What the post-processor wraps a single text with, e.g. [CLS] ... [SEP].
+        self._head, self._tail = specials[:1], specials[1:]
+        self.num_special = len(specials)
+        self.pad_id = self._find_pad_id(Path(path).parent)
+
+    def _find_pad_id(self, folder: Path) -> int:
+        config = folder / "tokenizer_config.json"
+        candidates = []
+        if config.is_file():
+            token = json.loads(config.read_text(encoding="utf-8")).get("pad_token")
+            candidates.append(token["content"] if isinstance(token, dict) else token)
+        for token in candidates + ["[PAD]", "<pad>"]:
+            if token is not None and self.tokenizer.token_to_id(token) is not None:
+                return int(self.tokenizer.token_to_id(token))
+        raise RankgenError(f"{self.path}: cannot find the padding token")
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def add_special(self, ids: Sequence[int]) -> list[int]:
+        return self._head + list(ids) + self._tail
+
+    def encode_pair(self, first: str, second: str) -> tuple[list[int], list[int]]:
+        encoding = self.tokenizer.encode(first, second)
+        return encoding.ids, encoding.type_ids
+
+
+def load_text_encoder(path: str | Path) -> TextEncoder:
+    """A TextEncoder from a spiece.model, a tokenizer.json, or a folder holding one of them."""
+    p = Path(path)
+    if p.is_dir():
+        for name in ("spiece.model", "tokenizer.json"):
+            if (p / name).is_file():
+                return load_text_encoder(p / name)
+        raise RankgenError(f"{path}: no spiece.model or tokenizer.json in this folder")
+    if not p.is_file():
+        raise RankgenError(f"{path}: no such vocabulary file")
+    if p.suffix == ".json":
+        return HFTokenizerEncoder(p)
+    return SentencePieceEncoder(p)
