@@ -10,7 +10,9 @@ from rankgen_jax.runtime import configure_xla_flags
 configure_xla_flags()
 
 from rankgen_jax.configs import POOLINGS, HeadConfig  # noqa: E402
+from rankgen_jax.data.generative_negatives import add_subparser as add_generate_negatives_subparser  # noqa: E402
 from rankgen_jax.errors import RankgenError  # noqa: E402
+from rankgen_jax.evaluation import add_subparser as add_score_subparser  # noqa: E402
 
 
 def _add_import(subparsers) -> None:
@@ -115,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_import(subparsers)
     _add_export(subparsers)
     _add_train(subparsers)
+    add_score_subparser(subparsers)
+    add_generate_negatives_subparser(subparsers)
     return parser
 
 

@@ -1,0 +1,251 @@
+"""Load a trained or imported dual encoder and turn texts into vectors and scores.
+
+`load_model` accepts a rankgen_jax checkpoint folder (or a training workdir:
+the latest step), or an HF folder in any format `convert.read_source("hf", ...)`
+reads (T5, the released RankGen format, BERT / MiniLM / sentence-transformers),
+including the `query_encoder/` + `document_encoder/` pair a two-tower export
+writes. Nothing is written to disk.
+
+RankGen conventions (DESIGN.md s4): prefixes are `"pre " + text` through the
+query tower, continuations `"suffi " + text` through the document tower, and
+the score is the raw dot product of the two vectors.
+
+Inputs longer than the limit are cut so that they keep their final special
+token (EOS / [SEP]), as everywhere else in this project; the released RankGen
+encoder instead slices after padding and drops the EOS of a truncated input,
+so scores of over-long inputs differ slightly from the original code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from pathlib import Path
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+
+from rankgen_jax.checkpoints import native
+from rankgen_jax.configs import BertConfig, ModelConfig
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.models.factory import build_model, check_params_match, to_model_layout
+from rankgen_jax.text import TextEncoder, load_text_encoder, pad_batch
+
+# kind -> (text marker, tower, default max_length in tokens)
+ENCODE_KINDS: dict[str, tuple[str, str, int]] = {
+    "prefix": ("pre ", "query", 512),
+    "suffix": ("suffi ", "document", 128),
+    "raw": ("", "query", 512),
+}
+# Smallest padded length; shorter batches share this one compiled shape.
+MIN_BUCKET = 16
+# Up to this length buckets are powers of two, beyond it multiples of it: few
+# shapes for short texts, at most ~50% padding waste for long ones.
+POW2_LIMIT = 128
+
+
+def bucket_length(length: int, max_length: int) -> int:
+    """The padded length for a batch whose longest row has `length` tokens (never above max_length)."""
+    if length <= POW2_LIMIT:
+        bucket = max(MIN_BUCKET, 1 << max(0, length - 1).bit_length())
+    else:
+        bucket = -(-length // POW2_LIMIT) * POW2_LIMIT
+    return min(bucket, max_length)
+
+
+def bucket_rows(rows: int, batch_size: int) -> int:
+    """The padded number of rows of a batch: the next power of two, capped at batch_size."""
+    return min(batch_size, 1 << max(0, rows - 1).bit_length())
+
+
+def max_positions(config: ModelConfig) -> int | None:
+    """The longest input the encoder can take (BERT family: absolute positions), or None (T5: unlimited)."""
+    encoder = config.encoder
+    if isinstance(encoder, BertConfig):
+        return encoder.max_position_embeddings - encoder.position_offset
+    return None
+
+
+@functools.lru_cache(maxsize=32)
+def _tower_fn(config: ModelConfig, tower: str) -> Callable:
+    """The jitted vectors function of one tower; cached on the (hashable) config, so models with
+    the same config (a checkpoint and its HF export, a model loaded twice) share compiled code."""
+    model = build_model(config)
+
+    def apply(params, ids_BxL, mask_BxL):
+        return model.apply({"params": params}, ids_BxL, mask_BxL, tower=tower)
+
+    return jax.jit(apply)
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    """A dual encoder ready for inference: its config, parameters (on device) and tokenizer.
+
+    One jitted function per tower is kept (per config, see _tower_fn); jax
+    compiles it once per padded (rows, length) shape, and `compiled_shapes`
+    records the (tower, rows, length) shapes this model has run.
+    """
+
+    config: ModelConfig
+    params: dict
+    text: TextEncoder
+    source: str = ""
+    compiled_shapes: set = dataclasses.field(default_factory=set)
+
+    @property
+    def dim(self) -> int:
+        """Length of the vectors `encode` returns."""
+        return self.config.head.output_dim(self.config.encoder.d_model)
+
+    def _max_length(self, kind: str, max_length: int | None) -> int:
+        limit = ENCODE_KINDS[kind][2] if max_length is None else int(max_length)
+        if limit < 1 + self.text.num_special:
+            raise RankgenError(f"max_length={limit} leaves no room for text "
+                               f"(the tokenizer adds {self.text.num_special} special tokens)")
+        cap = max_positions(self.config)
+        return limit if cap is None else min(limit, cap)
+
+    def tokenize(self, texts: Sequence[str], kind: str = "raw") -> list[list[int]]:
+        """Token ids (with the kind's marker and the special tokens, not truncated) of each text."""
+        if kind not in ENCODE_KINDS:
+            raise RankgenError(f"unknown encode kind {kind!r}: expected one of {sorted(ENCODE_KINDS)}")
+        marker = ENCODE_KINDS[kind][0]
+        return [self.text.add_special(self.text.tokenize(marker + text)) for text in texts]
+
+    def encode(
+        self, texts: Sequence[str], kind: str = "raw", max_length: int | None = None, batch_size: int = 64
+    ) -> np.ndarray:
+        """Vectors [N, D] (float32) of `texts`, in input order.
+
+        kind: "prefix" ("pre " marker, query tower, default 512 tokens),
+          "suffix" ("suffi " marker, document tower, default 128 tokens) or
+          "raw" (no marker, query tower, default 512 tokens). max_length is
+          capped by a BERT-family encoder's position table.
+        Texts are sorted by length and batched so that each batch pads only to
+        its own bucket length (see bucket_length), which keeps padding and the
+        number of compiled shapes small.
+        """
+        if isinstance(texts, str):
+            raise RankgenError("encode takes a list of texts, not a single string")
+        if batch_size < 1:
+            raise RankgenError(f"batch_size must be >= 1, got {batch_size}")
+        sequences = self.tokenize(texts, kind)
+        limit = self._max_length(kind, max_length)
+        # Shared towers are one encoder: both kinds then use (and compile) one function.
+        tower = ENCODE_KINDS[kind][1] if not self.config.shared_towers else "query"
+        fn = _tower_fn(self.config, tower)
+        vectors_NxD = np.zeros((len(sequences), self.dim), np.float32)
+        lengths_N = np.array([min(len(s), limit) for s in sequences], np.int64)
+        # Stable sort, longest first: the first (largest) shape is compiled first.
+        order = np.argsort(-lengths_N, kind="stable")
+        pending = []  # (rows, device vectors): read back after the loop so batches run back to back
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            length = bucket_length(int(lengths_N[rows].max()), limit)
+            num_rows = bucket_rows(len(rows), batch_size)
+            # Filler rows are all padding; their vectors are computed and dropped.
+            ids_BxL = pad_batch([sequences[i] for i in rows], length, self.text.pad_id)
+            ids_BxL = np.concatenate([ids_BxL, np.full((num_rows - len(rows), length), self.text.pad_id, np.int32)])
+            # The mask comes from the lengths, not from `ids != pad_id`, so a real
+            # token that happens to share the pad id is still attended to.
+            mask_BxL = np.arange(length)[None, :] < np.concatenate(
+                [lengths_N[rows], np.zeros(num_rows - len(rows), np.int64)])[:, None]
+            self.compiled_shapes.add((tower, num_rows, length))
+            pending.append((rows, fn(self.params, ids_BxL, mask_BxL)))
+        for rows, out_BxD in pending:
+            vectors_NxD[rows] = np.asarray(out_BxD, np.float32)[: len(rows)]
+        return vectors_NxD
+
+    def score(
+        self,
+        prefixes: Sequence[str],
+        candidates: Sequence[Sequence[str]],
+        batch_size: int = 64,
+        prefix_length: int | None = None,
+        suffix_length: int | None = None,
+    ) -> list[np.ndarray]:
+        """For each prefix, the dot products [C_i] of its vector with each of its candidates' vectors."""
+        if len(prefixes) != len(candidates):
+            raise RankgenError(f"score: {len(prefixes)} prefixes but {len(candidates)} candidate lists")
+        candidates = [[c] if isinstance(c, str) else list(c) for c in candidates]
+        prefix_NxD = self.encode(prefixes, "prefix", prefix_length, batch_size)
+        # All candidates in one call, so length bucketing works across lists.
+        flat = [c for cands in candidates for c in cands]
+        cand_MxD = self.encode(flat, "suffix", suffix_length, batch_size)
+        bounds = np.cumsum([0] + [len(c) for c in candidates])
+        return [cand_MxD[bounds[i] : bounds[i + 1]] @ prefix_NxD[i] for i in range(len(candidates))]
+
+
+def _describe_kind(config: ModelConfig) -> str:
+    if config.kind == "cross_encoder":
+        return "a cross encoder (it scores a prefix and a candidate read together, not vectors)"
+    return "a bare encoder without a vector head"
+
+
+def _require_dual_encoder(config: ModelConfig, path: str) -> None:
+    if config.kind != "dual_encoder":
+        raise RankgenError(
+            f"{path}: holds {_describe_kind(config)}; inference needs a dual encoder (kind 'dual_encoder')")
+
+
+def _text_encoder_from_files(tokenizer, path: str) -> TextEncoder:
+    """A TextEncoder from what read_source returns: a spiece.model path, tokenizer files, or None."""
+    files = [tokenizer] if isinstance(tokenizer, (str, Path)) else list(tokenizer or [])
+    for name in ("tokenizer.json", "spiece.model"):
+        for f in files:
+            if Path(f).name == name:
+                return load_text_encoder(f)
+    raise RankgenError(f"{path}: no tokenizer in this folder (expected spiece.model or tokenizer.json)")
+
+
+def _read_hf(path: str) -> tuple[ModelConfig, dict, TextEncoder]:
+    from rankgen_jax.checkpoints.convert import read_source
+
+    config, params, tokenizer = read_source("hf", path)
+    _require_dual_encoder(config, path)
+    return config, params, _text_encoder_from_files(tokenizer, path)
+
+
+def _read_two_tower_hf(path: Path) -> tuple[ModelConfig, dict, TextEncoder]:
+    """The query_encoder/ + document_encoder/ folders a two-tower export writes, as one model."""
+    query_config, query_params, text = _read_hf(str(path / "query_encoder"))
+    document_config, document_params, _ = _read_hf(str(path / "document_encoder"))
+    if document_config != query_config:
+        raise RankgenError(f"{path}: query_encoder/ and document_encoder/ have different model configs")
+    config = dataclasses.replace(query_config, shared_towers=False)
+    return config, {"query_tower": query_params, "document_tower": document_params}, text
+
+
+def load_model(path: str) -> LoadedModel:
+    """A dual encoder from a checkpoint folder / training workdir (latest step) or an HF folder."""
+    folder = Path(path)
+    if not folder.exists():
+        raise RankgenError(f"{path}: no such model folder")
+    if not folder.is_dir():
+        raise RankgenError(f"{path}: not a folder (expected a rankgen_jax checkpoint or an HF model folder)")
+    if native.is_checkpoint_dir(folder):
+        # Check the kind and the tokenizer before reading possibly large parameters.
+        config = native.load_model_config(folder)
+        _require_dual_encoder(config, str(path))
+        vocab = native.vocab_path(folder)
+        if vocab is None:
+            raise RankgenError(f"{path}: checkpoint has no tokenizer (no files under {native.VOCAB_DIR}/)")
+        text = load_text_encoder(vocab)
+        config, params = native.restore_params(folder)
+    elif (folder / "config.json").is_file() or (folder / "modules.json").is_file():
+        config, params, text = _read_hf(str(folder))
+    elif (folder / "query_encoder").is_dir() and (folder / "document_encoder").is_dir():
+        config, params, text = _read_two_tower_hf(folder)
+    else:
+        raise RankgenError(
+            f"{path}: neither a rankgen_jax checkpoint ({native.MODEL_CONFIG_FILE}) "
+            "nor an HF model folder (config.json)")
+    check_params_match(params, config, where=str(path))
+    if text.size > config.encoder.vocab_size:
+        # Out-of-range ids would be clamped silently by the embedding lookup.
+        raise RankgenError(f"{path}: the tokenizer has {text.size} ids "
+                           f"but the model's vocab_size is {config.encoder.vocab_size}")
+    params = jax.device_put(to_model_layout(params, config))
+    return LoadedModel(config=config, params=params, text=text, source=str(path))

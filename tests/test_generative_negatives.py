@@ -1,0 +1,279 @@
+"""`generate-negatives`: nucleus samples from a tiny local GPT-2, word limits, determinism, resume, bad input, errors."""
+
+import argparse
+import json
+
+import pytest
+
+from rankgen_jax.data.generative_negatives import add_subparser, generate_negatives, trim_continuation
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.vocab import REPO_ROOT
+
+BOTCHAN = REPO_ROOT / "data" / "corpus" / "botchan" / "botchan.txt"
+EOS = "<|endoftext|>"
+# Small sampling settings keep every generate call to a few milliseconds.
+FAST = dict(batch_size=4, min_words=3, max_words=12, max_new_tokens=24, progress=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Run the tiny model on one thread: on a busy CI box, intra-op threads make each op ~100x slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def lm_dir(tmp_path_factory, one_torch_thread):
+    """A randomly initialised 2-layer GPT-2 with a byte-level BPE trained on Botchan, saved as an HF folder."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    lines = [l for l in BOTCHAN.read_text(encoding="utf-8").splitlines() if l.strip()][:3000]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=[EOS],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(lines, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=EOS)  # no pad token: the code must add one
+    eos_id = tokenizer.convert_tokens_to_ids(EOS)
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=256, vocab_size=len(tokenizer),
+                        bos_token_id=eos_id, eos_token_id=eos_id)
+    out = tmp_path_factory.mktemp("tiny_gpt2")
+    GPT2LMHeadModel(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
+def prefixes(n):
+    """n distinct Botchan passages of 20-40 words as prefixes."""
+    words = BOTCHAN.read_text(encoding="utf-8").split()
+    return [" ".join(words[1000 + 50 * i: 1000 + 50 * i + 20 + i % 3 * 10]) for i in range(n)]
+
+
+def write_jsonl(path, objs):
+    path.write_text("".join(json.dumps(o) + "\n" for o in objs), encoding="utf-8")
+    return path
+
+
+def read_jsonl(path):
+    return [json.loads(l) for l in path.read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.fixture
+def records(tmp_path):
+    """10 records with ids and extra fields that must pass through untouched."""
+    objs = [{"id": f"doc{i}", "doc_id": i // 3, "prefix": p, "continuation": "gold text", "negatives": ["x"]}
+            for i, p in enumerate(prefixes(10))]
+    return write_jsonl(tmp_path / "in.jsonl", objs), objs
+
+
+def test_trim_cuts_at_last_sentence_end_within_limits():
+    text = "One two three. Four five six seven! Eight nine ten eleven twelve"
+    assert trim_continuation(text, 2, 20) == "One two three. Four five six seven!"
+    # The only sentence end within 8 words comes before min_words=5: cut at max_words instead.
+    assert trim_continuation(text, 8, 8) == "One two three. Four five six seven! Eight"
+    assert trim_continuation(text, 5, 8) == "One two three. Four five six seven!"
+    # Closing quotes after the stop still end a sentence; inner newlines are kept.
+    assert trim_continuation('  He said "go."\nThen she left', 1, 50) == 'He said "go."'
+    assert trim_continuation("no stop here at all", 2, 3) == "no stop here"
+    assert trim_continuation(" \n ", 1, 5) == ""
+
+
+def test_generation_fills_every_line_within_limits(lm_dir, records, tmp_path, capsys):
+    path, objs = records
+    out = tmp_path / "out.jsonl"
+    stats = generate_negatives(lm_dir, str(path), str(out), seed=1, **FAST)
+    rows = read_jsonl(out)
+    assert [r["id"] for r in rows] == [o["id"] for o in objs]  # input order, each once
+    for row, obj in zip(rows, objs):
+        neg = row.pop("generative_negative")
+        assert isinstance(neg, str) and neg.strip()
+        assert row.pop("generative_negative_words") == len(neg.split())
+        assert len(neg.split()) <= FAST["max_words"]
+        assert row == obj  # every other field unchanged
+    assert stats["done"] == 10 and stats["skipped_existing"] == 0 and stats["bad_lines"] == 0
+    assert stats["tokens_per_second"] > 0 and stats["seconds"] > 0
+    assert "10 generated" in capsys.readouterr().out
+
+
+def test_same_seed_same_text_other_seed_differs(lm_dir, records, tmp_path):
+    path, _ = records
+    a, b, c = (tmp_path / f"{n}.jsonl" for n in "abc")
+    generate_negatives(lm_dir, str(path), str(a), seed=3, **FAST)
+    generate_negatives(lm_dir, str(path), str(b), seed=3, **FAST)
+    generate_negatives(lm_dir, str(path), str(c), seed=4, **FAST)
+    assert a.read_bytes() == b.read_bytes()
+    negs = lambda p: [r["generative_negative"] for r in read_jsonl(p)]  # noqa: E731
+    assert negs(a) != negs(c)
+
+
+def test_resume_after_whole_batches_matches_uninterrupted_run(lm_dir, records, tmp_path, capsys):
+    path, _ = records
+    full = tmp_path / "full.jsonl"
+    generate_negatives(lm_dir, str(path), str(full), **FAST)
+    lines = full.read_bytes().splitlines(keepends=True)
+    # A run killed while writing batch 1: batch 0 (4 lines) complete, then half a line.
+    part = tmp_path / "part.jsonl"
+    part.write_bytes(b"".join(lines[:4]) + lines[4][: len(lines[4]) // 2])
+    capsys.readouterr()
+    stats = generate_negatives(lm_dir, str(path), str(part), **FAST)
+    assert stats["skipped_existing"] == 4 and stats["done"] == 6
+    assert "4 already done" in capsys.readouterr().out
+    assert part.read_bytes() == full.read_bytes()
+    # A second resume finds nothing left to do and leaves the file alone.
+    again = generate_negatives(lm_dir, str(path), str(part), **FAST)
+    assert again["done"] == 0 and again["skipped_existing"] == 10
+    assert part.read_bytes() == full.read_bytes()
+
+
+def test_resume_regenerates_a_last_line_cut_before_its_newline(lm_dir, records, tmp_path):
+    path, _ = records
+    full = tmp_path / "full.jsonl"
+    generate_negatives(lm_dir, str(path), str(full), **FAST)
+    lines = full.read_bytes().splitlines(keepends=True)
+    # Line 5 is complete JSON, but without its newline it may be a cut-off prefix of a longer line.
+    part = tmp_path / "part.jsonl"
+    part.write_bytes(b"".join(lines[:4]) + lines[4].rstrip(b"\n"))
+    stats = generate_negatives(lm_dir, str(path), str(part), **FAST)
+    assert stats["skipped_existing"] == 4 and part.read_bytes() == full.read_bytes()
+
+
+def test_each_batch_gets_its_own_seed(lm_dir, tmp_path):
+    # Same prompt in every row: batches 0 and 1 differ only through their seeds (seed + batch index).
+    path = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "prefix": prefixes(1)[0]} for i in range(8)])
+    out = tmp_path / "out.jsonl"
+    generate_negatives(lm_dir, str(path), str(out), **FAST)
+    negs = [r["generative_negative"] for r in read_jsonl(out)]
+    assert negs[:4] != negs[4:]
+
+
+def test_resume_mid_batch_keeps_later_batches_identical(lm_dir, records, tmp_path):
+    path, objs = records
+    full = tmp_path / "full.jsonl"
+    generate_negatives(lm_dir, str(path), str(full), **FAST)
+    full_rows = read_jsonl(full)
+    # 6 lines done: batch 1 (records 4-7) is split, so 6-7 are resampled as a batch of 2 (documented caveat);
+    # batch 2 (records 8-9) keeps its grid position and seed, so its text is unchanged.
+    part = tmp_path / "part.jsonl"
+    part.write_bytes(b"".join(full.read_bytes().splitlines(keepends=True)[:6]))
+    generate_negatives(lm_dir, str(path), str(part), **FAST)
+    rows = read_jsonl(part)
+    assert [r["id"] for r in rows] == [o["id"] for o in objs]
+    assert rows[:6] == full_rows[:6] and rows[8:] == full_rows[8:]
+
+
+def test_resume_without_ids_matches_by_position(lm_dir, tmp_path):
+    path = write_jsonl(tmp_path / "in.jsonl", [{"prefix": p} for p in prefixes(6)])
+    full, part = tmp_path / "full.jsonl", tmp_path / "part.jsonl"
+    generate_negatives(lm_dir, str(path), str(full), **FAST)
+    part.write_bytes(b"".join(full.read_bytes().splitlines(keepends=True)[:4]) + b'{"prefix": "trunc')
+    stats = generate_negatives(lm_dir, str(path), str(part), **FAST)
+    assert stats["skipped_existing"] == 4 and stats["done"] == 2
+    assert part.read_bytes() == full.read_bytes()
+
+
+def test_resume_refuses_output_of_another_input(lm_dir, records, tmp_path):
+    path, _ = records
+    other = write_jsonl(tmp_path / "other.jsonl", [{"id": "doc0", "prefix": "something else entirely"}])
+    out = tmp_path / "out.jsonl"
+    generate_negatives(lm_dir, str(other), str(out), **FAST)
+    with pytest.raises(RankgenError, match="different prefix"):
+        generate_negatives(lm_dir, str(path), str(out), **FAST)
+
+
+def test_bad_lines_are_counted_and_skipped(lm_dir, tmp_path):
+    good = prefixes(3)
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join([
+        json.dumps({"id": 1, "prefix": good[0]}),
+        '{"id": 2, "prefix": "unterminated',      # malformed JSON
+        json.dumps({"id": 3, "text": "no prefix"}),  # missing prefix
+        json.dumps({"id": 4, "prefix": "   "}),     # empty prefix
+        json.dumps({"id": 5, "prefix": 7}),         # prefix not a string
+        json.dumps(["not", "an", "object"]),
+        json.dumps({"id": 1, "prefix": good[1]}),   # repeated id
+        "",                                         # blank lines are not records
+        json.dumps({"prefix": good[2]}),
+    ]) + "\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    stats = generate_negatives(lm_dir, str(path), str(out), **FAST)
+    assert stats["bad_lines"] == 6 and stats["duplicate_ids"] == 1 and stats["done"] == 2
+    rows = read_jsonl(out)
+    assert [r["prefix"] for r in rows] == [good[0], good[2]]
+    assert all(r["generative_negative"] for r in rows)
+
+
+def test_short_samples_are_resampled_then_kept_and_counted(lm_dir, records, tmp_path):
+    path, _ = records
+    out = tmp_path / "out.jsonl"
+    # 4 new tokens can never make 50 words: every record is retried, then kept as it is.
+    stats = generate_negatives(lm_dir, str(path), str(out), batch_size=4, min_words=50, max_words=60,
+                               max_new_tokens=4, progress=False)
+    rows = read_jsonl(out)
+    assert stats["short"] == len(rows) == 10
+    assert all(0 < r["generative_negative_words"] < 50 for r in rows)
+    # 3 tries x 4 tokens x 10 records (no eos is likely within 4 tokens of a 400-token vocab).
+    assert stats["tokens_per_second"] * stats["seconds"] == pytest.approx(120, abs=12)
+
+
+def test_prompt_is_truncated_from_the_left(lm_dir, tmp_path):
+    # A prompt far longer than the 256-position context works only if it is cut to fit.
+    long_prefix = " ".join(prefixes(40))
+    path = write_jsonl(tmp_path / "in.jsonl", [{"id": 0, "prefix": long_prefix}])
+    out = tmp_path / "out.jsonl"
+    stats = generate_negatives(lm_dir, str(path), str(out), **FAST)
+    assert stats["done"] == 1 and read_jsonl(out)[0]["generative_negative"]
+    with pytest.raises(RankgenError, match="no room for a prompt"):
+        generate_negatives(lm_dir, str(path), str(out), batch_size=1, max_new_tokens=256, progress=False)
+
+
+def test_clear_errors(lm_dir, records, tmp_path):
+    from transformers import T5Config, T5EncoderModel
+
+    path, _ = records
+    with pytest.raises(RankgenError, match="does not exist"):
+        generate_negatives(lm_dir, str(tmp_path / "missing.jsonl"), str(tmp_path / "o.jsonl"), **FAST)
+    with pytest.raises(RankgenError, match="output folder .* does not exist"):
+        generate_negatives(lm_dir, str(path), str(tmp_path / "nope" / "o.jsonl"), **FAST)
+    with pytest.raises(RankgenError, match="no config.json"):
+        generate_negatives(str(tmp_path), str(path), str(tmp_path / "o.jsonl"), **FAST)
+    with pytest.raises(RankgenError, match="is not a folder"):
+        generate_negatives(str(tmp_path / "no_lm"), str(path), str(tmp_path / "o.jsonl"), **FAST)
+    # An encoder-only model folder is a model, but not a causal LM.
+    t5 = tmp_path / "t5"
+    T5EncoderModel(T5Config(d_model=16, d_ff=32, d_kv=8, num_layers=1, num_heads=2, vocab_size=64)).save_pretrained(t5)
+    with pytest.raises(RankgenError, match="not a causal LM folder"):
+        generate_negatives(str(t5), str(path), str(tmp_path / "o.jsonl"), **FAST)
+    # A corrupt line before the end of an existing output is not a crash-truncated tail.
+    bad_out = tmp_path / "bad_out.jsonl"
+    bad_out.write_text("not json\n" + json.dumps({"prefix": "p", "generative_negative": "n"}) + "\n")
+    with pytest.raises(RankgenError, match="line 1 is not a generated record"):
+        generate_negatives(lm_dir, str(path), str(bad_out), **FAST)
+    with pytest.raises(RankgenError, match="--min_words"):
+        generate_negatives(lm_dir, str(path), str(tmp_path / "o.jsonl"), min_words=20, max_words=10)
+    assert not (tmp_path / "o.jsonl").exists()  # no failed call left an output behind
+
+
+def test_subparser_runs_and_reports_errors(lm_dir, records, tmp_path, capsys):
+    path, _ = records
+    parser = argparse.ArgumentParser(prog="rankgen-jax")
+    add_subparser(parser.add_subparsers(dest="command", required=True))
+    out = tmp_path / "cli.jsonl"
+    args = parser.parse_args(["generate-negatives", "--lm", lm_dir, "--input", str(path), "--out", str(out),
+                              "--batch_size", "5", "--max_new_tokens", "16", "--min_words", "2",
+                              "--max_words", "8", "--seed", "2", "--no_progress"])
+    assert (args.batch_size, args.top_p, args.device, args.max_prompt_tokens) == (5, 0.9, "cpu", None)
+    args.run(args)
+    assert len(read_jsonl(out)) == 10 and "10 generated" in capsys.readouterr().out
+    args = parser.parse_args(["generate-negatives", "--lm", lm_dir, "--input", str(tmp_path / "x.jsonl"),
+                              "--out", str(out)])
+    with pytest.raises(RankgenError, match="x.jsonl does not exist"):
+        args.run(args)
