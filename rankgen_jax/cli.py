@@ -89,8 +89,14 @@ def _run_train(args) -> None:
     from rankgen_jax.gin_utils import parse_gin
     from rankgen_jax.trainer import train
 
+    import gin
+
     parse_gin(args.gin_file, args.gin_bindings)
-    metrics = train(args.workdir)
+    try:
+        metrics = train(args.workdir)
+    finally:
+        # Bindings are process-global: a caller using main() in-process must not inherit them.
+        gin.clear_config()
     shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items()))
     print(f"done: {shown}; outputs in {args.workdir}")
 

@@ -24,3 +24,13 @@ def spiece_model(tmp_path_factory) -> str:
 
     out = tmp_path_factory.mktemp("vocab") / "spiece.model"
     return train_vocab(corpus_lines(max_lines=20000), out, vocab_size=1000)
+
+
+@pytest.fixture(autouse=True)
+def _no_gin_bindings_leak():
+    """Every test starts and ends with an empty gin config (bindings are process-global)."""
+    import gin
+
+    gin.clear_config()
+    yield
+    gin.clear_config()
