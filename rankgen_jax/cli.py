@@ -14,6 +14,9 @@ from rankgen_jax.data.generative_negatives import add_subparser as add_generate_
 from rankgen_jax.errors import RankgenError  # noqa: E402
 from rankgen_jax.evaluation import add_subparser as add_score_subparser  # noqa: E402
 
+DEMO_GIN = "demo_minilm.gin"
+DEMO_WORKDIR = "runs/demo"
+
 
 def _add_import(subparsers) -> None:
     p = subparsers.add_parser(
@@ -80,8 +83,13 @@ def _add_train(subparsers) -> None:
         "--gin_file=rankgen_t5_tiny_books.gin --gin.TrainerConfig.num_steps=200. Resumes from the workdir's "
         "latest checkpoint; SIGTERM saves and exits 0.",
     )
-    p.add_argument("--gin_file", action="append", default=[], help="gin file (repeatable; also looked up in gin_configs/)")
-    p.add_argument("--workdir", required=True, help="checkpoints, metrics.jsonl, TensorBoard events, operative config")
+    p.add_argument("--gin_file", action="append", default=[],
+                   help=f"gin file (repeatable; also looked up in gin_configs/); none: the demo, {DEMO_GIN}")
+    p.add_argument("--workdir", help="checkpoints, metrics.jsonl, TensorBoard events, operative config "
+                   f"(default with the demo: {DEMO_WORKDIR})")
+    p.add_argument("--job", action="store_true",
+                   help="also evaluate held-out suffix identification before and after, plot and export "
+                   "(on by default for the demo)")
     p.set_defaults(run=_run_train)
 
 
@@ -91,14 +99,24 @@ def _run_train(args) -> None:
 
     import gin
 
-    parse_gin(args.gin_file, args.gin_bindings)
+    demo = not args.gin_file
+    gin_files = args.gin_file or [DEMO_GIN]
+    workdir = args.workdir or (DEMO_WORKDIR if demo else None)
+    if workdir is None:
+        raise RankgenError("--workdir is required with --gin_file")
+    parse_gin(gin_files, args.gin_bindings)
     try:
-        metrics = train(args.workdir)
+        if demo or args.job:
+            from rankgen_jax.job import run_job
+
+            run_job(workdir)
+            return
+        metrics = train(workdir)
     finally:
         # Bindings are process-global: a caller using main() in-process must not inherit them.
         gin.clear_config()
     shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items()))
-    print(f"done: {shown}; outputs in {args.workdir}")
+    print(f"done: {shown}; outputs in {workdir}")
 
 
 def _split_gin_bindings(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -18,6 +18,7 @@ def register_configurables() -> None:
     """Import every module that defines gin configurables, so bindings can be checked at parse time."""
     import rankgen_jax.configs  # noqa: F401
     import rankgen_jax.data.triples  # noqa: F401
+    import rankgen_jax.job  # noqa: F401
     import rankgen_jax.optimizers  # noqa: F401
     import rankgen_jax.trainer  # noqa: F401
 

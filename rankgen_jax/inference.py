@@ -30,7 +30,7 @@ from rankgen_jax.checkpoints import native
 from rankgen_jax.configs import BertConfig, ModelConfig
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.factory import build_model, check_params_match, to_model_layout
-from rankgen_jax.text import TextEncoder, load_text_encoder, pad_batch
+from rankgen_jax.text import TextEncoder, encode_truncated, load_text_encoder, pad_batch
 
 # kind -> (text marker, tower, default max_length in tokens)
 ENCODE_KINDS: dict[str, tuple[str, str, int]] = {
@@ -107,15 +107,22 @@ class LoadedModel:
         cap = max_positions(self.config)
         return limit if cap is None else min(limit, cap)
 
-    def tokenize(self, texts: Sequence[str], kind: str = "raw") -> list[list[int]]:
-        """Token ids (with the kind's marker and the special tokens, not truncated) of each text."""
+    def tokenize(self, texts: Sequence[str], kind: str = "raw", keep_end_over: int | None = None) -> list[list[int]]:
+        """Token ids (with the kind's marker and the special tokens) of each text.
+
+        Not truncated, unless keep_end_over is set: then texts longer than that
+        many ids lose their beginning instead of their end.
+        """
         if kind not in ENCODE_KINDS:
             raise RankgenError(f"unknown encode kind {kind!r}: expected one of {sorted(ENCODE_KINDS)}")
         marker = ENCODE_KINDS[kind][0]
+        if keep_end_over is not None:
+            return [encode_truncated(self.text, marker, text, keep_end_over, keep="end") for text in texts]
         return [self.text.add_special(self.text.tokenize(marker + text)) for text in texts]
 
     def encode(
-        self, texts: Sequence[str], kind: str = "raw", max_length: int | None = None, batch_size: int = 64
+        self, texts: Sequence[str], kind: str = "raw", max_length: int | None = None, batch_size: int = 64,
+        keep: str = "start",
     ) -> np.ndarray:
         """Vectors [N, D] (float32) of `texts`, in input order.
 
@@ -123,6 +130,9 @@ class LoadedModel:
           "suffix" ("suffi " marker, document tower, default 128 tokens) or
           "raw" (no marker, query tower, default 512 tokens). max_length is
           capped by a BERT-family encoder's position table.
+        keep: "start" truncates long texts at the end (keeping EOS); "end"
+          drops their beginning instead (for prefixes: the text nearest the
+          continuation stays).
         Texts are sorted by length and batched so that each batch pads only to
         its own bucket length (see bucket_length), which keeps padding and the
         number of compiled shapes small.
@@ -131,8 +141,12 @@ class LoadedModel:
             raise RankgenError("encode takes a list of texts, not a single string")
         if batch_size < 1:
             raise RankgenError(f"batch_size must be >= 1, got {batch_size}")
-        sequences = self.tokenize(texts, kind)
+        if kind not in ENCODE_KINDS:
+            raise RankgenError(f"unknown encode kind {kind!r}: expected one of {sorted(ENCODE_KINDS)}")
+        if keep not in ("start", "end"):
+            raise RankgenError(f"keep must be 'start' or 'end', got {keep!r}")
         limit = self._max_length(kind, max_length)
+        sequences = self.tokenize(texts, kind, keep_end_over=limit if keep == "end" else None)
         # Shared towers are one encoder: both kinds then use (and compile) one function.
         tower = ENCODE_KINDS[kind][1] if not self.config.shared_towers else "query"
         fn = _tower_fn(self.config, tower)
@@ -165,12 +179,16 @@ class LoadedModel:
         batch_size: int = 64,
         prefix_length: int | None = None,
         suffix_length: int | None = None,
+        prefix_keep: str = "start",
     ) -> list[np.ndarray]:
-        """For each prefix, the dot products [C_i] of its vector with each of its candidates' vectors."""
+        """For each prefix, the dot products [C_i] of its vector with each of its candidates' vectors.
+
+        prefix_keep: "end" truncates long prefixes from the left (see encode).
+        """
         if len(prefixes) != len(candidates):
             raise RankgenError(f"score: {len(prefixes)} prefixes but {len(candidates)} candidate lists")
         candidates = [[c] if isinstance(c, str) else list(c) for c in candidates]
-        prefix_NxD = self.encode(prefixes, "prefix", prefix_length, batch_size)
+        prefix_NxD = self.encode(prefixes, "prefix", prefix_length, batch_size, keep=prefix_keep)
         # All candidates in one call, so length bucketing works across lists.
         flat = [c for cands in candidates for c in cands]
         cand_MxD = self.encode(flat, "suffix", suffix_length, batch_size)

@@ -48,6 +48,23 @@ def pad_batch(sequences: Sequence[Sequence[int]], max_length: int, pad_id: int =
     return out
 
 
+def encode_truncated(encoder: TextEncoder, marker: str, text: str, max_length: int, keep: str = "start") -> list[int]:
+    """marker + text with the special tokens, at most max_length ids.
+
+    keep="start" drops the text's end (the released RankGen behaviour, up to
+    its lost EOS); keep="end" drops its beginning, which suits prefixes: the
+    part nearest the continuation survives. The marker and specials always stay.
+    """
+    marker_ids = encoder.tokenize(marker) if marker else []
+    body = encoder.tokenize(text)
+    room = max_length - encoder.num_special - len(marker_ids)
+    if room < 1:
+        raise RankgenError(f"max_length={max_length} leaves no room for text after the marker and special tokens")
+    if len(body) > room:
+        body = body[:room] if keep == "start" else body[len(body) - room :]
+    return encoder.add_special(marker_ids + body)
+
+
 def batch(encoder: TextEncoder, texts: Sequence[str], max_length: int) -> np.ndarray:
     return pad_batch([encode(encoder, t) for t in texts], max_length, encoder.pad_id)
 

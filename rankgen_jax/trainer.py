@@ -69,6 +69,8 @@ class TrainerConfig:
     accum_steps: int = 1
     profile_start_step: int = -1
     profile_num_steps: int = 3
+    # Wall-clock budget: stop (and save) after this many minutes; 0 = no limit.
+    max_minutes: float = 0.0
 
 
 @gin.configurable
@@ -184,7 +186,7 @@ def train(
                           model_kind=model_config.kind)
     tx, schedule = make_optimizer(optimizer)
     loss_params = losses.init_loss_params(loss.name, **loss.options())
-    if vocab and data.source == "books" and data.vocab == DataConfig().vocab:
+    if vocab and data.source in ("books", "examples") and data.vocab == DataConfig().vocab:
         data = dataclasses.replace(data, vocab=vocab)  # tokenise with the checkpoint's own tokenizer
     train_source, eval_source = make_sources(data)
     _check_vocab_fits(data, train_source, model_config)
@@ -205,7 +207,8 @@ def train(
             if init_params is not None:
                 # Optimizer moments start at zero whatever the params, so the fresh opt_state stays valid.
                 state = state.replace(params=partitioning.device_put_tree(init_params, setup.shardings.params))
-            native.save_model_config(workdir_path, model_config, data.vocab if data.source == "books" else vocab)
+            native.save_model_config(workdir_path, model_config,
+                                     data.vocab if data.source in ("books", "examples") else vocab)
             (workdir_path / "config.gin").write_text(gin.config_str())
         put = functools.partial(_put_batch, sharding=setup.batch_sharding, batch_size=data.batch_size)
         return _loop(trainer, workdir_path, state, start, data_start, train_source, eval_source, put,
@@ -328,9 +331,16 @@ def _loop(trainer, workdir, state, start, data_start, train_source, eval_source,
     preemption = _Preemption()
     pending: list[tuple[int, dict]] = []
     last: dict = {}
-    bar = tqdm(total=trainer.num_steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
+    # With a time budget the bar counts seconds, so its ETA is the budget's end.
+    by_time = trainer.max_minutes > 0
+    bar = tqdm(total=int(60 * trainer.max_minutes) if by_time else trainer.num_steps, initial=0 if by_time else start,
+               desc=f"train (budget {trainer.max_minutes:g} min)" if by_time else "train",
+               unit="s" if by_time else "step", dynamic_ncols=True,
                mininterval=1.0 if sys.stderr.isatty() else 30.0, disable=jax.process_index() != 0)
     started = time.time()
+    if trainer.eval_every and start == 0:
+        # The starting point (e.g. a pretrained encoder zero-shot) is the first point of the eval curve.
+        writer.write_scalars(0, _evaluate(eval_fn, state, eval_source, put, trainer.eval_batches), prefix="eval/")
     try:
         batches = _prefetch(train_source, data_start, data_start + trainer.num_steps - start, put)
         for step, batch in zip(range(start, trainer.num_steps), batches):
@@ -342,7 +352,8 @@ def _loop(trainer, workdir, state, start, data_start, train_source, eval_source,
                 jax.profiler.stop_trace()
             pending.append((step + 1, metrics))
             done = step + 1
-            is_last = done == trainer.num_steps
+            out_of_time = trainer.max_minutes > 0 and time.time() - started > 60 * trainer.max_minutes
+            is_last = done == trainer.num_steps or out_of_time
             if done % trainer.log_every == 0 or is_last or preemption.requested:
                 last = _flush_metrics(writer, pending, bar)
                 pending = []
@@ -351,9 +362,12 @@ def _loop(trainer, workdir, state, start, data_start, train_source, eval_source,
                 writer.write_scalars(done, _evaluate(eval_fn, state, eval_source, put, trainer.eval_batches), prefix="eval/")
             if done % trainer.checkpoint_every == 0 or is_last or preemption.requested:
                 _save(manager, state, next_batch_index=data_start + done - start)
-            bar.update(1)
+            bar.update(min(int(time.time() - started), bar.total) - bar.n if by_time else 1)
             if preemption.requested:
                 print(f"SIGTERM: saved step {done}; exiting", file=sys.stderr)
+                break
+            if out_of_time:
+                print(f"time budget of {trainer.max_minutes} minutes used: saved step {done}", file=sys.stderr)
                 break
         if pending:
             last = _flush_metrics(writer, pending, bar)
@@ -366,6 +380,7 @@ def _loop(trainer, workdir, state, start, data_start, train_source, eval_source,
     if jax.process_index() == 0 and not (workdir / "operative_config.gin").exists():
         (workdir / "operative_config.gin").write_text(gin.operative_config_str())
     last["seconds"] = time.time() - started
+    last["steps"] = float(int(state.step))
     return last
 
 
@@ -376,7 +391,7 @@ def _flush_metrics(writer: MetricWriter, pending: list, bar) -> dict:
     for (step, _), values in zip(pending, fetched):
         scalars = {k: float(np.asarray(v)) for k, v in values.items()}
         writer.write_scalars(step, scalars, prefix="train/")
-    bar.set_postfix(loss=f"{scalars['loss']:.4f}", acc=f"{scalars.get('accuracy', float('nan')):.3f}")
+    bar.set_postfix(step=pending[-1][0], loss=f"{scalars['loss']:.4f}", acc=f"{scalars.get('accuracy', float('nan')):.3f}")
     writer.flush()
     return scalars
 

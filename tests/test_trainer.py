@@ -62,7 +62,7 @@ def test_in_process_run_writes_everything(tmp_path, capsys):
     train = [r for r in records if "train/loss" in r]
     evals = [r for r in records if "eval/loss" in r]
     assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]
-    assert [r["step"] for r in evals] == [3, 6]
+    assert [r["step"] for r in evals] == [0, 3, 6]  # step 0: the starting point
     for key in ("train/loss", "train/accuracy", "train/positive_score", "train/negative_score",
                 "train/grad_norm", "train/learning_rate"):
         assert np.isfinite(train[-1][key]), key

@@ -37,9 +37,13 @@ class BatchSource(Protocol):
 class DataConfig:
     """Where training triples come from.
 
-    source: "books" (windows of tokenised documents under `corpus`) or
+    source: "examples" (RankGen examples: sentence-bounded prefixes of about
+      `prefix_words` words, continuations of min..max words, one InBook
+      negative), "books" (token windows of the documents; quick and crude) or
       "random" (uniform random ids; for benchmarks and tests).
-    holdout_documents: the last N documents (by file name) form the eval source.
+    holdout_documents: the last N documents (by id) form the eval source.
+    prefix_keep: "end" cuts over-long prefixes from the left, keeping the text
+      nearest the continuation; "start" keeps their beginning.
     """
 
     source: str = "books"
@@ -52,6 +56,10 @@ class DataConfig:
     same_document: bool = True
     holdout_documents: int = 1
     vocab_size: int = 8064  # random source only
+    prefix_words: int = 256
+    min_continuation_words: int = 10
+    max_continuation_words: int = 128
+    prefix_keep: str = "end"
     seed: int = 0
 
 
@@ -183,4 +191,32 @@ def make_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
                 f"{config.corpus}: holdout_documents={held} must leave at least one of {len(docs)} documents on each side"
             )
         return BookTriples(config, docs[:-held]), BookTriples(dataclasses.replace(config, seed=config.seed + 10_000), docs[-held:])
-    raise RankgenError(f"unknown data source {config.source!r}: expected 'books' or 'random'")
+    if config.source == "examples":
+        return _example_sources(config)
+    raise RankgenError(f"unknown data source {config.source!r}: expected 'examples', 'books' or 'random'")
+
+
+def _example_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
+    from rankgen_jax.data.documents import require_documents
+    from rankgen_jax.data.example_source import ExampleTriples, build_examples
+    from rankgen_jax.data.examples import ExampleConfig
+
+    docs, stats = require_documents(config.corpus)
+    docs = sorted(docs, key=lambda d: d.id)
+    held = config.holdout_documents
+    if held <= 0 or held >= len(docs):
+        raise RankgenError(f"{config.corpus}: holdout_documents={held} must leave documents on both sides of {len(docs)}")
+    text = load_text_encoder(config.vocab)
+    example_config = ExampleConfig(prefix_words=config.prefix_words, min_continuation_words=config.min_continuation_words,
+                                   max_continuation_words=config.max_continuation_words, seed=config.seed)
+    sources = []
+    for part, mix in ((docs[:-held], not config.same_document), (docs[-held:], True)):
+        examples, too_short = build_examples(part, example_config)
+        if too_short:
+            print(f"note: {too_short} documents too short for an example", flush=True)
+        sources.append(ExampleTriples(examples, text, config.batch_size, config.prefix_length,
+                                      config.continuation_length, config.seed, mix_documents=mix,
+                                      with_negative=config.with_negative, prefix_keep=config.prefix_keep))
+    print(f"{stats.summary()}; {len(sources[0].examples)} training and {len(sources[1].examples)} held-out examples",
+          flush=True)
+    return sources[0], sources[1]

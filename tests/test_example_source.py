@@ -1,0 +1,52 @@
+"""RankGen examples as a trainer batch source, and truncation that keeps a prefix's end."""
+
+import numpy as np
+
+from rankgen_jax.data.documents import require_documents
+from rankgen_jax.data.example_source import ExampleTriples, build_examples
+from rankgen_jax.data.examples import ExampleConfig
+from rankgen_jax.data.triples import DataConfig, make_sources
+from rankgen_jax.text import encode_truncated, load_text_encoder
+from rankgen_jax.vocab import BUNDLED_CORPUS
+
+from rankgen_jax.data.triples import DEMO_VOCAB
+
+
+def test_encode_truncated_keeps_start_or_end():
+    text = load_text_encoder(DEMO_VOCAB)
+    body = text.tokenize("one two three four five six seven eight nine ten eleven twelve")
+    marker = text.tokenize("pre ")
+    start = encode_truncated(text, "pre ", "one two three four five six seven eight nine ten eleven twelve", 8, "start")
+    end = encode_truncated(text, "pre ", "one two three four five six seven eight nine ten eleven twelve", 8, "end")
+    room = 8 - len(marker) - 1
+    assert len(start) == len(end) == 8 and start[-1] == end[-1] == 1  # EOS kept
+    assert start[: len(marker)] == end[: len(marker)] == marker
+    assert start[len(marker) : -1] == body[:room] and end[len(marker) : -1] == body[-room:]
+
+
+def test_example_triples_batches_are_same_document_and_deterministic():
+    docs, _ = require_documents(BUNDLED_CORPUS / "austen")
+    docs = sorted(docs, key=lambda d: d.id)[:2]
+    examples, _ = build_examples(docs, ExampleConfig(prefix_words=64, max_continuation_words=48, seed=3))
+    text = load_text_encoder(DEMO_VOCAB)
+    source = ExampleTriples(examples, text, batch_size=8, prefix_length=48, continuation_length=40, seed=5)
+    again = ExampleTriples(examples, text, batch_size=8, prefix_length=48, continuation_length=40, seed=5)
+    for index in (0, 3, source.batches_per_epoch + 1):  # also into the second epoch
+        a, b = source.batch(index), again.batch(index)
+        assert {k: v.shape for k, v in a.items()} == {"query_ids": (8, 48), "positive_ids": (8, 40), "negative_ids": (8, 40)}
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+    # Rows of one batch come from one book; epochs are reshuffled.
+    epoch = source._epoch(0)
+    for members in epoch:
+        assert len({examples[i].doc_id for i in members}) == 1
+    assert source._epoch(1) != epoch
+    # A host's rows are a slice of the global batch.
+    np.testing.assert_array_equal(source.batch(2, slice(4, 8))["query_ids"], source.batch(2)["query_ids"][4:8])
+
+
+def test_examples_source_from_config_holds_out_whole_books():
+    train, held = make_sources(DataConfig(source="examples", batch_size=8, prefix_length=64, continuation_length=48,
+                                          prefix_words=64, max_continuation_words=48, holdout_documents=2))
+    assert {e.doc_id for e in held.examples} == {"austen/sensesensibility.txt", "botchan/botchan.txt"}
+    assert not {e.doc_id for e in held.examples} & {e.doc_id for e in train.examples}
