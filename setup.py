@@ -13,7 +13,7 @@ setup(
     else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
-    packages=find_packages(include=["rankgen_jax", "rankgen_jax.*"]),
+    packages=find_packages(include=["rankgen_jax", "rankgen_jax.*", "tasks"]),
     package_data={"rankgen_jax": ["checkpoints/modeling_rankgen.py"]},
     # Exact pins live in requirements.txt (CPU) and requirements-tpu.txt.
     install_requires=[

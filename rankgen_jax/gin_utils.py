@@ -14,11 +14,21 @@ from rankgen_jax.vocab import REPO_ROOT
 GIN_SEARCH_PATH = REPO_ROOT / "gin_configs"
 
 
-def register_configurables() -> None:
-    """Import every module that defines gin configurables, so bindings can be checked at parse time."""
+SEQIO_NAMES = ("rankgen_task_options", "rankgen_data_paths", "rankgen_mixture_rates", "'seqio'", '"seqio"')
+
+
+def register_configurables(with_seqio_tasks: bool = False) -> None:
+    """Import every module that defines gin configurables, so bindings can be checked at parse time.
+
+    The seqio task options live in tasks/, whose import brings TensorFlow
+    (seconds): only when the config mentions them.
+    """
     import rankgen_jax.configs  # noqa: F401
     import rankgen_jax.data.triples  # noqa: F401
     import rankgen_jax.job  # noqa: F401
+
+    if with_seqio_tasks:
+        import tasks.rankgen_tasks  # noqa: F401
     import rankgen_jax.optimizers  # noqa: F401
     import rankgen_jax.trainer  # noqa: F401
 
@@ -33,10 +43,11 @@ def resolve_gin_file(name: str) -> str:
 
 def parse_gin(files: Sequence[str], bindings: Sequence[str]) -> None:
     """Parse gin files and `Name.param=value` bindings; a typo is a one-line RankgenError."""
-    register_configurables()
+    paths = [resolve_gin_file(f) for f in files]
+    text = "\n".join([Path(p).read_text(encoding="utf-8") for p in paths] + list(bindings))
+    register_configurables(with_seqio_tasks=any(name in text for name in SEQIO_NAMES))
     gin.clear_config()
     gin.add_config_file_search_path(str(GIN_SEARCH_PATH))
-    paths = [resolve_gin_file(f) for f in files]
     # gin logs an error for every search-path miss of an `include`, even when a later one hits.
     logging.disable(logging.ERROR)
     try:

@@ -102,7 +102,10 @@ def _check_divisible(batch_size: int, data_axis: int, trainer: TrainerConfig) ->
 
 def _check_vocab_fits(data: DataConfig, source, model_config: ModelConfig) -> None:
     """Token ids the data can produce must exist in the model's embedding table."""
-    size = getattr(getattr(source, "text", None), "size", None) if data.source == "books" else data.vocab_size
+    if data.source == "random":
+        size = data.vocab_size
+    else:  # text sources know their tokenizer; seqio sources their vocabulary
+        size = getattr(getattr(source, "text", None), "size", None) or getattr(source, "vocab_size", None)
     if size is not None and size > model_config.encoder.vocab_size:
         raise RankgenError(
             f"the data's vocabulary has {size} ids but the model's embedding has {model_config.encoder.vocab_size} rows "

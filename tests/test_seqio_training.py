@@ -1,0 +1,20 @@
+"""The trainer fed by a seqio task (the demo task over the bundled books)."""
+
+from rankgen_jax.cli import main
+from rankgen_jax.metrics_io import read_jsonl
+
+
+def test_train_from_seqio_demo_task(tmp_path, capsys):
+    code = main(["train", f"--workdir={tmp_path}", "--gin_file=models/t5_1_1_tiny.gin",
+                 "--gin.t5_config.vocab_size=8064", "--gin.DataConfig.source='seqio'",
+                 "--gin.DataConfig.task='rankgen_demo'", "--gin.DataConfig.batch_size=8",
+                 "--gin.DataConfig.prefix_length=64", "--gin.DataConfig.continuation_length=32",
+                 "--gin.rankgen_task_options.group_size=8", "--gin.rankgen_task_options.prefix_words=48",
+                 "--gin.rankgen_task_options.max_continuation_words=24",
+                 "--gin.TrainerConfig.num_steps=3", "--gin.TrainerConfig.log_every=1",
+                 "--gin.TrainerConfig.eval_every=3", "--gin.TrainerConfig.eval_batches=1",
+                 "--gin.OptimizerConfig.name='adamw'", "--gin.OptimizerConfig.learning_rate=1e-3"])
+    assert code == 0, capsys.readouterr().err
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records if "train/loss" in r] == [1, 2, 3]
+    assert [r["step"] for r in records if "eval/loss" in r] == [0, 3]
