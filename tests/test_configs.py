@@ -41,3 +41,13 @@ def test_json_round_trip_and_errors():
         T5Config(mlp_activation="swish")
     with pytest.raises(RankgenError, match="pooling"):
         HeadConfig(pooling="max")
+
+
+@pytest.mark.parametrize("name", ["demo_minilm.gin", "demo_t5_scratch.gin", "rankgen_t5_tiny_books.gin", "rankgen_t5_xl_paper.gin"])
+def test_shipped_gin_configs_parse(name):
+    from rankgen_jax.data.triples import DataConfig
+    from rankgen_jax.gin_utils import parse_gin
+    from rankgen_jax.trainer import TrainerConfig
+
+    parse_gin([name], [])
+    assert TrainerConfig().num_steps > 0 and DataConfig().batch_size > 0
