@@ -273,6 +273,13 @@ def hf_state_dict_to_params(model_config: ModelConfig, state_dict: Mapping[str, 
                             where: str) -> dict:
     """HF state dict -> canonical params, checking names and shapes against `model_config`."""
     tensors = _tensor_table(model_config, fmt)
+    params = params_from_tensor_table(tensors, state_dict, where)
+    _check_extra_keys(state_dict, {t.hf_key for t in tensors}, fmt, where)
+    return params
+
+
+def params_from_tensor_table(tensors, state_dict: Mapping[str, Any], where: str) -> dict:
+    """Canonical params from an HF state dict, one table row (hf_key, hf_shape, path, transpose) per tensor."""
     params: dict = {}
     for t in tensors:
         if t.hf_key not in state_dict:
@@ -283,7 +290,6 @@ def hf_state_dict_to_params(model_config: ModelConfig, state_dict: Mapping[str, 
                                f" but config.json implies {t.hf_shape}")
         value = value.astype(np.float32)
         _set_path(params, t.path, np.ascontiguousarray(value.T if t.transpose else value))
-    _check_extra_keys(state_dict, {t.hf_key for t in tensors}, fmt, where)
     return params
 
 

@@ -31,6 +31,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from rankgen_jax.checkpoints.hf import (
+    params_from_tensor_table,
     SAFETENSORS_FILE,
     SAFETENSORS_INDEX,
     _first_line,
@@ -329,16 +330,7 @@ def hf_state_dict_to_params(cfg: BertConfig, state_dict: Mapping[str, Any], wher
     except RankgenError as e:
         raise RankgenError(f"{where}: {e}") from None
     tensors = _tensor_table(cfg)
-    params: dict = {}
-    for t in tensors:
-        if t.hf_key not in state_dict:
-            raise RankgenError(f"{where}: missing tensor {t.hf_key}")
-        value = np.asarray(state_dict[t.hf_key])
-        if tuple(value.shape) != t.hf_shape:
-            raise RankgenError(f"{where}: tensor {t.hf_key} has shape {tuple(value.shape)},"
-                               f" but config.json implies {t.hf_shape}")
-        value = value.astype(np.float32)
-        _set_path(params, t.path, np.ascontiguousarray(value.T if t.transpose else value))
+    params = params_from_tensor_table(tensors, state_dict, where)
     known = {t.hf_key for t in tensors}
     for key in state_dict:
         if key not in known and not _ignorable(key):

@@ -94,3 +94,24 @@ class Embed(nn.Module):
             jnp.float32,
         )
         return jnp.take(embedding, ids, axis=0).astype(self.dtype)
+
+
+def dropout(module: nn.Module, x: jax.Array, rate: float) -> jax.Array:
+    """Dropout that is active only when the caller provides a `dropout` rng (training)."""
+    if rate == 0.0:
+        return x
+    return nn.Dropout(rate)(x, deterministic=not module.has_rng("dropout"))
+
+
+def attend(module: nn.Module, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias, dropout_rate: float, dtype) -> jax.Array:
+    """Softmax attention (logits and softmax in float32) -> [B*L, H*K] for the output projection.
+
+    bias: added to the logits, broadcastable to [B, H, L, L] (mask, relative positions);
+    any logit scaling is folded into q by the caller.
+    """
+    batch, length, heads, head_dim = q_BxLxHxK.shape
+    logits_BxHxLxL = jnp.einsum("bqhd,bkhd->bhqk", q_BxLxHxK, k_BxLxHxK).astype(jnp.float32) + bias
+    weights = jax.nn.softmax(logits_BxHxLxL, axis=-1).astype(dtype)
+    weights = dropout(module, weights, dropout_rate)
+    out_BxLxHxK = jnp.einsum("bhqk,bkhd->bqhd", weights, v_BxLxHxK)
+    return out_BxLxHxK.reshape(batch * length, heads * head_dim)

@@ -22,7 +22,9 @@ from rankgen_jax.models.layers import (
     Embed,
     RMSNorm,
     activation_dtype,
+    attend,
     constrain,
+    dropout,
 )
 
 # Added to attention logits of padded keys; large but finite so that fully
@@ -95,13 +97,6 @@ class RelativePositionBiases(nn.Module):
         return bias_HxQxK[None].astype(self.dtype)
 
 
-def _dropout(module: nn.Module, x: jax.Array, rate: float) -> jax.Array:
-    """Dropout that is active only when the caller provides a `dropout` rng."""
-    if rate == 0.0:
-        return x
-    return nn.Dropout(rate)(x, deterministic=not module.has_rng("dropout"))
-
-
 class SelfAttention(nn.Module):
     """Multi-head self-attention without scaling of the logits (T5)."""
 
@@ -121,12 +116,8 @@ class SelfAttention(nn.Module):
         q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = (
             t.reshape(batch, length, cfg.num_heads, cfg.d_kv) for t in (q, k, v)
         )
-        logits_BxHxLxL = jnp.einsum("bqhd,bkhd->bhqk", q_BxLxHxK, k_BxLxHxK).astype(jnp.float32)
-        logits_BxHxLxL = logits_BxHxLxL + bias_1xHxLxL.astype(jnp.float32) + mask_bias_Bx1x1xL
-        weights = jax.nn.softmax(logits_BxHxLxL, axis=-1).astype(dtype)
-        weights = _dropout(self, weights, cfg.dropout_rate)
-        out_BxLxHxK = jnp.einsum("bhqk,bkhd->bqhd", weights, v_BxLxHxK)
-        out_TxI = out_BxLxHxK.reshape(batch * length, inner)
+        bias = bias_1xHxLxL.astype(jnp.float32) + mask_bias_Bx1x1xL
+        out_TxI = attend(self, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias, cfg.dropout_rate, dtype)
         return DenseKernel(cfg.d_model, ("joined_kv", "embed"), dtype, name="out")(out_TxI)
 
 
@@ -145,7 +136,7 @@ class MlpBlock(nn.Module):
             h_TxF = jax.nn.gelu(gate, approximate=True) * linear
         else:
             h_TxF = jax.nn.relu(DenseKernel(cfg.d_ff, ("embed", "mlp"), dtype, name="wi")(x_TxD))
-        h_TxF = _dropout(self, h_TxF, cfg.dropout_rate)
+        h_TxF = dropout(self, h_TxF, cfg.dropout_rate)
         return DenseKernel(cfg.d_model, ("mlp", "embed"), dtype, name="wo")(h_TxF)
 
 
@@ -168,10 +159,10 @@ class EncoderLayer(nn.Module):
         x_TxD = x_BxLxD.reshape(batch * length, d)
         h = RMSNorm(cfg.layer_norm_eps, dtype, name="pre_attention_layer_norm")(x_TxD)
         h = SelfAttention(cfg, name="attention")(h, batch, bias_1xHxLxL, mask_bias_Bx1x1xL)
-        x_TxD = x_TxD + _dropout(self, h, cfg.dropout_rate)
+        x_TxD = x_TxD + dropout(self, h, cfg.dropout_rate)
         h = RMSNorm(cfg.layer_norm_eps, dtype, name="pre_mlp_layer_norm")(x_TxD)
         h = MlpBlock(cfg, name="mlp")(h)
-        x_TxD = x_TxD + _dropout(self, h, cfg.dropout_rate)
+        x_TxD = x_TxD + dropout(self, h, cfg.dropout_rate)
         y_BxLxD = constrain(x_TxD.reshape(batch, length, d), ACTIVATION_AXES)
         if self.scan_carry:
             return y_BxLxD, (y_BxLxD if self.keep_outputs else None)
@@ -192,7 +183,7 @@ class T5EncoderStack(nn.Module):
             cfg.relpos_buckets, cfg.relpos_max_distance, cfg.num_heads, dtype, name="relpos_bias"
         )(length, length)
         mask_bias_Bx1x1xL = jnp.where(mask_BxL, 0.0, MASK_BIAS).astype(jnp.float32)[:, None, None, :]
-        x_BxLxD = constrain(_dropout(self, x_BxLxD, cfg.dropout_rate), ACTIVATION_AXES)
+        x_BxLxD = constrain(dropout(self, x_BxLxD, cfg.dropout_rate), ACTIVATION_AXES)
 
         embedded_BxLxD = x_BxLxD
         if cfg.scan_layers:
@@ -217,7 +208,7 @@ class T5EncoderStack(nn.Module):
                 layer_outputs.append(x_BxLxD)
 
         final_BxLxD = RMSNorm(cfg.layer_norm_eps, dtype, name="encoder_norm")(x_BxLxD)
-        final_BxLxD = constrain(_dropout(self, final_BxLxD, cfg.dropout_rate), ACTIVATION_AXES)
+        final_BxLxD = constrain(dropout(self, final_BxLxD, cfg.dropout_rate), ACTIVATION_AXES)
         if not output_hidden_states:
             return EncoderOutput(final_BxLxD)
         # HF's convention: the last layer's pre-norm output is replaced by the normed one.
