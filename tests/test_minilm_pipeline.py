@@ -28,7 +28,10 @@ def test_minilm_import_train_export(tmp_path, capsys):
     assert config.head == HeadConfig("mean", 0, True)
     assert (tmp_path / "ckpt" / "vocab" / "tokenizer.json").is_file()
 
-    code = main(["train", f"--workdir={tmp_path / 'run'}", f"--gin.TrainerConfig.init_checkpoint='{tmp_path / 'ckpt'}'",
+    # An explicit (empty) gin file: without one, `train` runs the demo job.
+    (tmp_path / "base.gin").write_text("# defaults\n")
+    code = main(["train", f"--gin_file={tmp_path / 'base.gin'}", f"--workdir={tmp_path / 'run'}",
+                 f"--gin.TrainerConfig.init_checkpoint='{tmp_path / 'ckpt'}'",
                  "--gin.TrainerConfig.num_steps=2", "--gin.TrainerConfig.log_every=1",
                  "--gin.DataConfig.batch_size=8", "--gin.DataConfig.prefix_length=48",
                  "--gin.DataConfig.continuation_length=24", "--gin.LossConfig.logit_scale=20.0",
