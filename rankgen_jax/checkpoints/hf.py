@@ -404,18 +404,24 @@ def load_hf_folder(path: str) -> tuple[ModelConfig, dict, str | None]:
     return model_config, params, spiece if os.path.isfile(spiece) else None
 
 
-def _prepare_out_dir(out_dir: str, overwrite: bool) -> None:
-    """Create out_dir; refuse a non-empty one unless overwrite, then clear only files we would write."""
+def _prepare_out_dir(out_dir: str, overwrite: bool, stale_files=STALE_FILES, stale_dir=None) -> None:
+    """Create out_dir; refuse a non-empty one unless overwrite, then clear only files we would write.
+
+    Stale weights / tokenizer files (and folders whose name matches the
+    stale_dir pattern, e.g. sentence-transformers modules) would shadow or
+    contradict the new export; anything else the user keeps there stays.
+    """
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise RankgenError(f"{out_dir}: exists and is not a folder")
     if os.path.isdir(out_dir) and os.listdir(out_dir):
         if not overwrite:
-            raise RankgenError(f"{out_dir}: exists and is not empty (pass overwrite=True to replace it)")
-        # Remove stale weights/tokenizer files (an old shard index or tokenizer.json would
-        # shadow the new files); anything else the user keeps there stays.
+            raise RankgenError(f"{out_dir}: exists and is not empty (pass --overwrite to replace its contents)")
         for name in os.listdir(out_dir):
-            if name in STALE_FILES or (name.startswith("model-") and name.endswith(".safetensors")):
-                os.remove(os.path.join(out_dir, name))
+            full = os.path.join(out_dir, name)
+            if name in stale_files or (name.startswith("model-") and name.endswith(".safetensors")):
+                os.remove(full)
+            elif stale_dir is not None and stale_dir.match(name) and os.path.isdir(full):
+                shutil.rmtree(full)
     os.makedirs(out_dir, exist_ok=True)
 
 

@@ -30,6 +30,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from rankgen_jax.checkpoints.hf import _prepare_out_dir as _prepare_hf_out_dir
 from rankgen_jax.checkpoints.hf import (
     params_from_tensor_table,
     SAFETENSORS_FILE,
@@ -486,21 +487,7 @@ def load_bert_folder(path: str) -> tuple[ModelConfig, dict, list[str]]:
 
 
 def _prepare_out_dir(out_dir: str, overwrite: bool) -> None:
-    """Create out_dir; refuse a non-empty one unless overwrite, then clear only files we would write."""
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise RankgenError(f"{out_dir}: exists and is not a folder")
-    if os.path.isdir(out_dir) and os.listdir(out_dir):
-        if not overwrite:
-            raise RankgenError(f"{out_dir}: exists and is not empty (pass --overwrite to replace it)")
-        # Stale weights, tokenizer or sentence-transformers modules would shadow or contradict
-        # the new export; anything else the user keeps there stays.
-        for name in os.listdir(out_dir):
-            full = os.path.join(out_dir, name)
-            if name in STALE_FILES or (name.startswith("model-") and name.endswith(".safetensors")):
-                os.remove(full)
-            elif ST_MODULE_DIR.match(name) and os.path.isdir(full):
-                shutil.rmtree(full)
-    os.makedirs(out_dir, exist_ok=True)
+    _prepare_hf_out_dir(out_dir, overwrite, stale_files=STALE_FILES, stale_dir=ST_MODULE_DIR)
 
 
 def _st_max_seq_length(cfg: BertConfig) -> int:
