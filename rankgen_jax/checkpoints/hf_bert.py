@@ -32,6 +32,7 @@ import numpy as np
 
 from rankgen_jax.checkpoints.hf import _prepare_out_dir as _prepare_hf_out_dir
 from rankgen_jax.checkpoints.hf import (
+    _Tensor,
     params_from_tensor_table,
     SAFETENSORS_FILE,
     SAFETENSORS_INDEX,
@@ -241,16 +242,6 @@ def bert_config_to_hf(cfg: BertConfig) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------
 # Parameter names
-
-
-@dataclasses.dataclass(frozen=True)
-class _Tensor:
-    """One tensor: its canonical path, HF key (base model, no prefix), HF shape, whether HF stores it transposed."""
-
-    path: tuple[str, ...]
-    hf_key: str
-    hf_shape: tuple[int, ...]
-    transpose: bool
 
 
 def _linear(path: tuple[str, ...], hf_name: str, in_dim: int, out_dim: int) -> list[_Tensor]:
