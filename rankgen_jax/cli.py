@@ -119,6 +119,82 @@ def _run_train(args) -> None:
     print(f"done: {shown}; outputs in {workdir}")
 
 
+def _add_pipeline(subparsers) -> None:
+    p = subparsers.add_parser(
+        "pipeline",
+        help="run the metric -> ranker -> retriever distillation pipeline (DKMR^2, CL-DRD)",
+        description="Warm up Retriever0, build metric-scored candidate pools with FAISS, train rankers "
+        "(ListMLE, BCE), distill Retriever1 (KL, CL-DRD, direct from the metric) and evaluate every stage. "
+        "Configure with gin (PipelineConfig); resumes stage by stage.",
+    )
+    p.add_argument("--gin_file", action="append", default=[], help="gin file (repeatable; also looked up in gin_configs/)")
+    p.add_argument("--workdir", required=True, help="folder for every stage's data, checkpoints and results.json")
+    p.set_defaults(run=_run_pipeline)
+
+
+def _run_pipeline(args) -> None:
+    import gin
+
+    from rankgen_jax.gin_utils import parse_gin
+    from rankgen_jax.pipeline import run_pipeline
+
+    parse_gin(args.gin_file, args.gin_bindings)
+    try:
+        run_pipeline(args.workdir)
+    finally:
+        gin.clear_config()
+
+
+def _add_index(subparsers) -> None:
+    p = subparsers.add_parser("index", help="encode a corpus into a FAISS index",
+                              description="Encode passages (JSONL {id, text} or one passage per line) with a dual "
+                              "encoder's document tower into a FAISS inner-product index.")
+    p.add_argument("--model", required=True, help="dual-encoder checkpoint, training workdir or HF folder")
+    p.add_argument("--corpus", required=True, help="passages: JSONL {\"id\", \"text\"} or plain text, one per line")
+    p.add_argument("--out", required=True, help="index folder to write")
+    p.add_argument("--kind", choices=["flat", "ivf", "hnsw"], default="flat",
+                   help="flat: exact inner product (default); ivf / hnsw: approximate, for millions of vectors")
+    p.add_argument("--encode_kind", choices=["suffix", "prefix", "raw"], default="suffix",
+                   help="text marker and tower of the passages (default: suffix)")
+    p.add_argument("--max_length", type=int, help="tokens per passage (default: the encode kind's)")
+    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out")
+    p.set_defaults(run=_run_index)
+
+
+def _run_index(args) -> None:
+    from rankgen_jax.retrieval.dense_index import index_corpus
+
+    index_corpus(args.model, args.corpus, args.out, kind=args.kind, batch_size=args.batch_size,
+                 encode_kind=args.encode_kind, max_length=args.max_length, overwrite=args.overwrite)
+    print(f"wrote the {args.kind} index of {args.corpus} to {args.out}")
+
+
+def _add_search(subparsers) -> None:
+    p = subparsers.add_parser("search", help="top-K passages of each query from a FAISS index",
+                              description="Encode queries with the model's query tower and search an index "
+                              "made by `rankgen-jax index`; writes JSONL {query_id, query, ids, scores}.")
+    p.add_argument("--model", required=True, help="the model the index was built with")
+    p.add_argument("--index", required=True, help="index folder")
+    p.add_argument("--queries", required=True, help="queries: JSONL {id, text} or plain text, one per line")
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--output", help="JSONL file to write (default: stdout)")
+    p.add_argument("--encode_kind", choices=["prefix", "suffix", "raw"], default="prefix")
+    p.set_defaults(run=_run_search)
+
+
+def _run_search(args) -> None:
+    import json
+
+    from rankgen_jax.retrieval.dense_index import search_queries
+
+    results = search_queries(args.model, args.index, args.queries, args.k, out_path=args.output,
+                             encode_kind=args.encode_kind)
+    if not args.output:
+        for r in results:
+            print(json.dumps(r))
+
+
 def _split_gin_bindings(argv: list[str]) -> tuple[list[str], list[str]]:
     """Pull `--gin.Name.param=value` arguments out of argv (argparse cannot declare them)."""
     rest, bindings = [], []
@@ -143,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(subparsers)
     add_score_subparser(subparsers)
     add_generate_negatives_subparser(subparsers)
+    _add_pipeline(subparsers)
+    _add_index(subparsers)
+    _add_search(subparsers)
     return parser
 
 
@@ -151,8 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         argv, bindings = _split_gin_bindings(list(sys.argv[1:] if argv is None else argv))
         args = build_parser().parse_args(argv)
         args.gin_bindings = bindings
-        if bindings and args.command != "train":
-            raise RankgenError("--gin.* bindings apply to `train` only")
+        if bindings and args.command not in ("train", "pipeline"):
+            raise RankgenError("--gin.* bindings apply to `train` and `pipeline` only")
         args.run(args)
     except RankgenError as e:
         # gin appends "In call to configurable ..." lines to errors raised inside configurables.

@@ -179,6 +179,8 @@ class ModelConfig:
       pools and a linear layer gives `num_scores` scores). Defaults from head.
     shared_towers: dual encoders only; False gives queries and documents
       separate encoders (DKMR^2, CL-DRD), each with its own head.
+    num_scores: cross encoders: outputs per pair (N > 1: one per perspective,
+      MPTS); dual encoders: N > 1 gives N perspective projections, [..., N, D].
     """
 
     encoder: EncoderConfig = dataclasses.field(default_factory=T5Config)

@@ -30,7 +30,7 @@ from rankgen_jax.checkpoints import native
 from rankgen_jax.configs import BertConfig, ModelConfig
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.factory import build_model, check_params_match, to_model_layout
-from rankgen_jax.text import TextEncoder, encode_truncated, load_text_encoder, pad_batch
+from rankgen_jax.text import TextEncoder, encode_pair_truncated, encode_truncated, load_text_encoder, pad_batch
 
 # kind -> (text marker, tower, default max_length in tokens)
 ENCODE_KINDS: dict[str, tuple[str, str, int]] = {
@@ -196,16 +196,68 @@ class LoadedModel:
         return [cand_MxD[bounds[i] : bounds[i + 1]] @ prefix_NxD[i] for i in range(len(candidates))]
 
 
+    def score_pairs(
+        self, queries: Sequence[str], candidates: Sequence[Sequence[str]], query_length: int = 128,
+        candidate_length: int = 128, batch_size: int = 64,
+    ) -> list[np.ndarray]:
+        """Cross encoder: for each query, the scores [C_i] (or [C_i, N]) of `query + candidate` read together.
+
+        The query keeps its last query_length tokens, each candidate its first
+        candidate_length (the layout the list trainer uses).
+        """
+        _require_kind(self.config, self.source, "cross_encoder")
+        if len(queries) != len(candidates):
+            raise RankgenError(f"score_pairs: {len(queries)} queries but {len(candidates)} candidate lists")
+        pairs = [encode_pair_truncated(self.text, q, c, query_length, candidate_length)
+                 for q, cands in zip(queries, candidates) for c in cands]
+        limit = query_length + candidate_length
+        cap = max_positions(self.config)
+        if cap is not None and limit > cap:
+            raise RankgenError(f"query_length + candidate_length = {limit} exceeds the encoder's {cap} positions")
+        fn = _ranker_fn(self.config)
+        lengths_N = np.array([len(ids) for ids, _ in pairs], np.int64)
+        order = np.argsort(-lengths_N, kind="stable")
+        pending = []
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            length = bucket_length(int(lengths_N[rows].max()), limit)
+            num_rows = bucket_rows(len(rows), batch_size)
+            fill = num_rows - len(rows)
+            ids_BxL = np.concatenate([pad_batch([pairs[i][0] for i in rows], length, self.text.pad_id),
+                                      np.full((fill, length), self.text.pad_id, np.int32)])
+            types_BxL = np.concatenate([pad_batch([pairs[i][1] for i in rows], length, 0),
+                                        np.zeros((fill, length), np.int32)])
+            mask_BxL = np.arange(length)[None, :] < np.concatenate([lengths_N[rows], np.zeros(fill, np.int64)])[:, None]
+            self.compiled_shapes.add(("pairs", num_rows, length))
+            pending.append((rows, fn(self.params, ids_BxL, mask_BxL, types_BxL)))
+        flat = [None] * len(pairs)
+        for rows, scores in pending:
+            scores = np.asarray(scores, np.float32)[: len(rows)]
+            for row, value in zip(rows, scores):
+                flat[row] = value
+        bounds = np.cumsum([0] + [len(c) for c in candidates])
+        return [np.asarray(flat[bounds[i] : bounds[i + 1]], np.float32) for i in range(len(candidates))]
+
+
+@functools.lru_cache(maxsize=32)
+def _ranker_fn(config: ModelConfig) -> Callable:
+    """The jitted cross-encoder scores function (cached on the config, like _tower_fn)."""
+    model = build_model(config)
+    return jax.jit(lambda params, ids, mask, types: model.apply({"params": params}, ids, mask, types))
+
+
 def _describe_kind(config: ModelConfig) -> str:
+    if config.kind == "dual_encoder":
+        return "a dual encoder (prefix and candidate vectors)"
     if config.kind == "cross_encoder":
         return "a cross encoder (it scores a prefix and a candidate read together, not vectors)"
     return "a bare encoder without a vector head"
 
 
-def _require_dual_encoder(config: ModelConfig, path: str) -> None:
-    if config.kind != "dual_encoder":
-        raise RankgenError(
-            f"{path}: holds {_describe_kind(config)}; inference needs a dual encoder (kind 'dual_encoder')")
+def _require_kind(config: ModelConfig, path: str, kind: str = "dual_encoder") -> None:
+    if config.kind != kind:
+        what = "a dual encoder" if kind == "dual_encoder" else "a cross encoder"
+        raise RankgenError(f"{path}: holds {_describe_kind(config)}; this needs {what} (kind {kind!r})")
 
 
 def _text_encoder_from_files(tokenizer, path: str) -> TextEncoder:
@@ -218,11 +270,11 @@ def _text_encoder_from_files(tokenizer, path: str) -> TextEncoder:
     raise RankgenError(f"{path}: no tokenizer in this folder (expected spiece.model or tokenizer.json)")
 
 
-def _read_hf(path: str) -> tuple[ModelConfig, dict, TextEncoder]:
+def _read_hf(path: str, kind: str = "dual_encoder") -> tuple[ModelConfig, dict, TextEncoder]:
     from rankgen_jax.checkpoints.convert import read_source
 
     config, params, tokenizer = read_source("hf", path)
-    _require_dual_encoder(config, path)
+    _require_kind(config, path, kind)
     return config, params, _text_encoder_from_files(tokenizer, path)
 
 
@@ -236,8 +288,9 @@ def _read_two_tower_hf(path: Path) -> tuple[ModelConfig, dict, TextEncoder]:
     return config, {"query_tower": query_params, "document_tower": document_params}, text
 
 
-def load_model(path: str) -> LoadedModel:
-    """A dual encoder from a checkpoint folder / training workdir (latest step) or an HF folder."""
+def load_model(path: str, kind: str = "dual_encoder") -> LoadedModel:
+    """A dual encoder (or, with kind="cross_encoder", a ranker) from a checkpoint folder /
+    training workdir (latest step) or an HF folder."""
     folder = Path(path)
     if not folder.exists():
         raise RankgenError(f"{path}: no such model folder")
@@ -246,14 +299,14 @@ def load_model(path: str) -> LoadedModel:
     if native.is_checkpoint_dir(folder):
         # Check the kind and the tokenizer before reading possibly large parameters.
         config = native.load_model_config(folder)
-        _require_dual_encoder(config, str(path))
+        _require_kind(config, str(path), kind)
         vocab = native.vocab_path(folder)
         if vocab is None:
             raise RankgenError(f"{path}: checkpoint has no tokenizer (no files under {native.VOCAB_DIR}/)")
         text = load_text_encoder(vocab)
         config, params = native.restore_params(folder)
     elif (folder / "config.json").is_file() or (folder / "modules.json").is_file():
-        config, params, text = _read_hf(str(folder))
+        config, params, text = _read_hf(str(folder), kind)
     elif (folder / "query_encoder").is_dir() and (folder / "document_encoder").is_dir():
         config, params, text = _read_two_tower_hf(folder)
     else:

@@ -293,6 +293,14 @@ LOSS_NEEDS_FULL_BATCH: dict[str, bool] = {
 }
 
 
+def _register_list_losses() -> None:
+    """Rankers' and distillation losses live in list_losses (which imports helpers from here)."""
+    from rankgen_jax.list_losses import LIST_LOSS_NEEDS_FULL_BATCH, LIST_LOSSES
+
+    LOSSES.update(LIST_LOSSES)
+    LOSS_NEEDS_FULL_BATCH.update(LIST_LOSS_NEEDS_FULL_BATCH)
+
+
 def get_loss(name: str) -> LossFn:
     """The loss function registered under `name`."""
     if name not in LOSSES:
@@ -322,3 +330,6 @@ def init_loss_params(name: str, **options) -> dict[str, Array]:
     if not scale > 0 or not math.isfinite(scale):
         raise RankgenError(f"logit_scale must be a positive finite number to learn its log, got {scale}")
     return {"log_logit_scale": jnp.asarray(np.log(scale), jnp.float32)}
+
+
+_register_list_losses()

@@ -69,6 +69,54 @@ def batch(encoder: TextEncoder, texts: Sequence[str], max_length: int) -> np.nda
     return pad_batch([encode(encoder, t) for t in texts], max_length, encoder.pad_id)
 
 
+def join_pair(encoder: TextEncoder, first_body: Sequence[int], second_body: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Two token-id bodies as one pair input, with the specials and token types the encoder's encode_pair uses.
+
+    The template (e.g. `[CLS] a [SEP] b [SEP]`, `<s> a </s></s> b </s>`,
+    `a </s> b </s>`) is read once from encode_pair on two one-token probes.
+    """
+    (head, head_types), (middle, middle_types), (tail, tail_types), (first_type, second_type) = _pair_template(encoder)
+    ids = head + list(first_body) + middle + list(second_body) + tail
+    type_ids = (head_types + [first_type] * len(first_body) + middle_types + [second_type] * len(second_body)
+                + tail_types)
+    return ids, type_ids
+
+
+_PAIR_TEMPLATES: dict[int, tuple] = {}
+
+
+def _pair_template(encoder: TextEncoder) -> tuple:
+    """((head ids, types), (middle ids, types), (tail ids, types), (first body type, second body type))."""
+    key = id(encoder)
+    if key not in _PAIR_TEMPLATES:
+        a, b = encoder.tokenize("a"), encoder.tokenize("b")
+        ids, types = encoder.encode_pair("a", "b")
+        types = list(types) if types else [0] * len(ids)
+        at = next(i for i in range(len(ids)) if ids[i : i + len(a)] == a)
+        bt = next(i for i in range(at + len(a), len(ids)) if ids[i : i + len(b)] == b)
+        part = lambda lo, hi: (ids[lo:hi], types[lo:hi])  # noqa: E731
+        _PAIR_TEMPLATES[key] = (part(0, at), part(at + len(a), bt), part(bt + len(b), len(ids)), (types[at], types[bt]))
+    return _PAIR_TEMPLATES[key]
+
+
+def encode_pair_truncated(encoder: TextEncoder, first: str, second: str, first_length: int, second_length: int,
+                          first_keep: str = "end") -> tuple[list[int], list[int]]:
+    """(ids, token types) of a pair of at most first_length + second_length ids.
+
+    The first text (a query) keeps its end by default, the second (a candidate)
+    its start; the pair's specials count against the first part's budget
+    (head and middle) and the second's (tail).
+    """
+    (head, _), (middle, _), (tail, _), _ = _pair_template(encoder)
+    first_room, second_room = first_length - len(head) - len(middle), second_length - len(tail)
+    if first_room < 1 or second_room < 1:
+        raise RankgenError(f"pair lengths {first_length}/{second_length} leave no room for text after the special tokens")
+    first_body, second_body = encoder.tokenize(first), encoder.tokenize(second)[:second_room]
+    if len(first_body) > first_room:
+        first_body = first_body[len(first_body) - first_room :] if first_keep == "end" else first_body[:first_room]
+    return join_pair(encoder, first_body, second_body)
+
+
 class SentencePieceEncoder:
     """T5: SentencePiece ids, EOS appended; a pair is `first </s> second </s>` with no token types."""
 

@@ -48,12 +48,16 @@ class Tower:
 
 # The batch layout of each model kind: dual encoders embed prefixes and
 # candidates separately (one padded call for all would cost ~1.5x the token
-# work); cross encoders score [B, C, L] candidate lists in one call.
+# work): triples (positive [B, L], negatives [B, L] or [B, K, L]) for in-batch
+# losses, or candidate lists [B, C, L] for list losses (distillation); cross
+# encoders score [B, C, L] candidate lists (or [B, L] pairs with N scores) in
+# one call. A tower runs only when its ids are in the batch.
 TOWERS = {
     "dual_encoder": (
         Tower("query", "query_ids", "query"),
         Tower("positive", "positive_ids", "document"),
         Tower("negative", "negative_ids", "document"),
+        Tower("candidates", "candidate_ids", "document"),
     ),
     "cross_encoder": (Tower("scores", "pair_ids"),),
 }

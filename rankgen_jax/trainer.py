@@ -48,7 +48,8 @@ class TrainerConfig:
       its encoder config is used as saved (dropout included) except for the
       fields in encoder_overrides (e.g. {'dropout_rate': 0.0, 'remat': True,
       'dtype': 'bfloat16'}); the gin ModelConfig supplies the head and towers
-      when the checkpoint is a bare encoder.
+      when the checkpoint is a bare encoder, is of another kind than gin's
+      (e.g. a ranker started from a retriever), or init_encoder_only is set.
     """
 
     num_steps: int = 100
@@ -60,6 +61,7 @@ class TrainerConfig:
     async_checkpoints: bool = True
     seed: int = 0
     init_checkpoint: str = ""
+    init_encoder_only: bool = False
     encoder_overrides: dict = dataclasses.field(default_factory=dict)
     mesh_data: int = -1
     mesh_model: int = 1
@@ -73,6 +75,10 @@ class TrainerConfig:
     max_minutes: float = 0.0
 
 
+# Sources that tokenise text with DataConfig.vocab (the checkpoint's own tokenizer by default).
+TEXT_SOURCES = ("books", "examples", "lists", "pairs")
+
+
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
@@ -83,6 +89,11 @@ class LossConfig:
     learn_logit_scale: bool = False
     margin: float = 0.0
     mask_duplicates: bool = True
+    # List and distillation losses (rankgen_jax.list_losses).
+    temperature: float = 1.0
+    t_squared: bool = False
+    position_weighting: bool = False
+    tau: float = 0.5
 
     def options(self) -> dict:
         every = {k: v for k, v in dataclasses.asdict(self).items() if k != "name"}
@@ -124,11 +135,24 @@ def _resolve_model_config(workdir: Path, trainer: TrainerConfig, gin_model: Mode
         encoder = dataclasses.replace(source_config.encoder, **dict(trainer.encoder_overrides))
     except TypeError as e:
         raise RankgenError(f"TrainerConfig.encoder_overrides: {e}") from None
-    if source_config.kind == "encoder":  # a bare encoder: the head and towers come from gin
+    if source_config.kind == "encoder" or trainer.init_encoder_only or gin_model.kind != source_config.kind:
+        # The head, kind and towers come from gin; only the encoder weights carry over.
         config = dataclasses.replace(gin_model, encoder=encoder)
+        params = _encoder_params(params, source_config)
     else:
         config = dataclasses.replace(source_config, encoder=encoder)
     return config, params, native.vocab_path(trainer.init_checkpoint)
+
+
+# Top-level parameter groups that belong to a head, not to the encoder.
+HEAD_PARAMS = ("projection_layer", "perspective_projections", "score_head")
+
+
+def _encoder_params(params: dict, source_config: ModelConfig) -> dict:
+    """A checkpoint's encoder weights without its head (the query tower's, for a two-tower checkpoint)."""
+    if source_config.kind == "dual_encoder" and not source_config.shared_towers:
+        params = params["query_tower"]
+    return {k: v for k, v in params.items() if k not in HEAD_PARAMS}
 
 
 def _prefetch(source, start: int, stop: int, put) -> Iterator:
@@ -180,18 +204,18 @@ def train(
     rules = partitioning.rules_by_name(trainer.axis_rules)
     _check_divisible(data.batch_size, partitioning.data_parallel_size(mesh), trainer)
     model_config, init_params, vocab = _resolve_model_config(workdir_path, trainer, model_config)
-    if model_config.kind != "dual_encoder":
-        raise RankgenError(
-            f"the trainer's data sources produce dual-encoder triples; ModelConfig.kind={model_config.kind!r} "
-            "has no training data yet (cross-encoder lists arrive with the rankers issue)"
-        )
+    if model_config.kind == "encoder":
+        raise RankgenError("ModelConfig.kind='encoder' has no head to train: use dual_encoder or cross_encoder")
+    if model_config.kind == "cross_encoder" and data.source not in ("lists", "pairs"):
+        raise RankgenError(f"a cross encoder trains on candidate lists or pairs (DataConfig.source 'lists' or "
+                           f"'pairs'), not {data.source!r}")
     options = StepOptions(loss.name, tuple(sorted(loss.options().items())), trainer.num_chunks, trainer.accum_steps,
                           model_kind=model_config.kind)
     tx, schedule = make_optimizer(optimizer)
     loss_params = losses.init_loss_params(loss.name, **loss.options())
-    if vocab and data.source in ("books", "examples") and data.vocab == DataConfig().vocab:
+    if vocab and data.source in TEXT_SOURCES and data.vocab == DataConfig().vocab:
         data = dataclasses.replace(data, vocab=vocab)  # tokenise with the checkpoint's own tokenizer
-    train_source, eval_source = make_sources(data)
+    train_source, eval_source = make_sources(data, model_config.kind, loss.name)
     _check_vocab_fits(data, train_source, model_config)
 
     # --- state, created sharded; step functions jitted once -----------------------------
@@ -210,8 +234,7 @@ def train(
             if init_params is not None:
                 # Optimizer moments start at zero whatever the params, so the fresh opt_state stays valid.
                 state = state.replace(params=partitioning.device_put_tree(init_params, setup.shardings.params))
-            native.save_model_config(workdir_path, model_config,
-                                     data.vocab if data.source in ("books", "examples") else vocab)
+            native.save_model_config(workdir_path, model_config, data.vocab if data.source in TEXT_SOURCES else vocab)
             (workdir_path / "config.gin").write_text(gin.config_str())
         put = functools.partial(_put_batch, sharding=setup.batch_sharding, batch_size=data.batch_size)
         return _loop(trainer, workdir_path, state, start, data_start, train_source, eval_source, put,
@@ -294,9 +317,12 @@ def _complete_params(params: dict, model_config: ModelConfig, where: str, seed: 
     """
     params = to_model_layout(params, model_config)
     single = dataclasses.replace(model_config, shared_towers=True)
-    if model_config.head.projection_dim != 0 and "projection_layer" not in params:
-        print(f"note: {where} has no projection; the head's projection starts from random init", file=sys.stderr)
-        params = {**params, "projection_layer": random_params(single, seed)["projection_layer"]}
+    if "query_tower" not in params:
+        missing = [k for k in HEAD_PARAMS if k not in params]
+        fresh = {k: v for k, v in random_params(single, seed).items() if k in missing}
+        if fresh:
+            print(f"note: {where} has no {', '.join(sorted(fresh))}; starting from random init", file=sys.stderr)
+            params = {**params, **fresh}
     if not model_config.shared_towers and "query_tower" not in params:
         params = {"query_tower": params, "document_tower": params}
     check_params_match(params, model_config, where)

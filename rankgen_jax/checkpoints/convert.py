@@ -35,7 +35,7 @@ def read_source(
 
     HF folders may hold a T5 (plain or RankGen format) or a BERT-family model
     (BERT, MiniLM, DistilBERT, RoBERTa; a sentence-transformers folder imports
-    as a dual encoder).
+    as a dual encoder), or a ranker (cross encoder) that export-hf wrote.
 
     head / relpos_max_distance apply to T5X only: its checkpoints store no model
     config, so what shapes cannot tell is taken from the caller and announced.
@@ -95,6 +95,8 @@ def export_hf(checkpoint: str, out: str, fmt: str = "rankgen", overwrite: bool =
     T5: `fmt` picks the RankGen or the plain T5EncoderModel layout. BERT family:
     the base model's layout, plus sentence-transformers files for dual encoders.
     Two-tower dual encoders write `query_encoder/` and `document_encoder/`.
+    Cross encoders (either backbone) write the ranker format (modeling_ranker.py,
+    raw scores from AutoModel); `t5-encoder` writes a T5 ranker's encoder alone.
     """
     if fmt not in EXPORT_FORMATS:
         raise RankgenError(f"unknown export format {fmt!r}: expected one of {EXPORT_FORMATS}")
@@ -102,11 +104,10 @@ def export_hf(checkpoint: str, out: str, fmt: str = "rankgen", overwrite: bool =
     model_config, params = native.restore_params(checkpoint, step)
     params = to_canonical_layout(params)
     check_params_match(params, model_config, where=checkpoint)
-    if model_config.kind == "cross_encoder":
-        raise RankgenError(f"{checkpoint}: cross-encoder export arrives with the rankers issue")
     if native.vocab_path(checkpoint) is None:
         _note(f"note: {checkpoint} has no vocabulary; the exported folder will have no tokenizer files")
-    if not model_config.shared_towers:
+    # A cross encoder has one encoder whatever shared_towers says.
+    if model_config.kind == "dual_encoder" and not model_config.shared_towers:
         single = dataclasses.replace(model_config, shared_towers=True)
         for tower in ("query", "document"):
             _export_one(checkpoint, single, params[f"{tower}_tower"], str(Path(out) / f"{tower}_encoder"), fmt, True)

@@ -11,6 +11,11 @@ Canonical parameters are nested dicts of float32 numpy arrays with T5X names
   Heads other than RankGen's (pooling, projection width, L2) are stored under
   the `rankgen_jax` key of config.json; absent fields mean released behaviour.
 
+Cross encoders (rankers, T5 or BERT-family backbone) have their own format,
+`rankgen_ranker`: the backbone's tensors under `backbone.`, the head as
+`projection.weight` / `score.weight` / `score.bias`, and `modeling_ranker.py`
+for `trust_remote_code` (see the Rankers section below and that file).
+
 Weights are read and written as safetensors only; pickled `pytorch_model.bin`
 files are refused.
 """
@@ -38,12 +43,16 @@ T5_ARCHITECTURES = ("T5EncoderModel", "T5Model", "T5ForConditionalGeneration", R
 HEAD_CONFIG_KEY = "rankgen_jax"
 RANKGEN_PREFIX = "t5_encoder."
 MODELING_FILE = "modeling_rankgen.py"
+RANKER_MODELING_FILE = "modeling_ranker.py"
+RANKER_MODEL_TYPE = "rankgen_ranker"
+RANKER_ARCHITECTURE = "RankerModel"
+RANKER_PREFIX = "backbone."
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 # Files a previous export may have left that would shadow or confuse the new one.
 STALE_FILES = (SAFETENSORS_FILE, SAFETENSORS_INDEX, "pytorch_model.bin", "pytorch_model.bin.index.json",
                "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "spiece.model",
-               "config.json", MODELING_FILE)
+               "config.json", MODELING_FILE, RANKER_MODELING_FILE)
 
 # HF T5Config defaults, used for keys an (older) config.json leaves out.
 _HF_DEFAULTS = {
@@ -196,8 +205,16 @@ def _encoder_tensors(cfg: T5Config) -> list[_Tensor]:
     return tensors
 
 
-def _has_projection(model_config: ModelConfig) -> bool:
-    return model_config.head is not None and model_config.head.projection_dim != 0
+def _projection_tensors(model_config: ModelConfig) -> list[_Tensor]:
+    """The head's bias-free projection as a torch nn.Linear weight [P, d] (none when projection_dim is 0)."""
+    if model_config.head is None or model_config.head.projection_dim == 0:
+        return []
+    d = model_config.encoder.d_model
+    return [_Tensor(("projection_layer", "kernel"), "projection.weight", (model_config.head.output_dim(d), d), True)]
+
+
+def _prefixed(tensors: list[_Tensor], prefix: str) -> list[_Tensor]:
+    return [dataclasses.replace(t, hf_key=prefix + t.hf_key) for t in tensors]
 
 
 def _tensor_table(model_config: ModelConfig, fmt: str) -> list[_Tensor]:
@@ -206,12 +223,7 @@ def _tensor_table(model_config: ModelConfig, fmt: str) -> list[_Tensor]:
     tensors = _encoder_tensors(model_config.encoder)
     if fmt == "t5-encoder":
         return tensors
-    tensors = [dataclasses.replace(t, hf_key=RANKGEN_PREFIX + t.hf_key) for t in tensors]
-    if _has_projection(model_config):
-        d = model_config.encoder.d_model
-        out = model_config.head.output_dim(d)
-        tensors.append(_Tensor(("projection_layer", "kernel"), "projection.weight", (out, d), True))
-    return tensors
+    return _prefixed(tensors, RANKGEN_PREFIX) + _projection_tensors(model_config)
 
 
 def _check_format(fmt: str) -> None:
@@ -245,10 +257,15 @@ def params_to_hf_state_dict(model_config: ModelConfig, params: Mapping, fmt: str
     _check_format(fmt)
     if fmt == "t5-encoder" and model_config.head is not None:
         # A plain T5EncoderModel has nowhere to keep the head; say so once.
-        logger.warning("format 't5-encoder' stores the encoder only: the dual-encoder head (%s) is not exported",
-                       _describe_head(model_config.head))
+        logger.warning("format 't5-encoder' stores the encoder only: the %s head (%s) is not exported",
+                       model_config.kind.replace("_", "-"), _describe_head(model_config))
+    return state_dict_from_tensor_table(_tensor_table(model_config, fmt), params)
+
+
+def state_dict_from_tensor_table(tensors, params: Mapping) -> dict[str, np.ndarray]:
+    """HF state dict (float32 numpy, contiguous) from canonical params, one table row per tensor."""
     state_dict = {}
-    for t in _tensor_table(model_config, fmt):
+    for t in tensors:
         value = np.asarray(_get_path(params, t.path), dtype=np.float32)
         expected = t.hf_shape[::-1] if t.transpose else t.hf_shape
         if value.shape != expected:
@@ -258,7 +275,10 @@ def params_to_hf_state_dict(model_config: ModelConfig, params: Mapping, fmt: str
     return state_dict
 
 
-def _describe_head(head: HeadConfig) -> str:
+def _describe_head(model_config: ModelConfig) -> str:
+    head = model_config.head
+    if model_config.kind == "cross_encoder":
+        return f"pooling={head.pooling}, projection_dim={head.projection_dim}, num_scores={model_config.num_scores}"
     return f"pooling={head.pooling}, projection_dim={head.projection_dim}, l2_normalize={head.l2_normalize}"
 
 
@@ -296,16 +316,21 @@ def params_from_tensor_table(tensors, state_dict: Mapping[str, Any], where: str)
 def _check_extra_keys(state_dict: Mapping[str, Any], known: set[str], fmt: str, where: str) -> None:
     """Refuse tensors we would silently drop, except the decoder/LM head and the tied embedding copy."""
     prefix = RANKGEN_PREFIX if fmt == "rankgen" else ""
-    shared, tied = prefix + "shared.weight", prefix + "encoder.embed_tokens.weight"
     for key in state_dict:
-        if key in known or _droppable(key, fmt):
-            continue
-        if key == tied:
-            # HF ties encoder.embed_tokens to shared; a checkpoint may store both copies.
-            if not np.array_equal(np.asarray(state_dict[key]), np.asarray(state_dict[shared])):
-                raise RankgenError(f"{where}: {tied} differs from {shared} (they must be the same embedding)")
+        if key in known or _droppable(key, fmt) or _is_tied_copy(state_dict, key, prefix, where):
             continue
         raise RankgenError(f"{where}: unexpected tensor {key} (not part of the model config.json describes)")
+
+
+def _is_tied_copy(state_dict: Mapping[str, Any], key: str, prefix: str, where: str) -> bool:
+    """Whether `key` is T5's tied embedding copy (prefix + encoder.embed_tokens.weight); an error when it differs."""
+    shared, tied = prefix + "shared.weight", prefix + "encoder.embed_tokens.weight"
+    if key != tied:
+        return False
+    # HF ties encoder.embed_tokens to shared; a checkpoint may store both copies.
+    if shared not in state_dict or not np.array_equal(np.asarray(state_dict[key]), np.asarray(state_dict[shared])):
+        raise RankgenError(f"{where}: {tied} differs from {shared} (they must be the same embedding)")
+    return True
 
 
 # ---------------------------------------------------------------------------
@@ -382,8 +407,12 @@ def _read_safetensors(path: str) -> dict[str, np.ndarray]:
         raise RankgenError(f"{path}: cannot read safetensors ({e})") from None
 
 
-def load_hf_folder(path: str) -> tuple[ModelConfig, dict, str | None]:
-    """Read an HF T5 folder (plain T5 encoder/encoder-decoder, or the RankGen `T5EncoderWithProjection` format) -> (model config, canonical params, path to spiece.model or None)."""
+def load_hf_folder(path: str) -> tuple[ModelConfig, dict, str | list[str] | None]:
+    """Read an HF T5 folder (plain T5 encoder/encoder-decoder, or the RankGen `T5EncoderWithProjection` format) -> (model config, canonical params, path to spiece.model or None).
+
+    A ranker folder (`rankgen_ranker`, T5 or BERT-family backbone) reads as a
+    cross encoder; see load_ranker_folder for what it returns.
+    """
     if not os.path.exists(path):
         raise RankgenError(f"{path}: no such file or directory")
     if not os.path.isdir(path):
@@ -392,6 +421,8 @@ def load_hf_folder(path: str) -> tuple[ModelConfig, dict, str | None]:
     if not os.path.isfile(config_path):
         raise RankgenError(f"{path}: no config.json (not an HF model folder)")
     hf = _read_json(config_path)
+    if is_ranker_config(hf):
+        return load_ranker_folder(path)
     fmt = _folder_format(hf, config_path)
     encoder = t5_config_from_hf(hf, config_path)
     head = head_from_hf(hf, config_path) if fmt == "rankgen" else None
@@ -473,10 +504,18 @@ def _write_json(path: str, data: Mapping[str, Any]) -> None:
 
 def save_hf_folder(model_config: ModelConfig, params: Mapping, out_dir: str, fmt: str = "rankgen",
                    spiece_model: str | None = None, overwrite: bool = False) -> None:
-    """Write safetensors + config.json (+ modeling_rankgen.py for fmt='rankgen') + tokenizer files."""
+    """Write safetensors + config.json (+ modeling_rankgen.py for fmt='rankgen') + tokenizer files.
+
+    A cross encoder with fmt='rankgen' writes the ranker format (save_ranker_folder);
+    fmt='t5-encoder' writes its encoder alone.
+    """
     from safetensors.numpy import save_file
 
     _check_format(fmt)
+    if fmt == "rankgen" and model_config.kind == "cross_encoder":
+        # A RankGen folder has no score layer; rankers have their own format.
+        save_ranker_folder(model_config, params, out_dir, [spiece_model] if spiece_model else None, overwrite)
+        return
     if fmt == "rankgen" and model_config.head is None:
         raise RankgenError("format 'rankgen' needs a dual-encoder head (ModelConfig.head is None);"
                            " export the bare encoder with fmt='t5-encoder'")
@@ -503,3 +542,207 @@ def save_hf_folder(model_config: ModelConfig, params: Mapping, out_dir: str, fmt
     _write_json(os.path.join(out_dir, "config.json"), hf)
     if spiece_model is not None:
         _write_tokenizer(spiece_bytes, extra_ids, out_dir)
+
+
+# ---------------------------------------------------------------------------
+# Rankers (cross encoders)
+#
+# config.json: model_type `rankgen_ranker`, `backbone` (the encoder's own HF
+# config: T5, BERT, RoBERTa or DistilBERT), `backbone_pooler`, `pooling`,
+# `projection_dim`, `num_scores`, and an `auto_map` to modeling_ranker.py.
+# Tensors: the backbone's HF names under `backbone.`, then `projection.weight`
+# [P, d] (absent when projection_dim is 0), `score.weight` [N, P], `score.bias` [N].
+
+# What modeling_ranker.RankerConfig assumes for a key config.json leaves out.
+_RANKER_DEFAULTS = {"pooling": "first", "projection_dim": -1, "num_scores": 1, "backbone_pooler": True}
+
+
+def is_ranker_config(hf: Mapping[str, Any]) -> bool:
+    """Whether an HF config.json describes a ranker exported by rankgen_jax."""
+    return hf.get("model_type") == RANKER_MODEL_TYPE
+
+
+def ranker_head_tensors(model_config: ModelConfig) -> list[_Tensor]:
+    """The cross-encoder head (whatever the backbone): optional projection, then the score layer with its bias."""
+    width = model_config.head.output_dim(model_config.encoder.d_model)
+    n = model_config.num_scores
+    return _projection_tensors(model_config) + [
+        _Tensor(("score_head", "kernel"), "score.weight", (n, width), True),
+        _Tensor(("score_head", "bias"), "score.bias", (n,), False),
+    ]
+
+
+def _ranker_tensor_table(model_config: ModelConfig) -> list[_Tensor]:
+    """Backbone tensors (its own HF names under `backbone.`) followed by the head tensors."""
+    if isinstance(model_config.encoder, T5Config):
+        backbone = _encoder_tensors(model_config.encoder)
+    else:
+        from rankgen_jax.checkpoints.hf_bert import _tensor_table as bert_tensor_table
+
+        backbone = bert_tensor_table(model_config.encoder)
+    return _prefixed(backbone, RANKER_PREFIX) + ranker_head_tensors(model_config)
+
+
+def ranker_config_to_hf(model_config: ModelConfig) -> dict[str, Any]:
+    """The config.json of a ranker folder; RankgenError if HF cannot express the backbone."""
+    encoder = model_config.encoder
+    if isinstance(encoder, T5Config):
+        backbone = t5_config_to_hf(encoder)
+    else:
+        from rankgen_jax.checkpoints.hf_bert import bert_config_to_hf
+
+        backbone = bert_config_to_hf(encoder)
+    module = RANKER_MODELING_FILE[:-3]
+    return {
+        "model_type": RANKER_MODEL_TYPE,
+        "architectures": [RANKER_ARCHITECTURE],
+        "auto_map": {"AutoConfig": f"{module}.RankerConfig", "AutoModel": f"{module}.{RANKER_ARCHITECTURE}"},
+        "backbone": backbone,
+        # T5 and DistilBERT have no pooler; HF BERT / RoBERTa build one unless told otherwise.
+        "backbone_pooler": bool(getattr(encoder, "has_pooler", False)),
+        "pooling": model_config.head.pooling,
+        "projection_dim": model_config.head.projection_dim,
+        "num_scores": model_config.num_scores,
+    }
+
+
+def _ranker_field(hf: Mapping[str, Any], key: str, kind: type, where: str):
+    """One ranker setting of config.json, defaulted like modeling_ranker.py, type-checked."""
+    value = hf.get(key, _RANKER_DEFAULTS[key])
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise RankgenError(f"{where}: {key}={value!r} should be of type {kind.__name__}")
+    return value
+
+
+def ranker_config_from_hf(hf: Mapping[str, Any], where: str) -> ModelConfig:
+    """The cross-encoder ModelConfig of a ranker config.json (`where` names it in errors)."""
+    from rankgen_jax.checkpoints import hf_bert
+
+    backbone = hf.get("backbone")
+    if not isinstance(backbone, Mapping) or not isinstance(backbone.get("model_type"), str):
+        raise RankgenError(f"{where}: a ranker config needs a `backbone` object with a model_type, got {backbone!r}")
+    backbone_type, backbone_where = backbone["model_type"], f"{where} (backbone)"
+    if backbone_type == "t5":
+        encoder = t5_config_from_hf(backbone, backbone_where)
+    elif backbone_type in hf_bert.BERT_MODEL_TYPES:
+        encoder = hf_bert.bert_config_from_hf(backbone, backbone_where)
+        if encoder.variant != "distilbert":
+            encoder = dataclasses.replace(encoder, has_pooler=_ranker_field(hf, "backbone_pooler", bool, where))
+    else:
+        raise RankgenError(f"{where}: unsupported ranker backbone model_type={backbone_type!r}"
+                           f" (expected 't5' or one of {hf_bert.BERT_MODEL_TYPES})")
+    try:
+        # Cross encoders never normalise their pooled vector.
+        head = HeadConfig(pooling=_ranker_field(hf, "pooling", str, where),
+                          projection_dim=_ranker_field(hf, "projection_dim", int, where), l2_normalize=False)
+        return ModelConfig(encoder=encoder, head=head, kind="cross_encoder",
+                           num_scores=_ranker_field(hf, "num_scores", int, where))
+    except RankgenError as e:
+        raise RankgenError(f"{where}: {_first_line(e)}") from None
+
+
+def _read_files(files: list[str]) -> dict[str, bytes]:
+    """{file name: contents}; read before an overwrite clears the folder they may sit in."""
+    out = {}
+    for f in files:
+        if not os.path.isfile(f):
+            raise RankgenError(f"{f}: tokenizer file not found")
+        with open(f, "rb") as fh:
+            out[os.path.basename(f)] = fh.read()
+    return out
+
+
+def _with_tokenizer_class(files: dict[str, bytes], tokenizer_class: str) -> dict[str, bytes]:
+    """Tokenizer files whose tokenizer_config.json names its class (added when missing).
+
+    AutoTokenizer falls back to config.json's model_type, which in a ranker
+    folder is not a model transformers knows.
+    """
+    if not files:
+        return files
+    name = "tokenizer_config.json"
+    try:
+        tokenizer_config = json.loads(files.get(name, b"{}"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RankgenError(f"the tokenizer's {name} is not valid JSON ({e})") from None
+    if not isinstance(tokenizer_config, dict):
+        raise RankgenError(f"the tokenizer's {name} is not a JSON object")
+    if tokenizer_config.get("tokenizer_class"):
+        return files
+    text = json.dumps({**tokenizer_config, "tokenizer_class": tokenizer_class}, indent=2, sort_keys=True) + "\n"
+    return {**files, name: text.encode("utf-8")}
+
+
+def save_ranker_folder(model_config: ModelConfig, params: Mapping, out_dir: str,
+                       tokenizer_files: list[str] | None = None, overwrite: bool = False) -> None:
+    """Write a cross encoder as config.json + model.safetensors + modeling_ranker.py + tokenizer files.
+
+    tokenizer_files: a T5 backbone takes one SentencePiece model (written as
+    T5's tokenizer, as save_hf_folder does); a BERT-family backbone takes its
+    tokenizer files, copied as they are.
+    """
+    from safetensors.numpy import save_file
+
+    from rankgen_jax.checkpoints import hf_bert
+
+    out_dir = os.fspath(out_dir)
+    if model_config.kind != "cross_encoder":
+        raise RankgenError(f"save_ranker_folder needs a cross encoder, got kind={model_config.kind!r}")
+    # Check and gather everything first, so bad input fails before anything is written.
+    hf = ranker_config_to_hf(model_config)
+    state_dict = state_dict_from_tensor_table(_ranker_tensor_table(model_config), params)
+    files = [os.fspath(f) for f in tokenizer_files or []]
+    spiece_bytes, extra_ids, copies = None, None, {}
+    if isinstance(model_config.encoder, T5Config):
+        if len(files) > 1:
+            raise RankgenError(f"a T5 ranker's tokenizer is one SentencePiece model, got {len(files)} files: {files}")
+        if files:
+            extra_ids = _tokenizer_extra_ids(model_config.encoder, files[0])
+            spiece_bytes = _read_files(files)[os.path.basename(files[0])]
+    else:
+        copies = _with_tokenizer_class(_read_files(files), hf_bert.TOKENIZER_CLASSES[model_config.encoder.variant])
+
+    _prepare_out_dir(out_dir, overwrite, stale_files=(*STALE_FILES, *hf_bert.STALE_FILES),
+                     stale_dir=hf_bert.ST_MODULE_DIR)
+    # HF's loader requires the "format" metadata.
+    save_file(state_dict, os.path.join(out_dir, SAFETENSORS_FILE), metadata={"format": "pt"})
+    _write_json(os.path.join(out_dir, "config.json"), hf)
+    shutil.copyfile(os.path.join(os.path.dirname(os.path.abspath(__file__)), RANKER_MODELING_FILE),
+                    os.path.join(out_dir, RANKER_MODELING_FILE))
+    if spiece_bytes is not None:
+        _write_tokenizer(spiece_bytes, extra_ids, out_dir)
+    for name, data in copies.items():
+        with open(os.path.join(out_dir, name), "wb") as fh:
+            fh.write(data)
+
+
+def load_ranker_folder(path: str) -> tuple[ModelConfig, dict, str | list[str] | None]:
+    """Read a ranker folder -> (cross-encoder model config, canonical params, tokenizer).
+
+    The tokenizer is what the backbone's own loader gives: a T5 backbone's
+    spiece.model path (or None), a BERT-family backbone's tokenizer files.
+    """
+    from rankgen_jax.checkpoints import hf_bert
+
+    path = os.fspath(path)
+    config_path = os.path.join(path, "config.json")
+    if not os.path.isfile(config_path):
+        raise RankgenError(f"{path}: no config.json (not an HF model folder)")
+    model_config = ranker_config_from_hf(_read_json(config_path), config_path)
+    state_dict: dict[str, np.ndarray] = {}
+    for f in _safetensors_files(path):
+        state_dict.update(_read_safetensors(f))
+    tensors = _ranker_tensor_table(model_config)
+    params = params_from_tensor_table(tensors, state_dict, path)
+    known, is_t5 = {t.hf_key for t in tensors}, isinstance(model_config.encoder, T5Config)
+    for key in state_dict:
+        if key in known or (is_t5 and _is_tied_copy(state_dict, key, RANKER_PREFIX, path)):
+            continue
+        if not is_t5 and key.startswith(RANKER_PREFIX) and key.endswith(hf_bert.BUFFER_SUFFIXES):
+            continue  # position_ids / token_type_ids buffers an older transformers may have saved
+        raise RankgenError(f"{path}: unexpected tensor {key} (not part of the ranker config.json describes)")
+    if is_t5:
+        spiece = os.path.join(path, "spiece.model")
+        return model_config, params, spiece if os.path.isfile(spiece) else None
+    tokenizer = [os.path.join(path, name) for name in hf_bert.TOKENIZER_FILES]
+    return model_config, params, [f for f in tokenizer if os.path.isfile(f)]

@@ -14,6 +14,9 @@ Canonical parameters are nested dicts of float32 numpy arrays named as in
   [-> Dense] [-> Normalize]) imports as a dual encoder whose head is the
   pooling (mean or CLS), the bias-free Dense as `projection_layer/kernel`, and
   L2 normalisation when Normalize is present. Export writes the same layout.
+- Cross encoders (rankers) use the ranker format of `hf.save_ranker_folder`
+  (the base model's tensors under `backbone.`, plus the score head);
+  save_bert_folder and load_bert_folder hand them to hf.py.
 
 Weights are read and written as safetensors only; pickled `pytorch_model.bin`
 files are refused.
@@ -34,10 +37,13 @@ from rankgen_jax.checkpoints.hf import _prepare_out_dir as _prepare_hf_out_dir
 from rankgen_jax.checkpoints.hf import (
     _Tensor,
     params_from_tensor_table,
+    state_dict_from_tensor_table,
+    RANKER_MODELING_FILE,
     SAFETENSORS_FILE,
     SAFETENSORS_INDEX,
     _first_line,
     _get_path,
+    _read_files,
     _read_json,
     _read_safetensors,
     _safetensors_files,
@@ -49,6 +55,8 @@ from rankgen_jax.errors import RankgenError
 
 BERT_MODEL_TYPES = ("bert", "distilbert", "roberta")
 BASE_ARCHITECTURES = {"bert": "BertModel", "distilbert": "DistilBertModel", "roberta": "RobertaModel"}
+# The tokenizer class of each model type, for folders whose config.json AutoTokenizer cannot map (rankers).
+TOKENIZER_CLASSES = {"bert": "BertTokenizer", "distilbert": "DistilBertTokenizer", "roberta": "RobertaTokenizer"}
 # Tokenizer files carried from an imported folder to an export, whichever exist.
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "merges.txt", "vocab.json", "tokenizer_config.json",
                    "special_tokens_map.json")
@@ -72,7 +80,7 @@ ST_POOLING_MODES = ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooli
 ST_MODE_OF_POOLING = {"first": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens"}
 # Files a previous export may have left that would shadow or confuse the new one.
 STALE_FILES = (SAFETENSORS_FILE, SAFETENSORS_INDEX, "pytorch_model.bin", "pytorch_model.bin.index.json",
-               "config.json", *TOKENIZER_FILES, *ST_FILES)
+               "config.json", RANKER_MODELING_FILE, *TOKENIZER_FILES, *ST_FILES)
 
 # HF config defaults per model type, for keys an older config.json leaves out.
 _BERT_DEFAULTS = {
@@ -332,15 +340,7 @@ def hf_state_dict_to_params(cfg: BertConfig, state_dict: Mapping[str, Any], wher
 
 def params_to_hf_state_dict(cfg: BertConfig, params: Mapping) -> dict[str, np.ndarray]:
     """Canonical encoder params -> HF base-model state dict (float32 numpy, kernels transposed, contiguous)."""
-    state_dict = {}
-    for t in _tensor_table(cfg):
-        value = np.asarray(_get_path(params, t.path), dtype=np.float32)
-        expected = t.hf_shape[::-1] if t.transpose else t.hf_shape
-        if value.shape != expected:
-            raise RankgenError(f"parameter {'/'.join(t.path)} has shape {value.shape},"
-                               f" but the model config needs {expected}")
-        state_dict[t.hf_key] = np.ascontiguousarray(value.T if t.transpose else value)
-    return state_dict
+    return state_dict_from_tensor_table(_tensor_table(cfg), params)
 
 
 # ---------------------------------------------------------------------------
@@ -435,13 +435,19 @@ def load_bert_folder(path: str) -> tuple[ModelConfig, dict, list[str]]:
     """Read an HF or sentence-transformers BERT-family folder -> (model config, canonical params, tokenizer files).
 
     A plain HF folder is a bare encoder (kind='encoder'); a folder with
-    modules.json is a dual encoder with the sentence-transformers head.
+    modules.json is a dual encoder with the sentence-transformers head; a
+    ranker folder is a cross encoder (hf.load_ranker_folder).
     """
+    from rankgen_jax.checkpoints.hf import is_ranker_config, load_ranker_folder
+
     path = os.fspath(path)
     if not os.path.exists(path):
         raise RankgenError(f"{path}: no such file or directory")
     if not os.path.isdir(path):
         raise RankgenError(f"{path}: not a folder (expected an HF model folder with config.json)")
+    root_config = os.path.join(path, "config.json")
+    if os.path.isfile(root_config) and is_ranker_config(_read_json(root_config)):
+        return load_ranker_folder(path)
     head, modules, model_dir = None, None, path
     if os.path.isfile(os.path.join(path, "modules.json")):
         modules = _st_modules(path)
@@ -488,15 +494,21 @@ def _st_max_seq_length(cfg: BertConfig) -> int:
 def save_bert_folder(model_config: ModelConfig, params: Mapping, out_dir: str,
                      tokenizer_files: list[str] | None = None, overwrite: bool = False) -> None:
     """Write config.json + model.safetensors (HF base-model names) + tokenizer files, and for a dual
-    encoder the sentence-transformers modules (Pooling [, Dense] [, Normalize])."""
+    encoder the sentence-transformers modules (Pooling [, Dense] [, Normalize]).
+
+    A cross encoder writes the ranker format instead (hf.save_ranker_folder).
+    """
     from safetensors.numpy import save_file
+
+    from rankgen_jax.checkpoints.hf import save_ranker_folder
 
     cfg = model_config.encoder
     out_dir = os.fspath(out_dir)
     if not isinstance(cfg, BertConfig):
         raise RankgenError("save_bert_folder needs a BERT-family encoder config (got a T5 config)")
     if model_config.kind == "cross_encoder":
-        raise RankgenError("exporting a BERT cross encoder to HF is not supported (only encoders and dual encoders)")
+        save_ranker_folder(model_config, params, out_dir, tokenizer_files, overwrite)
+        return
     if not model_config.shared_towers:
         raise RankgenError("exporting a dual encoder with separate towers (shared_towers=False) to HF is not supported")
     # Check and gather everything first, so bad input fails before anything is written.
@@ -515,13 +527,7 @@ def save_bert_folder(model_config: ModelConfig, params: Mapping, out_dir: str,
             raise RankgenError(f"parameter projection_layer/kernel has shape {kernel.shape},"
                                f" but the model config needs {(cfg.d_model, out_features)}")
         dense_weight = np.ascontiguousarray(kernel.T)
-    tokenizers: dict[str, bytes] = {}
-    for f in tokenizer_files or []:
-        if not os.path.isfile(f):
-            raise RankgenError(f"{f}: tokenizer file not found")
-        # Read now: the file may sit in out_dir, which overwrite clears.
-        with open(f, "rb") as fh:
-            tokenizers[os.path.basename(f)] = fh.read()
+    tokenizers = _read_files(list(tokenizer_files or []))
     if not cfg.has_pooler and cfg.variant != "distilbert":
         print(f"note: the encoder has no pooler; HF {BASE_ARCHITECTURES[cfg.variant]} will initialise"
               " pooler.dense randomly (it does not affect hidden states)")

@@ -40,7 +40,10 @@ class DataConfig:
     source: "examples" (RankGen examples: sentence-bounded prefixes of about
       `prefix_words` words, continuations of min..max words, one InBook
       negative), "books" (token windows of the documents; quick and crude) or
-      "random" (uniform random ids; for benchmarks and tests).
+      "random" (uniform random ids; for benchmarks and tests); "lists"
+      (candidate lists from JSON lines: rankers and distillation) or "pairs"
+      (labelled passage pairs: multi-perspective matching), read from
+      `train_file` / `eval_file` (see rankgen_jax.data.lists).
     holdout_documents: the last N documents (by id) form the eval source.
     prefix_keep: "end" cuts over-long prefixes from the left, keeping the text
       nearest the continuation; "start" keeps their beginning.
@@ -62,6 +65,9 @@ class DataConfig:
     prefix_keep: str = "end"
     task: str = ""  # seqio task or mixture name (source "seqio"), e.g. "rankgen_demo"
     seed: int = 0
+    train_file: str = ""  # sources "lists" / "pairs"
+    eval_file: str = ""
+    list_size: int = 0  # candidates per list (0: the longest list in the file); padded with a mask
 
 
 def _row_rng(seed: int, index: int, row: int) -> np.random.Generator:
@@ -178,8 +184,12 @@ class BookTriples:
         return {k: pad_batch(v, lengths[k], self.text.pad_id) for k, v in out.items()}
 
 
-def make_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
-    """(train source, eval source). Eval uses held-out documents, or another seed for random data."""
+def make_sources(config: DataConfig, model_kind: str = "dual_encoder",
+                 loss_name: str = "in_batch_softmax") -> tuple[BatchSource, BatchSource]:
+    """(train source, eval source). Eval uses held-out documents, or another seed for random data.
+
+    model_kind and loss_name pick the batch layout of list and pair sources.
+    """
     if config.batch_size <= 0:
         raise RankgenError(f"DataConfig.batch_size must be positive, got {config.batch_size}")
     if config.source == "random":
@@ -196,7 +206,32 @@ def make_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
         return _example_sources(config)
     if config.source == "seqio":
         return _seqio_sources(config)
-    raise RankgenError(f"unknown data source {config.source!r}: expected 'examples', 'seqio', 'books' or 'random'")
+    if config.source in ("lists", "pairs"):
+        return _record_sources(config, model_kind, loss_name)
+    raise RankgenError(
+        f"unknown data source {config.source!r}: expected 'examples', 'seqio', 'books', 'random', 'lists' or 'pairs'")
+
+
+def _record_sources(config: DataConfig, model_kind: str, loss_name: str) -> tuple[BatchSource, BatchSource]:
+    """Candidate lists or labelled pairs from JSON-lines files (train_file, eval_file)."""
+    from rankgen_jax.data import lists
+
+    if not config.train_file or not config.eval_file:
+        raise RankgenError(f"DataConfig.source={config.source!r} needs DataConfig.train_file and DataConfig.eval_file")
+    text = load_text_encoder(config.vocab)
+    sources = []
+    for path, seed in ((config.train_file, config.seed), (config.eval_file, config.seed + 10_000)):
+        if config.source == "pairs":
+            records = lists.read_records(path, lists.check_pair_record)
+            sources.append(lists.PairBatches(records, text, config.batch_size, model_kind, config.prefix_length, seed,
+                                             where=path))
+        else:
+            records = lists.read_records(path, lists.check_list_record)
+            sources.append(lists.ListBatches(
+                records, text, config.batch_size, model_kind, config.prefix_length, config.continuation_length,
+                config.list_size, seed, in_batch_layout=loss_name in lists.IN_BATCH_LOSSES,
+                query_keep=config.prefix_keep, where=path))
+    return sources[0], sources[1]
 
 
 def _seqio_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:

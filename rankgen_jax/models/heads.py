@@ -44,20 +44,39 @@ def l2_normalize(x_BxD: jax.Array, eps: float = 1e-12) -> jax.Array:
 
 
 class VectorHead(nn.Module):
-    """Pooling -> optional bias-free projection (`projection_layer`) -> optional L2 norm."""
+    """Pooling -> optional bias-free projection (`projection_layer`) -> optional L2 norm.
+
+    num_perspectives > 1 (MPTS bi-encoder): N bias-free projections in one
+    kernel (`perspective_projections`, [d, N * P]) give [B, N, P] vectors, each
+    L2-normalised when the config says so.
+    """
 
     config: HeadConfig
     d_model: int
+    num_perspectives: int = 1
 
     @nn.compact
     def __call__(self, output: EncoderOutput, mask_BxL: jax.Array) -> jax.Array:
         vectors_BxD = pool(output, mask_BxL, self.config.pooling)
-        if self.config.projection_dim != 0:
-            out_dim = self.config.output_dim(self.d_model)
+        out_dim = self.config.output_dim(self.d_model)
+        if self.num_perspectives > 1:
+            flat_BxNP = DenseKernel(self.num_perspectives * out_dim, ("embed", "projection"), jnp.float32,
+                                    name="perspective_projections")(vectors_BxD)
+            vectors_BxD = flat_BxNP.reshape(-1, self.num_perspectives, out_dim)
+        elif self.config.projection_dim != 0:
             vectors_BxD = DenseKernel(out_dim, ("embed", "projection"), jnp.float32, name="projection_layer")(vectors_BxD)
         if self.config.l2_normalize:
             vectors_BxD = l2_normalize(vectors_BxD)
         return vectors_BxD
+
+
+def flatten_leading(input_ids, attention_mask, token_type_ids, pad_id: int):
+    """[..., L] inputs -> [N, L] (mask from pad ids when absent) and the leading shape to restore."""
+    lead_shape, length = input_ids.shape[:-1], input_ids.shape[-1]
+    flat = lambda x: None if x is None else x.reshape(-1, length)  # noqa: E731
+    ids_NxL = flat(input_ids)
+    mask_NxL = flat(attention_mask) if attention_mask is not None else ids_NxL != pad_id
+    return ids_NxL, mask_NxL, flat(token_type_ids), lead_shape
 
 
 def build_backbone(encoder_config) -> nn.Module:
@@ -85,15 +104,17 @@ class VectorEncoder(nn.Module):
     def setup(self):
         self.backbone = build_backbone(self.config.encoder)
         nn.share_scope(self, self.backbone)
-        self.head = VectorHead(self.config.head, self.config.encoder.d_model)
+        self.head = VectorHead(self.config.head, self.config.encoder.d_model, self.config.num_scores)
         nn.share_scope(self, self.head)
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None) -> jax.Array:
-        if attention_mask is None:
-            attention_mask = input_ids != _pad_id(self.config)
-        output = self.backbone(input_ids, attention_mask, token_type_ids=token_type_ids,
+        """Vectors [..., D] (or [..., N, D] with perspectives) of [..., L] ids."""
+        ids_NxL, mask_NxL, types_NxL, lead_shape = flatten_leading(input_ids, attention_mask, token_type_ids,
+                                                                   _pad_id(self.config))
+        output = self.backbone(ids_NxL, mask_NxL, token_type_ids=types_NxL,
                                output_hidden_states=_needs_hidden_states(self.config.head))
-        return self.head(output, attention_mask)
+        vectors = self.head(output, mask_NxL)
+        return vectors.reshape(*lead_shape, *vectors.shape[1:])
 
 
 class DualEncoder(nn.Module):
@@ -148,11 +169,9 @@ class CrossEncoder(nn.Module):
         self.score_head = DenseKernel(self.config.num_scores, ("embed", "scores"), jnp.float32, use_bias=True)
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None) -> jax.Array:
-        lead_shape, length = input_ids.shape[:-1], input_ids.shape[-1]
-        flat = lambda x: None if x is None else x.reshape(-1, length)  # noqa: E731
-        ids_NxL = flat(input_ids)
-        mask_NxL = flat(attention_mask) if attention_mask is not None else ids_NxL != _pad_id(self.config)
-        output = self.backbone(ids_NxL, mask_NxL, token_type_ids=flat(token_type_ids),
+        ids_NxL, mask_NxL, types_NxL, lead_shape = flatten_leading(input_ids, attention_mask, token_type_ids,
+                                                                   _pad_id(self.config))
+        output = self.backbone(ids_NxL, mask_NxL, token_type_ids=types_NxL,
                                output_hidden_states=_needs_hidden_states(self.config.head))
         scores_NxS = self.score_head(self.head(output, mask_NxL))
         if self.config.num_scores == 1:

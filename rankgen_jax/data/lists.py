@@ -1,0 +1,217 @@
+"""Candidate lists and labelled pairs from JSON lines, as trainer batch sources (rankers, distillation, MPTS).
+
+List records (one per line): `{"query": str, "candidates": [str, ...],
+"labels": [float, ...], "teacher_scores": [float, ...]}`; labels and teacher
+scores are optional (a loss that needs one fails with a clear error), and
+candidate 0 is the positive for the in-batch layout. Pair records:
+`{"a": str, "b": str, "labels": [float] * N}` (one label per perspective).
+
+Batch layouts by model kind (`[B, C, L]` lists are never split along C):
+- dual encoder, list losses: `query_ids` [B, Lq] ("pre " marker) and
+  `candidate_ids` [B, C, Lc] ("suffi " marker);
+- dual encoder, in-batch losses: `query_ids`, `positive_ids` [B, Lc] (candidate
+  0) and `negative_ids` [B, C - 1, Lc] (the rest; hard negatives);
+- cross encoder: `pair_ids` [B, C, Lq + Lc] (`query </s> candidate </s>` for
+  T5, `[CLS] q [SEP] c [SEP]` with `pair_type_ids` for BERT); the query keeps
+  its last tokens within Lq, the candidate its first within Lc;
+- pairs: `query_ids` / `positive_ids` for dual encoders, `pair_ids` [B, L]
+  for cross encoders.
+Every list batch has `candidate_mask` [B, C] (padded candidates are 0), the
+float arrays that exist in the records (`labels`, `teacher_scores`), and
+`tie_break` [B, C] uniform noise that ListMLE uses to break label ties at random.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from rankgen_jax.data.example_source import PREFIX_MARKER, SUFFIX_MARKER
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.text import TextEncoder, encode_pair_truncated, encode_truncated, pad_batch
+
+LIST_FLOAT_KEYS = ("labels", "teacher_scores")
+# Losses that read a positive and negatives rather than a scored candidate list.
+IN_BATCH_LOSSES = ("in_batch_softmax", "per_example_softmax")
+
+
+def _open_text(path: Path):
+    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")
+
+
+def read_records(path: str | Path, check) -> list[dict]:
+    """The JSON-lines records of a file that `check(record)` accepts; bad lines are skipped and counted.
+
+    check returns None for a good record, or a short reason for a bad one.
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise RankgenError(f"{path}: no such file")
+    records, skipped = [], {}
+    try:
+        with _open_text(file) as lines:
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    reason = "malformed JSON"
+                else:
+                    reason = check(record) if isinstance(record, dict) else "not a JSON object"
+                if reason is None:
+                    records.append(record)
+                else:
+                    skipped.setdefault(reason, []).append(number)
+    except (UnicodeDecodeError, OSError, EOFError) as e:
+        raise RankgenError(f"{path}: cannot read as UTF-8 JSON lines ({e})") from None
+    if skipped:
+        parts = [f"{len(lines)} {reason} (line {lines[0]}{', ...' if len(lines) > 1 else ''})"
+                 for reason, lines in sorted(skipped.items())]
+        print(f"{path}: skipped {sum(map(len, skipped.values()))} lines: {'; '.join(parts)}", file=sys.stderr)
+    if not records:
+        raise RankgenError(f"{path}: no usable records")
+    return records
+
+
+def _is_text(value) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+def _numbers(value, length: int) -> bool:
+    return (isinstance(value, list) and len(value) == length
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) for v in value))
+
+
+def check_list_record(record: dict) -> str | None:
+    """None for a usable candidate-list record, else why not."""
+    if not _is_text(record.get("query")):
+        return "missing or empty query"
+    candidates = record.get("candidates")
+    if not isinstance(candidates, list) or not candidates or not all(_is_text(c) for c in candidates):
+        return "missing, empty or non-text candidates"
+    for key in LIST_FLOAT_KEYS:
+        if key in record and not _numbers(record[key], len(candidates)):
+            return f"{key} not one finite number per candidate"
+    return None
+
+
+def check_pair_record(record: dict) -> str | None:
+    """None for a usable labelled pair, else why not."""
+    if not (_is_text(record.get("a")) and _is_text(record.get("b"))):
+        return "missing or empty text a/b"
+    labels = record.get("labels")
+    if not isinstance(labels, list) or not labels or not _numbers(labels, len(labels)):
+        return "labels not a non-empty list of numbers"
+    return None
+
+
+def _epoch_order(count: int, seed: int, epoch: int) -> np.ndarray:
+    return np.random.default_rng([seed, epoch]).permutation(count)
+
+
+class _RecordBatches:
+    """Batch `index` of an endless sequence of seeded epochs over the records (resume needs only the index)."""
+
+    def __init__(self, records: list[dict], batch_size: int, seed: int, where: str):
+        if len(records) < batch_size:
+            raise RankgenError(f"{where}: {len(records)} records, fewer than one batch of {batch_size}")
+        self.records, self.batch_size, self.seed = records, batch_size, seed
+        self.batches_per_epoch = len(records) // batch_size
+
+    def members(self, index: int, rows: slice | None) -> tuple[list[dict], list[int]]:
+        epoch, position = divmod(index, self.batches_per_epoch)
+        order = _epoch_order(len(self.records), self.seed, epoch)
+        picked = order[position * self.batch_size : (position + 1) * self.batch_size]
+        row_numbers = list(range(self.batch_size))[rows or slice(None)]
+        return [self.records[i] for i in picked[rows or slice(None)]], row_numbers
+
+
+class ListBatches:
+    """Candidate lists for dual encoders (query + candidates, or in-batch triples) or cross encoders (pairs)."""
+
+    def __init__(self, records: list[dict], text: TextEncoder, batch_size: int, model_kind: str, query_length: int,
+                 candidate_length: int, list_size: int = 0, seed: int = 0, in_batch_layout: bool = False,
+                 query_keep: str = "end", where: str = "lists"):
+        if model_kind not in ("dual_encoder", "cross_encoder"):
+            raise RankgenError(f"candidate lists train dual or cross encoders, not {model_kind!r}")
+        self.text, self.model_kind, self.in_batch_layout = text, model_kind, in_batch_layout
+        self.query_length, self.candidate_length, self.query_keep = query_length, candidate_length, query_keep
+        self.list_size = list_size or max(len(r["candidates"]) for r in records)
+        if in_batch_layout and self.list_size < 1:
+            raise RankgenError(f"{where}: in-batch layout needs at least the positive candidate")
+        self.float_keys = [k for k in LIST_FLOAT_KEYS if all(k in r for r in records)]
+        self.batches = _RecordBatches(records, batch_size, seed, where)
+        self.batch_size, self.seed = batch_size, seed
+
+    def _candidate_ids(self, candidates: Sequence[str]) -> np.ndarray:
+        ids = [encode_truncated(self.text, SUFFIX_MARKER, c, self.candidate_length) for c in candidates]
+        return pad_batch(ids, self.candidate_length, self.text.pad_id)
+
+    def batch(self, index: int, rows: slice | None = None) -> dict[str, np.ndarray]:
+        records, row_numbers = self.batches.members(index, rows)
+        size, num = self.list_size, len(records)
+        mask_BxC = np.zeros((num, size), np.int32)
+        floats = {k: np.zeros((num, size), np.float32) for k in self.float_keys}
+        for b, record in enumerate(records):
+            count = min(len(record["candidates"]), size)
+            mask_BxC[b, :count] = 1
+            for k in self.float_keys:
+                floats[k][b, :count] = record[k][:count]
+        tie_BxC = np.stack([np.random.default_rng([self.seed, index, r, 7]).random(size) for r in row_numbers])
+        out = {"candidate_mask": mask_BxC, "tie_break": tie_BxC.astype(np.float32), **floats}
+        padded = [(r["candidates"][:size] + [r["candidates"][0]] * size)[:size] for r in records]
+        if self.model_kind == "cross_encoder":
+            pairs = [encode_pair_truncated(self.text, r["query"], c, self.query_length, self.candidate_length,
+                                           self.query_keep) for r, cands in zip(records, padded) for c in cands]
+            length = self.query_length + self.candidate_length
+            out["pair_ids"] = pad_batch([p[0] for p in pairs], length, self.text.pad_id).reshape(num, size, length)
+            if any(any(p[1]) for p in pairs):
+                out["pair_type_ids"] = pad_batch([p[1] for p in pairs], length, 0).reshape(num, size, length)
+            return out
+        out["query_ids"] = pad_batch(
+            [encode_truncated(self.text, PREFIX_MARKER, r["query"], self.query_length, self.query_keep) for r in records],
+            self.query_length, self.text.pad_id)
+        cand_BxCxL = np.stack([self._candidate_ids(c) for c in padded])
+        if self.in_batch_layout:
+            out["positive_ids"] = cand_BxCxL[:, 0]
+            if size > 1:
+                out["negative_ids"] = cand_BxCxL[:, 1:]
+        else:
+            out["candidate_ids"] = cand_BxCxL
+        return out
+
+
+class PairBatches:
+    """Labelled passage pairs for multi-perspective matching: [B, N] labels per batch."""
+
+    def __init__(self, records: list[dict], text: TextEncoder, batch_size: int, model_kind: str, length: int,
+                 seed: int = 0, where: str = "pairs"):
+        sizes = {len(r["labels"]) for r in records}
+        if len(sizes) != 1:
+            raise RankgenError(f"{where}: records have different numbers of perspective labels {sorted(sizes)}")
+        self.text, self.model_kind, self.length = text, model_kind, length
+        self.num_perspectives = sizes.pop()
+        self.batches = _RecordBatches(records, batch_size, seed, where)
+        self.batch_size = batch_size
+
+    def batch(self, index: int, rows: slice | None = None) -> dict[str, np.ndarray]:
+        records, _ = self.batches.members(index, rows)
+        out = {"labels": np.asarray([r["labels"] for r in records], np.float32)}
+        if self.model_kind == "cross_encoder":
+            half = self.length // 2
+            pairs = [encode_pair_truncated(self.text, r["a"], r["b"], half, self.length - half, "start")
+                     for r in records]
+            out["pair_ids"] = pad_batch([p[0] for p in pairs], self.length, self.text.pad_id)
+            if any(any(p[1]) for p in pairs):
+                out["pair_type_ids"] = pad_batch([p[1] for p in pairs], self.length, 0)
+            return out
+        for key, field in (("query_ids", "a"), ("positive_ids", "b")):
+            out[key] = pad_batch([encode_truncated(self.text, "", r[field], self.length) for r in records],
+                                 self.length, self.text.pad_id)
+        return out
