@@ -1,0 +1,16 @@
+"""rankgen_jax: RankGen-style ranking models in JAX/Flax; `RankGenEncoder` is loaded on first use."""
+
+__all__ = ["RankGenEncoder"]
+
+
+def __getattr__(name):
+    # Lazy, so `import rankgen_jax` (and the CLI, which sets XLA flags first) does not import jax.
+    if name == "RankGenEncoder":
+        from rankgen_jax.encoder_api import RankGenEncoder
+
+        return RankGenEncoder
+    raise AttributeError(f"module 'rankgen_jax' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -11,8 +11,11 @@ configure_xla_flags()
 
 from rankgen_jax.configs import POOLINGS, HeadConfig  # noqa: E402
 from rankgen_jax.data.generative_negatives import add_subparser as add_generate_negatives_subparser  # noqa: E402
+from rankgen_jax.encoder_api import add_subparser as add_encode_subparser  # noqa: E402
 from rankgen_jax.errors import RankgenError  # noqa: E402
 from rankgen_jax.evaluation import add_subparser as add_score_subparser  # noqa: E402
+from rankgen_jax.generation import add_subparser as add_generate_subparser  # noqa: E402
+from rankgen_jax.generation_metrics import add_subparser as add_generation_metrics_subparser  # noqa: E402
 
 DEMO_GIN = "demo_minilm.gin"
 DEMO_WORKDIR = "runs/demo"
@@ -78,7 +81,7 @@ def _run_export(args) -> None:
 def _add_train(subparsers) -> None:
     p = subparsers.add_parser(
         "train",
-        help="train (or resume) a dual encoder configured with gin",
+        help="train (or resume) a dual encoder, ranker or distilled retriever configured with gin",
         description="Train a model with the sharded train step. Configure with gin files and bindings, e.g. "
         "--gin_file=rankgen_t5_tiny_books.gin --gin.TrainerConfig.num_steps=200. Resumes from the workdir's "
         "latest checkpoint; SIGTERM saves and exits 0.",
@@ -222,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pipeline(subparsers)
     _add_index(subparsers)
     _add_search(subparsers)
+    add_encode_subparser(subparsers)
+    add_generate_subparser(subparsers)
+    add_generation_metrics_subparser(subparsers)
     return parser
 
 

@@ -1,4 +1,9 @@
-"""Score prefix / candidate lists from JSONL files, with a dual encoder or the unigram-overlap baseline.
+"""Score prefix / candidate lists from JSONL files: a dual encoder, or the RankGen paper's baselines.
+
+Methods: `model` (dual encoder dot product), `unigram` (unigram-overlap F1
+with the prefix), and for any HF causal LM (`--lm DIR`) `lm_loglik` (mean
+log-likelihood of the candidate given the prefix) and `pmi` (log p(c | x) -
+log p(c), per token by default); see lm_scoring.py for the exact definitions.
 
 Input lines are `{"prefix": str, "candidates": [str, ...], "label": int}`,
 `label` (optional) being the index of the gold candidate. Metrics are
@@ -23,13 +28,17 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from rankgen_jax.errors import RankgenError
+from rankgen_jax.lm_scoring import LM_METHODS
 
 if TYPE_CHECKING:
     from rankgen_jax.inference import LoadedModel
+    from rankgen_jax.lm_scoring import CausalLM
 
-METHODS = ("model", "unigram")
+METHODS = ("model", "unigram") + LM_METHODS
 # Lines scored together: enough for length bucketing to pay off, small enough to bound memory.
 CHUNK_LINES = 2048
+# LM scoring is slow per line: smaller chunks keep the progress bar moving.
+LM_CHUNK_LINES = 64
 
 
 # ---------------------------------------------------------------------------
@@ -140,7 +149,7 @@ def parse_record(line: str) -> dict[str, Any] | None:
     return record
 
 
-def _chunks(lines: Iterator[str], stats: dict[str, Any]) -> Iterator[list[dict[str, Any]]]:
+def _chunks(lines: Iterator[str], stats: dict[str, Any], size: int = CHUNK_LINES) -> Iterator[list[dict[str, Any]]]:
     chunk = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -151,7 +160,7 @@ def _chunks(lines: Iterator[str], stats: dict[str, Any]) -> Iterator[list[dict[s
             stats["skipped_lines"].append(number)
             continue
         chunk.append(record)
-        if len(chunk) == CHUNK_LINES:
+        if len(chunk) == size:
             yield chunk
             chunk = []
     if chunk:
@@ -164,11 +173,17 @@ def score_file(
     output_path: str | None = None,
     method: str = "model",
     batch_size: int = 64,
+    lm: CausalLM | None = None,
+    lm_reduce: str = "mean",
+    lm_batch_size: int = 16,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Score every well-formed line of a JSONL file; metrics over the labelled ones.
 
     Writes each well-formed line with an added `"scores": [float, ...]` to
     output_path (when given); malformed lines are left out there and counted.
+    The LM methods need `lm` (lm_scoring.load_causal_lm); lm_reduce is
+    "mean" (per token, the default) or "sum".
     Returns {"n": labelled lines, "accuracy", "mrr" (None when n is 0),
     "scored": lines scored, "skipped": malformed lines, "skipped_lines": their
     1-based line numbers}.
@@ -177,21 +192,30 @@ def score_file(
         raise RankgenError(f"unknown scoring method {method!r}: expected one of {METHODS}")
     if method == "model" and model is None:
         raise RankgenError("scoring method 'model' needs a model (--model DIR), or use --method unigram")
+    if method in LM_METHODS and lm is None:
+        raise RankgenError(f"scoring method {method!r} needs a causal LM (--lm DIR)")
     source = Path(input_path)
     if not source.is_file():
         raise RankgenError(f"{input_path}: no such input file")
     if output_path is not None and Path(output_path).resolve() == source.resolve():
         raise RankgenError(f"{output_path}: the output would overwrite the input file")
+    from tqdm import tqdm
+
     stats: dict[str, Any] = {"skipped": 0, "skipped_lines": []}
     all_scores, labels, scored = [], [], 0
     out = open(output_path, "w", encoding="utf-8") if output_path is not None else None
+    bar = tqdm(unit="line", desc=f"score ({method})", dynamic_ncols=True, disable=not progress, file=sys.stderr)
     try:
         with open(source, encoding="utf-8", errors="replace") as lines:
-            for chunk in _chunks(lines, stats):
+            for chunk in _chunks(lines, stats, LM_CHUNK_LINES if method in LM_METHODS else CHUNK_LINES):
                 prefixes = [r["prefix"] for r in chunk]
                 candidates = [r["candidates"] for r in chunk]
                 if method == "model":
                     chunk_scores = model.score(prefixes, candidates, batch_size=batch_size)
+                elif method in LM_METHODS:
+                    from rankgen_jax.lm_scoring import score_lists
+
+                    chunk_scores = score_lists(lm, prefixes, candidates, method, lm_reduce, lm_batch_size)
                 else:
                     chunk_scores = [unigram_overlap_scores(p, c) for p, c in zip(prefixes, candidates)]
                 for record, scores_C in zip(chunk, chunk_scores):
@@ -202,7 +226,9 @@ def score_file(
                     if out is not None:
                         line = json.dumps({**record, "scores": [float(s) for s in scores_C]}, ensure_ascii=False)
                         out.write(line + "\n")
+                bar.update(len(chunk))
     finally:
+        bar.close()
         if out is not None:
             out.close()
     n = len(labels)
@@ -225,8 +251,9 @@ def add_subparser(subparsers) -> None:
         "score",
         help="score prefix / candidate lists from a JSONL file; accuracy@1 and MRR when labelled",
         description='Score JSONL lines {"prefix": str, "candidates": [str, ...], "label": int (optional)} with a '
-        'dual encoder (prefix vector . candidate vector, RankGen\'s "pre " / "suffi " markers) or the '
-        "unigram-overlap baseline. With labels, the last stdout line is a JSON object "
+        'dual encoder (prefix vector . candidate vector, RankGen\'s "pre " / "suffi " markers), the '
+        "unigram-overlap baseline, or a causal LM's mean log-likelihood of the candidate given the prefix "
+        "(lm_loglik) or PMI, log p(c|prefix) - log p(c) (pmi). With labels, the last stdout line is a JSON object "
         '{"n": ..., "accuracy": ..., "mrr": ...}. Malformed lines are skipped and counted on stderr.',
     )
     p.add_argument("--model", help="rankgen_jax checkpoint folder, training workdir, or HF folder (dual encoder)")
@@ -234,6 +261,13 @@ def add_subparser(subparsers) -> None:
     p.add_argument("--output", help="JSONL file to write: each well-formed input line plus its \"scores\"")
     p.add_argument("--method", choices=METHODS, default="model", help="default: model")
     p.add_argument("--batch_size", type=int, default=64, help="texts per encoder call (default 64)")
+    lm = p.add_argument_group("LM baselines (--method lm_loglik / pmi)")
+    lm.add_argument("--lm", help="local HuggingFace causal LM folder (model + tokenizer)")
+    lm.add_argument("--lm_reduce", choices=("mean", "sum"), default="mean",
+                    help="per-token mean (default, as the paper) or sum of token log-probabilities")
+    lm.add_argument("--lm_batch_size", type=int, default=16, help="sequences per LM forward pass (default 16)")
+    lm.add_argument("--device", default="cpu", help="torch device of the LM, e.g. cpu or cuda (default cpu)")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run_score)
 
 
@@ -241,7 +275,9 @@ def run_score(args) -> None:
     """What `rankgen-jax score` does."""
     if args.batch_size < 1:
         raise RankgenError(f"--batch_size must be >= 1, got {args.batch_size}")
-    model = None
+    if args.lm_batch_size < 1:
+        raise RankgenError(f"--lm_batch_size must be >= 1, got {args.lm_batch_size}")
+    model = lm = None
     if args.method == "model":
         if not args.model:
             raise RankgenError("--model is required with --method model")
@@ -249,8 +285,20 @@ def run_score(args) -> None:
 
         model = load_model(args.model)
     elif args.model:
-        print("note: --model is not used with --method unigram", file=sys.stderr)
-    result = score_file(model, args.input, args.output, method=args.method, batch_size=args.batch_size)
+        print(f"note: --model is not used with --method {args.method}", file=sys.stderr)
+    if args.method in LM_METHODS:
+        if not args.lm:
+            raise RankgenError(f"--lm is required with --method {args.method}")
+        if not Path(args.input).is_file():
+            raise RankgenError(f"{args.input}: no such input file")  # before loading a possibly large LM
+        from rankgen_jax.lm_scoring import load_causal_lm
+
+        lm = load_causal_lm(args.lm, args.device)
+    elif args.lm:
+        print(f"note: --lm is not used with --method {args.method}", file=sys.stderr)
+    progress = args.method != "unigram" and not args.no_progress
+    result = score_file(model, args.input, args.output, method=args.method, batch_size=args.batch_size, lm=lm,
+                        lm_reduce=args.lm_reduce, lm_batch_size=args.lm_batch_size, progress=progress)
     if result["skipped"]:
         first = ", ".join(str(n) for n in result["skipped_lines"][:5])
         print(f"note: skipped {result['skipped']} malformed line(s) of {args.input} (line {first}"

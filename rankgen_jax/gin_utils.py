@@ -30,6 +30,7 @@ def register_configurables(with_seqio_tasks: bool = False) -> None:
     if with_seqio_tasks:
         import tasks.rankgen_tasks  # noqa: F401
     import rankgen_jax.optimizers  # noqa: F401
+    import rankgen_jax.pipeline  # noqa: F401
     import rankgen_jax.trainer  # noqa: F401
 
 

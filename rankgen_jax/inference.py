@@ -10,26 +10,34 @@ RankGen conventions (DESIGN.md s4): prefixes are `"pre " + text` through the
 query tower, continuations `"suffi " + text` through the document tower, and
 the score is the raw dot product of the two vectors.
 
-Inputs longer than the limit are cut so that they keep their final special
-token (EOS / [SEP]), as everywhere else in this project; the released RankGen
-encoder instead slices after padding and drops the EOS of a truncated input,
-so scores of over-long inputs differ slightly from the original code.
+Truncation: by default ("clean") inputs longer than the limit are cut so that
+they keep their final special token (EOS / [SEP]), as everywhere else in this
+project. truncation="released" reproduces the released RankGen encoder, which
+pads the batch and then slices it to the limit, so an over-long input loses its
+EOS; use it to match scores of the released checkpoints exactly.
+
+Batches: `batch_size=None` picks the rows of each batch from a memory budget
+(see rows_for_memory); with a `mesh` of several devices the rows of every
+batch are split over its data axis and the parameters are replicated.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from pathlib import Path
 from typing import Callable, Sequence
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
 from rankgen_jax.checkpoints import native
 from rankgen_jax.configs import BertConfig, ModelConfig
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.factory import build_model, check_params_match, to_model_layout
+from rankgen_jax.partitioning import batch_sharding, replicated
 from rankgen_jax.text import TextEncoder, encode_pair_truncated, encode_truncated, load_text_encoder, pad_batch
 
 # kind -> (text marker, tower, default max_length in tokens)
@@ -43,6 +51,27 @@ MIN_BUCKET = 16
 # Up to this length buckets are powers of two, beyond it multiples of it: few
 # shapes for short texts, at most ~50% padding waste for long ones.
 POW2_LIMIT = 128
+TRUNCATIONS = ("clean", "released")
+
+# Memory-based batch size (rows_for_memory). Bytes per row are estimated as
+#   ACTIVATION_FACTOR x num_layers x length x d_model x activation bytes.
+# A T5 / BERT layer holds about 8 [L, d_model]-sized activations at once
+# (residual, q, k, v, attention output, the gated FFN's ~2.5 d_model wide
+# hidden pair) plus the [heads, L, L] attention scores, which at L = 512 are
+# another ~8 [L, d_model] worth for T5 sizes; 16 covers both. Multiplying by
+# every layer over-counts for inference (XLA frees a layer's buffers before
+# the next), which leaves room for compiler temporaries and fragmentation.
+ACTIVATION_FACTOR = 16
+MAX_AUTO_BATCH = 1024
+# Shares of free memory one batch may use: on CPU the host also runs the
+# tokenizer and holds the results; on accelerators the parameters are already
+# counted in bytes_in_use.
+CPU_MEMORY_FRACTION = 0.25
+ACCELERATOR_MEMORY_FRACTION = 0.5
+# When a device reports no memory statistics nor the host its free memory.
+FALLBACK_MEMORY_BYTES = 4 << 30
+# Encoded batches still running on the device while the host reads back older ones.
+IN_FLIGHT_BATCHES = 4
 
 
 def bucket_length(length: int, max_length: int) -> int:
@@ -67,16 +96,83 @@ def max_positions(config: ModelConfig) -> int | None:
     return None
 
 
+def _activation_bytes(config: ModelConfig) -> int:
+    return 2 if config.encoder.dtype in ("bfloat16", "float16") else 4
+
+
+def bytes_per_row(config: ModelConfig, length: int) -> int:
+    """Estimated activation bytes of one encoded row of `length` tokens (see ACTIVATION_FACTOR)."""
+    encoder = config.encoder
+    return ACTIVATION_FACTOR * encoder.num_layers * int(length) * encoder.d_model * _activation_bytes(config)
+
+
+def rows_for_memory(config: ModelConfig, length: int, budget_bytes: int, cap: int = MAX_AUTO_BATCH) -> int:
+    """Rows per batch of `length` tokens that fit budget_bytes: a power of two in [1, cap]."""
+    rows = max(1, min(int(cap), int(budget_bytes) // max(1, bytes_per_row(config, length))))
+    # Powers of two keep the number of compiled shapes small (see bucket_rows).
+    return 1 << (rows.bit_length() - 1)
+
+
+def host_available_bytes() -> int:
+    """Free host memory in bytes (psutil when installed, else sysconf; a fixed guess if neither works)."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return FALLBACK_MEMORY_BYTES
+
+
+def default_memory_budget(devices: Sequence[jax.Device] | None = None) -> int:
+    """Bytes one encode batch may use across `devices` (default: the local devices' first).
+
+    Accelerators: ACCELERATOR_MEMORY_FRACTION of each device's free memory
+    (bytes_limit - bytes_in_use), times the number of devices, as the rows are
+    split over them. CPU: CPU_MEMORY_FRACTION of the host's free memory, which
+    all (possibly fake) CPU devices share.
+    """
+    devices = list(devices) if devices else jax.local_devices()[:1]
+    if devices[0].platform == "cpu":
+        return int(CPU_MEMORY_FRACTION * host_available_bytes())
+    try:
+        stats = devices[0].memory_stats() or {}
+    except Exception:  # some runtimes raise instead of returning None
+        stats = {}
+    if "bytes_limit" in stats:
+        free = int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+        return int(ACCELERATOR_MEMORY_FRACTION * max(free, 0)) * len(devices)
+    return FALLBACK_MEMORY_BYTES * len(devices)
+
+
+def _check_truncation(truncation: str, keep: str) -> None:
+    if truncation not in TRUNCATIONS:
+        raise RankgenError(f"truncation must be one of {TRUNCATIONS}, got {truncation!r}")
+    if keep not in ("start", "end"):
+        raise RankgenError(f"keep must be 'start' or 'end', got {keep!r}")
+    if truncation == "released" and keep == "end":
+        raise RankgenError("keep='end' needs truncation='clean' (the released encoder always cuts the end)")
+
+
 @functools.lru_cache(maxsize=32)
-def _tower_fn(config: ModelConfig, tower: str) -> Callable:
+def _tower_fn(config: ModelConfig, tower: str, mesh: Mesh | None = None) -> Callable:
     """The jitted vectors function of one tower; cached on the (hashable) config, so models with
-    the same config (a checkpoint and its HF export, a model loaded twice) share compiled code."""
+    the same config (a checkpoint and its HF export, a model loaded twice) share compiled code.
+
+    With a mesh, rows are split over its data axes and the parameters replicated.
+    """
     model = build_model(config)
 
     def apply(params, ids_BxL, mask_BxL):
         return model.apply({"params": params}, ids_BxL, mask_BxL, tower=tower)
 
-    return jax.jit(apply)
+    if mesh is None:
+        return jax.jit(apply)
+    rows = batch_sharding(mesh)
+    return jax.jit(apply, in_shardings=(replicated(mesh), rows, rows), out_shardings=rows)
 
 
 @dataclasses.dataclass
@@ -120,9 +216,35 @@ class LoadedModel:
             return [encode_truncated(self.text, marker, text, keep_end_over, keep="end") for text in texts]
         return [self.text.add_special(self.text.tokenize(marker + text)) for text in texts]
 
-    def encode(
-        self, texts: Sequence[str], kind: str = "raw", max_length: int | None = None, batch_size: int = 64,
+    def input_ids(
+        self, texts: Sequence[str], kind: str = "raw", max_length: int | None = None, truncation: str = "clean",
         keep: str = "start",
+    ) -> list[list[int]]:
+        """The token ids `encode` feeds the model for each text (marker, text, special tokens, cut to the limit)."""
+        _check_truncation(truncation, keep)
+        limit = self._max_length(kind, max_length)
+        if truncation == "clean" and keep == "end":
+            return self.tokenize(texts, kind, keep_end_over=limit)
+        sequences = self.tokenize(texts, kind)
+        if truncation == "released":
+            # Padding then slicing the batch, as the released encoder does, cuts each row alone.
+            return [ids[:limit] for ids in sequences]
+        return [ids if len(ids) <= limit else ids[: limit - 1] + ids[-1:] for ids in sequences]
+
+    def place_on(self, mesh: Mesh) -> None:
+        """Replicate the parameters over `mesh` (once; the single-device copy is then released).
+
+        Later calls without a mesh still give the same vectors, computed on every device of the mesh.
+        """
+        want = replicated(mesh)
+        leaf = jax.tree_util.tree_leaves(self.params)[0]
+        if not (isinstance(leaf, jax.Array) and leaf.sharding.is_equivalent_to(want, leaf.ndim)):
+            self.params = jax.device_put(self.params, want)
+
+    def encode(
+        self, texts: Sequence[str], kind: str = "raw", max_length: int | None = None, batch_size: int | None = 64,
+        keep: str = "start", truncation: str = "clean", mesh: Mesh | None = None,
+        memory_budget_bytes: int | None = None, on_batch: Callable[[int], None] | None = None,
     ) -> np.ndarray:
         """Vectors [N, D] (float32) of `texts`, in input order.
 
@@ -130,35 +252,62 @@ class LoadedModel:
           "suffix" ("suffi " marker, document tower, default 128 tokens) or
           "raw" (no marker, query tower, default 512 tokens). max_length is
           capped by a BERT-family encoder's position table.
-        keep: "start" truncates long texts at the end (keeping EOS); "end"
-          drops their beginning instead (for prefixes: the text nearest the
+        truncation: "clean" cuts long texts but keeps their final special token;
+          "released" cuts them at the limit like the released RankGen code
+          (their EOS is lost). See input_ids.
+        keep (clean only): "start" truncates long texts at the end; "end" drops
+          their beginning instead (for prefixes: the text nearest the
           continuation stays).
+        batch_size: rows per batch, or None to choose them per padded length
+          from memory_budget_bytes (default: default_memory_budget).
+        mesh: split every batch's rows over this mesh's data axes (rows padded
+          to a multiple of its size); the parameters are replicated onto it.
+        on_batch: called with the number of texts of each batch once its
+          vectors are back on the host (progress bars).
         Texts are sorted by length and batched so that each batch pads only to
         its own bucket length (see bucket_length), which keeps padding and the
         number of compiled shapes small.
         """
         if isinstance(texts, str):
             raise RankgenError("encode takes a list of texts, not a single string")
-        if batch_size < 1:
-            raise RankgenError(f"batch_size must be >= 1, got {batch_size}")
+        if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
+            raise RankgenError(f"batch_size must be >= 1 or None (from memory), got {batch_size}")
         if kind not in ENCODE_KINDS:
             raise RankgenError(f"unknown encode kind {kind!r}: expected one of {sorted(ENCODE_KINDS)}")
-        if keep not in ("start", "end"):
-            raise RankgenError(f"keep must be 'start' or 'end', got {keep!r}")
         limit = self._max_length(kind, max_length)
-        sequences = self.tokenize(texts, kind, keep_end_over=limit if keep == "end" else None)
+        sequences = self.input_ids(texts, kind, limit, truncation, keep)
         # Shared towers are one encoder: both kinds then use (and compile) one function.
         tower = ENCODE_KINDS[kind][1] if not self.config.shared_towers else "query"
-        fn = _tower_fn(self.config, tower)
+        if mesh is not None and mesh.size == 1:
+            mesh = None
+        if mesh is not None:
+            self.place_on(mesh)
+        fn = _tower_fn(self.config, tower, mesh)
+        num_devices = 1 if mesh is None else mesh.size
+        if batch_size is None and memory_budget_bytes is None:
+            devices = None if mesh is None else list(mesh.devices.flat)
+            memory_budget_bytes = default_memory_budget(devices)
         vectors_NxD = np.zeros((len(sequences), self.dim), np.float32)
-        lengths_N = np.array([min(len(s), limit) for s in sequences], np.int64)
+        lengths_N = np.array([len(s) for s in sequences], np.int64)
         # Stable sort, longest first: the first (largest) shape is compiled first.
         order = np.argsort(-lengths_N, kind="stable")
-        pending = []  # (rows, device vectors): read back after the loop so batches run back to back
-        for start in range(0, len(order), batch_size):
-            rows = order[start : start + batch_size]
-            length = bucket_length(int(lengths_N[rows].max()), limit)
-            num_rows = bucket_rows(len(rows), batch_size)
+        pending = []  # (rows, device vectors): dispatched, not yet read back
+
+        def read_back(rows, out_BxD):
+            vectors_NxD[rows] = np.asarray(out_BxD, np.float32)[: len(rows)]
+            if on_batch is not None:
+                on_batch(len(rows))
+
+        start = 0
+        while start < len(order):
+            # Sorted longest first: this batch's first row sets its padded length.
+            length = bucket_length(int(lengths_N[order[start]]), limit)
+            size = batch_size or rows_for_memory(self.config, length, memory_budget_bytes)
+            rows = order[start : start + size]
+            start += len(rows)
+            num_rows = bucket_rows(len(rows), size)
+            # Each device gets the same number of rows.
+            num_rows = -(-num_rows // num_devices) * num_devices
             # Filler rows are all padding; their vectors are computed and dropped.
             ids_BxL = pad_batch([sequences[i] for i in rows], length, self.text.pad_id)
             ids_BxL = np.concatenate([ids_BxL, np.full((num_rows - len(rows), length), self.text.pad_id, np.int32)])
@@ -168,33 +317,39 @@ class LoadedModel:
                 [lengths_N[rows], np.zeros(num_rows - len(rows), np.int64)])[:, None]
             self.compiled_shapes.add((tower, num_rows, length))
             pending.append((rows, fn(self.params, ids_BxL, mask_BxL)))
+            # Reading back the oldest batch overlaps with the device running the newer ones.
+            if len(pending) > IN_FLIGHT_BATCHES:
+                read_back(*pending.pop(0))
         for rows, out_BxD in pending:
-            vectors_NxD[rows] = np.asarray(out_BxD, np.float32)[: len(rows)]
+            read_back(rows, out_BxD)
         return vectors_NxD
 
     def score(
         self,
         prefixes: Sequence[str],
         candidates: Sequence[Sequence[str]],
-        batch_size: int = 64,
+        batch_size: int | None = 64,
         prefix_length: int | None = None,
         suffix_length: int | None = None,
         prefix_keep: str = "start",
+        truncation: str = "clean",
+        mesh: Mesh | None = None,
+        memory_budget_bytes: int | None = None,
     ) -> list[np.ndarray]:
         """For each prefix, the dot products [C_i] of its vector with each of its candidates' vectors.
 
-        prefix_keep: "end" truncates long prefixes from the left (see encode).
+        prefix_keep: "end" truncates long prefixes from the left (clean truncation only, see encode).
         """
         if len(prefixes) != len(candidates):
             raise RankgenError(f"score: {len(prefixes)} prefixes but {len(candidates)} candidate lists")
         candidates = [[c] if isinstance(c, str) else list(c) for c in candidates]
-        prefix_NxD = self.encode(prefixes, "prefix", prefix_length, batch_size, keep=prefix_keep)
+        options = dict(truncation=truncation, mesh=mesh, memory_budget_bytes=memory_budget_bytes)
+        prefix_NxD = self.encode(prefixes, "prefix", prefix_length, batch_size, keep=prefix_keep, **options)
         # All candidates in one call, so length bucketing works across lists.
         flat = [c for cands in candidates for c in cands]
-        cand_MxD = self.encode(flat, "suffix", suffix_length, batch_size)
+        cand_MxD = self.encode(flat, "suffix", suffix_length, batch_size, **options)
         bounds = np.cumsum([0] + [len(c) for c in candidates])
         return [cand_MxD[bounds[i] : bounds[i + 1]] @ prefix_NxD[i] for i in range(len(candidates))]
-
 
     def score_pairs(
         self, queries: Sequence[str], candidates: Sequence[Sequence[str]], query_length: int = 128,

@@ -7,7 +7,15 @@ process that may grab accelerators. So we write the same files with the
 pieces that writer is made of and that do not touch TensorFlow: the event
 protos (`tensorboard.compat.proto`) and the TFRecord framing
 (`tensorboard.summary.writer.record_writer.RecordWriter`), into a file opened
-with plain `open`. Logdirs are local paths.
+with plain `open`.
+
+Logdirs may be local or remote (gs://bucket/run). Object stores cannot
+append, and GCS allows about one write per second to an object, so for a
+remote logdir both files are written to a local staging folder exactly as for
+a local logdir, and every flush at least `remote_sync_seconds` after the last
+upload (and close, always) copies them whole over the remote objects. Remote
+I/O goes through etils.epath, which imports TensorFlow (tf.io.gfile) only when
+a remote path is first touched; local logdirs never do.
 """
 
 from __future__ import annotations
@@ -15,12 +23,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import socket
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from etils import epath
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 from tensorboard.plugins.text import metadata as text_metadata
 from tensorboard.summary.writer.record_writer import RecordWriter
@@ -55,24 +66,40 @@ class MetricWriter:
     Each `write_scalars` call is one JSONL line, so train and eval scalars of
     the same step are two lines with the same "step". Lines are flushed as they
     are written, so a killed run loses at most a partly written last line,
-    which `read_jsonl` skips.
+    which `read_jsonl` skips. A remote logdir (see the module docstring) is
+    updated at most every `remote_sync_seconds`, so a killed run also loses
+    the lines written since the last upload.
     """
 
-    def __init__(self, logdir: str, enabled: bool = True, jsonl_name: str = "metrics.jsonl",
-                 tb_subdir: str = "tensorboard"):
+    def __init__(self, logdir: str | os.PathLike, enabled: bool = True, jsonl_name: str = "metrics.jsonl",
+                 tb_subdir: str = "tensorboard", remote_sync_seconds: float = 10.0):
         self.enabled = enabled
-        self.logdir = Path(logdir)
+        self.remote = "://" in os.fspath(logdir)
+        # Final destinations (epath for a remote logdir); the files themselves are opened under _local_dir.
+        self.logdir = epath.Path(logdir) if self.remote else Path(logdir)
         self.jsonl_path = self.logdir / jsonl_name
         self.tb_dir = self.logdir / tb_subdir
+        self.remote_sync_seconds = remote_sync_seconds
         self._jsonl = None
         self._events = None
-        self.events_path: Path | None = None
+        self.events_path = None
+        self._staging: Path | None = None
+        self._last_upload = 0.0
         if not enabled:
             return
-        if "://" in str(logdir):
-            raise RankgenError(f"metrics logdir {logdir!r}: only local paths are supported")
-        self.tb_dir.mkdir(parents=True, exist_ok=True)
-        self._jsonl = self._open_jsonl(self.jsonl_path)
+        if self.remote:
+            # Fails here, before any training, on a bad bucket or missing permission.
+            self.tb_dir.mkdir(parents=True, exist_ok=True)
+            self._staging = Path(tempfile.mkdtemp(prefix="rankgen_metrics_"))
+            self._local_dir = self._staging
+            if self.jsonl_path.exists():  # a restarted run: new lines follow the old ones
+                (self._staging / jsonl_name).write_bytes(self.jsonl_path.read_bytes())
+        else:
+            self._local_dir = self.logdir
+        self._local_jsonl = self._local_dir / jsonl_name
+        self._local_tb_dir = self._local_dir / tb_subdir
+        self._local_tb_dir.mkdir(parents=True, exist_ok=True)
+        self._jsonl = self._open_jsonl(self._local_jsonl)
         self._events = self._open_events()
 
     @staticmethod
@@ -93,7 +120,8 @@ class MetricWriter:
         _writer_serial += 1
         name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{_writer_serial}"
         self.events_path = self.tb_dir / name
-        writer = RecordWriter(open(self.events_path, "wb"))
+        self._local_events = self._local_tb_dir / name
+        writer = RecordWriter(open(self._local_events, "wb"))
         writer.write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
         writer.flush()
         return writer
@@ -125,18 +153,42 @@ class MetricWriter:
         self._events.flush()
 
     def flush(self) -> None:
-        """Push buffered lines and events to the OS."""
+        """Push buffered lines and events to the OS (and, if due, to the remote logdir)."""
         if self.enabled and self._jsonl is not None:
             self._jsonl.flush()
             self._events.flush()
+            if self.remote and time.monotonic() - self._last_upload >= self.remote_sync_seconds:
+                self._upload()
+
+    def _upload(self) -> bool:
+        """Copy both staged files whole over their remote objects; True on success.
+
+        A failed upload (a transient storage error) is logged rather than
+        raised: the staged files still hold everything, and the next flush or
+        close tries again, so a metrics hiccup does not end a training run.
+        """
+        self._last_upload = time.monotonic()
+        try:
+            self.jsonl_path.write_bytes(self._local_jsonl.read_bytes())
+            self.events_path.write_bytes(self._local_events.read_bytes())
+            return True
+        except Exception as e:  # noqa: BLE001 - any storage error; retried at the next flush
+            log.warning("uploading metrics to %s failed (%s: %s); will retry", self.logdir, type(e).__name__, e)
+            return False
 
     def close(self) -> None:
-        """Flush and close both files; later writes are errors, a second close is a no-op."""
+        """Flush and close both files (a remote logdir gets its final upload); a second close is a no-op."""
         if self.enabled and self._jsonl is not None:
-            self.flush()
+            self._jsonl.flush()
+            self._events.flush()
             self._jsonl.close()
             self._events.close()
             self._jsonl = self._events = None
+            if self.remote:
+                if self._upload():
+                    shutil.rmtree(self._staging, ignore_errors=True)
+                else:  # keep the only copy
+                    log.warning("metrics for %s kept in %s", self.logdir, self._staging)
 
     def __enter__(self) -> MetricWriter:
         return self
@@ -148,7 +200,7 @@ class MetricWriter:
 def read_jsonl_counted(path: str | os.PathLike) -> tuple[list[dict], int]:
     """(records, number of unreadable lines skipped) from a metrics JSONL file."""
     records, skipped = [], 0
-    with open(path, encoding="utf-8") as f:
+    with (epath.Path(path).open("r") if "://" in os.fspath(path) else open(path, encoding="utf-8")) as f:
         for line in f:
             if not line.strip():
                 continue

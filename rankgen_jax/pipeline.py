@@ -63,6 +63,7 @@ class PipelineConfig:
 
     corpus: str = str(BUNDLED_CORPUS)
     holdout_documents: int = 2
+    prefix_words: int = 256
     num_train_queries: int = 384
     num_eval_queries: int = 200
     init_from_hf: str = "minilm"
@@ -119,7 +120,7 @@ def build_data(cfg: PipelineConfig, out: Path) -> dict:
     if not 0 < cfg.holdout_documents < len(docs):
         raise RankgenError(f"{cfg.corpus}: holdout_documents={cfg.holdout_documents} must leave documents "
                            f"on both sides of {len(docs)}")
-    example_config = ExampleConfig(seed=cfg.seed)
+    example_config = ExampleConfig(prefix_words=cfg.prefix_words, seed=cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     passages: dict[str, str] = {}  # text -> id; identical spans are one passage
 
@@ -245,14 +246,13 @@ def _ranker_lists(pools: list[dict], size: int, binary: bool) -> list[dict]:
 def train_rankers(cfg: PipelineConfig, root: Path, init: Path) -> None:
     """Ranker0: a cross encoder on metric-ordered lists with ListMLE, and the BCE ablation on gold labels."""
     pools = _read_jsonl(root / "data" / "pools_train.jsonl")
-    held = max(8, len(pools) // 10)
     ranker_config = ModelConfig(head=HeadConfig(pooling="first", projection_dim=0), kind="cross_encoder")
     for name, loss_name, binary in (("ranker0_listmle", "listmle", False), ("ranker0_bce", "sigmoid_bce", True)):
         if native.is_checkpoint_dir(root / name) and _done(root / name):
             continue
-        lists = _ranker_lists(pools, cfg.ranker_list_size, binary)
-        train_file = _write_jsonl(root / "data" / f"{name}_train.jsonl", lists[:-held])
-        eval_file = _write_jsonl(root / "data" / f"{name}_eval.jsonl", lists[-held:])
+        train_part, eval_part = _split_lists(_ranker_lists(pools, cfg.ranker_list_size, binary), cfg.ranker_batch_size)
+        train_file = _write_jsonl(root / "data" / f"{name}_train.jsonl", train_part)
+        eval_file = _write_jsonl(root / "data" / f"{name}_eval.jsonl", eval_part)
         data = _list_data(cfg, _vocab(init), train_file, eval_file, cfg.ranker_batch_size, cfg.ranker_list_size)
         # BLEU is 0..100: ListMLE only uses its order, so no rescaling is needed.
         _train_stage(cfg, root / name, str(init), ranker_config, data, LossConfig(name=loss_name),
@@ -284,8 +284,12 @@ def teacher_scores(cfg: PipelineConfig, root: Path) -> Path:
     return _write_jsonl(out, [{**p, "teacher_scores": [float(s) for s in row]} for p, row in zip(pools, scores)])
 
 
-def _split_lists(records: list[dict]) -> tuple[list[dict], list[dict]]:
-    held = max(4, len(records) // 10)
+def _split_lists(records: list[dict], batch_size: int) -> tuple[list[dict], list[dict]]:
+    """(train, eval): the last tenth (at least one batch) watches for overfitting during training."""
+    held = max(batch_size, len(records) // 10)
+    if len(records) < held + batch_size:
+        raise RankgenError(f"{len(records)} training queries are too few for a training and an eval batch of "
+                           f"{batch_size}: raise PipelineConfig.num_train_queries")
     return records[:-held], records[-held:]
 
 
@@ -300,7 +304,7 @@ def train_retrievers1(cfg: PipelineConfig, root: Path) -> None:
     def run(name: str, records: list[dict], loss: LossConfig, init: str, minutes: float) -> None:
         if _done(root / name):
             return
-        train_part, eval_part = _split_lists(records)
+        train_part, eval_part = _split_lists(records, cfg.distill_batch_size)
         data = _list_data(cfg, vocab, _write_jsonl(root / "data" / f"{name}_train.jsonl", train_part),
                           _write_jsonl(root / "data" / f"{name}_eval.jsonl", eval_part), cfg.distill_batch_size,
                           cfg.pool_size)
@@ -397,6 +401,9 @@ def _init_checkpoint(cfg: PipelineConfig, root: Path) -> Path:
     from rankgen_jax.job import resolve_hf_folder
 
     if cfg.init_checkpoint:
+        if not native.is_checkpoint_dir(cfg.init_checkpoint):
+            raise RankgenError(f"PipelineConfig.init_checkpoint={cfg.init_checkpoint!r} is not a rankgen_jax checkpoint "
+                               "(make one with `rankgen-jax import`)")
         return Path(cfg.init_checkpoint)
     init = root / "init"
     if not native.is_checkpoint_dir(init):

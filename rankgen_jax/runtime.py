@@ -34,3 +34,41 @@ def configure_xla_flags(host_device_count: int | None = None) -> None:
     if host_device_count is not None and not any(f.startswith("--xla_force_host_platform_device_count") for f in flags):
         flags.append(f"--xla_force_host_platform_device_count={host_device_count}")
     os.environ["XLA_FLAGS"] = " ".join(flags)
+
+
+# Environment variables that mark one process of a multi-host job: Cloud TPU VMs
+# list every worker in TPU_WORKER_HOSTNAMES; other launchers set the coordinator.
+_MULTI_HOST_MARKERS = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS")
+
+
+def is_multi_host_environment(environ=None) -> bool:
+    """True on a multi-host TPU slice (several TPU worker hostnames) or under an explicit coordinator."""
+    env = os.environ if environ is None else environ
+    hosts = [h for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]
+    return len(hosts) > 1 or any(env.get(k) for k in _MULTI_HOST_MARKERS)
+
+
+def initialize_distributed(mode: str = "auto", environ=None) -> bool:
+    """Join the multi-host job (jax.distributed.initialize) before any backend starts; True if joined.
+
+    mode: "auto" joins when the environment says this is one host of many,
+    "on" always joins, "off" never does. jax reads the coordinator, process
+    count and process id from the Cloud TPU metadata (or JAX_COORDINATOR_ADDRESS
+    and friends elsewhere); every host then sees all devices of the slice.
+    """
+    from rankgen_jax.errors import RankgenError
+
+    if mode not in ("auto", "on", "off"):
+        raise RankgenError(f"TrainerConfig.distributed={mode!r}: expected 'auto', 'on' or 'off'")
+    if mode == "off" or (mode == "auto" and not is_multi_host_environment(environ)):
+        return False
+    import jax
+
+    if jax.distributed.is_initialized():
+        return True
+    if jax._src.xla_bridge.backends_are_initialized():  # noqa: SLF001 - no public API for this
+        raise RankgenError("jax.distributed.initialize must run before jax starts its backends: "
+                           "call rankgen_jax.runtime.initialize_distributed first")
+    jax.distributed.initialize()
+    print(f"joined the multi-host job as process {jax.process_index()} of {jax.process_count()}", file=sys.stderr)
+    return True

@@ -33,6 +33,7 @@ from rankgen_jax.metrics_io import MetricWriter
 from rankgen_jax.models.factory import abstract_variables, build_model, check_params_match, init_variables, to_model_layout
 from rankgen_jax.models.factory import init_params as random_params
 from rankgen_jax.optimizers import OptimizerConfig, check_nonfinite, make_optimizer
+from rankgen_jax.runtime import initialize_distributed
 from rankgen_jax.train_state import TrainState, create_state, state_shardings
 from rankgen_jax.train_step import StepOptions, eval_step, train_step
 
@@ -73,6 +74,8 @@ class TrainerConfig:
     profile_num_steps: int = 3
     # Wall-clock budget: stop (and save) after this many minutes; 0 = no limit.
     max_minutes: float = 0.0
+    # Multi-host slices: "auto" joins jax.distributed when the environment is one host of many.
+    distributed: str = "auto"
 
 
 # Sources that tokenise text with DataConfig.vocab (the checkpoint's own tokenizer by default).
@@ -200,6 +203,7 @@ def train(
     workdir_path = Path(workdir)
 
     # --- mesh and static step settings -------------------------------------------------
+    initialize_distributed(trainer.distributed)
     mesh = partitioning.make_mesh(trainer.mesh_data, trainer.mesh_model, replica=trainer.mesh_replica)
     rules = partitioning.rules_by_name(trainer.axis_rules)
     _check_divisible(data.batch_size, partitioning.data_parallel_size(mesh), trainer)
@@ -234,8 +238,10 @@ def train(
             if init_params is not None:
                 # Optimizer moments start at zero whatever the params, so the fresh opt_state stays valid.
                 state = state.replace(params=partitioning.device_put_tree(init_params, setup.shardings.params))
-            native.save_model_config(workdir_path, model_config, data.vocab if data.source in TEXT_SOURCES else vocab)
-            (workdir_path / "config.gin").write_text(gin.config_str())
+            if jax.process_index() == 0:  # one writer on shared storage
+                native.save_model_config(workdir_path, model_config,
+                                         data.vocab if data.source in TEXT_SOURCES else vocab)
+                (workdir_path / "config.gin").write_text(gin.config_str())
         put = functools.partial(_put_batch, sharding=setup.batch_sharding, batch_size=data.batch_size)
         return _loop(trainer, workdir_path, state, start, data_start, train_source, eval_source, put,
                      setup.train_step, setup.eval_step, manager, optimizer)

@@ -150,7 +150,7 @@ def test_init_checkpoint_supplies_the_encoder(tmp_path, capsys):
         (["--gin_file=no_such_file.gin"], "no_such_file.gin"),
         (["--gin.DataConfig.batch_size=12"], "batch size 12 is not divisible by the data axis (8)"),
         (["--gin.TrainerConfig.num_chunks=2", "--gin.DataConfig.batch_size=8"], "num_chunks"),
-        (["--gin.LossConfig.name='listmle'"], "unknown loss"),
+        (["--gin.LossConfig.name='listnet'"], "unknown loss"),
     ],
 )
 def test_config_errors_are_clear(tmp_path, capsys, args, fragment):

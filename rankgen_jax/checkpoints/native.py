@@ -7,17 +7,21 @@ Layout of CKPT_DIR (the same that `rankgen-jax train` writes into its workdir):
                              tokenizer.json and its companions (BERT family)
     checkpoints/<step>/      Orbax CheckpointManager steps; item `params` holds
                              the canonical (unscanned, T5X-named) parameters
+
+CKPT_DIR may be a local folder or a bucket URL (gs://bucket/run): paths go
+through etils.epath, as Orbax's do, and pathlib would turn "gs://b" into the
+local folder "gs:/b". For gs:// epath reaches the bucket through tf.io.gfile
+(importing TensorFlow on first use) or gcsfs; local paths stay plain files.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 from rankgen_jax.configs import ModelConfig
 from rankgen_jax.errors import RankgenError
@@ -30,25 +34,40 @@ TOKENIZER_FILES = ("spiece.model", "tokenizer.json", "tokenizer_config.json", "s
 STEPS_DIR = "checkpoints"
 
 
-def ensure_writable_dir(path: str | os.PathLike, overwrite: bool) -> Path:
+def as_path(path: str | os.PathLike) -> epath.Path:
+    """A local or remote (gs://, s3://...) path as an epath.Path; never a local folder named "gs:"."""
+    return epath.Path(path)
+
+
+def is_remote(path: str | os.PathLike) -> bool:
+    """True for a URL such as gs://bucket/run, False for a local path."""
+    return "://" in os.fspath(path)
+
+
+def absolute(path: str | os.PathLike) -> epath.Path:
+    """The path made absolute when local; a URL is absolute already (and epath's absolute() would mangle it)."""
+    return as_path(path) if is_remote(path) else as_path(path).absolute()
+
+
+def ensure_writable_dir(path: str | os.PathLike, overwrite: bool) -> epath.Path:
     """Create an output folder; refuse a non-empty one unless overwrite (then empty it)."""
-    out = Path(path)
+    out = as_path(path)
     if out.exists() and not out.is_dir():
         raise RankgenError(f"{out}: exists and is not a folder")
     if out.exists() and any(out.iterdir()):
         if not overwrite:
             raise RankgenError(f"{out}: folder is not empty (pass --overwrite to replace its contents)")
-        shutil.rmtree(out)
+        out.rmtree()
     out.mkdir(parents=True, exist_ok=True)
     return out
 
 
 def is_checkpoint_dir(path: str | os.PathLike) -> bool:
-    return (Path(path) / MODEL_CONFIG_FILE).is_file()
+    return (as_path(path) / MODEL_CONFIG_FILE).is_file()
 
 
-def _require_checkpoint_dir(path: str | os.PathLike) -> Path:
-    ckpt = Path(path)
+def _require_checkpoint_dir(path: str | os.PathLike) -> epath.Path:
+    ckpt = as_path(path)
     if not ckpt.exists():
         raise RankgenError(f"{ckpt}: no such checkpoint folder")
     if not is_checkpoint_dir(ckpt):
@@ -62,7 +81,7 @@ def _require_checkpoint_dir(path: str | os.PathLike) -> Path:
 def step_manager(path: str | os.PathLike, max_to_keep: int | None = None, async_save: bool = False) -> ocp.CheckpointManager:
     """Orbax manager over CKPT_DIR/checkpoints."""
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=async_save)
-    return ocp.CheckpointManager(Path(path).absolute() / STEPS_DIR, options=options)
+    return ocp.CheckpointManager(absolute(path) / STEPS_DIR, options=options)
 
 
 def tokenizer_files(vocab: str | os.PathLike | Sequence[str] | None) -> list[str]:
@@ -75,7 +94,7 @@ def tokenizer_files(vocab: str | os.PathLike | Sequence[str] | None) -> list[str
         return []
     if not isinstance(vocab, (str, os.PathLike)):
         return [str(v) for v in vocab]
-    p = Path(vocab)
+    p = as_path(vocab)
     if p.is_dir():
         return [str(p / name) for name in TOKENIZER_FILES if (p / name).is_file()]
     if p.name == "tokenizer.json":
@@ -85,7 +104,7 @@ def tokenizer_files(vocab: str | os.PathLike | Sequence[str] | None) -> list[str
 
 def save_model_config(path: str | os.PathLike, model_config: ModelConfig, vocab=None) -> None:
     """Write model_config.json and copy the tokenizer (see tokenizer_files) into vocab/."""
-    ckpt = Path(path)
+    ckpt = as_path(path)
     ckpt.mkdir(parents=True, exist_ok=True)
     (ckpt / MODEL_CONFIG_FILE).write_text(model_config.to_json() + "\n", encoding="utf-8")
     files = tokenizer_files(vocab)
@@ -93,8 +112,10 @@ def save_model_config(path: str | os.PathLike, model_config: ModelConfig, vocab=
         (ckpt / VOCAB_DIR).mkdir(exist_ok=True)
     for file in files:
         # A spiece model keeps T5's conventional name whatever it was called.
-        name = Path(file).name if Path(file).name in TOKENIZER_FILES else "spiece.model"
-        shutil.copyfile(file, ckpt / VOCAB_DIR / name)
+        source = as_path(file)
+        name = source.name if source.name in TOKENIZER_FILES else "spiece.model"
+        # Bytes rather than shutil.copyfile: source and folder may be on different filesystems (local -> gs://).
+        (ckpt / VOCAB_DIR / name).write_bytes(source.read_bytes())
 
 
 def save_params(
@@ -122,13 +143,13 @@ def load_model_config(path: str | os.PathLike) -> ModelConfig:
 
 def vocab_path(path: str | os.PathLike) -> str | None:
     """The checkpoint's tokenizer folder (for load_text_encoder), or None when it has none."""
-    folder = Path(path) / VOCAB_DIR
+    folder = as_path(path) / VOCAB_DIR
     return str(folder) if folder.is_dir() and any(folder.iterdir()) else None
 
 
 def spiece_path(path: str | os.PathLike) -> str | None:
     """The checkpoint's SentencePiece model, or None."""
-    candidate = Path(path) / VOCAB_DIR / "spiece.model"
+    candidate = as_path(path) / VOCAB_DIR / "spiece.model"
     return str(candidate) if candidate.is_file() else None
 
 

@@ -1,0 +1,326 @@
+"""`generate`: token samplers, RankGen beam search, re-rankers, seeding, memory cap, CLI; generation metrics."""
+
+import argparse
+import json
+import math
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.generation import (Decoding, PerplexityReranker, RankGenReranker, add_subparser, generate,
+                                    pick_tokens, unigram_reranker)
+from rankgen_jax.generation_metrics import (add_subparser as add_metrics_subparser, generation_metrics,
+                                            last_token_features, mauve_score, repeated_tokens, repetition)
+from rankgen_jax.testing_models import botchan_prefixes, build_tiny_gpt2, build_tiny_rankgen
+
+# Small budgets keep every search to a fraction of a second on the 2-layer GPT-2.
+SMALL = dict(beam_size=2, num_samples=3, rerank_length=5, max_new_tokens=12)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Run the tiny LM on one thread: on a busy box, intra-op threads make each op much slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def lm_dir(tmp_path_factory, one_torch_thread):
+    return build_tiny_gpt2(tmp_path_factory.mktemp("tiny_gpt2"))
+
+
+@pytest.fixture(scope="module")
+def lm(lm_dir):
+    from rankgen_jax.lm_scoring import load_causal_lm
+
+    return load_causal_lm(lm_dir)
+
+
+@pytest.fixture(scope="module")
+def rankgen_dir(tmp_path_factory, spiece_model):
+    return build_tiny_rankgen(tmp_path_factory.mktemp("tiny_rankgen") / "ckpt", spiece_model)
+
+
+@pytest.fixture(scope="module")
+def rankgen_model(rankgen_dir):
+    from rankgen_jax.inference import load_model
+
+    return load_model(rankgen_dir)
+
+
+class Recording:
+    """Wraps a re-ranker and keeps every (prefix, candidates, scores) it was asked for."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def __call__(self, prefix, candidates):
+        scores = np.asarray(self.inner(prefix, list(candidates)))
+        self.calls.append((prefix, list(candidates), scores))
+        return scores
+
+
+def beams_of(results):
+    return [[(b["text"], b["new_tokens"], b["score"]) for b in r.beams] for r in results]
+
+
+# ---------------------------------------------------------------------------
+# Token samplers
+
+
+def test_pick_tokens_truncates_then_inverts_the_cdf():
+    import torch
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+
+    def pick(u, **kw):
+        return pick_tokens(logits, torch.tensor([u], dtype=torch.float64), Decoding(**kw)).item()
+
+    # Nucleus 0.7 keeps {0, 1} (mass 0.8): u scales the kept mass, 0.99 * 0.8 = 0.79 lands in token 1.
+    assert [pick(u, top_p=0.7) for u in (0.0, 0.6, 0.99)] == [0, 0, 1]
+    assert pick(0.7, top_p=0.7) == 1 and pick(0.99, top_p=0.9) == 2
+    assert pick(0.99, kind="top_k", top_k=3) == 2 and pick(0.99, kind="top_k", top_k=1) == 0
+    assert pick(0.99, kind="ancestral") == 3 and pick(0.9, kind="greedy") == 0
+    # Typical: entropy 1.14 nats; surprisal closest to it is token 1 (1.20), then token 0 (0.69).
+    assert pick(0.0, kind="typical", typical_p=0.5) == 1 and pick(0.99, kind="typical", typical_p=0.5) == 0
+    # Rows are independent: a batch gives what each row gives alone.
+    batch = torch.randn(6, 50)
+    u = torch.rand(6, dtype=torch.float64)
+    for kind in ("nucleus", "top_k", "typical", "ancestral"):
+        together = pick_tokens(batch, u, Decoding(kind)).tolist()
+        assert together == [pick_tokens(batch[r : r + 1], u[r : r + 1], Decoding(kind)).item() for r in range(6)]
+
+
+def test_decoding_settings_are_checked():
+    with pytest.raises(RankgenError, match="--top_p"):
+        Decoding(top_p=0.0).check()
+    with pytest.raises(RankgenError, match="unknown sampling"):
+        Decoding("beam").check()
+
+
+# ---------------------------------------------------------------------------
+# Search
+
+
+def test_beam_search_returns_b_beams_scored_on_the_whole_text(lm):
+    reranker = Recording(unigram_reranker)
+    prefixes = botchan_prefixes(2)
+    results = generate(lm, prefixes, "beam", reranker=reranker, seed=3, **SMALL)
+    for result in results:
+        assert len(result.beams) == 2
+        for beam in result.beams:
+            # Every beam used its whole budget, unless it ended at EOS.
+            assert beam["new_tokens"] == 12 or (beam["eos"] and beam["new_tokens"] <= 12)
+        assert result.text == result.beams[0]["text"] and result.new_tokens == result.beams[0]["new_tokens"]
+        assert result.beams[0]["score"] >= result.beams[1]["score"]
+        assert result.seconds_generate > 0 and result.seconds_rerank > 0
+    assert any(b["new_tokens"] == 12 for r in results for b in r.beams)
+    # Rounds of 5, 5, 2 tokens: the first scores N candidates, later ones up to B*N new ones per prefix.
+    per_prefix = [[len(c) for p, c, _ in reranker.calls if p == prefix] for prefix in prefixes]
+    assert all(counts[0] == 3 and 1 <= len(counts) <= 3 and max(counts) <= 6 for counts in per_prefix)
+    # What the last round scored is the beams' whole generated text, not its last 5 tokens.
+    for prefix, result in zip(prefixes, results):
+        last = [c for p, c, _ in reranker.calls if p == prefix][-1]
+        assert any(b["text"] in last for b in result.beams if b["new_tokens"] > 5)
+
+
+def test_budget_is_per_prefix(lm):
+    short, long = "Once.", botchan_prefixes(3)[2]
+    together = generate(lm, [short, long], "beam", reranker=unigram_reranker, seed=5, **SMALL)
+    alone = generate(lm, [long], "beam", reranker=unigram_reranker, seed=5, prefix_indices=[1], **SMALL)
+    # The long prefix gets the same beams whether or not another prefix shares the call.
+    assert beams_of(together)[1] == beams_of(alone)[0]
+    for g in together:
+        assert all(b["new_tokens"] == 12 or b["eos"] for b in g.beams)
+    # Plain sampling: each prefix gets up to the whole budget, whatever the other one does.
+    plain = generate(lm, [short, long], "ancestral", max_new_tokens=9, seed=5)
+    assert all(g.new_tokens == 9 or g.beams[0]["eos"] for g in plain)
+    assert generate(lm, [long], "ancestral", max_new_tokens=9, seed=5, prefix_indices=[1])[0].text == plain[1].text
+
+
+def test_n1_b1_lmax_equals_plain_sampling(lm):
+    prefixes = botchan_prefixes(3)
+    plain = generate(lm, prefixes, "nucleus", max_new_tokens=15, seed=7)
+    beam = generate(lm, prefixes, "beam", reranker=unigram_reranker, beam_size=1, num_samples=1, rerank_length=15,
+                    max_new_tokens=15, seed=7)
+    rerank = generate(lm, prefixes, "rerank", reranker=unigram_reranker, num_samples=1, max_new_tokens=15, seed=7)
+    assert [g.text for g in plain] == [g.text for g in beam] == [g.text for g in rerank]
+    assert [g.new_tokens for g in plain] == [g.new_tokens for g in beam]
+    other = generate(lm, prefixes, "nucleus", max_new_tokens=15, seed=8)
+    assert [g.text for g in other] != [g.text for g in plain]
+    assert plain[0].beams[0]["score"] == 0.0 and plain[0].seconds_rerank == 0.0
+
+
+def test_memory_cap_changes_nothing_but_speed(lm):
+    prefixes = botchan_prefixes(3)
+    runs = [generate(lm, prefixes, "beam", reranker=unigram_reranker, seed=11, max_batch_rows=cap, **SMALL)
+            for cap in (1, 4, 64)]
+    assert beams_of(runs[0]) == beams_of(runs[1]) == beams_of(runs[2])
+    typical = [generate(lm, prefixes, "typical", max_new_tokens=10, seed=2, max_batch_rows=cap) for cap in (1, 64)]
+    assert [g.text for g in typical[0]] == [g.text for g in typical[1]]
+
+
+def test_rankgen_reranker_picks_the_best_candidate(lm, rankgen_model):
+    reranker = Recording(RankGenReranker(rankgen_model))
+    prefixes = botchan_prefixes(2)
+    results = generate(lm, prefixes, "rerank", reranker=reranker, num_samples=5, max_new_tokens=10, seed=1)
+    assert len(reranker.calls) == 2
+    for (prefix, candidates, scores), result in zip(reranker.calls, results):
+        # Scores computed separately with the model's own score ("pre " / "suffi " markers, dot product).
+        want = rankgen_model.score([prefix], [candidates])[0]
+        np.testing.assert_allclose(scores, want, rtol=1e-4, atol=1e-5)
+        assert len(set(candidates)) > 1
+        assert result.text == candidates[int(np.argmax(want))]
+        assert result.beams[0]["score"] == pytest.approx(float(np.max(want)), rel=1e-4, abs=1e-5)
+
+
+def test_lm_and_unigram_rerankers_pick_their_best(lm):
+    from rankgen_jax.evaluation import unigram_overlap_scores
+    from rankgen_jax.lm_scoring import lm_loglik_scores
+
+    prefix = botchan_prefixes(1)[0]
+    for inner, reference in ((PerplexityReranker(lm), lambda c: lm_loglik_scores(lm, prefix, c)),
+                             (unigram_reranker, lambda c: unigram_overlap_scores(prefix, c))):
+        reranker = Recording(inner)
+        result = generate(lm, [prefix], "rerank", reranker=reranker, num_samples=4, max_new_tokens=8, seed=4)[0]
+        (_, candidates, scores), = reranker.calls
+        np.testing.assert_allclose(scores, reference(candidates), rtol=1e-6)
+        # Ties keep sampling order, so the first of the best wins.
+        assert result.text == candidates[int(np.argmax(scores))]
+
+
+def test_baseline_strategies(lm):
+    prefixes = botchan_prefixes(2)
+    greedy = [generate(lm, prefixes, "greedy", max_new_tokens=6, seed=s) for s in (0, 1)]
+    assert [g.text for g in greedy[0]] == [g.text for g in greedy[1]]  # no randomness
+    for strategy in ("ancestral", "top_k", "typical"):
+        runs = [generate(lm, prefixes, strategy, max_new_tokens=6, seed=s) for s in (0, 1)]
+        assert all(0 < g.new_tokens <= 6 for g in runs[0])
+        assert [g.text for g in runs[0]] != [g.text for g in runs[1]], strategy
+    with pytest.raises(RankgenError, match="needs a re-ranker"):
+        generate(lm, prefixes, "beam")
+    with pytest.raises(RankgenError, match="greedy"):
+        generate(lm, prefixes, "rerank", reranker=unigram_reranker, decoding=Decoding("greedy"))
+    with pytest.raises(RankgenError, match="--beam_size"):
+        generate(lm, prefixes, "beam", reranker=unigram_reranker, beam_size=0)
+    with pytest.raises(RankgenError, match="no room for a prompt"):
+        generate(lm, prefixes, "nucleus", max_new_tokens=256)
+
+
+# ---------------------------------------------------------------------------
+# Command line
+
+
+def run_cli(add, argv):
+    parser = argparse.ArgumentParser(prog="rankgen-jax")
+    add(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+def test_generate_cli_writes_jsonl_and_skips_bad_lines(lm_dir, rankgen_dir, tmp_path, capsys):
+    prefixes = botchan_prefixes(3)
+    source = tmp_path / "in.jsonl"
+    source.write_text("\n".join([json.dumps({"id": 0, "prefix": prefixes[0], "continuation": "gold"}), "{broken",
+                                 json.dumps({"prefix": "  "}), json.dumps({"prefix": prefixes[1]}), "",
+                                 json.dumps({"prefix": prefixes[2]})]) + "\n", encoding="utf-8")
+    outputs = []
+    for batch in ("1", "2"):
+        out = tmp_path / f"out{batch}.jsonl"
+        stats = run_cli(add_subparser, ["generate", "--lm", lm_dir, "--model", rankgen_dir, "--input", str(source),
+                                        "--output", str(out), "--beam_size", "2", "--num_samples", "2",
+                                        "--rerank_length", "4", "--max_new_tokens", "8", "--prefix_batch", batch,
+                                        "--max_batch_rows", "3", "--no_progress"])
+        assert stats["generated"] == 3 and stats["bad_lines"] == 2 and 0 < stats["rerank_share"] < 1
+        outputs.append([json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()])
+    rows = outputs[0]
+    assert [r["prefix"] for r in rows] == prefixes and rows[0]["id"] == 0 and rows[0]["continuation"] == "gold"
+    for row in rows:
+        assert {"prefix", "generation", "strategy", "reranker", "beams", "seconds_generate", "seconds_rerank",
+                "new_tokens"} <= set(row)
+        assert row["strategy"] == "beam" and row["reranker"] == "rankgen" and len(row["beams"]) == 2
+        assert row["generation"] == row["beams"][0]["text"] and row["seconds_rerank"] > 0
+    # Prefixes decoded one at a time or two together: the same text (only the timings differ).
+    strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith("seconds")} for r in rs]  # noqa: E731
+    assert strip(outputs[0]) == strip(outputs[1])
+    assert "3 prefixes with beam, 2 bad lines skipped" in capsys.readouterr().out
+
+    plain = tmp_path / "plain.jsonl"
+    run_cli(add_subparser, ["generate", "--lm", lm_dir, "--input", str(source), "--output", str(plain),
+                            "--strategy", "top_k", "--max_new_tokens", "5", "--no_progress"])
+    row = json.loads(plain.read_text(encoding="utf-8").splitlines()[0])
+    assert row["strategy"] == "top_k" and "beams" not in row and row["seconds_rerank"] == 0.0
+    with pytest.raises(RankgenError, match="needs --model"):
+        run_cli(add_subparser, ["generate", "--lm", lm_dir, "--input", str(source), "--output", str(plain)])
+    with pytest.raises(RankgenError, match="missing.jsonl does not exist"):
+        run_cli(add_subparser, ["generate", "--lm", lm_dir, "--input", str(tmp_path / "missing.jsonl"),
+                                "--output", str(plain), "--strategy", "greedy"])
+
+
+# ---------------------------------------------------------------------------
+# Generation metrics
+
+
+def test_repetition_counts_tokens_seen_in_the_window():
+    assert repeated_tokens(list("abab")) == 2
+    assert repeated_tokens(list("abcab"), window=2) == 0  # "a" was 3 tokens back
+    assert repeated_tokens(list("xy"), context=list("qx")) == 1
+    # Pooled over generations: 2 repeats of 4 tokens and 0 of 2.
+    assert repetition([list("abab"), list("cd")]) == pytest.approx(2 / 6)
+    assert math.isnan(repetition([[]]))
+    with pytest.raises(RankgenError, match="window"):
+        repeated_tokens([1], window=0)
+
+
+def test_generation_metrics_and_cli(tmp_path, capsys):
+    records = [{"prefix": "the cat sat", "generation": "the cat sat the cat", "seconds_generate": 3.0,
+                "seconds_rerank": 1.0, "new_tokens": 5},
+               {"prefix": "a dog", "generation": "ran far away", "seconds_generate": 1.0, "seconds_rerank": 0.0,
+                "new_tokens": 3}]
+    result = generation_metrics(records, with_prefix=False)
+    assert result["rep"] == pytest.approx(2 / 8) and result["rerank_share"] == pytest.approx(1 / 5)
+    assert result["unigram_overlap"] == pytest.approx(0.5) and result["mean_new_tokens"] == 4
+    # Looking back into the prefix: "the", "cat", "sat" of the first generation repeat the prefix.
+    assert generation_metrics(records)["rep"] == pytest.approx(5 / 8)
+    source = tmp_path / "gens.jsonl"
+    source.write_text("\n".join(json.dumps(r) for r in records) + "\nnot json\n", encoding="utf-8")
+    out = run_cli(add_metrics_subparser, ["generation-metrics", "--input", str(source), "--rep_no_prefix",
+                                          "--output", str(tmp_path / "m.json")])
+    assert out["bad_lines"] == 1 and json.loads(capsys.readouterr().out.splitlines()[-1])["rep"] == pytest.approx(0.25)
+    assert json.loads((tmp_path / "m.json").read_text())["n"] == 2
+
+
+def test_mauve_features_and_optional_dependency(lm, lm_dir, monkeypatch, tmp_path):
+    import torch
+
+    texts = botchan_prefixes(3)
+    features = last_token_features(lm, texts, batch_size=2)
+    with torch.no_grad():
+        ids = torch.tensor([lm.text_ids(texts[1])])
+        alone = lm.model(input_ids=ids, output_hidden_states=True).hidden_states[-1][0, -1].numpy()
+    assert features.shape == (3, 32)
+    np.testing.assert_allclose(features[1], alone, atol=1e-5)
+    monkeypatch.setitem(sys.modules, "mauve", None)  # as if mauve-text were not installed
+    with pytest.raises(RankgenError, match="mauve-text"):
+        mauve_score(texts, texts, lm)
+    source = tmp_path / "g.jsonl"
+    source.write_text(json.dumps({"prefix": "p", "generation": "g", "continuation": "c"}) + "\n")
+    with pytest.raises(RankgenError, match="mauve-text"):
+        run_cli(add_metrics_subparser, ["generation-metrics", "--input", str(source), "--mauve_model", lm_dir,
+                                        "--reference_field", "continuation"])
+    seen = {}
+
+    def compute_mauve(p_features, q_features, **kwargs):
+        seen.update(p=p_features, q=q_features)
+        return types.SimpleNamespace(mauve=0.75)
+
+    monkeypatch.setitem(sys.modules, "mauve", types.SimpleNamespace(compute_mauve=compute_mauve))
+    assert mauve_score(texts[:2], texts, lm) == 0.75
+    assert seen["p"].shape == (2, 32) and seen["q"].shape == (3, 32)

@@ -1,0 +1,86 @@
+"""The metric -> ranker -> retriever pipeline end to end on tiny models and a tiny corpus."""
+
+import json
+
+import numpy as np
+import pytest
+
+from rankgen_jax.checkpoints import native
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.gin_utils import parse_gin
+from rankgen_jax.list_losses import curriculum_group_labels
+from rankgen_jax.pipeline import RANKERS, RETRIEVERS1, PipelineConfig, _ranker_lists, format_table, run_pipeline
+from rankgen_jax.vocab import BUNDLED_CORPUS
+from test_inference import SHARED, random_params
+
+
+@pytest.fixture(scope="module")
+def tiny_corpus(tmp_path_factory):
+    """Three short documents cut from the bundled books (the last one is held out)."""
+    folder = tmp_path_factory.mktemp("corpus")
+    books = sorted(p for p in BUNDLED_CORPUS.rglob("*.txt"))[:3]
+    for i, book in enumerate(books):
+        words = book.read_text(encoding="utf-8").split()
+        (folder / f"doc{i}.txt").write_text(" ".join(words[2000:4500]), encoding="utf-8")
+    return folder
+
+
+def test_pipeline_runs_end_to_end(tmp_path, tiny_corpus, spiece_model):
+    init = tmp_path / "init"
+    native.save_params(init, SHARED, random_params(SHARED, 3), vocab=spiece_model)
+    cfg = PipelineConfig(corpus=str(tiny_corpus), holdout_documents=1, prefix_words=48, num_train_queries=24,
+                         num_eval_queries=8, init_from_hf="", init_checkpoint=str(init), query_length=32,
+                         candidate_length=24, pool_size=6, ranker_list_size=3, rerank_depth=5,
+                         curriculum=((2, (2, 2, 2)), (6, (6, 0, 0))), retriever_batch_size=8, ranker_batch_size=8,
+                         distill_batch_size=8, max_steps=2, teacher_batch_size=16)
+    results = run_pipeline(str(tmp_path / "run"), cfg)
+    table = results["table"]
+    assert set(table) == {"tfidf", "zero_shot", "retriever0", *RANKERS, *RETRIEVERS1}
+    for name, row in table.items():
+        assert row["n"] == 8, name
+        assert 0.0 <= row["recall@1"] <= row["recall@10"] <= 1.0 and 0.0 <= row["mrr@10"] <= 1.0, name
+        assert 0.0 <= row["bleu_top1"] <= 100.0
+    # Every training stage ran through the trainer for its 2 steps and wrote its checkpoint.
+    for stage in ("retriever0", *RANKERS, "retriever1_kl", "retriever1_metric", "retriever1_cldrd_stage1",
+                  "retriever1_cldrd_stage2"):
+        assert native.is_checkpoint_dir(tmp_path / "run" / stage), stage
+        steps = [json.loads(l)["step"] for l in (tmp_path / "run" / stage / "metrics.jsonl").read_text().splitlines()]
+        assert max(steps) == 2, stage
+    assert native.load_model_config(tmp_path / "run" / "ranker0_listmle").kind == "cross_encoder"
+    # Training pools hold the gold and the metric's scores; the gold scores highest (BLEU 100 against itself).
+    pools = [json.loads(l) for l in (tmp_path / "run" / "data" / "pools_train.jsonl").read_text().splitlines()]
+    assert len(pools) == 24
+    for p in pools:
+        assert p["gold"] in p["ids"] and len(p["ids"]) == 6
+        assert p["labels"][p["ids"].index(p["gold"])] == pytest.approx(100.0) == max(p["labels"])
+    teacher = [json.loads(l) for l in (tmp_path / "run" / "data" / "pools_train_teacher.jsonl").read_text().splitlines()]
+    assert all(len(t["teacher_scores"]) == 6 and np.all(np.isfinite(t["teacher_scores"])) for t in teacher)
+    assert "retriever0" in format_table(table)
+    # A second call resumes: nothing is retrained, the table is read back.
+    again = run_pipeline(str(tmp_path / "run"), cfg)
+    assert again["table"] == table
+
+
+def test_ranker_lists_put_the_gold_first():
+    pool = {"ids": ["a", "g", "b", "c"], "gold": "g", "candidates": ["A", "G", "B", "C"], "labels": [3.0, 100.0, 7.0, 1.0]}
+    (metric,) = _ranker_lists([{**pool, "query": "q"}], 3, binary=False)
+    assert metric == {"query": "q", "candidates": ["G", "A", "B"], "labels": [100.0, 3.0, 7.0]}
+    (binary,) = _ranker_lists([{**pool, "query": "q"}], 3, binary=True)
+    assert binary["labels"] == [1.0, 0.0, 0.0]
+
+
+def test_curriculum_lists_follow_the_teacher():
+    scores = np.array([0.1, 0.9, 0.5, 0.7, 0.3, 0.2])
+    indices, labels = curriculum_group_labels(scores, 2, (2, 2, 2), np.random.default_rng(0))
+    assert indices[:4].tolist() == [1, 3, 2, 4] and labels[:2].tolist() == [1.0, 0.5]
+
+
+def test_pipeline_config_errors(tmp_path):
+    with pytest.raises(RankgenError, match="is not a rankgen_jax checkpoint"):
+        run_pipeline(str(tmp_path / "run"), PipelineConfig(init_checkpoint=str(tmp_path / "nothing"),
+                                                           corpus=str(BUNDLED_CORPUS), num_train_queries=4,
+                                                           num_eval_queries=4))
+    with pytest.raises(RankgenError, match="gin config"):
+        parse_gin(["pipelines/demo_minilm.gin"], ["PipelineConfig.no_such_field = 1"])
+    parse_gin(["pipelines/demo_minilm.gin"], [])
+    assert PipelineConfig().pool_size == 30
