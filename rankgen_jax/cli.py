@@ -16,6 +16,7 @@ from rankgen_jax.errors import RankgenError  # noqa: E402
 from rankgen_jax.evaluation import add_subparser as add_score_subparser  # noqa: E402
 from rankgen_jax.generation import add_subparser as add_generate_subparser  # noqa: E402
 from rankgen_jax.generation_metrics import add_subparser as add_generation_metrics_subparser  # noqa: E402
+from rankgen_jax.sweep import add_subparsers as add_sweep_subparsers  # noqa: E402
 
 DEMO_GIN = "demo_minilm.gin"
 DEMO_WORKDIR = "runs/demo"
@@ -228,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_encode_subparser(subparsers)
     add_generate_subparser(subparsers)
     add_generation_metrics_subparser(subparsers)
+    add_sweep_subparsers(subparsers)
     return parser
 
 

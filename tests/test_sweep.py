@@ -1,0 +1,74 @@
+"""Ablation grids: expansion into runs, TPU launch lines, the report table, and every ablation gin file parses."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.gin_utils import GIN_SEARCH_PATH, parse_gin
+from rankgen_jax.sweep import expand_grid, read_grid, report, run_sweep, train_command
+
+ABLATIONS = GIN_SEARCH_PATH / "ablations"
+
+
+def test_grid_expands_to_every_combination():
+    grid = read_grid(str(ABLATIONS / "grid_demo_cpu.json"))
+    runs = expand_grid(grid)
+    assert len(runs) == 6 and len({r["name"] for r in runs}) == 6
+    big = next(r for r in runs if r["name"] == "batch_size-128__same_document-false")
+    assert "DataConfig.batch_size = 128" in big["bindings"] and "DataConfig.same_document = False" in big["bindings"]
+    assert "TrainerConfig.num_chunks = 4" in big["bindings"]
+    small = next(r for r in runs if r["name"] == "batch_size-8__same_document-true")
+    assert "TrainerConfig.num_chunks = 4" not in small["bindings"]
+    argv = train_command(grid, big, "runs/grid/")
+    assert argv[:4] == ["rankgen-jax", "train", "--workdir", "runs/grid/batch_size-128__same_document-false"]
+    assert "--gin.DataConfig.batch_size=128" in argv and argv[-1] == "--job"
+
+
+def test_tpu_launch_lines(capsys):
+    runs = run_sweep(str(ABLATIONS / "grid_paper_tpu.json"), "gs://bucket/sweep", tpu_name="rankgen-v3",
+                     tpu_args=["--zone=europe-west4-a"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == len(runs) == 6
+    assert all(l.startswith("python3 tpu_scripts/tpu.py launch --dry_run --name rankgen-v3 --zone=europe-west4-a -- train")
+               for l in lines)
+    assert any("DataConfig.task=" in l and "rankgen_pg19_generative" in l for l in lines)
+    assert all(" --workdir gs://bucket/sweep/task-rankgen_pg19_" in l for l in lines)
+
+
+def test_bad_grids(tmp_path):
+    path = tmp_path / "grid.json"
+    path.write_text('{"axes": {}}')
+    with pytest.raises(RankgenError, match="non-empty list"):
+        read_grid(str(path))
+    path.write_text('{"axis": {"a": [1]}}')
+    with pytest.raises(RankgenError, match="expected an object with keys"):
+        read_grid(str(path))
+    with pytest.raises(RankgenError, match="no such grid file"):
+        read_grid(str(tmp_path / "none.json"))
+
+
+def test_report_table_and_plot(tmp_path):
+    job = tmp_path / "a"
+    job.mkdir()
+    (job / "results.json").write_text(json.dumps({
+        "fine_tuned": {"n": 150, "accuracy_2way": 0.8, "accuracy_11way": 0.5},
+        "zero_shot": {"n": 150, "accuracy_2way": 0.7}, "train": {"steps": 12.0, "loss": 1.5}}))
+    plain = tmp_path / "b"
+    plain.mkdir()
+    (plain / "metrics.jsonl").write_text(
+        json.dumps({"step": 5, "train/loss": 2.0}) + "\n" + json.dumps({"step": 5, "eval/accuracy": 0.25}) + "\n")
+    table = report([str(job), str(plain)], out=str(tmp_path / "t.md"), plot=str(tmp_path / "p.png"))
+    lines = table.splitlines()
+    assert lines[0].startswith("| run | accuracy_11way | accuracy_2way")
+    assert "| a | 0.500 | 0.800 |" in lines[2] and lines[3].startswith("| b |")
+    assert (tmp_path / "p.png").stat().st_size > 0 and (tmp_path / "t.md").read_text().strip() == table
+    with pytest.raises(RankgenError, match="not a training workdir"):
+        report([str(tmp_path)])
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in ABLATIONS.glob("*.gin")))
+def test_ablation_gin_files_parse(name):
+    base = "pipelines/demo_minilm.gin" if name.startswith(("distill", "curriculum")) else "rankgen_t5_tiny_books.gin"
+    parse_gin([base, f"ablations/{name}"], [])
