@@ -16,9 +16,11 @@ from rankgen_jax.errors import RankgenError  # noqa: E402
 from rankgen_jax.evaluation import add_subparser as add_score_subparser  # noqa: E402
 from rankgen_jax.generation import add_subparser as add_generate_subparser  # noqa: E402
 from rankgen_jax.generation_metrics import add_subparser as add_generation_metrics_subparser  # noqa: E402
+from rankgen_jax.perspectives import add_subparser as add_perspectives_subparser  # noqa: E402
 from rankgen_jax.sweep import add_subparsers as add_sweep_subparsers  # noqa: E402
 
 DEMO_GIN = "demo_minilm.gin"
+GIN_COMMANDS = ("train", "pipeline", "perspectives")
 DEMO_WORKDIR = "runs/demo"
 
 
@@ -230,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate_subparser(subparsers)
     add_generation_metrics_subparser(subparsers)
     add_sweep_subparsers(subparsers)
+    add_perspectives_subparser(subparsers)
     return parser
 
 
@@ -238,8 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         argv, bindings = _split_gin_bindings(list(sys.argv[1:] if argv is None else argv))
         args = build_parser().parse_args(argv)
         args.gin_bindings = bindings
-        if bindings and args.command not in ("train", "pipeline"):
-            raise RankgenError("--gin.* bindings apply to `train` and `pipeline` only")
+        if bindings and args.command not in GIN_COMMANDS:
+            raise RankgenError(f"--gin.* bindings apply to {', '.join(GIN_COMMANDS)} only")
         args.run(args)
     except RankgenError as e:
         # gin appends "In call to configurable ..." lines to errors raised inside configurables.

@@ -84,7 +84,7 @@ class MetricWriter:
         self._events = None
         self.events_path = None
         self._staging: Path | None = None
-        self._last_upload = 0.0
+        self._last_upload = float("-inf")  # the first flush uploads
         if not enabled:
             return
         if self.remote:

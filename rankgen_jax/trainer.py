@@ -2,6 +2,11 @@
 
 Read top to bottom: configs, state set-up (resume / init checkpoint / random),
 the loop. Everything model- or loss-specific lives in train_step and losses.
+
+The workdir may be local or a bucket URL (gs://bucket/run), which every host of
+a multi-host slice passes alike: paths go through etils.epath (native.as_path),
+host 0 alone writes the config files and metrics, and Orbax coordinates the
+checkpoint writes. The hosts also agree on when to stop (see _StopVote).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import functools
 import queue
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -19,9 +25,12 @@ from typing import Callable, Iterator
 import flax.linen as nn
 import gin
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
-from jax.sharding import NamedSharding
+from etils import epath
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 from rankgen_jax import losses, partitioning
@@ -45,7 +54,8 @@ class TrainerConfig:
 
     num_chunks > 1: GradCache over that many chunks; accum_steps > 1: gradient
     accumulation (losses without cross-example terms only).
-    init_checkpoint: a rankgen_jax checkpoint (from `import`) to start from;
+    init_checkpoint: a rankgen_jax checkpoint (from `import`) to start from,
+      local or on a bucket (gs://...);
       its encoder config is used as saved (dropout included) except for the
       fields in encoder_overrides (e.g. {'dropout_rate': 0.0, 'remat': True,
       'dtype': 'bfloat16'}); the gin ModelConfig supplies the head and towers
@@ -127,7 +137,9 @@ def _check_vocab_fits(data: DataConfig, source, model_config: ModelConfig) -> No
         )
 
 
-def _resolve_model_config(workdir: Path, trainer: TrainerConfig, gin_model: ModelConfig) -> tuple[ModelConfig, dict | None, str | None]:
+def _resolve_model_config(
+    workdir: epath.Path, trainer: TrainerConfig, gin_model: ModelConfig
+) -> tuple[ModelConfig, dict | None, str | None]:
     """(model config, initial params or None, vocab path or None): resume > init checkpoint > gin."""
     if native.is_checkpoint_dir(workdir):
         return native.load_model_config(workdir), None, native.vocab_path(workdir)
@@ -145,6 +157,20 @@ def _resolve_model_config(workdir: Path, trainer: TrainerConfig, gin_model: Mode
     else:
         config = dataclasses.replace(source_config, encoder=encoder)
     return config, params, native.vocab_path(trainer.init_checkpoint)
+
+
+def _local_vocab(vocab: str | None) -> str | None:
+    """A checkpoint's tokenizer folder, copied to a local temporary folder when it is on a bucket.
+
+    The tokenizer libraries open local files only.
+    """
+    if vocab is None or not native.is_remote(vocab):
+        return vocab
+    local = Path(tempfile.mkdtemp(prefix="rankgen_vocab_"))
+    for file in native.tokenizer_files(vocab):
+        source = native.as_path(file)
+        (local / source.name).write_bytes(source.read_bytes())
+    return str(local)
 
 
 # Top-level parameter groups that belong to a head, not to the encoder.
@@ -200,7 +226,7 @@ def train(
     """Train (or resume) in workdir; returns the last logged train metrics. Configs default to gin's."""
     trainer, model_config = trainer or TrainerConfig(), model_config or ModelConfig()
     data, loss, optimizer = data or DataConfig(), loss or LossConfig(), optimizer or OptimizerConfig()
-    workdir_path = Path(workdir)
+    workdir_path = native.as_path(workdir)  # "gs://b/run" stays a URL (pathlib would make it "gs:/b/run")
 
     # --- mesh and static step settings -------------------------------------------------
     initialize_distributed(trainer.distributed)
@@ -208,6 +234,7 @@ def train(
     rules = partitioning.rules_by_name(trainer.axis_rules)
     _check_divisible(data.batch_size, partitioning.data_parallel_size(mesh), trainer)
     model_config, init_params, vocab = _resolve_model_config(workdir_path, trainer, model_config)
+    vocab = _local_vocab(vocab)
     if model_config.kind == "encoder":
         raise RankgenError("ModelConfig.kind='encoder' has no head to train: use dual_encoder or cross_encoder")
     if model_config.kind == "cross_encoder" and data.source not in ("lists", "pairs"):
@@ -226,6 +253,10 @@ def train(
     setup = build_step_functions(model_config, options, tx, schedule, loss_params, mesh, rules, trainer.seed)
     manager = native.step_manager(workdir_path, max_to_keep=trainer.keep_checkpoints, async_save=trainer.async_checkpoints)
     start = manager.latest_step()
+    if jax.process_count() > 1:
+        # Every host has now decided fresh start or resume; only then may host 0 create
+        # model_config.json, which a slower host would otherwise take for a run to resume.
+        multihost_utils.sync_global_devices("rankgen_jax: resume decided")
     if init_params is not None and start is None:
         init_params = _complete_params(init_params, model_config, trainer.init_checkpoint, trainer.seed)
     with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
@@ -244,7 +275,7 @@ def train(
                 (workdir_path / "config.gin").write_text(gin.config_str())
         put = functools.partial(_put_batch, sharding=setup.batch_sharding, batch_size=data.batch_size)
         return _loop(trainer, workdir_path, state, start, data_start, train_source, eval_source, put,
-                     setup.train_step, setup.eval_step, manager, optimizer)
+                     setup.train_step, setup.eval_step, manager, optimizer, _StopVote(mesh))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,8 +390,57 @@ class _Preemption:
         signal.signal(signal.SIGTERM, self._previous)
 
 
+# Why the hosts vote: SIGTERM and the wall-clock budget are noticed by each host on its
+# own, at different steps. A host that saved and left the loop after step N while the
+# others ran step N+1 would leave every collective of step N+1 (and Orbax's save
+# barriers) waiting forever. So every host acts on the same flags: the max over all
+# processes of each host's (sigterm, out_of_time). jax's preemption sync point
+# (multihost_utils.reached_preemption_sync_point) would cover SIGTERM alone, through
+# its own signal handler; one vote covers both flags and our handler.
+
+
+@functools.lru_cache(maxsize=None)
+def _vote_functions(mesh) -> tuple[NamedSharding, Callable]:
+    """The sharding of the vote (one row per device) and the jitted max over rows, replicated."""
+    rows = NamedSharding(mesh, PartitionSpec(mesh.axis_names))
+    return rows, jax.jit(functools.partial(jnp.max, axis=0), out_shardings=NamedSharding(mesh, PartitionSpec()))
+
+
+def _max_over_processes(flags: np.ndarray, mesh) -> jax.Array:
+    """Elementwise max of every process's flags, dispatched without waiting; read it with np.asarray."""
+    rows, reduce_max = _vote_functions(mesh)
+    # Each device holds one row, its own host's flags, so the max over rows spans all hosts.
+    votes = jax.make_array_from_callback((mesh.size,) + flags.shape, rows, lambda index: flags[None])
+    return reduce_max(votes)
+
+
+class _StopVote:
+    """The stop flags all hosts act on at a step boundary.
+
+    One process: the local flags, at once and without any device sync (the
+    single-host loop is as before). Several: each boundary dispatches a tiny
+    max-reduction of this boundary's local flags over all devices and returns
+    the previous boundary's result. Reading the previous vote waits only for
+    the previous step, so dispatch stays a step ahead of the device; and as
+    every host reads the same vote at the same boundary, all of them stop
+    after the same step (one step after the first host raised a flag), save
+    that same checkpoint, and leave the loop together.
+    """
+
+    def __init__(self, mesh, processes: int | None = None):
+        self.voting = (jax.process_count() if processes is None else processes) > 1
+        self._mesh = mesh
+        self._pending: jax.Array | None = None
+
+    def __call__(self, local: np.ndarray) -> np.ndarray:
+        if not self.voting:
+            return local
+        previous, self._pending = self._pending, _max_over_processes(local, self._mesh)
+        return np.zeros_like(local) if previous is None else np.asarray(previous)
+
+
 def _loop(trainer, workdir, state, start, data_start, train_source, eval_source, put, step_fn, eval_fn, manager,
-          optimizer: OptimizerConfig):
+          optimizer: OptimizerConfig, vote: _StopVote):
     writer = MetricWriter(str(workdir), enabled=jax.process_index() == 0)
     writer.write_text(start, "gin_config", gin.config_str())
     preemption = _Preemption()
@@ -387,22 +467,27 @@ def _loop(trainer, workdir, state, start, data_start, train_source, eval_source,
                 jax.profiler.stop_trace()
             pending.append((step + 1, metrics))
             done = step + 1
-            out_of_time = trainer.max_minutes > 0 and time.time() - started > 60 * trainer.max_minutes
+            local_out_of_time = trainer.max_minutes > 0 and time.time() - started > 60 * trainer.max_minutes
+            # From here on only the agreed flags decide anything (see _StopVote).
+            flags = vote(np.array([preemption.requested, local_out_of_time], np.int32))
+            sigterm, out_of_time = (bool(f) for f in flags)
             is_last = done == trainer.num_steps or out_of_time
-            if done % trainer.log_every == 0 or is_last or preemption.requested:
+            if done % trainer.log_every == 0 or is_last or sigterm:
                 last = _flush_metrics(writer, pending, bar)
                 pending = []
                 check_nonfinite(state.opt_state, optimizer)
             if trainer.eval_every and (done % trainer.eval_every == 0 or is_last):
                 writer.write_scalars(done, _evaluate(eval_fn, state, eval_source, put, trainer.eval_batches), prefix="eval/")
-            if done % trainer.checkpoint_every == 0 or is_last or preemption.requested:
+            if done % trainer.checkpoint_every == 0 or is_last or sigterm:
                 _save(manager, state, next_batch_index=data_start + done - start)
             bar.update(min(int(time.time() - started), bar.total) - bar.n if by_time else 1)
-            if preemption.requested:
-                print(f"SIGTERM: saved step {done}; exiting", file=sys.stderr)
+            if sigterm:
+                where = "" if preemption.requested else " on another host"
+                print(f"SIGTERM{where}: saved step {done}; exiting", file=sys.stderr)
                 break
             if out_of_time:
-                print(f"time budget of {trainer.max_minutes} minutes used: saved step {done}", file=sys.stderr)
+                where = "" if local_out_of_time else " (by another host's clock)"
+                print(f"time budget of {trainer.max_minutes} minutes used{where}: saved step {done}", file=sys.stderr)
                 break
         if pending:
             last = _flush_metrics(writer, pending, bar)

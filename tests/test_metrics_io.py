@@ -102,9 +102,13 @@ def test_non_scalar_metric_is_a_clear_error(tmp_path):
             writer.write_scalars(0, {"loss": np.ones(3)})
 
 
-def test_remote_logdir_is_refused():
-    with pytest.raises(RankgenError, match="only local paths"):
-        MetricWriter("gs://bucket/run")
+def test_local_logdir_is_written_in_place(tmp_path):
+    # Remote (gs://) logdirs stage locally and upload: tests/test_multihost.py covers them.
+    with MetricWriter(tmp_path) as writer:
+        writer.write_scalars(0, {"loss": 1.0})
+        assert not writer.remote and writer._staging is None
+        assert writer.events_path.parent == tmp_path / "tensorboard" and writer.events_path.stat().st_size > 0
+    assert read_jsonl(tmp_path / "metrics.jsonl") == [{"step": 0, "loss": 1.0}]
 
 
 def test_writing_does_not_import_tensorflow(tmp_path):

@@ -118,7 +118,7 @@ def test_setup_copies_head_and_installs_the_tpu_pins():
         assert "--worker=all" in cmd
     script = remote(ssh)
     pins = tpu_pins()
-    assert pins == ["jax[tpu]==0.10.2", "libtpu==0.0.42.1"]
+    assert pins == ["jax[tpu]==0.10.2", "libtpu==0.0.42.1", "google-cloud-storage==3.17.1"]
     install = next(step for step in script.split(" && ") if "-r requirements.txt" in step)
     assert shlex.split(install)[-len(pins):] == pins
     assert "--extra-index-url https://download.pytorch.org/whl/cpu" in install

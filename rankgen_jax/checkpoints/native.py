@@ -16,7 +16,9 @@ local folder "gs:/b". For gs:// epath reaches the bucket through tf.io.gfile
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from typing import Sequence
 
 import numpy as np
@@ -80,8 +82,22 @@ def _require_checkpoint_dir(path: str | os.PathLike) -> epath.Path:
 
 def step_manager(path: str | os.PathLike, max_to_keep: int | None = None, async_save: bool = False) -> ocp.CheckpointManager:
     """Orbax manager over CKPT_DIR/checkpoints."""
+    _check_bucket_support(path)
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=async_save)
     return ocp.CheckpointManager(absolute(path) / STEPS_DIR, options=options)
+
+
+def _check_bucket_support(path: str | os.PathLike) -> None:
+    """Orbax lists gs:// steps with google-cloud-storage (to detect hierarchical-namespace buckets): say so up front."""
+    if not os.fspath(path).startswith("gs://"):
+        return
+    try:
+        found = "google.cloud.storage" in sys.modules or importlib.util.find_spec("google.cloud.storage") is not None
+    except ModuleNotFoundError:  # no google.cloud package at all
+        found = False
+    if not found:
+        raise RankgenError(f"{path}: checkpoints on gs:// need the google-cloud-storage package, which Orbax uses "
+                           "to list them (pip install google-cloud-storage)")
 
 
 def tokenizer_files(vocab: str | os.PathLike | Sequence[str] | None) -> list[str]:

@@ -1,0 +1,230 @@
+"""Ahead-of-time compilation for TPU topologies: names, HBM and step-time arithmetic everywhere; real compiles with libtpu.
+
+The compile tests need libtpu (tpu_scripts/aot_venv.sh makes .venv-aot with
+it); they catch sharding regressions that only show with TPU layouts.
+"""
+
+import argparse
+import importlib.util
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from rankgen_jax import aot
+from rankgen_jax.data.triples import DataConfig
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.gin_utils import parse_gin
+
+GIB = 1024**3
+
+needs_libtpu = pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None,
+    reason="libtpu not installed: run tpu_scripts/aot_venv.sh, then .venv-aot/bin/python -m pytest tests/test_aot.py",
+)
+
+# A tiny T5 with every feature whose sharding differs on TPU: FSDP over data, a
+# model axis, scanned and rematerialised layers, bf16, GradCache chunks.
+TINY_GIN = ["models/t5_1_1_tiny.gin"]
+TINY_BINDINGS = [
+    "t5_config.dtype='bfloat16'",
+    "t5_config.scan_layers=True",
+    "t5_config.remat=True",
+    "DataConfig.source='random'",
+    "DataConfig.batch_size=32",
+    "DataConfig.prefix_length=64",
+    "DataConfig.continuation_length=32",
+    "OptimizerConfig.name='adafactor'",
+    "OptimizerConfig.schedule='constant'",
+    "TrainerConfig.num_steps=1000",
+    "TrainerConfig.axis_rules='fsdp'",
+    "TrainerConfig.mesh_model=2",
+    "TrainerConfig.num_chunks=2",
+]
+
+
+# --- without libtpu ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, grid", [
+    ("v3-8", "v3:2x2"), ("v3-32", "v3:4x4"), ("v3-64", "v3:4x8"), ("v3-128", "v3:8x8"), ("v3-2048", "v3:32x32"),
+    ("v2-8", "v2:2x2"), ("v4-8", "v4:2x2x1"), ("v4-16", "v4:2x2x2"), ("v4-64", "v4:2x4x4"), ("v4-128", "v4:4x4x4"),
+    ("v4-256", "v4:4x4x8"), ("v5p-8", "v5p:2x2x1"), ("v5litepod-8", "v5e:2x4"), ("v5e-16", "v5e:4x4"),
+    ("v5litepod-256", "v5e:16x16"), ("v5e-1", "v5e:1x1"), ("v6e-64", "v6e:8x8"),
+])
+def test_accelerator_types_map_to_chip_grids(name, grid):
+    assert aot.parse_topology(name).libtpu_name == grid
+
+
+@pytest.mark.parametrize("grid, chips, accelerator", [
+    ("v3:8x8", 64, "v3-128"), ("v3:2x2", 4, "v3-8"), ("v4:4x4x4", 64, "v4-128"), ("v5e:16x16", 256, "v5litepod-256"),
+    ("v5e:2x4", 8, "v5litepod-8"), ("v5p:2x2x1", 4, "v5p-8"),
+])
+def test_chip_grids_pass_through(grid, chips, accelerator):
+    topology = aot.parse_topology(grid)
+    assert (topology.libtpu_name, topology.chips, topology.accelerator_type) == (grid, chips, accelerator)
+    assert aot.parse_topology(accelerator).libtpu_name == grid
+
+
+@pytest.mark.parametrize("name, message", [
+    ("v3-100", "power of two"), ("v3-7", "power of two"), ("v9-8", "unknown TPU generation"),
+    ("tpu", "expected an accelerator type"), ("v3:0x4", "positive"), ("v3:8", "expected an accelerator type"),
+])
+def test_bad_topology_names_are_clear_errors(name, message):
+    with pytest.raises(RankgenError, match=message):
+        aot.parse_topology(name)
+
+
+def test_hbm_and_peak_per_device():
+    # v3: 2 TensorCores per chip, each its own jax device with half the chip's 32 GiB and 123 TFLOP/s.
+    hbm, peak, per_chip = aot.device_specs(aot.parse_topology("v3-128"), 128)
+    assert (hbm, peak, per_chip) == (16 * GIB, 61.5e12, 2)
+    # v4 (megacore) and v5e: one device per chip.
+    assert aot.device_specs(aot.parse_topology("v4-128"), 64) == (32 * GIB, 275e12, 1)
+    assert aot.device_specs(aot.parse_topology("v5e:2x4"), 8) == (16 * GIB, 197e12, 1)
+    assert aot.device_specs(aot.parse_topology("v5p-8"), 4)[0] == 95 * GIB
+    with pytest.raises(RankgenError, match="split evenly"):
+        aot.device_specs(aot.parse_topology("v3-8"), 6)
+
+
+def test_implied_step_time_arithmetic():
+    # 1.23e14 FLOPs at half of a v3 core's 61.5 TFLOP/s: 4 s.
+    assert aot.step_time_seconds(1.23e14, 61.5e12, 0.5) == pytest.approx(4.0)
+    # The paper's ~2 days for 100k XL steps is 1.728 s a step.
+    assert aot.days_for_steps(1.728, 100_000) == pytest.approx(2.0)
+    with pytest.raises(RankgenError, match="utilization"):
+        aot.step_time_seconds(1.0, 1.0, 1.5)
+
+
+def _flops(f, *args):
+    return aot.jaxpr_matmul_flops(jax.make_jaxpr(f)(*args).jaxpr)
+
+
+def test_matmul_flops_count_every_scan_iteration():
+    x, w = jnp.ones((8, 16)), jnp.ones((16, 16))
+    one = 2 * 8 * 16 * 16
+
+    def scanned(x, w):
+        return jax.lax.scan(lambda c, _: (c @ w, None), x, None, length=10)[0]
+
+    def unrolled(x, w):
+        for _ in range(10):
+            x = x @ w
+        return x
+
+    assert _flops(scanned, x, w) == _flops(unrolled, x, w) == 10 * one
+    assert _flops(jax.jit(scanned), x, w) == 10 * one  # through a nested jit
+    assert _flops(lambda x, w: jax.lax.cond(x[0, 0] > 0, lambda: x @ w @ w, lambda: x @ w), x, w) == 2 * one
+
+
+def test_matmul_flops_count_remat_recomputation():
+    x, w = jnp.ones((8, 16)), jnp.ones((16, 16))
+    one = 2 * 8 * 16 * 16
+
+    def loss(w, x):
+        return jnp.sum(jnp.tanh(x @ w) @ w)
+
+    plain = _flops(jax.grad(loss), w, x)
+    remat = _flops(jax.grad(jax.checkpoint(loss)), w, x)
+    assert plain == 5 * one  # 2 forward; backward: both weight gradients and the gradient into tanh
+    assert remat == plain + one  # the first matmul runs again in the backward pass
+
+
+def test_batch_shapes_follow_data_config():
+    data = DataConfig(batch_size=16, prefix_length=512, continuation_length=128)
+    assert aot.batch_shapes(data, "dual_encoder") == {
+        "query_ids": (16, 512), "positive_ids": (16, 128), "negative_ids": (16, 128)}
+    no_negative = DataConfig(batch_size=4, prefix_length=8, continuation_length=4, with_negative=False)
+    assert set(aot.batch_shapes(no_negative, "dual_encoder")) == {"query_ids", "positive_ids"}
+    with pytest.raises(RankgenError, match="triples"):
+        aot.batch_shapes(DataConfig(source="lists"), "cross_encoder")
+
+
+def test_missing_libtpu_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(aot, "libtpu_available", lambda: False)
+    with pytest.raises(RankgenError, match="libtpu is not installed.*aot_venv.sh"):
+        aot.topology_devices(aot.parse_topology("v3-8"))
+
+
+def _report(**memory) -> dict:
+    mem = {"argument_bytes": GIB, "output_bytes": GIB, "alias_bytes": GIB, "temp_bytes": 2 * GIB,
+           "generated_code_bytes": 0, "total_bytes": 3 * GIB, "hbm_bytes": 16 * GIB, "fits": True, **memory}
+    return {"topology": "v3:8x8", "accelerator_type": "v3-128", "devices": 128, "device_kind": "TPU v3", "chips": 64,
+            "hosts": 16, "mesh": {"replica": 1, "data": 128, "model": 1}, "axis_rules": "fsdp", "num_chunks": 12,
+            "accum_steps": 1, "encoder": {"d_model": 2048, "num_layers": 24, "dtype": "bfloat16", "remat": True,
+                                          "scan_layers": True},
+            "params": 1_228_000_000, "batch": {"query_ids": [1536, 512]}, "memory": mem, "flops_per_device": 1e14,
+            "compiler_flops_per_device": 4e11, "peak_flops_per_device": 61.5e12, "num_steps": 100000,
+            "timing": {"0.4": {"step_seconds": 4.07, "days": 4.7}}, "compile_seconds": 100.0}
+
+
+def test_format_report_lines():
+    text = aot.format_report(_report())
+    assert "argument 1.00 GiB + output 1.00 GiB - alias 1.00 GiB + temp 2.00 GiB = 3.00 GiB" in text
+    assert "of 16.00 GiB HBM: fits" in text
+    assert "at 40% of peak: 4.07 s/step, 4.7 days for 100000 steps" in text
+    assert "DOES NOT FIT" in aot.format_report(_report(fits=False))
+
+
+def _compile_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    aot.add_subparser(parser.add_subparsers(dest="command"))
+    return parser
+
+
+def test_compile_subcommand_flags():
+    args = _compile_parser().parse_args(["compile", "--topology", "v3-128", "--gin_file", "a.gin", "--gin_file", "b.gin",
+                                         "--json", "out.json", "--utilization", "0.5"])
+    assert (args.topology, args.gin_file, args.json, args.utilization) == ("v3-128", ["a.gin", "b.gin"], "out.json", [0.5])
+    assert args.run is aot.run_compile
+    with pytest.raises(SystemExit):
+        _compile_parser().parse_args(["compile", "--gin_file", "a.gin"])  # --topology is required
+
+
+# --- with libtpu: real compiles for TPU topologies -----------------------------------------
+
+
+@needs_libtpu
+def test_tiny_config_compiles_for_v3_8(tmp_path, capsys):
+    out = tmp_path / "report.json"
+    args = _compile_parser().parse_args(["compile", "--topology", "v3-8", "--json", str(out)]
+                                        + [f"--gin_file={f}" for f in TINY_GIN])
+    args.gin_bindings = TINY_BINDINGS
+    aot.run_compile(args)
+    assert "fits" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert (report["topology"], report["devices"], report["devices_per_chip"]) == ("v3:2x2", 8, 2)
+    assert report["mesh"] == {"replica": 1, "data": 4, "model": 2}
+    memory = report["memory"]
+    assert memory["hbm_bytes"] == 16 * GIB and memory["fits"]
+    assert 0 < memory["total_bytes"] < GIB and memory["argument_bytes"] > 0
+    assert report["flops_per_device"] > report["compiler_flops_per_device"] > 0  # scans count once in XLA's number
+    assert report["timing"]["0.4"]["step_seconds"] > report["timing"]["0.6"]["step_seconds"] > 0
+
+
+@needs_libtpu
+def test_tiny_config_compiles_for_v5e_8():
+    parse_gin(TINY_GIN, TINY_BINDINGS)
+    report = aot.compile_train_step("v5e:2x4")
+    assert (report["device_kind"], report["devices"], report["devices_per_chip"]) == ("TPU v5 lite", 8, 1)
+    assert report["memory"]["hbm_bytes"] == 16 * GIB and report["memory"]["fits"]
+    assert report["flops_per_device"] > 0 and report["peak_flops_per_device"] == 197e12
+
+
+@needs_libtpu
+def test_matmul_flops_agree_with_the_compiler_without_loops():
+    # Unrolled layers, one chunk: XLA's count (matmuls plus elementwise work) is a check on ours.
+    parse_gin(TINY_GIN, TINY_BINDINGS + ["t5_config.scan_layers=False", "TrainerConfig.num_chunks=1"])
+    report = aot.compile_train_step("v3:2x2")
+    assert report["flops_per_device"] == pytest.approx(report["compiler_flops_per_device"], rel=0.1)
+
+
+@needs_libtpu
+def test_config_that_does_not_fit_fails_with_the_compilers_message():
+    parse_gin(TINY_GIN, TINY_BINDINGS + ["DataConfig.batch_size=16384", "DataConfig.prefix_length=512",
+                                         "t5_config.d_model=1024", "t5_config.d_ff=4096", "t5_config.remat=False",
+                                         "TrainerConfig.num_chunks=1", "TrainerConfig.axis_rules='standard'"])
+    with pytest.raises(RankgenError, match=r"does not fit v3:2x2: RESOURCE_EXHAUSTED: .*HBM") as error:
+        aot.compile_train_step("v3-8")
+    assert "\n" not in str(error.value)
