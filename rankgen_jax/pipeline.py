@@ -41,6 +41,7 @@ from rankgen_jax.checkpoints import native
 from rankgen_jax.configs import HeadConfig, ModelConfig
 from rankgen_jax.data.triples import DataConfig
 from rankgen_jax.errors import RankgenError
+from rankgen_jax.job import checkpoint_vocab, starting_checkpoint
 from rankgen_jax.optimizers import OptimizerConfig
 from rankgen_jax.trainer import LossConfig, TrainerConfig, train
 from rankgen_jax.vocab import BUNDLED_CORPUS
@@ -168,13 +169,6 @@ def _list_data(cfg: PipelineConfig, vocab: str, train_file: Path, eval_file: Pat
                       list_size=list_size, prefix_keep="end", seed=cfg.seed)
 
 
-def _vocab(checkpoint: Path) -> str:
-    vocab = native.vocab_path(checkpoint)
-    if vocab is None:
-        raise RankgenError(f"{checkpoint}: checkpoint has no tokenizer")
-    return str(vocab)
-
-
 def _texts(corpus: list[dict]) -> dict[str, str]:
     return {p["id"]: p["text"] for p in corpus}
 
@@ -195,7 +189,7 @@ def train_retriever0(cfg: PipelineConfig, root: Path, init: Path) -> None:
             hard = next(ids[j] for j in row if ids[j] != q["gold"])
             records.append({"query": q["query"], "candidates": [q["reference"], _texts(corpus)[hard]]})
         files[split] = _write_jsonl(root / "data" / f"retriever0_{split}.jsonl", records)
-    data = _list_data(cfg, _vocab(init), files["train"], files["eval"], cfg.retriever_batch_size)
+    data = _list_data(cfg, checkpoint_vocab(init), files["train"], files["eval"], cfg.retriever_batch_size)
     loss = LossConfig(name="in_batch_softmax", logit_scale=cfg.logit_scale)
     _train_stage(cfg, root / "retriever0", str(init), ModelConfig(), data, loss, cfg.retriever_learning_rate,
                  cfg.retriever_minutes)
@@ -253,7 +247,7 @@ def train_rankers(cfg: PipelineConfig, root: Path, init: Path) -> None:
         train_part, eval_part = _split_lists(_ranker_lists(pools, cfg.ranker_list_size, binary), cfg.ranker_batch_size)
         train_file = _write_jsonl(root / "data" / f"{name}_train.jsonl", train_part)
         eval_file = _write_jsonl(root / "data" / f"{name}_eval.jsonl", eval_part)
-        data = _list_data(cfg, _vocab(init), train_file, eval_file, cfg.ranker_batch_size, cfg.ranker_list_size)
+        data = _list_data(cfg, checkpoint_vocab(init), train_file, eval_file, cfg.ranker_batch_size, cfg.ranker_list_size)
         # BLEU is 0..100: ListMLE only uses its order, so no rescaling is needed.
         _train_stage(cfg, root / name, str(init), ranker_config, data, LossConfig(name=loss_name),
                      cfg.ranker_learning_rate, cfg.ranker_minutes)
@@ -298,7 +292,7 @@ def train_retrievers1(cfg: PipelineConfig, root: Path) -> None:
     from rankgen_jax.list_losses import curriculum_group_labels
 
     pools = _read_jsonl(teacher_scores(cfg, root))
-    vocab = _vocab(root / "retriever0")
+    vocab = checkpoint_vocab(root / "retriever0")
     start = str(root / "retriever0")
 
     def run(name: str, records: list[dict], loss: LossConfig, init: str, minutes: float) -> None:
@@ -396,22 +390,6 @@ def evaluate_ranker(cfg: PipelineConfig, root: Path, name: str) -> dict:
 # --- driver -------------------------------------------------------------------------------
 
 
-def _init_checkpoint(cfg: PipelineConfig, root: Path) -> Path:
-    from rankgen_jax.checkpoints.convert import import_checkpoint
-    from rankgen_jax.job import resolve_hf_folder
-
-    if cfg.init_checkpoint:
-        if not native.is_checkpoint_dir(cfg.init_checkpoint):
-            raise RankgenError(f"PipelineConfig.init_checkpoint={cfg.init_checkpoint!r} is not a rankgen_jax checkpoint "
-                               "(make one with `rankgen-jax import`)")
-        return Path(cfg.init_checkpoint)
-    init = root / "init"
-    if not native.is_checkpoint_dir(init):
-        _log(f"importing {cfg.init_from_hf} -> {init}")
-        import_checkpoint("hf", resolve_hf_folder(cfg.init_from_hf), str(init), overwrite=True)
-    return init
-
-
 def run_pipeline(workdir: str, cfg: PipelineConfig | None = None) -> dict:
     """Run (or resume) every stage and evaluate; returns the results table, also in workdir/results.json."""
     cfg = cfg or PipelineConfig()
@@ -431,7 +409,7 @@ def run_pipeline(workdir: str, cfg: PipelineConfig | None = None) -> dict:
 
     if not (root / "data" / "corpus.jsonl").is_file():
         stage("data", lambda: results.update(data=build_data(cfg, root / "data")))
-    init = _init_checkpoint(cfg, root)
+    init = starting_checkpoint(cfg.init_checkpoint, cfg.init_from_hf, root, "PipelineConfig.init_checkpoint")
     if not _done(root / "retriever0"):
         stage("retriever0", train_retriever0, cfg, root, init)
         _mark_done(root / "retriever0")

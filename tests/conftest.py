@@ -34,3 +34,14 @@ def _no_gin_bindings_leak():
     gin.clear_config()
     yield
     gin.clear_config()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Run tiny torch models on one thread: on a busy box, intra-op threads make each op much slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

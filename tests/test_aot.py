@@ -8,16 +8,27 @@ import argparse
 import importlib.util
 import json
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.sharding import PartitionSpec
 
-from rankgen_jax import aot
+from rankgen_jax import aot, partitioning
 from rankgen_jax.data.triples import DataConfig
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.gin_utils import parse_gin
 
 GIB = 1024**3
+
+# Found by compiling for v3-128: flax gives each mesh axis to the first rule that
+# asks for it, so ("embed", "data") ahead of ("batch", ...) shards activations
+# over features and keeps every example's tokens on every device (XL with plain
+# remat: 32 GiB a core instead of 2.7). Fixed by listing "batch" first; then
+# these tests pass and strict xfail flags them for removal.
+FSDP_ORDER_BUG = pytest.mark.xfail(
+    strict=True, reason="partitioning.FSDP_RULES puts ('embed', 'data') before ('batch', ...): activations lose "
+    "their batch sharding")
 
 needs_libtpu = pytest.mark.skipif(
     importlib.util.find_spec("libtpu") is None,
@@ -141,6 +152,13 @@ def test_batch_shapes_follow_data_config():
         aot.batch_shapes(DataConfig(source="lists"), "cross_encoder")
 
 
+@FSDP_ORDER_BUG
+def test_fsdp_rules_shard_activations_over_batch_and_params_over_embed():
+    rules = list(partitioning.rules_by_name("fsdp"))
+    assert nn.logical_to_mesh_axes(("batch", "length", "embed"), rules) == PartitionSpec(("replica", "data"), None, None)
+    assert nn.logical_to_mesh_axes(("embed", "mlp"), rules) == PartitionSpec("data", "model")
+
+
 def test_missing_libtpu_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(aot, "libtpu_available", lambda: False)
     with pytest.raises(RankgenError, match="libtpu is not installed.*aot_venv.sh"):
@@ -228,3 +246,16 @@ def test_config_that_does_not_fit_fails_with_the_compilers_message():
     with pytest.raises(RankgenError, match=r"does not fit v3:2x2: RESOURCE_EXHAUSTED: .*HBM") as error:
         aot.compile_train_step("v3-8")
     assert "\n" not in str(error.value)
+
+
+@needs_libtpu
+@FSDP_ORDER_BUG
+def test_fsdp_activation_memory_shrinks_with_more_devices():
+    # The same global batch over 4x the devices: batch-sharded activations take about a quarter of the memory.
+    bindings = TINY_BINDINGS + ["DataConfig.batch_size=256", "TrainerConfig.mesh_model=1", "TrainerConfig.num_chunks=1",
+                                "t5_config.remat=False", "t5_config.scan_layers=False"]
+    temp = {}
+    for topology in ("v3:2x2", "v3:4x4"):
+        parse_gin(TINY_GIN, bindings)
+        temp[topology] = aot.compile_train_step(topology)["memory"]["temp_bytes"]
+    assert temp["v3:4x4"] < 0.5 * temp["v3:2x2"]

@@ -20,15 +20,7 @@ from rankgen_jax.testing_models import botchan_prefixes, build_tiny_gpt2, build_
 SMALL = dict(beam_size=2, num_samples=3, rerank_length=5, max_new_tokens=12)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Run the tiny LM on one thread: on a busy box, intra-op threads make each op much slower."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -15,15 +15,7 @@ EOS = "<|endoftext|>"
 FAST = dict(batch_size=4, min_words=3, max_words=12, max_new_tokens=24, progress=False)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Run the tiny model on one thread: on a busy CI box, intra-op threads make each op ~100x slower."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

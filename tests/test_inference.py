@@ -4,7 +4,6 @@ import dataclasses
 import functools
 from pathlib import Path
 
-import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -14,7 +13,8 @@ from rankgen_jax.checkpoints.convert import export_hf
 from rankgen_jax.configs import RANKGEN_HEAD, HeadConfig, ModelConfig, T5Config
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.inference import bucket_length, bucket_rows, load_model
-from rankgen_jax.models.factory import abstract_variables, build_model
+from rankgen_jax.models.factory import build_model
+from rankgen_jax.testing_models import random_params
 from rankgen_jax.text import load_text_encoder, pad_batch
 
 TINY_T5 = T5Config(vocab_size=1000, d_model=32, d_ff=64, num_layers=1, num_heads=2, d_kv=16)
@@ -23,19 +23,6 @@ TWO_TOWER = dataclasses.replace(SHARED, shared_towers=False)
 WORDS = ("the rain fell on the moor and the old house stood silent while she read the letter "
          "again by candle light wondering whether he would ever come back from the sea").split()
 TEXTS = [" ".join(WORDS[i % 7 : i % 7 + n]) for i, n in enumerate([3, 30, 1, 12, 25, 5, 8, 2, 18, 27, 0, 9])]
-
-
-def random_params(config, seed):
-    """Random parameters of the config's shapes (numpy; no jitted init to compile)."""
-    rng = np.random.default_rng(seed)
-    shapes = nn.unbox(abstract_variables(config))["params"]
-
-    def draw(path, leaf):
-        noise = rng.normal(0.0, 0.3, leaf.shape).astype(np.float32)
-        # Layer-norm scales near 1, as after init, so activations stay in range.
-        return noise + 1.0 if "scale" in jax.tree_util.keystr(path) else noise
-
-    return jax.tree_util.tree_map_with_path(draw, shapes)
 
 
 @pytest.fixture(scope="module")

@@ -13,15 +13,7 @@ from rankgen_jax.lm_scoring import lm_loglik_scores, load_causal_lm, pmi_scores,
 from rankgen_jax.testing_models import botchan_prefixes, build_tiny_gpt2
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Run the tiny LM on one thread: on a busy box, intra-op threads make each op much slower."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

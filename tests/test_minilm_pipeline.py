@@ -1,7 +1,6 @@
 """The pretrained MiniLM from its PyPI package through import -> train -> export, and two-tower export."""
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np

@@ -1,7 +1,6 @@
 """Ablation grids: expansion into runs, TPU launch lines, the report table, and every ablation gin file parses."""
 
 import json
-from pathlib import Path
 
 import pytest
 

@@ -1,7 +1,5 @@
 """The trainer end to end: outputs, SIGKILL resume reproducing losses, SIGTERM save, guards and clear errors."""
 
-import json
-import os
 import signal
 import subprocess
 import sys

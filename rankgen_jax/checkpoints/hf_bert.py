@@ -28,7 +28,6 @@ import dataclasses
 import json
 import os
 import re
-import shutil
 from typing import Any, Mapping
 
 import numpy as np
@@ -47,7 +46,6 @@ from rankgen_jax.checkpoints.hf import (
     _read_json,
     _read_safetensors,
     _safetensors_files,
-    _set_path,
     _write_json,
 )
 from rankgen_jax.configs import BertConfig, HeadConfig, ModelConfig

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from rankgen_jax.configs import BertConfig, HeadConfig, ModelConfig
-from rankgen_jax.models.layers import DenseKernel, activation_dtype
+from rankgen_jax.models.layers import DenseKernel
 from rankgen_jax.models.t5 import EncoderOutput, T5Encoder
 
 
