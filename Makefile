@@ -26,7 +26,7 @@ smoke: venv
 	$(PY) -m rankgen_jax.smoke --out runs/smoke
 
 test: venv
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q -m "not slow" --durations=25 tests
 
 test-all: venv
 	$(PY) -m pytest -q tests

@@ -35,15 +35,11 @@ DEFAULT_UTILIZATIONS = (0.4, 0.6)
 
 @dataclasses.dataclass(frozen=True)
 class TpuGeneration:
-    """Per-chip facts of one TPU generation (public Cloud TPU spec sheets).
-
-    dims: 2 for a 2-D torus of chips, 3 for a 3-D one.
-    counts: what N in an accelerator type `vX-N` counts, "cores" (2 TensorCores per chip) or "chips".
-    """
+    """Per-chip facts of one TPU generation (public Cloud TPU spec sheets)."""
 
     name: str
-    dims: int
-    counts: str
+    dims: int  # 2: a 2-D torus of chips; 3: a 3-D one
+    counts: str  # what N in an accelerator type `vX-N` counts: "cores" (2 TensorCores per chip) or "chips"
     hbm_gib_per_chip: float
     peak_tflops_per_chip: float  # bf16 dense matmul
     device_kind: str
@@ -131,12 +127,9 @@ def parse_topology(name: str) -> Topology:
 
 
 def device_specs(topology: Topology, num_devices: int) -> tuple[float, float, int]:
-    """(HBM bytes, peak bf16 FLOP/s, devices per chip) of one jax device of the slice.
-
-    jax shows one device per TensorCore on v2 / v3 (two per chip) and one per
-    chip on v4 / v5p (megacore) and v5e / v6e; the chip's HBM and FLOP/s are
-    split evenly over its devices.
-    """
+    """(HBM bytes, peak bf16 FLOP/s, devices per chip) of one jax device of the slice."""
+    # jax shows one device per TensorCore on v2 / v3 (two per chip) and one per chip on
+    # v4 / v5p (megacore) and v5e / v6e; a chip's HBM and FLOP/s split evenly over its devices.
     if num_devices % topology.chips:
         raise RankgenError(f"{num_devices} devices do not split evenly over {topology.chips} chips")
     per_chip = num_devices // topology.chips
@@ -184,10 +177,8 @@ def _sub_jaxprs(value) -> list:
 
 
 def jaxpr_matmul_flops(jaxpr) -> int:
-    """FLOPs of every dot_general in a jaxpr (global shapes), scan bodies times their length.
-
-    cond counts its costliest branch; a while loop (unknown trip count) counts once.
-    """
+    """FLOPs of every dot_general in a jaxpr (global shapes), scan bodies times their length."""
+    # cond counts its costliest branch; a while loop (trip count unknown here) counts once.
     total = 0
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
@@ -208,14 +199,11 @@ def jaxpr_matmul_flops(jaxpr) -> int:
 
 
 def _libtpu_env_without_tpu(topology: Topology) -> None:
-    """On a machine without TPUs, set what libtpu would otherwise look for and complain about.
-
-    It asks the GCE metadata server for the accelerator type and worker
-    hostnames (printing INVALID_ARGUMENT lines that look like a failure but are
-    not) and takes a machine-wide lock file, so a second compile (or a test
-    run) beside a first one fails. Compile-only devices need neither. On a TPU
-    VM (accelerator device files present) the environment is left alone.
-    """
+    """On a machine without TPUs, set what libtpu would otherwise look for and complain about."""
+    # libtpu asks the GCE metadata server for the accelerator type and worker hostnames
+    # (printing INVALID_ARGUMENT lines that look like a failure but are not) and takes a
+    # machine-wide lock file, so a second compile (or a test run) beside a first one fails.
+    # Compile-only devices need neither. A TPU VM (accelerator device files) is left alone.
     if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
         return
     if "TPU_ACCELERATOR_TYPE" not in os.environ and "TPU_WORKER_HOSTNAMES" not in os.environ:
@@ -245,7 +233,8 @@ def topology_devices(topology: Topology) -> list:
                                                chip_config_name=topology.generation.chip_config).devices
     except Exception as e:  # noqa: BLE001 - libtpu reports bad names as assorted runtime errors
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise RankgenError(f"libtpu rejected topology {topology.libtpu_name!r} ({topology.requested}): {first}") from None
+        raise RankgenError(f"libtpu rejected topology {topology.libtpu_name!r} ({topology.requested}): "
+                           f"{first}") from None
     kind = devices[0].device_kind
     if kind != topology.generation.device_kind:
         raise RankgenError(f"topology {topology.libtpu_name!r} gave {kind!r} devices, expected "
@@ -258,19 +247,17 @@ def batch_shapes(data, model_kind: str) -> dict[str, tuple[int, ...]]:
     if model_kind != "dual_encoder" or data.source in ("lists", "pairs"):
         raise RankgenError(f"compile supports dual encoders trained on triples (DataConfig.source 'books', "
                            f"'examples', 'seqio' or 'random'), not kind {model_kind!r} with source {data.source!r}")
-    shapes = {"query_ids": (data.batch_size, data.prefix_length), "positive_ids": (data.batch_size, data.continuation_length)}
+    shapes = {"query_ids": (data.batch_size, data.prefix_length),
+              "positive_ids": (data.batch_size, data.continuation_length)}
     if data.with_negative:
         shapes["negative_ids"] = (data.batch_size, data.continuation_length)
     return shapes
 
 
 def _model_config(trainer, gin_model):
-    """The model config training would use, without reading weights.
-
-    An init checkpoint readable here supplies its saved encoder config (as the
-    trainer does); otherwise gin's encoder stands in for it. Either way the
-    trainer's encoder_overrides apply.
-    """
+    """The model config training would use (as trainer._resolve_model_config), without reading weights."""
+    # An init checkpoint readable here supplies its saved encoder config; otherwise (gs://)
+    # gin's encoder stands in for it. Either way the trainer's encoder_overrides apply.
     from rankgen_jax.checkpoints import native
 
     if not trainer.init_checkpoint:
@@ -316,11 +303,7 @@ def _memory_report(stats, hbm_bytes: float) -> dict[str, Any]:
 
 def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAULT_UTILIZATIONS,
                        hlo_out: str | None = None) -> dict[str, Any]:
-    """Compile the gin-configured train step for a TPU topology; returns the report (see format_report).
-
-    Reads TrainerConfig, ModelConfig, DataConfig, LossConfig and OptimizerConfig
-    from the parsed gin config, as `train` does.
-    """
+    """Compile the train step of the parsed gin config (as `train` reads it) for a TPU topology; returns the report."""
     topology = parse_topology(topology_name)
     for u in utilizations:
         step_time_seconds(1.0, 1.0, u)  # validates before minutes of compiling
@@ -475,3 +458,9 @@ def run_compile(args) -> None:
     print(format_report(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    memory = report["memory"]
+    if not memory["fits"]:
+        # The compiler checks its own peak estimate; the sum of every buffer can still exceed the chip.
+        need = memory["total_bytes"] + memory["generated_code_bytes"]
+        raise RankgenError(f"per-device memory {_gib(need)} (argument + output - alias + temp + code) exceeds the "
+                           f"{_gib(memory['hbm_bytes'])} of HBM of a {report['device_kind']} device")

@@ -9,6 +9,7 @@ from rankgen_jax.runtime import configure_xla_flags
 
 configure_xla_flags()
 
+from rankgen_jax.aot import add_subparser as add_compile_subparser  # noqa: E402
 from rankgen_jax.configs import POOLINGS, HeadConfig  # noqa: E402
 from rankgen_jax.data.generative_negatives import add_subparser as add_generate_negatives_subparser  # noqa: E402
 from rankgen_jax.encoder_api import add_subparser as add_encode_subparser  # noqa: E402
@@ -20,7 +21,7 @@ from rankgen_jax.perspectives import add_subparser as add_perspectives_subparser
 from rankgen_jax.sweep import add_subparsers as add_sweep_subparsers  # noqa: E402
 
 DEMO_GIN = "demo_minilm.gin"
-GIN_COMMANDS = ("train", "pipeline", "perspectives")
+GIN_COMMANDS = ("train", "pipeline", "perspectives", "compile")
 DEMO_WORKDIR = "runs/demo"
 
 
@@ -233,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_generation_metrics_subparser(subparsers)
     add_sweep_subparsers(subparsers)
     add_perspectives_subparser(subparsers)
+    add_compile_subparser(subparsers)
     return parser
 
 

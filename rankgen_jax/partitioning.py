@@ -1,9 +1,11 @@
 """Device meshes and logical axis rules: the one place that decides how arrays are sharded.
 
 Models name their axes logically (T5X names); these rules map logical names to
-mesh axes. A rule list is ordered: for each logical axis the first rule whose
-mesh axis is not yet used by that array wins, so FSDP can shard `embed` over
-`data` for parameters while activations keep `data` for `batch`.
+mesh axes. A rule list is ordered, and flax walks the rules, not the array's
+axes: a mesh axis goes to the first rule that asks for it and names one of the
+array's axes. So FSDP's ("embed", "data") must come after ("batch", ...):
+activations then keep `data` for `batch`, and parameters (which have no
+`batch` axis) shard `embed` over `data`.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ STANDARD_RULES: LogicalRules = (
 
 # Fully sharded data parallel: parameters (and optimizer state) also split
 # their `embed` axis over `data`.
-FSDP_RULES: LogicalRules = (("embed", "data"),) + tuple(STANDARD_RULES)
+FSDP_RULES: LogicalRules = (STANDARD_RULES[0], ("embed", "data")) + tuple(STANDARD_RULES[1:])
 
 NAMED_RULES = {"standard": STANDARD_RULES, "fsdp": FSDP_RULES}
 
