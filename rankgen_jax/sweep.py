@@ -135,11 +135,17 @@ def collect(workdir: str) -> dict:
     return {k: v for k, v in row.items() if v is not None}
 
 
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() and abs(value) >= 1 else f"{value:.3f}"
+    return str(value)
+
+
 def markdown_table(rows: dict[str, dict]) -> str:
     columns = sorted({k for row in rows.values() for k in row}, key=lambda c: (not c.startswith("acc"), c))
     lines = ["| run | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for name, row in rows.items():
-        cells = [f"{row[c]:.3f}" if isinstance(row.get(c), float) else str(row.get(c, "")) for c in columns]
+        cells = [_cell(row.get(c, "")) for c in columns]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
