@@ -37,8 +37,9 @@ def configure_xla_flags(host_device_count: int | None = None) -> None:
 
 
 # Environment variables that mark one process of a multi-host job: Cloud TPU VMs
-# list every worker in TPU_WORKER_HOSTNAMES; other launchers set the coordinator.
-_MULTI_HOST_MARKERS = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS")
+# list every worker in TPU_WORKER_HOSTNAMES; other launchers set the coordinator;
+# tpu_scripts/tpu.py launch sets RANKGEN_MULTI_HOST=1 on multi-host slices.
+_MULTI_HOST_MARKERS = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS", "RANKGEN_MULTI_HOST")
 
 
 def is_multi_host_environment(environ=None) -> bool:

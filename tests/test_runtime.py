@@ -11,6 +11,7 @@ def test_multi_host_detection():
     assert not is_multi_host_environment({"TPU_WORKER_HOSTNAMES": "10.0.0.2"})  # a single-host slice
     assert is_multi_host_environment({"TPU_WORKER_HOSTNAMES": "10.0.0.2,10.0.0.3"})
     assert is_multi_host_environment({"JAX_COORDINATOR_ADDRESS": "10.0.0.2:1234"})
+    assert is_multi_host_environment({"RANKGEN_MULTI_HOST": "1"})
 
 
 def test_initialize_distributed_modes():

@@ -151,7 +151,7 @@ def test_launch_v3_128_xl():
     check_slice_flags(cmd)
     assert "--worker=all" in cmd
     script = remote(cmd)
-    assert "export JAX_PLATFORMS=tpu" in script
+    assert "export JAX_PLATFORMS=tpu RANKGEN_MULTI_HOST=1" in script  # v3-128: 16 hosts join jax.distributed
     assert "setsid nohup rankgen-jax " + shlex.join(XL) + " > ~/logs/xl.worker$W.log 2>&1 < /dev/null &" in script
     assert "W=${TPU_WORKER_ID:-" in script and "agent-worker-number" in script
 

@@ -236,7 +236,9 @@ def cmd_launch(args) -> None:
     run_name = args.run_name or (workdir.rstrip("/").rsplit("/", 1)[-1] if workdir else train_args[0])
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", run_name):
         raise UsageError(f"--run_name {run_name!r}: use letters, digits, '_', '.' or '-'")
-    env = ["JAX_PLATFORMS=tpu", *args.env]  # tpu: fail loudly rather than fall back to CPU
+    # tpu: fail loudly rather than fall back to CPU. RANKGEN_MULTI_HOST: the trainer joins
+    # jax.distributed (ssh shells on TPU VMs do not always carry TPU_WORKER_HOSTNAMES).
+    env = ["JAX_PLATFORMS=tpu", *(["RANKGEN_MULTI_HOST=1"] if tpu.hosts > 1 else []), *args.env]
     for pair in env:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", pair):
             raise UsageError(f"--env {pair!r}: expected NAME=VALUE")
