@@ -258,7 +258,10 @@ def test_per_example_loss_is_a_mean_of_independent_terms():
         sub_batch = {k: v[part] for k, v in batch.items()}
         halves.append(float(run_loss("per_example_softmax", sub_out, sub_batch, {})[0]))
     np.testing.assert_allclose(np.mean(halves), full, rtol=RTOL)
-    assert losses.LOSS_NEEDS_FULL_BATCH == {"in_batch_softmax": True, "per_example_softmax": False, "listwise_softmax": False}
+    expected = {"in_batch_softmax": True, "per_example_softmax": False, "listwise_softmax": False}
+    assert {k: losses.LOSS_NEEDS_FULL_BATCH[k] for k in expected} == expected
+    # Every list loss is per query: accumulation never drops negatives there.
+    assert not any(losses.LOSS_NEEDS_FULL_BATCH[k] for k in losses.LOSSES if k not in expected)
 
 
 @pytest.mark.parametrize("name", ["in_batch_softmax", "per_example_softmax"])
