@@ -1,7 +1,9 @@
 """Ablation grids: expansion into runs, TPU launch lines, the report table, and every ablation gin file parses."""
 
+import ast
 import json
 
+import gin
 import pytest
 
 from rankgen_jax.errors import RankgenError
@@ -71,3 +73,10 @@ def test_report_table_and_plot(tmp_path):
 def test_ablation_gin_files_parse(name):
     base = "pipelines/demo_minilm.gin" if name.startswith(("distill", "curriculum")) else "rankgen_t5_tiny_books.gin"
     parse_gin([base, f"ablations/{name}"], [])
+    # Every binding the ablation file makes is what gin now holds (the file wins over the base).
+    bindings = [line.split("=", 1) for line in (ABLATIONS / name).read_text().splitlines()
+                if "=" in line and not line.startswith(("#", "include"))]
+    if name.startswith("model_"):  # these only include a model file: its size is what gin holds
+        bindings = [("t5_config.size", repr(name.removeprefix("model_").removesuffix(".gin")))]
+    for key, value in bindings:
+        assert gin.query_parameter(key.strip()) == ast.literal_eval(value.strip()), key
