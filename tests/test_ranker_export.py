@@ -27,6 +27,7 @@ from rankgen_jax.checkpoints.convert import export_hf, import_checkpoint, read_s
 from rankgen_jax.configs import BertConfig, HeadConfig, ModelConfig, T5Config  # noqa: E402
 from rankgen_jax.errors import RankgenError  # noqa: E402
 from rankgen_jax.models.factory import abstract_variables, build_model, check_params_match, init_params  # noqa: E402
+from test_hf_convert import assert_same_params  # noqa: E402
 
 # Three layers, so hidden_states[-2] is neither the embedding output nor the first layer's.
 TINY = dict(d_model=32, d_ff=64, num_layers=3, num_heads=4)
@@ -47,21 +48,6 @@ def ranker_config(encoder: str, pooling: str, projection_dim: int, num_scores: i
                        kind="cross_encoder", num_scores=num_scores)
 
 
-def flatten(tree, prefix=""):
-    out = {}
-    for key, value in tree.items():
-        name = f"{prefix}/{key}" if prefix else key
-        out.update(flatten(value, name) if isinstance(value, dict) else {name: value})
-    return out
-
-
-def assert_same_params(got, want):
-    """Same names, float32, bit-identical values."""
-    fg, fw = flatten(got), flatten(want)
-    assert sorted(fg) == sorted(fw)
-    for name in fw:
-        assert fg[name].dtype == np.float32, name
-        np.testing.assert_array_equal(fg[name], np.asarray(fw[name]), err_msg=name)
 
 
 @pytest.fixture(scope="module")

@@ -161,7 +161,7 @@ def _read_file(path: Path, doc_id: str, stats: ReadStats) -> Iterator[Document]:
         stats.skip(EMPTY_FILE, str(path))
         return
     if path.name.endswith(JSON_SUFFIXES):
-        yield from _json_documents(raw, path, doc_id, stats)
+        yield from json_documents(raw, path, doc_id, stats)
         return
     text = _decode(raw)
     if text is None:
@@ -195,15 +195,22 @@ def _decode(raw: bytes) -> str | None:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def _json_documents(raw: bytes, path: Path, file_id: str, stats: ReadStats) -> Iterator[Document]:
-    """Documents of a JSON-lines file (or a .json file holding one array of records)."""
+def _default_id(file_id: str, number: int) -> str:
+    return f"{file_id}:{number}" if file_id else str(number)
+
+
+def json_documents(raw: bytes, path: Path, file_id: str, stats: ReadStats) -> Iterator[Document]:
+    """Documents of a JSON-lines file (or a .json file holding one array of records).
+
+    A record without an id gets "<file_id>:<line>", or just "<line>" when file_id is "".
+    """
     if b"\x00" in raw:
         stats.skip(BINARY_FILE, str(path))
         return
     array = _json_array(raw)
     if array is not None:
         for index, record in enumerate(array, start=1):
-            yield from _record_document(record, f"{file_id}:{index}", f"{path}:{index}", stats)
+            yield from _record_document(record, _default_id(file_id, index), f"{path}:{index}", stats)
         return
     for number, line in enumerate(raw.split(b"\n"), start=1):
         if not line.strip():
@@ -214,7 +221,7 @@ def _json_documents(raw: bytes, path: Path, file_id: str, stats: ReadStats) -> I
         except (UnicodeDecodeError, ValueError):
             stats.skip(MALFORMED_JSON, location)
             continue
-        yield from _record_document(record, f"{file_id}:{number}", location, stats)
+        yield from _record_document(record, _default_id(file_id, number), location, stats)
 
 
 def _json_array(raw: bytes) -> list | None:

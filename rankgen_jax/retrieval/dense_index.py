@@ -28,8 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from rankgen_jax.data.documents import (JSON_SUFFIXES, MALFORMED_JSON, ReadStats, _json_array, _read_bytes,
-                                        _record_document)
+from rankgen_jax.data.documents import JSON_SUFFIXES, ReadStats, _read_bytes, json_documents
 from rankgen_jax.errors import RankgenError
 
 INDEX_KINDS = ("flat", "ivf", "hnsw")
@@ -193,24 +192,8 @@ def read_corpus(path: str | Path, stats: ReadStats | None = None, quiet: bool = 
 
 
 def _json_passages(raw: bytes, path: Path, stats: ReadStats) -> list[tuple[str, str]]:
-    """(id, text) of each usable record of a JSON-lines file (or a .json file holding one array)."""
-    passages = []
-    array = _json_array(raw)
-    if array is not None:
-        for number, record in enumerate(array, start=1):
-            passages.extend((d.id, d.text) for d in _record_document(record, str(number), f"{path}:{number}", stats))
-        return passages
-    for number, line in enumerate(raw.split(b"\n"), start=1):
-        if not line.strip():
-            continue  # blank lines (and the trailing newline) are not records
-        location = f"{path}:{number}"
-        try:
-            record = json.loads(line.decode("utf-8-sig"))
-        except (UnicodeDecodeError, ValueError):
-            stats.skip(MALFORMED_JSON, location)
-            continue
-        passages.extend((d.id, d.text) for d in _record_document(record, str(number), location, stats))
-    return passages
+    """(id, text) of each usable record of a JSON-lines (or JSON array) file; the id defaults to the line number."""
+    return [(d.id, d.text) for d in json_documents(raw, path, "", stats)]
 
 
 def _text_passages(raw: bytes, path: Path, stats: ReadStats) -> list[tuple[str, str]]:
