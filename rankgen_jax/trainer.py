@@ -7,6 +7,15 @@ The workdir may be local or a bucket URL (gs://bucket/run), which every host of
 a multi-host slice passes alike: paths go through etils.epath (native.as_path),
 host 0 alone writes the config files and metrics, and Orbax coordinates the
 checkpoint writes. The hosts also agree on when to stop (see _StopVote).
+
+Faults: a run killed at any point (SIGKILL included, during an async checkpoint
+write too) resumes from the newest checkpoint that restores intact. Orbax never
+lists an unfinished save; a finished step that no longer restores (a file
+truncated or removed, an array that no longer matches the digest saved with it)
+is named, renamed `<step>.damaged` and the previous step is used (_resume).
+Steps with NaN/Inf gradients are skipped and counted (metric
+`train/nonfinite_skipped`); too many in a row stop the run with a checkpoint
+of the parameters from before them (_stop_if_diverged).
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ from rankgen_jax.errors import RankgenError
 from rankgen_jax.metrics_io import MetricWriter
 from rankgen_jax.models.factory import abstract_variables, build_model, check_params_match, init_variables, to_model_layout
 from rankgen_jax.models.factory import init_params as random_params
-from rankgen_jax.optimizers import OptimizerConfig, check_nonfinite, make_optimizer
+from rankgen_jax.optimizers import OptimizerConfig, make_optimizer, nonfinite_counts
 from rankgen_jax.runtime import initialize_distributed
 from rankgen_jax.train_state import TrainState, create_state, state_shardings
 from rankgen_jax.train_step import StepOptions, eval_step, train_step
@@ -251,7 +260,8 @@ def train(
 
     # --- state, created sharded; step functions jitted once -----------------------------
     setup = build_step_functions(model_config, options, tx, schedule, loss_params, mesh, rules, trainer.seed)
-    manager = native.step_manager(workdir_path, max_to_keep=trainer.keep_checkpoints, async_save=trainer.async_checkpoints)
+    manager = native.step_manager(workdir_path, max_to_keep=trainer.keep_checkpoints, async_save=trainer.async_checkpoints,
+                                  writer=True)
     start = manager.latest_step()
     if jax.process_count() > 1:
         # Every host has now decided fresh start or resume; only then may host 0 create
@@ -261,7 +271,7 @@ def train(
         init_params = _complete_params(init_params, model_config, trainer.init_checkpoint, trainer.seed)
     with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
         if start is not None:
-            state, data_start = _restore(manager, start, setup.abstract_state, setup.shardings)
+            start, state, data_start = _resume(manager, workdir, setup.abstract_state, setup.shardings)
             print(f"resuming from {workdir}/checkpoints/{start}", file=sys.stderr)
         else:
             start = data_start = 0
@@ -307,7 +317,7 @@ def build_step_functions(
     abstract_state, shardings = state_shardings(random_state, param_specs, mesh, rules)
     batch_sharding = partitioning.batch_sharding(mesh)
     step = jax.jit(
-        functools.partial(train_step, model=model, options=options, tx=tx, schedule=schedule,
+        functools.partial(_counted_train_step, model=model, options=options, tx=tx, schedule=schedule,
                           use_dropout=model_config.encoder.dropout_rate > 0),
         in_shardings=(shardings, batch_sharding),
         out_shardings=(shardings, partitioning.replicated(mesh)),
@@ -322,6 +332,13 @@ def build_step_functions(
                          batch_sharding)
 
 
+def _counted_train_step(state: TrainState, batch: dict, **static) -> tuple[TrainState, dict]:
+    """train_step, its metrics joined by `nonfinite_skipped`: steps skipped so far for NaN/Inf gradients."""
+    state, metrics = train_step(state, batch, **static)
+    _, total = nonfinite_counts(state.opt_state)
+    return state, {**metrics, "nonfinite_skipped": total}
+
+
 def _put_batch(local: dict, sharding: NamedSharding, batch_size: int) -> dict:
     """Global arrays from this host's rows (one host: the whole batch)."""
     return {
@@ -330,7 +347,10 @@ def _put_batch(local: dict, sharding: NamedSharding, batch_size: int) -> dict:
 
 
 def _restore(manager, step: int, abstract_state: TrainState, shardings: TrainState) -> tuple[TrainState, int]:
-    """(state, index of the next batch) of a saved step, restored straight into its shardings."""
+    """(state, index of the next batch) of a saved step, restored straight into its shardings.
+
+    Raises when the step does not restore, or its arrays differ from the digest saved with them.
+    """
     target = jax.tree_util.tree_map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state, shardings
     )
@@ -343,7 +363,74 @@ def _restore(manager, step: int, abstract_state: TrainState, shardings: TrainSta
             data=ocp.args.JsonRestore(),
         ),
     )
+    digest = restored.data.get("digest")
+    if digest is not None:  # steps saved before digests existed have none
+        native.check_digest(restored.params, digest["params"])
+        native.check_digest(restored.train_state, digest["train_state"])
     return TrainState(params=restored.params, **restored.train_state), int(restored.data["next_batch_index"])
+
+
+DAMAGED_SUFFIX = ".damaged"
+
+
+def _resume(manager, workdir: str, abstract_state: TrainState, shardings: TrainState) -> tuple[int, TrainState, int]:
+    """(step, state, index of the next batch) of the newest saved step that restores intact.
+
+    A step that fails while an older one restores is damaged (both were saved
+    by this run's config): its folder is renamed `<step>.damaged`, which Orbax
+    does not list, so it is kept for inspection, never retried and never
+    deleted. When no step restores, the config (another optimizer, a learned
+    loss parameter) is a likelier cause than the files: nothing is renamed
+    and the error says what each step's failure was.
+    """
+    failed: list[tuple[int, str]] = []
+    for step in sorted(manager.all_steps(), reverse=True):
+        where = f"{workdir}/checkpoints/{step}"
+        try:
+            error = None
+            state, data_start = _restore(manager, step, abstract_state, shardings)
+        except Exception as e:  # noqa: BLE001 - Orbax and tensorstore raise many types for damaged folders
+            error = native.describe_error(e)
+        if _any_process(error is not None):
+            error = error or "failed on another host"
+            failed.append((step, error))
+            print(f"warning: cannot restore {where} ({error}); trying the previous checkpoint", file=sys.stderr)
+            continue
+        _set_aside(manager, workdir, [s for s, _ in failed], resumed=step)
+        return step, state, data_start
+    tried = "; ".join(f"step {s}: {e}" for s, e in failed)
+    raise RankgenError(f"no checkpoint in {workdir}/checkpoints restores ({tried}); if the files are intact, the "
+                       f"config may differ from the one that saved them (compare {workdir}/config.gin)")
+
+
+def _any_process(flag: bool) -> bool:
+    """True when the flag is set on any host (all hosts must take the same branch around collectives)."""
+    if jax.process_count() == 1:
+        return flag
+    return bool(np.max(multihost_utils.process_allgather(np.array(flag, np.int32))))
+
+
+def _set_aside(manager, workdir: str, steps: list[int], resumed: int) -> None:
+    """Rename damaged step folders to `<step>.damaged` (host 0; every host then re-lists the steps)."""
+    if not steps:
+        return
+    if jax.process_index() == 0:
+        for step in steps:
+            folder = manager.directory / str(step)
+            target = manager.directory / f"{step}{DAMAGED_SUFFIX}"
+            n = 1
+            while target.exists():  # an earlier run set aside the same step number
+                target, n = manager.directory / f"{step}{DAMAGED_SUFFIX}.{n}", n + 1
+            try:
+                folder.rename(target)
+                moved = f"moved it to {target.name} (kept, not deleted)"
+            except Exception as e:  # noqa: BLE001 - e.g. a bucket that cannot rename folders: warn and go on
+                moved = f"could not move it aside ({native.describe_error(e)})"
+            print(f"warning: {workdir}/checkpoints/{step} is damaged; {moved}; resumed from step {resumed}",
+                  file=sys.stderr)
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("rankgen_jax: damaged steps set aside")
+    manager.reload()
 
 
 def _complete_params(params: dict, model_config: ModelConfig, where: str, seed: int) -> dict:
@@ -367,13 +454,44 @@ def _complete_params(params: dict, model_config: ModelConfig, where: str, seed: 
 
 
 def _save(manager, state: TrainState, next_batch_index: int) -> None:
-    """Params (the item `export-hf` reads), the rest of the state, and the data position."""
+    """Params (the item `export-hf` reads), the rest of the state, and the data position with a digest of both."""
     rest = {"step": state.step, "loss_params": state.loss_params, "opt_state": state.opt_state, "rng": state.rng}
+    digest = {"params": native.tree_digest(state.params), "train_state": native.tree_digest(rest)}
     manager.save(int(state.step), args=ocp.args.Composite(
         params=ocp.args.StandardSave(state.params),
         train_state=ocp.args.StandardSave(rest),
-        data=ocp.args.JsonSave({"next_batch_index": next_batch_index}),
+        data=ocp.args.JsonSave({"next_batch_index": next_batch_index, "digest": digest}),
     ))
+
+
+_all_finite = jax.jit(lambda tree: jnp.all(jnp.array([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)])))
+
+
+def _stop_if_diverged(state: TrainState, optimizer: OptimizerConfig, manager, workdir, next_batch_index: int) -> None:
+    """After max_consecutive_nonfinite skipped steps in a row: save, then stop with a RankgenError.
+
+    The guard skipped the streak's updates, so the parameters are those from
+    before it, and the checkpoint saved now holds them: the message names it.
+    If the parameters themselves are not finite (a finite but overflowing
+    update before the streak) nothing is saved and the message says so.
+    """
+    consecutive, total = (int(x) for x in nonfinite_counts(state.opt_state))
+    if consecutive < optimizer.max_consecutive_nonfinite:
+        return
+    step = int(state.step)
+    first = step - consecutive + 1
+    what = (f"training diverged: the last {consecutive} steps had NaN/Inf gradients (steps {first}-{step}; "
+            f"{total} skipped in all)")
+    if not bool(_all_finite(state.params)):
+        saved = sorted(manager.all_steps())
+        raise RankgenError(f"{what} and the parameters themselves are not finite, so nothing was saved; resume from "
+                           f"an earlier checkpoint in {workdir}/checkpoints (saved steps: {saved}) with a lower "
+                           "learning rate")
+    if step not in manager.all_steps():
+        _save(manager, state, next_batch_index)
+    manager.wait_until_finished()
+    raise RankgenError(f"{what}; their updates were skipped, so {workdir}/checkpoints/{step} holds the parameters "
+                       f"from before them (those of step {first - 1}): resume from it with a lower learning rate")
 
 
 class _Preemption:
@@ -475,7 +593,7 @@ def _loop(trainer, workdir, state, start, data_start, train_source, eval_source,
             if done % trainer.log_every == 0 or is_last or sigterm:
                 last = _flush_metrics(writer, pending, bar)
                 pending = []
-                check_nonfinite(state.opt_state, optimizer)
+                _stop_if_diverged(state, optimizer, manager, workdir, next_batch_index=data_start + done - start)
             if trainer.eval_every and (done % trainer.eval_every == 0 or is_last):
                 writer.write_scalars(done, _evaluate(eval_fn, state, eval_source, put, trainer.eval_batches), prefix="eval/")
             if done % trainer.checkpoint_every == 0 or is_last or sigterm:

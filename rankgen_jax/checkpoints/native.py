@@ -8,6 +8,11 @@ Layout of CKPT_DIR (the same that `rankgen-jax train` writes into its workdir):
     checkpoints/<step>/      Orbax CheckpointManager steps; item `params` holds
                              the canonical (unscanned, T5X-named) parameters
 
+Each step the trainer saves also holds, in its `data` item, a digest of every
+array it saved (see `tree_digest`): Orbax stores arrays without checksums, so a
+damaged file would otherwise restore silently as wrong numbers. Restoring
+checks the digest when there is one (import-made checkpoints have none).
+
 CKPT_DIR may be a local folder or a bucket URL (gs://bucket/run): paths go
 through etils.epath, as Orbax's do, and pathlib would turn "gs://b" into the
 local folder "gs:/b". For gs:// epath reaches the bucket through tf.io.gfile
@@ -21,6 +26,8 @@ import os
 import sys
 from typing import Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
@@ -80,10 +87,19 @@ def _require_checkpoint_dir(path: str | os.PathLike) -> epath.Path:
     return ckpt
 
 
-def step_manager(path: str | os.PathLike, max_to_keep: int | None = None, async_save: bool = False) -> ocp.CheckpointManager:
-    """Orbax manager over CKPT_DIR/checkpoints."""
+def step_manager(path: str | os.PathLike, max_to_keep: int | None = None, async_save: bool = False,
+                 writer: bool = False) -> ocp.CheckpointManager:
+    """Orbax manager over CKPT_DIR/checkpoints.
+
+    writer=True (the one process family that saves steps here, i.e. the
+    trainer): delete the temporary folders (`<step>.orbax-checkpoint-tmp`) of
+    saves a killed run left unfinished. Readers must not: they would delete
+    a running trainer's save in progress. Either way Orbax never lists an
+    unfinished save as a step.
+    """
     _check_bucket_support(path)
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=async_save)
+    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=async_save,
+                                           cleanup_tmp_directories=writer)
     return ocp.CheckpointManager(absolute(path) / STEPS_DIR, options=options)
 
 
@@ -181,13 +197,19 @@ def restore_params(path: str | os.PathLike, step: int | None = None) -> tuple[Mo
         step = max(steps)
     elif step not in steps:
         raise RankgenError(f"{ckpt}: no step {step} (saved steps: {sorted(steps)})")
+    items = {"params": ocp.args.StandardRestore()}
+    if (as_path(manager.directory) / str(step) / "data").is_dir():  # a trainer's step: the digest lives there
+        items["data"] = ocp.args.JsonRestore()
     try:
-        restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore()))
+        restored = manager.restore(step, args=ocp.args.Composite(**items))
+        params = _to_numpy(restored.params)
+        digest = (restored.data or {}).get("digest", {}).get("params") if "data" in items else None
+        if digest is not None:
+            check_digest(params, digest)
     except Exception as e:  # Orbax raises many types for damaged folders
-        raise RankgenError(f"{ckpt}: cannot read step {step} ({type(e).__name__}: {e})") from None
+        raise RankgenError(f"{ckpt}: cannot read step {step} ({describe_error(e)})") from None
     finally:
         manager.close()
-    params = _to_numpy(restored.params)
     return model_config, params
 
 
@@ -195,3 +217,93 @@ def _to_numpy(tree):
     if isinstance(tree, dict):
         return {k: _to_numpy(v) for k, v in tree.items()}
     return np.asarray(tree)
+
+
+def describe_error(e: BaseException) -> str:
+    """`Type: first line` of an exception's root cause, for one-line messages.
+
+    Orbax wraps tensorstore's errors (which name the array and file) in
+    generic ones, and its messages run to pages.
+    """
+    seen = {id(e)}
+    while e.__cause__ is not None and id(e.__cause__) not in seen:
+        e = e.__cause__
+        seen.add(id(e))
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else ""
+    if len(first) > 300:
+        first = first[:300] + "..."
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
+# --- array digests -------------------------------------------------------------------------
+# One uint32 per array: sum over elements of mix(bits) * weight(flat index), mod 2^32.
+# Integer sums wrap exactly whatever the order, so the digest of a sharded array does not
+# depend on the sharding; the position weights make moved elements count, not just changed
+# ones. The same code runs on numpy (host arrays) and jax.numpy (device arrays, jitted).
+
+_DIGEST_SEEDS = (0x85EBCA6B, 0x27D4EB2F)
+
+
+def _mix32(x, xp):
+    """MurmurHash3's finaliser on uint32 values (wrapping arithmetic)."""
+    x = x ^ (x >> xp.uint32(16))
+    x = x * xp.uint32(0x85EBCA6B)
+    x = x ^ (x >> xp.uint32(13))
+    x = x * xp.uint32(0xC2B2AE35)
+    return x ^ (x >> xp.uint32(16))
+
+
+def _words(x, xp):
+    """The array's bits as uint32 values, one per element (8-byte elements: two)."""
+    size = x.dtype.itemsize
+    if x.dtype == bool:
+        return x.astype(xp.uint32)
+    unsigned = {1: xp.uint8, 2: xp.uint16, 4: xp.uint32}.get(size)
+    if unsigned is None:
+        if size != 8:
+            raise RankgenError(f"cannot digest arrays of dtype {x.dtype}")
+        unsigned = xp.uint32
+    bits = x.view(unsigned) if xp is np else jax.lax.bitcast_convert_type(x, unsigned)
+    return bits.astype(xp.uint32)
+
+
+def _flat_index(shape, xp):
+    """Row-major element index, as uint32, without reshaping (a reshape could regather a sharded array)."""
+    index = xp.zeros(shape, xp.uint32)
+    stride = 1
+    for axis in reversed(range(len(shape))):
+        iota = np.arange(shape[axis], dtype=np.uint32) if xp is np else jax.lax.iota(jnp.uint32, shape[axis])
+        index = index + xp.uint32(stride % 2**32) * iota.reshape((-1,) + (1,) * (len(shape) - axis - 1))
+        stride *= shape[axis]
+    return index
+
+
+def _leaf_digest(x, xp):
+    words = _words(xp.asarray(x), xp)
+    weights = _mix32(_flat_index(words.shape, xp) * xp.uint32(0x9E3779B9) + xp.uint32(_DIGEST_SEEDS[0]), xp)
+    codes = _mix32(words ^ xp.uint32(_DIGEST_SEEDS[1]), xp)
+    return xp.sum(codes * (weights | xp.uint32(1)), dtype=xp.uint32)
+
+
+_device_digests = jax.jit(lambda tree: jax.tree_util.tree_map(lambda x: _leaf_digest(x, jnp), tree))
+
+
+def tree_digest(tree) -> dict[str, int]:
+    """{path: digest} of every array in a tree: jax arrays on their devices, numpy arrays on the host."""
+    leaves = jax.tree_util.tree_leaves(tree)
+    if leaves and all(isinstance(x, jax.Array) for x in leaves):
+        values = jax.device_get(_device_digests(tree))
+    else:
+        with np.errstate(over="ignore"):
+            values = jax.tree_util.tree_map(lambda x: _leaf_digest(np.asarray(x), np), tree)
+    return {jax.tree_util.keystr(path): int(v) for path, v in jax.tree_util.tree_leaves_with_path(values)}
+
+
+def check_digest(tree, expected: dict[str, int]) -> None:
+    """Raise RankgenError when a tree's arrays are not the ones a digest was taken of."""
+    got = tree_digest(tree)
+    differ = sorted(k for k in set(got) | set(expected) if got.get(k) != expected.get(k))
+    if differ:
+        raise RankgenError(f"{len(differ)} of {len(expected)} arrays differ from the digest saved with them "
+                           f"(first: {differ[0]})")
