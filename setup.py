@@ -21,5 +21,5 @@ setup(
         "sentencepiece", "safetensors", "msgpack", "tqdm",
     ],
     extras_require={"torch": ["torch", "transformers"], "data": ["seqio"], "retrieval": ["faiss-cpu"]},
-    entry_points={"console_scripts": ["rankgen-jax=rankgen_jax.cli:main"]},
+    entry_points={"console_scripts": ["rankgen-jax=rankgen_jax.cli:console_main"]},
 )

@@ -3,7 +3,9 @@
 Each configuration runs in its own subprocess so that its peak RSS is its own.
 Achieved FLOP/s uses the analytical training cost (3x the forward matmul
 FLOPs; GradCache really does a 4th forward, which is not counted) against an
-fp32 matmul peak measured in the same run.
+fp32 matmul peak measured in the same run. The plain cases also run the
+PyTorch / HuggingFace peer step (`rankgen_jax.bench_torch`) with the same
+config, shapes, optimizer (AdamW) and thread count, and report the ratio.
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ import argparse
 import dataclasses
 import json
 import resource
+import os
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from rankgen_jax.runtime import configure_xla_flags
+from rankgen_jax.configs import t5_config
+from rankgen_jax.runtime import configure_xla_flags, reexec_with_malloc_tunables
 
 configure_xla_flags()
 
@@ -31,6 +36,7 @@ class BenchCase:
     with_negative: bool = True
     num_chunks: int = 1
     steps: int = 5
+    framework: str = "jax"  # or "torch": the HF peer step
 
 
 def forward_flops(cfg, length: int, head_dim_out: int) -> float:
@@ -42,12 +48,42 @@ def forward_flops(cfg, length: int, head_dim_out: int) -> float:
     return cfg.num_layers * length * (per_token_dense + per_token_attention) + 2 * d * head_dim_out
 
 
+LEARNING_RATE = 1e-4
+THREADS = 2  # XLA:CPU uses every core it may run on; torch is told the same number
+
+
 def run_case(case: BenchCase) -> dict:
+    """One case's timings and analytical FLOP/s, in this (fresh) process."""
+    if case.framework == "torch":
+        from rankgen_jax.bench_torch import run_torch_case
+
+        timing = run_torch_case(case, THREADS, LEARNING_RATE, weight_decay=0.0)
+    else:
+        timing = _run_jax_case(case)
+    towers = 3 if case.with_negative else 2
+    tokens = case.batch * (case.prefix_length + (towers - 1) * case.continuation_length)
+    cfg = t5_config(case.size)
+    flops = 3 * case.batch * (
+        forward_flops(cfg, case.prefix_length, cfg.d_model)
+        + (towers - 1) * forward_flops(cfg, case.continuation_length, cfg.d_model)
+    )
+    seconds = timing["step_seconds"]
+    return {
+        **dataclasses.asdict(case),
+        **timing,
+        "examples_per_second": case.batch / seconds,
+        "tokens_per_second": tokens / seconds,
+        "train_gflops_per_second": flops / seconds / 1e9,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def _run_jax_case(case: BenchCase) -> dict:
     import flax.linen as nn
     import jax
 
     from rankgen_jax import partitioning
-    from rankgen_jax.configs import RANKGEN_HEAD, ModelConfig, t5_config
+    from rankgen_jax.configs import RANKGEN_HEAD, ModelConfig
     from rankgen_jax.data.triples import DataConfig, RandomTriples
     from rankgen_jax.optimizers import OptimizerConfig, make_optimizer
     from rankgen_jax.train_step import StepOptions
@@ -59,39 +95,34 @@ def run_case(case: BenchCase) -> dict:
                       vocab_size=config.encoder.vocab_size)
     mesh = partitioning.make_mesh(-1, 1)
     rules = partitioning.STANDARD_RULES
-    tx, schedule = make_optimizer(OptimizerConfig(name="adafactor", learning_rate=2e-3))
+    tx, schedule = make_optimizer(OptimizerConfig(name="adamw", learning_rate=LEARNING_RATE))
     options = StepOptions("in_batch_softmax", (), num_chunks=case.num_chunks)
     fns = build_step_functions(config, options, tx, schedule, {}, mesh, rules, seed=0)
     source = RandomTriples(data)
     with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
         state = fns.init()
         batches = [jax.device_put(source.batch(i), fns.batch_sharding) for i in range(2)]
-        compile_start = time.perf_counter()
-        state, metrics = fns.train_step(state, batches[0])
-        jax.block_until_ready(metrics)
-        compile_seconds = time.perf_counter() - compile_start
+        holder = {"state": state}
+
+        def step(i: int) -> float:
+            holder["state"], metrics = fns.train_step(holder["state"], batches[i % 2])
+            return float(metrics["loss"])  # waits for the step
+
+        return time_steps(step, case.steps)
+
+
+def time_steps(step, steps: int) -> dict:
+    """Run step(0) (compile / warm-up) then `steps` timed steps; median and best seconds per step."""
+    start = time.perf_counter()
+    step(0)
+    first = time.perf_counter() - start
+    seconds = []
+    for i in range(1, steps + 1):
         start = time.perf_counter()
-        for i in range(case.steps):
-            state, metrics = fns.train_step(state, batches[i % 2])
-        jax.block_until_ready(metrics)
-        seconds = (time.perf_counter() - start) / case.steps
-    towers = 3 if case.with_negative else 2
-    tokens = case.batch * (case.prefix_length + (towers - 1) * case.continuation_length)
-    cfg = config.encoder
-    flops = 3 * case.batch * (
-        forward_flops(cfg, case.prefix_length, cfg.d_model)
-        + (towers - 1) * forward_flops(cfg, case.continuation_length, cfg.d_model)
-    )
-    return {
-        **dataclasses.asdict(case),
-        "step_seconds": seconds,
-        "first_step_seconds": compile_seconds,
-        "examples_per_second": case.batch / seconds,
-        "tokens_per_second": tokens / seconds,
-        "train_gflops_per_second": flops / seconds / 1e9,
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "loss": float(metrics["loss"]),
-    }
+        loss = step(i)
+        seconds.append(time.perf_counter() - start)
+    return {"step_seconds": statistics.median(seconds), "best_step_seconds": min(seconds),
+            "first_step_seconds": first, "loss": loss}
 
 
 def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
@@ -111,48 +142,104 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-DEFAULT_CASES = [
-    BenchCase("tiny", 32),
-    BenchCase("small", 16, steps=3),
-    BenchCase("tiny", 64),
-    BenchCase("tiny", 256, steps=3),
+# JAX against the PyTorch peer: the issue's two reference points.
+PEER_CASES = [BenchCase("tiny", 32, steps=8), BenchCase("small", 16, steps=4)]
+# GradCache memory: peak RSS at batch 1536 against batch 64, both in chunks of 32 (tiny model).
+GRADCACHE_CASES = [
+    BenchCase("tiny", 64, steps=3),
     BenchCase("tiny", 64, num_chunks=2, steps=3),
     BenchCase("tiny", 256, num_chunks=8, steps=2),
     BenchCase("tiny", 1536, num_chunks=48, steps=1),
 ]
 
 
+def _run_child(case: BenchCase) -> dict | None:
+    """One case in a fresh process (its own peak RSS, its own thread pools); None if it failed."""
+    proc = subprocess.run([sys.executable, "-m", "rankgen_jax.bench", "--case", json.dumps(dataclasses.asdict(case))],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"{case}: failed\n{proc.stderr[-2000:]}", flush=True)
+        return None
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _describe(row: dict, peak: float) -> str:
+    mode = f"GradCache x{row['num_chunks']} (chunk {row['batch'] // row['num_chunks']})" if row["num_chunks"] > 1 else "plain"
+    return (f"{row['framework']:>5} {row['size']:>5} batch {row['batch']:>5} {mode:<24} {row['step_seconds']:7.3f} s/step "
+            f"{row['tokens_per_second']:8.0f} tok/s {row['train_gflops_per_second']:6.1f} GFLOP/s "
+            f"({row['train_gflops_per_second'] / peak:.0%} of peak)  peak RSS {row['peak_rss_mib']:6.0f} MiB")
+
+
+def run_train_benchmarks(peak: float, quick: bool) -> dict:
+    """JAX vs PyTorch at the reference points, then GradCache memory; rows plus the derived ratios."""
+    peers, gradcache = [], []
+    for case in PEER_CASES[:1] if quick else PEER_CASES:
+        pair = {}
+        for framework in ("jax", "torch"):
+            row = _run_child(dataclasses.replace(case, framework=framework))
+            if row:
+                print(_describe(row, peak), flush=True)
+                pair[framework] = row
+        if len(pair) == 2:
+            ratio = pair["jax"]["tokens_per_second"] / pair["torch"]["tokens_per_second"]
+            print(f"      {case.size} batch {case.batch}: JAX / PyTorch tokens/s = {ratio:.2f}x", flush=True)
+            peers.append({"size": case.size, "batch": case.batch, "jax": pair["jax"], "torch": pair["torch"],
+                          "jax_over_torch": ratio})
+    for case in GRADCACHE_CASES[:2] if quick else GRADCACHE_CASES:
+        row = _run_child(case)
+        if row:
+            print(_describe(row, peak), flush=True)
+            gradcache.append(row)
+    by_batch = {r["batch"]: r for r in gradcache if r["num_chunks"] > 1}
+    rss_ratio = by_batch[1536]["peak_rss_mib"] / by_batch[64]["peak_rss_mib"] if {64, 1536} <= set(by_batch) else None
+    if rss_ratio:
+        print(f"      GradCache peak RSS, batch 1536 / batch 64 (chunks of 32): {rss_ratio:.2f}x", flush=True)
+    return {"peers": peers, "gradcache": gradcache, "gradcache_rss_1536_over_64": rss_ratio}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", help=argparse.SUPPRESS)  # child mode: one BenchCase as JSON
     parser.add_argument("--out", default="runs/bench/bench.json")
-    parser.add_argument("--quick", action="store_true", help="only tiny batch 32 and GradCache batch 64")
+    parser.add_argument("--report", default="docs/benchmarks.md", help="markdown results table to (re)write")
+    parser.add_argument("--quick", action="store_true", help="tiny cases only (a few minutes)")
     args = parser.parse_args(argv)
     if args.case:
         print(json.dumps(run_case(BenchCase(**json.loads(args.case)))))
         return 0
-    cases = DEFAULT_CASES[:1] + DEFAULT_CASES[4:5] if args.quick else DEFAULT_CASES
+    started = time.time()
     peak = matmul_peak_gflops()
-    print(f"fp32 matmul peak (numpy 2048^3): {peak:.1f} GFLOP/s", flush=True)
-    results = []
-    for case in cases:
-        proc = subprocess.run([sys.executable, "-m", "rankgen_jax.bench", "--case", json.dumps(dataclasses.asdict(case))],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            print(f"{case}: failed\n{proc.stderr[-2000:]}", flush=True)
-            continue
-        row = json.loads(proc.stdout.strip().splitlines()[-1])
-        row["fraction_of_peak"] = row["train_gflops_per_second"] / peak
-        results.append(row)
-        mode = f"GradCache x{case.num_chunks} (chunk {case.batch // case.num_chunks})" if case.num_chunks > 1 else "plain"
-        print(f"{case.size:>5} batch {case.batch:>5} {mode:<26} {row['examples_per_second']:8.1f} ex/s "
-              f"{row['tokens_per_second']:9.0f} tok/s {row['train_gflops_per_second']:6.1f} GFLOP/s "
-              f"({row['fraction_of_peak']:.0%} of peak)  peak RSS {row['peak_rss_mib']:7.0f} MiB", flush=True)
+    print(f"fp32 matmul peak (numpy {2048}^3, {THREADS} threads): {peak:.1f} GFLOP/s", flush=True)
+    report = {"machine": machine_description(), "matmul_peak_gflops": peak, "quick": args.quick,
+              "train": run_train_benchmarks(peak, args.quick)}
+    report["seconds"] = time.time() - started
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"matmul_peak_gflops": peak, "results": results}, indent=2) + "\n")
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")
+    if args.report:
+        from rankgen_jax.bench_report import render_markdown
+
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.report).write_text(render_markdown(report))
+        print(f"wrote {args.report}")
     return 0
 
 
+def machine_description() -> dict:
+    """CPU model, cores, memory and library versions, for the report header."""
+    import platform
+    from importlib.metadata import version
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    meminfo = Path("/proc/meminfo")
+    mem_gib = (int(meminfo.read_text().split()[1]) / 2**20) if meminfo.exists() else None
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem_gib, "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d"),
+            **{name: version(name) for name in ("jax", "jaxlib", "flax", "torch", "transformers", "numpy")},
+            "xla_flags": os.environ.get("XLA_FLAGS", "")}
+
+
 if __name__ == "__main__":
+    reexec_with_malloc_tunables("rankgen_jax.bench", sys.argv[1:])  # as `rankgen-jax` runs; children inherit it
     sys.exit(main())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rankgen_jax.runtime import configure_xla_flags
+from rankgen_jax.runtime import configure_xla_flags, reexec_with_malloc_tunables
 
 configure_xla_flags()
 
@@ -253,5 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def console_main() -> int:
+    """The `rankgen-jax` command: main() in a process with the malloc settings XLA:CPU runs best with."""
+    reexec_with_malloc_tunables("rankgen_jax.cli", sys.argv[1:])
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_main())

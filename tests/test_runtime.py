@@ -1,7 +1,11 @@
 """Multi-host detection and the distributed-init guard (the join itself needs a real slice)."""
 
+import os
+import sys
+
 import pytest
 
+from rankgen_jax import runtime
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.runtime import initialize_distributed, is_multi_host_environment
 
@@ -24,3 +28,20 @@ def test_initialize_distributed_modes():
     jax.devices()  # backends are up in the test process: joining now must fail clearly, not hang
     with pytest.raises(RankgenError, match="before jax starts its backends"):
         initialize_distributed("auto", {"TPU_WORKER_HOSTNAMES": "a,b"})
+
+
+def test_reexec_sets_malloc_tunables_once(monkeypatch):
+    calls = []
+    monkeypatch.setattr(runtime.os, "execv", lambda exe, argv: calls.append((exe, argv, os.environ["GLIBC_TUNABLES"])))
+    monkeypatch.setattr(runtime.sys, "platform", "linux")
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.pthread.rseq=0")
+    monkeypatch.delenv("RANKGEN_MALLOC_TUNING", raising=False)
+    runtime.reexec_with_malloc_tunables("rankgen_jax.cli", ["train", "--workdir=x"])
+    assert calls == [(sys.executable, [sys.executable, "-m", "rankgen_jax.cli", "train", "--workdir=x"],
+                      "glibc.pthread.rseq=0:" + runtime.MALLOC_TUNABLES)]
+    runtime.reexec_with_malloc_tunables("rankgen_jax.cli", [])  # the re-run process: already set
+    assert len(calls) == 1
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    monkeypatch.setenv("RANKGEN_MALLOC_TUNING", "0")
+    runtime.reexec_with_malloc_tunables("rankgen_jax.cli", [])  # switched off
+    assert len(calls) == 1

@@ -108,10 +108,20 @@ def attend(module: nn.Module, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias, dropout_rat
 
     bias: added to the logits, broadcastable to [B, H, L, L] (mask, relative positions);
     any logit scaling is folded into q by the caller.
+
+    The softmax is normalised after the value product: exp(logits - max) @ v,
+    then divided by the row sums. That is the same function (dropout included,
+    as it scales entries, not rows), but the division touches [B, L, H, K]
+    instead of [B, H, L, L] and the backward pass loses a full pass over the
+    attention matrix: 1.8x faster fwd+bwd for this function on XLA:CPU (DESIGN s7).
     """
     batch, length, heads, head_dim = q_BxLxHxK.shape
     logits_BxHxLxL = jnp.einsum("bqhd,bkhd->bhqk", q_BxLxHxK, k_BxLxHxK).astype(jnp.float32) + bias
-    weights = jax.nn.softmax(logits_BxHxLxL, axis=-1).astype(dtype)
-    weights = dropout(module, weights, dropout_rate)
+    # The max only keeps exp in range; it cancels in the ratio, so no gradient flows through it.
+    max_BxHxLx1 = jax.lax.stop_gradient(jnp.max(logits_BxHxLxL, axis=-1, keepdims=True))
+    unnormalized_BxHxLxL = jnp.exp(logits_BxHxLxL - max_BxHxLx1)
+    row_sum_BxLxH = jnp.einsum("bhqk->bqh", unnormalized_BxHxLxL)
+    weights = dropout(module, unnormalized_BxHxLxL.astype(dtype), dropout_rate)
     out_BxLxHxK = jnp.einsum("bhqk,bkhd->bqhd", weights, v_BxLxHxK)
+    out_BxLxHxK = out_BxLxHxK * (1.0 / row_sum_BxLxH)[..., None].astype(dtype)
     return out_BxLxHxK.reshape(batch * length, heads * head_dim)

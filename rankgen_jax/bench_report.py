@@ -1,0 +1,74 @@
+"""docs/benchmarks.md from the JSON report `make bench` writes (rankgen_jax.bench)."""
+
+from __future__ import annotations
+
+TARGETS = {"tiny": 1.3, "small": 1.0}  # JAX / PyTorch tokens/s the project aims for (issue 9)
+PEAK_TARGET = 0.75  # fraction of the measured matmul peak at T5 1.1 small
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def _mode(row: dict) -> str:
+    return f"GradCache x{row['num_chunks']} (chunk {row['batch'] // row['num_chunks']})" if row["num_chunks"] > 1 else "plain"
+
+
+def render_markdown(report: dict) -> str:
+    """The whole benchmarks page: machine, commands, then one table per benchmark."""
+    machine, peak = report["machine"], report["matmul_peak_gflops"]
+    lines = [
+        "# Benchmarks",
+        "",
+        "Written by `make bench` (`python -m rankgen_jax.bench`); do not edit by hand. How the",
+        "numbers were reached and what moved them: [performance.md](performance.md).",
+        "",
+        f"- Date: {machine['date']}{' (quick run: tiny cases only)' if report.get('quick') else ''}; "
+        f"total time {report.get('seconds', 0) / 60:.1f} min.",
+        f"- Machine: {machine['cpu']}, {machine['cores']} cores, {machine['memory_gib']:.0f} GiB, no accelerator.",
+        f"- Software: Python {machine['python']}, jax {machine['jax']} (jaxlib {machine['jaxlib']}), flax {machine['flax']}, "
+        f"torch {machine['torch']}, transformers {machine['transformers']}, numpy {machine['numpy']}.",
+        f"- XLA_FLAGS: `{machine['xla_flags']}`.",
+        f"- fp32 matmul peak measured in the run (numpy, 2048^3, best of 5): **{peak:.1f} GFLOP/s**.",
+        "",
+        "## Train step: JAX against the PyTorch / HuggingFace peer",
+        "",
+        "RankGen step (prefix 256 + continuation 128 + negative 128 tokens, random ids, in-batch",
+        "softmax over continuations and negatives, AdamW, fp32, 2 threads). PyTorch: HF",
+        "`T5EncoderModel` with the same config, first-token pooling, bias-free projection",
+        "(`rankgen_jax/bench_torch.py`). Median of the timed steps after one warm-up step;",
+        "GFLOP/s are analytical (3x the forward matmul FLOPs) over the median step time.",
+        "",
+    ]
+    train = report["train"]
+    rows = []
+    for pair in train["peers"]:
+        for framework in ("jax", "torch"):
+            r = pair[framework]
+            rows.append([framework, r["size"], str(r["batch"]), f"{r['step_seconds']:.3f}", f"{r['tokens_per_second']:,.0f}",
+                         f"{r['train_gflops_per_second']:.1f}", f"{r['train_gflops_per_second'] / peak:.0%}",
+                         f"{r['peak_rss_mib']:,.0f}"])
+    lines += _table(["framework", "model", "batch", "s/step", "tokens/s", "GFLOP/s", "of peak", "peak RSS MiB"], rows)
+    lines += [""]
+    for pair in train["peers"]:
+        target = TARGETS.get(pair["size"])
+        verdict = f" (target {target:.1f}x: {'met' if pair['jax_over_torch'] >= target else 'not met'})" if target else ""
+        lines.append(f"- {pair['size']} batch {pair['batch']}: JAX / PyTorch = **{pair['jax_over_torch']:.2f}x**{verdict}.")
+        if pair["size"] == "small":
+            frac = pair["jax"]["train_gflops_per_second"] / peak
+            lines.append(f"- small: JAX reaches **{frac:.0%}** of the matmul peak "
+                         f"(target {PEAK_TARGET:.0%}: {'met' if frac >= PEAK_TARGET else 'not met'}).")
+    lines += ["", "## GradCache memory", "",
+              "Tiny T5 1.1, chunks of 32 examples; peak RSS of the whole process (the model, optimizer state,",
+              "compiled code and batch included).", ""]
+    rows = [[str(r["batch"]), _mode(r), f"{r['step_seconds']:.3f}", f"{r['tokens_per_second']:,.0f}",
+             f"{r['peak_rss_mib']:,.0f}"] for r in train["gradcache"]]
+    lines += _table(["batch", "mode", "s/step", "tokens/s", "peak RSS MiB"], rows)
+    if train.get("gradcache_rss_1536_over_64"):
+        ratio = train["gradcache_rss_1536_over_64"]
+        lines += ["", f"- Peak RSS at batch 1536 / batch 64: **{ratio:.2f}x** (target at most 1.2x: "
+                      f"{'met' if ratio <= 1.2 else 'not met'}). Loss and gradients equal plain backprop: "
+                      "`tests/test_train_step.py`."]
+    for section in report.get("sections", []):
+        lines += ["", f"## {section['title']}", "", *section["lines"]]
+    return "\n".join(lines) + "\n"
