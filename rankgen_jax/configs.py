@@ -12,7 +12,7 @@ from typing import Any
 
 import gin
 
-from rankgen_jax.errors import RankgenError
+from rankgen_jax.errors import RankgenError, check_field_types
 
 MLP_ACTIVATIONS = ("gated-gelu", "relu")
 POOLINGS = ("first", "mean", "first_last_avg", "last2_avg")
@@ -45,6 +45,7 @@ class T5Config:
     scan_layers: bool = False
 
     def __post_init__(self):
+        check_field_types(self)
         if self.mlp_activation not in MLP_ACTIVATIONS:
             raise RankgenError(
                 f"T5Config.mlp_activation={self.mlp_activation!r}: expected one of {MLP_ACTIVATIONS}")
@@ -118,6 +119,7 @@ class BertConfig:
     scan_layers: bool = False
 
     def __post_init__(self):
+        check_field_types(self)
         if self.variant not in BERT_VARIANTS:
             raise RankgenError(f"BertConfig.variant={self.variant!r}: expected one of {BERT_VARIANTS}")
         if self.hidden_act not in BERT_ACTIVATIONS:
@@ -150,6 +152,7 @@ class HeadConfig:
     l2_normalize: bool = False
 
     def __post_init__(self):
+        check_field_types(self)
         if self.pooling not in POOLINGS:
             raise RankgenError(f"HeadConfig.pooling={self.pooling!r}: expected one of {POOLINGS}")
         if self.projection_dim < -1:
@@ -190,6 +193,7 @@ class ModelConfig:
     num_scores: int = 1
 
     def __post_init__(self):
+        check_field_types(self)
         if not self.kind:
             object.__setattr__(self, "kind", "encoder" if self.head is None else "dual_encoder")
         if self.kind not in MODEL_KINDS:

@@ -7,3 +7,62 @@ class RankgenError(Exception):
     The CLI prints these as a single `error: ...` line and exits non-zero;
     anything else is a bug and keeps its traceback.
     """
+
+
+def check_field_types(config) -> None:
+    """Raise RankgenError naming the first field of a dataclass config whose value has the wrong type.
+
+    gin hands values over as parsed (`num_steps='abc'`, `batch_size=8.5`,
+    `remat='no'`) without looking at annotations, and the mistake would
+    otherwise surface as a TypeError deep inside training. Lenient where
+    Python is: an int passes for a float, a list for a tuple, numpy scalars
+    for their kinds; annotations it cannot read are not checked.
+    """
+    import dataclasses
+    import re
+    import typing
+
+    try:
+        hints = typing.get_type_hints(type(config))
+    except Exception:  # noqa: BLE001 - an unresolvable annotation: check nothing rather than fail
+        return
+    for field in dataclasses.fields(config):
+        if field.name not in hints:
+            continue
+        value = getattr(config, field.name)
+        if not _type_ok(value, hints[field.name]):
+            annotation = hints[field.name]
+            expected = annotation.__name__ if isinstance(annotation, type) else re.sub(r"\b(?:\w+\.)+", "", str(annotation))
+            raise RankgenError(f"{type(config).__name__}.{field.name} = {value!r}: expected {expected}, "
+                               f"got {type(value).__name__}")
+
+
+def _type_ok(value, annotation) -> bool:
+    import collections.abc
+    import numbers
+    import types
+    import typing
+
+    import numpy as np
+
+    if annotation is typing.Any:
+        return True
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in typing.get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    cls = origin or annotation
+    if not isinstance(cls, type):
+        return True  # Callable, Literal, TypeVar...: not checked
+    if cls is bool:
+        return isinstance(value, (bool, np.bool_))
+    if cls is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if cls is float:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if cls in (tuple, list):
+        return isinstance(value, (tuple, list))
+    if cls is dict:
+        return isinstance(value, collections.abc.Mapping)
+    return isinstance(value, cls)

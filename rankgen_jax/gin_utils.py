@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import logging
+import re
+import tokenize
 from pathlib import Path
 from typing import Sequence
 
@@ -43,9 +46,15 @@ def resolve_gin_file(name: str) -> str:
 
 
 def parse_gin(files: Sequence[str], bindings: Sequence[str]) -> None:
-    """Parse gin files and `Name.param=value` bindings; a typo is a one-line RankgenError."""
+    """Parse gin files and `Name.param=value` bindings; a typo is a one-line RankgenError naming where it is."""
     paths = [resolve_gin_file(f) for f in files]
-    text = "\n".join([Path(p).read_text(encoding="utf-8") for p in paths] + list(bindings))
+    texts = {}
+    for path in paths:
+        try:
+            texts[path] = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise RankgenError(f"gin file {path}: cannot read it as UTF-8 text ({e})") from None
+    text = "\n".join(list(texts.values()) + list(bindings))
     register_configurables(with_seqio_tasks=any(name in text for name in SEQIO_NAMES))
     gin.clear_config()
     gin.add_config_file_search_path(str(GIN_SEARCH_PATH))
@@ -53,8 +62,34 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str]) -> None:
     logging.disable(logging.ERROR)
     try:
         gin.parse_config_files_and_bindings(paths, list(bindings), finalize_config=False)
-    except (ValueError, KeyError, TypeError, SyntaxError, IOError) as e:
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise RankgenError(f"gin config: {first_line}") from None
+    except (ValueError, KeyError, TypeError, SyntaxError, IOError, tokenize.TokenError) as e:
+        raise RankgenError(f"gin config: {_describe_gin_error(e, texts, bindings)}") from None
     finally:
         logging.disable(logging.NOTSET)
+
+
+def _describe_gin_error(e: Exception, texts: dict[str, str], bindings: Sequence[str]) -> str:
+    """gin's message on one line, with the file and line (or the binding) it names on later lines."""
+    if isinstance(e, tokenize.TokenError):  # an unclosed bracket or string runs to the end of the text
+        sources = [(f"gin file {path}", text) for path, text in texts.items()]
+        sources += [(f"binding --gin.{b}", b) for b in bindings]
+        where = next((name for name, text in sources if not _tokenizes(text)), "the gin config")
+        return f"unclosed bracket or string in {where}"
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(e).__name__
+    for i, line in enumerate(lines[1:], 1):
+        located = re.match(r'In file "(.+)", line (\d+)', line)
+        if located:
+            return f"{lines[0]} ({located[1]}, line {located[2]})"
+        if line.startswith("In bindings string") and i + 1 < len(lines):
+            return f"{lines[0]} (binding --gin.{lines[i + 1]})"
+    return lines[0]
+
+
+def _tokenizes(text: str) -> bool:
+    try:
+        list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    return True

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rankgen_jax.errors import RankgenError
+from rankgen_jax.errors import RankgenError, check_field_types
 
 OPTIMIZERS = ("adafactor", "adamw")
 SCHEDULES = ("constant", "linear", "cosine")
@@ -73,6 +73,7 @@ class OptimizerConfig:
     max_consecutive_nonfinite: int = 10
 
     def __post_init__(self):
+        check_field_types(self)
         if self.name not in OPTIMIZERS:
             raise RankgenError(f"OptimizerConfig.name={self.name!r}: expected one of {OPTIMIZERS}")
         if self.schedule not in SCHEDULES:

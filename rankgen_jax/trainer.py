@@ -44,9 +44,9 @@ from tqdm import tqdm
 
 from rankgen_jax import losses, partitioning
 from rankgen_jax.checkpoints import native
-from rankgen_jax.configs import ModelConfig
+from rankgen_jax.configs import BertConfig, ModelConfig, T5Config
 from rankgen_jax.data.triples import DataConfig, make_sources
-from rankgen_jax.errors import RankgenError
+from rankgen_jax.errors import RankgenError, check_field_types
 from rankgen_jax.metrics_io import MetricWriter
 from rankgen_jax.models.factory import abstract_variables, build_model, check_params_match, init_variables, to_model_layout
 from rankgen_jax.models.factory import init_params as random_params
@@ -96,6 +96,20 @@ class TrainerConfig:
     # Multi-host slices: "auto" joins jax.distributed when the environment is one host of many.
     distributed: str = "auto"
 
+    def __post_init__(self):
+        check_field_types(self)
+        for name in ("num_steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_batches",
+                     "num_chunks", "accum_steps", "profile_num_steps"):
+            if getattr(self, name) < 1:
+                raise RankgenError(f"TrainerConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("eval_every", "max_minutes"):
+            if getattr(self, name) < 0:
+                raise RankgenError(f"TrainerConfig.{name} must be >= 0, got {getattr(self, name)}")
+        known = {f.name for config in (T5Config, BertConfig) for f in dataclasses.fields(config)}
+        unknown = sorted(set(self.encoder_overrides) - known)
+        if unknown:
+            raise RankgenError(f"TrainerConfig.encoder_overrides: unknown encoder field(s) {unknown}")
+
 
 # Sources that tokenise text with DataConfig.vocab (the checkpoint's own tokenizer by default).
 TEXT_SOURCES = ("books", "examples", "lists", "pairs")
@@ -116,6 +130,9 @@ class LossConfig:
     t_squared: bool = False
     position_weighting: bool = False
     tau: float = 0.5
+
+    def __post_init__(self):
+        check_field_types(self)
 
     def options(self) -> dict:
         every = {k: v for k, v in dataclasses.asdict(self).items() if k != "name"}
@@ -235,6 +252,7 @@ def train(
     """Train (or resume) in workdir; returns the last logged train metrics. Configs default to gin's."""
     trainer, model_config = trainer or TrainerConfig(), model_config or ModelConfig()
     data, loss, optimizer = data or DataConfig(), loss or LossConfig(), optimizer or OptimizerConfig()
+    check_field_types(data)  # DataConfig does not check its own (the other configs do)
     workdir_path = native.as_path(workdir)  # "gs://b/run" stays a URL (pathlib would make it "gs:/b/run")
 
     # --- mesh and static step settings -------------------------------------------------
@@ -400,7 +418,8 @@ def _resume(manager, workdir: str, abstract_state: TrainState, shardings: TrainS
         return step, state, data_start
     tried = "; ".join(f"step {s}: {e}" for s, e in failed)
     raise RankgenError(f"no checkpoint in {workdir}/checkpoints restores ({tried}); if the files are intact, the "
-                       f"config may differ from the one that saved them (compare {workdir}/config.gin)")
+                       f"config may differ from the one that saved them (compare the gin config with {workdir}/config.gin, "
+                       f"and {workdir}/{native.MODEL_CONFIG_FILE} with the saved arrays)")
 
 
 def _any_process(flag: bool) -> bool:
