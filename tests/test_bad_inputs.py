@@ -1,0 +1,245 @@
+"""Bad inputs: each gives one clear line (RankgenError; the CLI prints `error: ...` and exits 2, no
+traceback) naming the file / line / field, or a counted skip that names the file.
+
+Where each class of bad input is tested (this file holds the ones no other test covered):
+
+| class                               | tests                                                                  |
+|-------------------------------------|------------------------------------------------------------------------|
+| missing file / folder               | test_documents::test_missing_path_is_a_clear_error,                    |
+|                                     | test_cli::test_bad_inputs_give_one_line_errors (import),               |
+|                                     | test_list_training::test_bad_records_are_skipped_and_counted,          |
+|                                     | test_dense_index::test_read_corpus_counts_bad_lines / test_load_index_errors, |
+|                                     | test_inference::test_load_errors; here: test_unreadable_input_files    |
+| empty file                          | test_documents::test_every_bad_input_is_skipped_and_counted,           |
+|                                     | test_documents::test_require_documents_empty_folder; here: same test   |
+| binary file                         | test_documents::test_every_bad_input_is_skipped_and_counted,           |
+|                                     | test_documents::test_binary_jsonl_file; here: test_unreadable_input_files (score, encode, index, train lists) |
+| non-UTF-8 file                      | test_documents (latin-1 .txt and bytes in .jsonl); here: same test     |
+| too-short files / documents         | test_examples::test_short_documents_give_no_examples,                  |
+|                                     | test_documents::test_require_documents_min_words,                      |
+|                                     | test_seqio_tasks (too-short book); here: test_too_short_documents_for_training |
+| malformed JSONL lines               | test_documents, test_dense_index::test_read_corpus_counts_bad_lines,   |
+|                                     | test_list_training::test_bad_records_are_skipped_and_counted,          |
+|                                     | test_evaluation::test_score_file_unigram_labelled_unlabelled_and_malformed, |
+|                                     | test_encoder_api, test_generation, test_generative_negatives::test_bad_lines_are_counted_and_skipped |
+| wrong field types in JSONL          | test_documents ({"text": 42}), test_dense_index (an int id),           |
+|                                     | test_list_training (labels); here: test_wrong_field_types_are_counted  |
+| gin typos                           | test_trainer::test_config_errors_are_clear (bindings, missing file);   |
+|                                     | here: test_gin_typo_in_a_file_names_file_and_line                      |
+| gin type errors / syntax            | here: test_gin_type_errors_name_the_field                              |
+| checkpoint of another model size    | test_cli::test_bad_inputs_give_one_line_errors (export-hf: config and  |
+|                                     | arrays disagree), test_fault_injection::test_no_restorable_checkpoint_... |
+|                                     | (another optimizer); here: test_resume_with_another_model_size         |
+| export-hf over a non-empty folder   | test_cli::test_bad_inputs_give_one_line_errors,                        |
+|                                     | test_hf_convert::test_error_out_dir_not_empty                          |
+| T5X checkpoint missing an array     | test_cli::test_bad_inputs_give_one_line_errors (real fixture),         |
+|                                     | test_t5x_import::test_missing_array_folder_names_parameter,            |
+|                                     | test_missing_chunk_names_parameter                                     |
+| dense index built by another model  | here: test_search_with_another_model                                   |
+"""
+
+import dataclasses
+import json
+import shutil
+
+import jax
+import pytest
+
+from rankgen_jax.checkpoints import native
+from rankgen_jax.cli import main
+from rankgen_jax.configs import RANKGEN_HEAD, ModelConfig, T5Config
+from rankgen_jax.testing_models import random_params
+
+from test_trainer import TINY
+
+SMALL = ModelConfig(encoder=T5Config(vocab_size=1000, d_model=32, d_ff=64, num_layers=1, num_heads=2, d_kv=16),
+                    head=RANKGEN_HEAD)
+NARROW = ModelConfig(encoder=T5Config(vocab_size=1000, d_model=16, d_ff=32, num_layers=1, num_heads=2, d_kv=8),
+                     head=RANKGEN_HEAD)
+
+
+def run_cli(capsys, *args) -> tuple[int, str]:
+    code = main([str(a) for a in args])
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    return code, captured.err
+
+
+def one_error_line(code: int, err: str) -> str:
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, spiece_model) -> dict:
+    """Tiny dual encoders with a tokenizer: two of one width (other weights), one narrower."""
+    root = tmp_path_factory.mktemp("bad_inputs_models")
+    out = {}
+    for name, config, seed in (("a", SMALL, 1), ("a_other_weights", SMALL, 2), ("narrow", NARROW, 3)):
+        native.save_params(root / name, config, random_params(config, seed), vocab=spiece_model)
+        out[name] = root / name
+    return out
+
+
+# --- unreadable files, per command ----------------------------------------------------------------
+
+CONTENTS = {
+    "missing": None,
+    "empty": b"",
+    "binary": b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x01\xff",
+    "non_utf8": '{"text": "caf\u00e9 cr\u00e8me", "prefix": "caf\u00e9", "suffix": "cr\u00e8me"}\n'.encode("latin-1"),
+}
+
+
+def _command(name: str, path, tmp_path, models, spiece_model) -> list:
+    if name == "score":
+        return ["score", "--model", models["a"], "--input", path, "--output", tmp_path / "out.jsonl", "--no_progress"]
+    if name == "encode":
+        return ["encode", "--model", models["a"], "--input", path, "--kind", "prefix", "--output", tmp_path / "o.npy"]
+    if name == "index":
+        return ["index", "--model", models["a"], "--corpus", path, "--out", tmp_path / "index"]
+    return ["train", f"--workdir={tmp_path / 'run'}", *TINY, "--gin.t5_config.vocab_size=1000",
+            "--gin.DataConfig.source='lists'", f"--gin.DataConfig.vocab='{spiece_model}'",
+            f"--gin.DataConfig.train_file='{path}'", f"--gin.DataConfig.eval_file='{path}'",
+            "--gin.ModelConfig.kind='cross_encoder'", "--gin.LossConfig.name='listmle'"]
+
+
+@pytest.mark.parametrize("kind", list(CONTENTS))
+@pytest.mark.parametrize("command", ["score", "encode", "index", "train_lists"])
+def test_unreadable_input_files(tmp_path, capsys, models, spiece_model, command, kind):
+    path = tmp_path / f"{kind}.jsonl"
+    if CONTENTS[kind] is not None:
+        path.write_bytes(CONTENTS[kind])
+    code, err = run_cli(capsys, *_command(command, path, tmp_path, models, spiece_model))
+    if code == 0:
+        # A counted skip: only `score` keeps going, writing what it could (nothing) and saying so.
+        assert command == "score" and kind != "missing", err
+        assert ("skipped" in err and str(path) in err) or kind == "empty", err
+        assert (tmp_path / "out.jsonl").read_text() == ""
+    else:
+        assert str(path) in one_error_line(code, err)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_wrong_field_types_are_counted(tmp_path, capsys, models):
+    path = tmp_path / "typed.jsonl"
+    lines = [{"prefix": 42, "candidates": ["fine"]}, {"prefix": "fine", "candidates": "not a list"},
+             {"prefix": "a prefix", "candidates": ["one", "two"], "label": 1},
+             {"prefix": "p", "candidates": ["one", 2]}, {"prefix": "p", "candidates": ["x"], "label": "0"}]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    code, err = run_cli(capsys, "score", "--model", models["a"], "--input", path, "--output", tmp_path / "o.jsonl",
+                        "--no_progress")
+    assert code == 0
+    assert "skipped 4 malformed line(s)" in err and str(path) in err and "(line 1, 2, 4, 5)" in err
+    assert len((tmp_path / "o.jsonl").read_text().splitlines()) == 1
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"id": "1", "text": ["not", "a", "string"]}) + "\n")
+    line = one_error_line(*run_cli(capsys, "index", "--model", models["a"], "--corpus", corpus,
+                                   "--out", tmp_path / "index"))
+    assert f"{corpus}: no usable passage" in line and "1 record with missing or empty text" in line
+
+
+def test_too_short_documents_for_training(tmp_path, capsys, spiece_model):
+    books = tmp_path / "books"
+    books.mkdir()
+    for name in ("a.txt", "b.txt"):
+        (books / name).write_text("Too short to make an example.")
+    line = one_error_line(*run_cli(
+        capsys, "train", f"--workdir={tmp_path / 'run'}", *TINY, "--gin.t5_config.vocab_size=1000",
+        "--gin.DataConfig.source='books'", f"--gin.DataConfig.corpus='{books}'",
+        f"--gin.DataConfig.vocab='{spiece_model}'"))
+    assert str(books) in line and "long enough" in line
+
+
+# --- gin ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("binding,fragment", [
+    ("TrainerConfig.num_steps='abc'", "TrainerConfig.num_steps = 'abc': expected int, got str"),
+    ("DataConfig.batch_size=8.5", "DataConfig.batch_size = 8.5: expected int, got float"),
+    ("DataConfig.batch_size=[8]", "DataConfig.batch_size = [8]: expected int, got list"),
+    ("TrainerConfig.async_checkpoints='no'", "TrainerConfig.async_checkpoints = 'no': expected bool, got str"),
+    ("OptimizerConfig.learning_rate='fast'", "OptimizerConfig.learning_rate = 'fast': expected float, got str"),
+    ("LossConfig.logit_scale='x'", "LossConfig.logit_scale = 'x': expected float, got str"),
+    ("t5_config.d_model='big'", "T5Config.d_model = 'big': expected int, got str"),
+    ("DataConfig.vocab=5", "DataConfig.vocab = 5: expected str, got int"),
+    ("TrainerConfig.num_steps=None", "TrainerConfig.num_steps = None: expected int"),
+    ("TrainerConfig.log_every=0", "TrainerConfig.log_every must be >= 1, got 0"),
+    ("TrainerConfig.checkpoint_every=0", "TrainerConfig.checkpoint_every must be >= 1, got 0"),
+    ("TrainerConfig.encoder_overrides={'dropout': 0.0}", "encoder_overrides: unknown encoder field(s) ['dropout']"),
+    ("TrainerConfig.num_steps=(3", "unclosed bracket or string in binding --gin.TrainerConfig.num_steps=(3"),
+])
+def test_gin_type_errors_name_the_field(tmp_path, capsys, binding, fragment):
+    line = one_error_line(*run_cli(capsys, "train", f"--workdir={tmp_path}", *TINY, f"--gin.{binding}"))
+    assert fragment in line
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_gin_typo_in_a_file_names_file_and_line(tmp_path, capsys):
+    gin_file = tmp_path / "run.gin"
+    gin_file.write_text("TrainerConfig.num_steps = 3\nTrainerConfig.log_evry = 1\n")
+    line = one_error_line(*run_cli(capsys, "train", f"--workdir={tmp_path / 'run'}", *TINY, f"--gin_file={gin_file}"))
+    assert "doesn't have a parameter named 'log_evry'" in line and f"({gin_file}, line 2)" in line
+    gin_file.write_text("TrainerConfig.num_steps = (3\n")
+    line = one_error_line(*run_cli(capsys, "train", f"--workdir={tmp_path / 'run'}", *TINY, f"--gin_file={gin_file}"))
+    assert f"unclosed bracket or string in gin file {gin_file}" in line
+    gin_file.write_bytes(b"\xff\xfe\x00 not text")
+    line = one_error_line(*run_cli(capsys, "train", f"--workdir={tmp_path / 'run'}", *TINY, f"--gin_file={gin_file}"))
+    assert f"gin file {gin_file}: cannot read it as UTF-8 text" in line
+
+
+# --- checkpoints and indexes of another model -------------------------------------------------------
+
+
+def test_resume_with_another_model_size(tmp_path, capsys):
+    """A workdir whose model_config.json says another size than its saved steps: one error, nothing renamed."""
+    from rankgen_jax import partitioning, trainer
+    from rankgen_jax.optimizers import OptimizerConfig, make_optimizer
+    from rankgen_jax.train_step import StepOptions
+
+    # A saved step of the tiny model, written without compiling a train step.
+    config = ModelConfig(encoder=T5Config(vocab_size=128, d_model=128, d_ff=512, num_layers=2, num_heads=4, d_kv=32),
+                         head=RANKGEN_HEAD)
+    mesh = partitioning.make_mesh(-1, 1)
+    tx, schedule = make_optimizer(OptimizerConfig(name="adamw", learning_rate=0.001))
+    setup = trainer.build_step_functions(config, StepOptions(), tx, schedule, {}, mesh,
+                                         partitioning.rules_by_name("standard"), seed=0)
+    other_size = dataclasses.replace(config, encoder=dataclasses.replace(config.encoder, d_model=64))
+    native.save_model_config(tmp_path, other_size)
+    manager = native.step_manager(tmp_path, writer=True)
+    with jax.set_mesh(mesh):
+        trainer._save(manager, setup.init(), next_batch_index=2)
+    manager.wait_until_finished()
+    manager.close()
+
+    line = one_error_line(*run_cli(capsys, "train", f"--workdir={tmp_path}", *TINY,
+                                   "--gin.TrainerConfig.num_steps=4"))
+    assert f"no checkpoint in {tmp_path}/checkpoints restores (step 0: " in line
+    assert "model_config.json" in line
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["0"]
+
+
+def test_search_with_another_model(tmp_path, capsys, models):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": str(i), "text": f"passage number {i} about the sea"}) + "\n"
+                              for i in range(6)))
+    queries = tmp_path / "queries.txt"
+    queries.write_text("the sea\n")
+    code, err = run_cli(capsys, "index", "--model", models["a"], "--corpus", corpus, "--out", tmp_path / "index")
+    assert code == 0, err
+    # Other vector width: refused before encoding anything.
+    line = one_error_line(*run_cli(capsys, "search", "--model", models["narrow"], "--index", tmp_path / "index",
+                                   "--queries", queries))
+    assert "gives 16-dimensional vectors" in line and "32" in line and str(models["a"]) in line
+    # Same width, other weights: searched, with a note naming both models.
+    code, err = run_cli(capsys, "search", "--model", models["a_other_weights"], "--index", tmp_path / "index",
+                        "--queries", queries, "--output", tmp_path / "hits.jsonl")
+    assert code == 0, err
+    assert f"was built with {models['a']}, searching with {models['a_other_weights']}" in err
+    # Copied elsewhere, the index and its own model still search without a note.
+    shutil.copytree(tmp_path / "index", tmp_path / "moved")
+    code, err = run_cli(capsys, "search", "--model", models["a"], "--index", tmp_path / "moved", "--queries", queries,
+                        "--output", tmp_path / "hits2.jsonl")
+    assert code == 0 and "note:" not in err
