@@ -1,5 +1,6 @@
 """The trainer end to end: outputs, SIGKILL resume reproducing losses, SIGTERM save, guards and clear errors."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -42,6 +43,13 @@ def _train_cmd(workdir, *extra):
     return [sys.executable, "-m", "rankgen_jax.cli", "train", f"--workdir={workdir}", *TINY, *extra]
 
 
+@pytest.fixture(scope="module")
+def cache_env(tmp_path_factory) -> dict:
+    """Environment for the trainer subprocesses: a persistent compilation cache, so only the first one compiles."""
+    return dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")),
+                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+
+
 def _wait_for_checkpoint(workdir: Path, step: int, proc, timeout=240):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -73,23 +81,25 @@ def test_in_process_run_writes_everything(tmp_path, capsys):
     assert list((tmp_path / "profile").rglob("*.xplane.pb")), "profiler trace missing"
 
 
-def test_sigkill_then_resume_reproduces_losses(tmp_path):
+def test_sigkill_then_resume_reproduces_losses(tmp_path, cache_env):
     steps = 40
     common = [f"--gin.TrainerConfig.num_steps={steps}", "--gin.TrainerConfig.checkpoint_every=2"]
     reference = tmp_path / "reference"
-    subprocess.run(_train_cmd(reference, *common), check=True, capture_output=True, timeout=300)
+    subprocess.run(_train_cmd(reference, *common), check=True, capture_output=True, timeout=300, env=cache_env)
     ref = _losses_by_step(reference)
     assert sorted(ref) == list(range(1, steps + 1))
 
     interrupted = tmp_path / "interrupted"
-    proc = subprocess.Popen(_train_cmd(interrupted, *common), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(_train_cmd(interrupted, *common), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=cache_env)
     _wait_for_checkpoint(interrupted, 10, proc)
     proc.send_signal(signal.SIGKILL)
     assert proc.wait(timeout=60) == -signal.SIGKILL
     before = _losses_by_step(interrupted)
     assert 10 <= max(before) < steps, "the kill must land mid-run"
 
-    resumed = subprocess.run(_train_cmd(interrupted, *common), capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(_train_cmd(interrupted, *common), capture_output=True, text=True, timeout=300,
+                             env=cache_env)
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming from" in resumed.stderr
     after = _losses_by_step(interrupted)
@@ -101,10 +111,10 @@ def test_sigkill_then_resume_reproduces_losses(tmp_path):
     assert any(len(v) == 2 for v in after.values())
 
 
-def test_sigterm_saves_and_exits_zero(tmp_path):
+def test_sigterm_saves_and_exits_zero(tmp_path, cache_env):
     proc = subprocess.Popen(_train_cmd(tmp_path, "--gin.TrainerConfig.num_steps=100000",
                                        "--gin.TrainerConfig.checkpoint_every=5"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=cache_env)
     _wait_for_checkpoint(tmp_path, 5, proc)
     time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
