@@ -74,10 +74,17 @@ FALLBACK_MEMORY_BYTES = 4 << 30
 IN_FLIGHT_BATCHES = 4
 
 
-def bucket_length(length: int, max_length: int) -> int:
-    """The padded length for a batch whose longest row has `length` tokens (never above max_length)."""
+def bucket_length(length: int, max_length: int, step: int | None = None) -> int:
+    """The padded length for a batch whose longest row has `length` tokens (never above max_length).
+
+    Up to POW2_LIMIT: the next power of two (step None), or the next multiple
+    of `step` (more compiled shapes, less padding); beyond: multiples of POW2_LIMIT.
+    """
     if length <= POW2_LIMIT:
-        bucket = max(MIN_BUCKET, 1 << max(0, length - 1).bit_length())
+        if step is None:
+            bucket = max(MIN_BUCKET, 1 << max(0, length - 1).bit_length())
+        else:
+            bucket = max(MIN_BUCKET, -(-length // step) * step)
     else:
         bucket = -(-length // POW2_LIMIT) * POW2_LIMIT
     return min(bucket, max_length)
@@ -245,6 +252,7 @@ class LoadedModel:
         self, texts: Sequence[str], kind: str = "raw", max_length: int | None = None, batch_size: int | None = 64,
         keep: str = "start", truncation: str = "clean", mesh: Mesh | None = None,
         memory_budget_bytes: int | None = None, on_batch: Callable[[int], None] | None = None,
+        bucket_step: int | None = None,
     ) -> np.ndarray:
         """Vectors [N, D] (float32) of `texts`, in input order.
 
@@ -264,6 +272,9 @@ class LoadedModel:
           to a multiple of its size); the parameters are replicated onto it.
         on_batch: called with the number of texts of each batch once its
           vectors are back on the host (progress bars).
+        bucket_step: None pads batches of up to POW2_LIMIT tokens to powers of
+          two; k to multiples of k (see bucket_length): less padding for more
+          compiled shapes, which pays off when many texts are encoded.
         Texts are sorted by length and batched so that each batch pads only to
         its own bucket length (see bucket_length), which keeps padding and the
         number of compiled shapes small.
@@ -274,6 +285,9 @@ class LoadedModel:
             raise RankgenError(f"batch_size must be >= 1 or None (from memory), got {batch_size}")
         if kind not in ENCODE_KINDS:
             raise RankgenError(f"unknown encode kind {kind!r}: expected one of {sorted(ENCODE_KINDS)}")
+        if bucket_step is not None and (isinstance(bucket_step, bool) or not isinstance(bucket_step, int)
+                                        or bucket_step < 1):
+            raise RankgenError(f"bucket_step must be a positive integer or None, got {bucket_step!r}")
         limit = self._max_length(kind, max_length)
         sequences = self.input_ids(texts, kind, limit, truncation, keep)
         # Shared towers are one encoder: both kinds then use (and compile) one function.
@@ -301,7 +315,7 @@ class LoadedModel:
         start = 0
         while start < len(order):
             # Sorted longest first: this batch's first row sets its padded length.
-            length = bucket_length(int(lengths_N[order[start]]), limit)
+            length = bucket_length(int(lengths_N[order[start]]), limit, bucket_step)
             size = batch_size or rows_for_memory(self.config, length, memory_budget_bytes)
             rows = order[start : start + size]
             start += len(rows)

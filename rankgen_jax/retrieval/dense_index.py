@@ -42,6 +42,11 @@ DEFAULT_HNSW_M = 32
 DEFAULT_EF_SEARCH = 64
 # Texts per encode() call: large enough for its length bucketing to pay off, small enough for memory.
 ENCODE_CHUNK_BATCHES = 16
+# Batches up to 128 tokens are padded to multiples of 16 rather than powers of two: a corpus
+# amortises the extra compiled shapes (8 instead of 4), and on 2000 book passages of 3-150
+# words (T5 1.1 small, 2 CPU cores) padding fell from 24% to 11% of the slots and encoding
+# got ~15% faster (rankgen_jax.bench_encode).
+ENCODE_BUCKET_STEP = 16
 # Plain-text skip reasons (JSON ones come from data.documents).
 EMPTY_LINE = "empty line"
 UNDECODABLE_LINE = "non-UTF-8 line"
@@ -246,7 +251,7 @@ def _encode_all(model, texts: list[str], kind: str, max_length: int | None, batc
         for start in range(0, len(texts), chunk):
             part = texts[start : start + chunk]
             vectors_NxD[start : start + len(part)] = model.encode(
-                part, kind=kind, max_length=max_length, batch_size=batch_size)
+                part, kind=kind, max_length=max_length, batch_size=batch_size, bucket_step=ENCODE_BUCKET_STEP)
             bar.update(len(part))
     return vectors_NxD
 
