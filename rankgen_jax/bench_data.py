@@ -52,6 +52,7 @@ The flat dict `run()` returns (also written as JSON by `main`):
   examples_headroom             examples_examples_per_second / synthetic_examples_per_second
   loss                          last real-data step's loss (finite: the batches are sane)
   peak_rss_mib                  peak resident memory of the process
+  malloc_tunables               GLIBC_TUNABLES of the run (main() re-executes with runtime.MALLOC_TUNABLES)
 
 Numbers, not pass/fail; on a shared machine they are noisy.
 """
@@ -62,12 +63,13 @@ import argparse
 import dataclasses
 import gc
 import json
+import os
 import resource
 import sys
 import time
 from pathlib import Path
 
-from rankgen_jax.runtime import configure_xla_flags
+from rankgen_jax.runtime import configure_xla_flags, reexec_with_malloc_tunables
 
 configure_xla_flags()
 
@@ -203,6 +205,7 @@ def run(size: str = "tiny", batch_size: int = 32, prefix_length: int = 256, cont
     if measure_examples:
         row["examples_headroom"] = row["examples_examples_per_second"] / row["synthetic_examples_per_second"]
     row["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    row["malloc_tunables"] = os.environ.get("GLIBC_TUNABLES", "")
     for stream in streams.values():
         stream.close()
     for source in (seqio_source, seqio_eval):
@@ -260,4 +263,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # As `rankgen-jax` runs (the trainer, `index`): with the malloc settings XLA:CPU runs best with.
+    reexec_with_malloc_tunables("rankgen_jax.bench_data", sys.argv[1:])
     sys.exit(main())

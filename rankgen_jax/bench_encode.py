@@ -42,6 +42,11 @@ The flat dict `run()` returns (also written as JSON by `main`):
   torch_padding_waste            the same for PyTorch (each batch padded to its longest row)
   torch_first_pass_seconds       the untimed PyTorch warm-up pass
   peak_rss_mib                   peak resident memory of the process
+  malloc_tunables                GLIBC_TUNABLES of the run (main() re-executes with runtime.MALLOC_TUNABLES)
+  jax_bucket_step                dense_index.ENCODE_BUCKET_STEP (0: power-of-two buckets)
+  With pow2_baseline (--pow2_baseline), the index path again with power-of-two buckets:
+  jax_pow2_seconds, jax_pow2_sentences_per_second, jax_pow2_padding_waste
+  bucket_step_speedup            jax_pow2_seconds / jax_seconds
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rankgen_jax.runtime import configure_xla_flags
+from rankgen_jax.runtime import configure_xla_flags, reexec_with_malloc_tunables
 
 configure_xla_flags()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -209,26 +214,30 @@ class _CompileTimer:
 
 def run(num_texts: int = 2000, size: str = "small", batch_size: int = 64, max_length: int = 128,
         kind: str = "suffix", repeats: int = 2, threads: int = 2, seed: int = 0,
-        workdir: str | None = None, texts: list[str] | None = None) -> dict:
+        workdir: str | None = None, texts: list[str] | None = None, pow2_baseline: bool = False) -> dict:
     """Build the model (under workdir, default a temporary folder), encode with JAX and PyTorch; see the module doc.
 
     texts: encode these instead of corpus_passages(num_texts, seed). torch's thread count is restored afterwards.
+    pow2_baseline: also time the index path with power-of-two length buckets (its bucketing before
+    dense_index.ENCODE_BUCKET_STEP) and add the jax_pow2_* keys.
     """
     import torch
 
     threads_before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _run(num_texts, size, batch_size, max_length, kind, repeats, threads, seed, workdir, texts)
+        return _run(num_texts, size, batch_size, max_length, kind, repeats, threads, seed, workdir, texts,
+                    pow2_baseline)
     finally:
         torch.set_num_threads(threads_before)
 
 
-def _run(num_texts, size, batch_size, max_length, kind, repeats, threads, seed, workdir, texts) -> dict:
+def _run(num_texts, size, batch_size, max_length, kind, repeats, threads, seed, workdir, texts, pow2_baseline) -> dict:
     import jax
     from transformers import AutoModel
 
     from rankgen_jax.inference import load_model
+    from rankgen_jax.retrieval import dense_index
     from rankgen_jax.retrieval.dense_index import ENCODE_CHUNK_BATCHES, _encode_all
 
     texts = corpus_passages(num_texts, seed) if texts is None else list(texts)
@@ -247,6 +256,14 @@ def _run(num_texts, size, batch_size, max_length, kind, repeats, threads, seed, 
     def torch_pass() -> np.ndarray:
         return torch_encode(hf_model, model, texts, kind, max_length, batch_size, chunk)[0]
 
+    def pow2_pass() -> np.ndarray:
+        step = dense_index.ENCODE_BUCKET_STEP
+        dense_index.ENCODE_BUCKET_STEP = None
+        try:
+            return jax_pass()
+        finally:
+            dense_index.ENCODE_BUCKET_STEP = step
+
     began = time.perf_counter()
     tokens = sum(len(s) for s in model.input_ids(texts, kind, max_length))
     tokenize_seconds = time.perf_counter() - began
@@ -259,15 +276,21 @@ def _run(num_texts, size, batch_size, max_length, kind, repeats, threads, seed, 
     began = time.perf_counter()
     torch_vectors, torch_pad = torch_encode(hf_model, model, texts, kind, max_length, batch_size, chunk)
     torch_first = time.perf_counter() - began
+    passes = {"jax": jax_pass, "torch": torch_pass}
+    if pow2_baseline:
+        with _SlotCounter() as pow2_slots:
+            pow2_pass()
+        passes["pow2"] = pow2_pass
+    warm_shapes = len(model.compiled_shapes)
 
-    jax_times, torch_times = [], []
+    times = {name: [] for name in passes}
     for _ in range(repeats):
-        for fn, times in ((jax_pass, jax_times), (torch_pass, torch_times)):
+        for name, fn in passes.items():
             began = time.perf_counter()
             fn()
-            times.append(time.perf_counter() - began)
-    jax_seconds, torch_seconds = min(jax_times), min(torch_times)
-    return {
+            times[name].append(time.perf_counter() - began)
+    jax_seconds, torch_seconds = min(times["jax"]), min(times["torch"])
+    row = {
         "size": size,
         "num_texts": len(texts),
         "batch_size": batch_size,
@@ -291,12 +314,19 @@ def _run(num_texts, size, batch_size, max_length, kind, repeats, threads, seed, 
         "jax_first_pass_seconds": jax_first,
         "jax_compile_seconds": compile_timer.seconds,
         "jax_compiled_shapes": shapes,
-        "jax_shapes_compiled_while_timed": len(model.compiled_shapes) - shapes,
+        "jax_shapes_compiled_while_timed": len(model.compiled_shapes) - warm_shapes,
         "jax_padding_waste": jax_slots.waste,
         "torch_padding_waste": torch_pad / (torch_pad + tokens),
         "torch_first_pass_seconds": torch_first,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "malloc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
+        "jax_bucket_step": dense_index.ENCODE_BUCKET_STEP or 0,
     }
+    if pow2_baseline:
+        pow2_seconds = min(times["pow2"])
+        row.update(jax_pow2_seconds=pow2_seconds, jax_pow2_sentences_per_second=len(texts) / pow2_seconds,
+                   jax_pow2_padding_waste=pow2_slots.waste, bucket_step_speedup=pow2_seconds / jax_seconds)
+    return row
 
 
 def summary(row: dict) -> str:
@@ -315,7 +345,11 @@ def summary(row: dict) -> str:
         f"(first pass {row['jax_first_pass_seconds']:.1f} s, timed pass {row['jax_seconds']:.1f} s; "
         f"{row['jax_shapes_compiled_while_timed']} shapes compiled while timed); "
         f"tokenising {row['tokenize_seconds']:.2f} s per pass",
-    ])
+    ] + ([
+        f"  JAX with power-of-two buckets (the index path before bucket step {row['jax_bucket_step']}): "
+        f"{row['jax_pow2_sentences_per_second']:.1f} sentences/s, padding waste {row['jax_pow2_padding_waste']:.1%}; "
+        f"bucket step speed-up {row['bucket_step_speedup']:.2f}x",
+    ] if "jax_pow2_seconds" in row else []))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -327,9 +361,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kind", default="suffix", choices=("prefix", "suffix", "raw"))
     parser.add_argument("--repeats", type=int, default=2, help="timed passes per framework (default 2)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--pow2_baseline", action="store_true",
+                        help="also time the index path with power-of-two length buckets")
     parser.add_argument("--out", default="runs/bench/encode.json")
     args = parser.parse_args(argv)
-    row = run(args.texts, args.size, args.batch_size, args.max_length, args.kind, args.repeats, args.threads)
+    row = run(args.texts, args.size, args.batch_size, args.max_length, args.kind, args.repeats, args.threads,
+              pow2_baseline=args.pow2_baseline)
     print(summary(row))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(row, indent=2) + "\n")
@@ -338,4 +375,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # As `rankgen-jax` runs (the trainer, `index`): with the malloc settings XLA:CPU runs best with.
+    reexec_with_malloc_tunables("rankgen_jax.bench_encode", sys.argv[1:])
     sys.exit(main())

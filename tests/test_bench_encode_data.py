@@ -10,8 +10,9 @@ ENCODE_KEYS = {
     "torch_sentences_per_second", "jax_tokens_per_second", "torch_tokens_per_second", "jax_over_torch",
     "max_abs_diff", "max_abs_vector", "jax_first_pass_seconds", "jax_compile_seconds", "jax_compiled_shapes",
     "jax_shapes_compiled_while_timed", "jax_padding_waste", "torch_padding_waste", "torch_first_pass_seconds",
-    "peak_rss_mib",
+    "peak_rss_mib", "malloc_tunables", "jax_bucket_step",
 }
+POW2_KEYS = {"jax_pow2_seconds", "jax_pow2_sentences_per_second", "jax_pow2_padding_waste", "bucket_step_speedup"}
 DATA_KEYS = {
     "size", "batch_size", "prefix_length", "continuation_length", "with_negative", "task", "steps", "rounds",
     "warmup_steps", "source_batches", "jax_devices", "seqio_first_batch_seconds", "seqio_examples_per_second",
@@ -20,7 +21,7 @@ DATA_KEYS = {
     "prefetch_random_step_seconds", "synthetic_step_seconds_best", "real_step_seconds_best",
     "prefetch_random_step_seconds_best", "synthetic_examples_per_second", "real_examples_per_second",
     "real_vs_synthetic", "real_vs_synthetic_best", "prefetch_random_vs_synthetic", "seqio_headroom",
-    "examples_headroom", "loss", "peak_rss_mib",
+    "examples_headroom", "loss", "peak_rss_mib", "malloc_tunables",
 }
 
 
@@ -33,8 +34,8 @@ def test_bench_encode_tiny(tmp_path):
 
     threads = torch.get_num_threads()
     row = bench_encode.run(num_texts=40, size="tiny", batch_size=8, max_length=48, repeats=1, threads=1,
-                           workdir=str(tmp_path))
-    assert set(row) == ENCODE_KEYS and _flat(row)
+                           workdir=str(tmp_path), pow2_baseline=True)
+    assert set(row) == ENCODE_KEYS | POW2_KEYS and _flat(row)
     assert torch.get_num_threads() == threads  # restored
     assert row["num_texts"] == 40 and 40 * 3 <= row["tokens"] <= 40 * 48
     # The exported PyTorch model gives the JAX index path's vectors.
@@ -45,8 +46,17 @@ def test_bench_encode_tiny(tmp_path):
     assert row["jax_first_pass_seconds"] >= row["jax_compile_seconds"]
     assert row["jax_compiled_shapes"] >= 1 and row["jax_shapes_compiled_while_timed"] == 0
     # Bucketed lengths and power-of-two rows never pad less than padding to each batch's longest row.
-    assert 0 <= row["torch_padding_waste"] <= row["jax_padding_waste"] < 1
-    assert "sentences/s" in bench_encode.summary(row)
+    assert 0 <= row["torch_padding_waste"] <= row["jax_padding_waste"] <= row["jax_pow2_padding_waste"] < 1
+    assert row["jax_bucket_step"] == 16 and 0 < row["bucket_step_speedup"] < math.inf
+    assert "sentences/s" in bench_encode.summary(row) and "power-of-two" in bench_encode.summary(row)
+
+
+def test_bucket_step():
+    from rankgen_jax.inference import bucket_length
+
+    assert [bucket_length(n, 512, 16) for n in (1, 16, 17, 40, 100, 128)] == [16, 16, 32, 48, 112, 128]
+    assert bucket_length(129, 512, 16) == 256 and bucket_length(40, 20, 16) == 20  # as without a step
+    assert [bucket_length(n, 512) for n in (17, 40, 100)] == [32, 64, 128]  # powers of two by default
 
 
 def test_corpus_passages_vary_and_repeat():
