@@ -163,6 +163,23 @@ def _run_child(case: BenchCase) -> dict | None:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+# The other benchmarks of `make bench`, each its own module and process: (report key, module, --quick args).
+MODULE_BENCHMARKS = [
+    ("encode", "rankgen_jax.bench_encode", ["--texts", "400", "--size", "tiny"]),
+    ("data", "rankgen_jax.bench_data", ["--steps", "5", "--rounds", "2", "--source_batches", "30"]),
+]
+
+
+def _run_module(module: str, out: Path, extra: list[str]) -> dict | None:
+    """`python -m module --out out` with its output shown as it comes; its JSON result, or None if it failed."""
+    print(f"--- {module}", flush=True)
+    proc = subprocess.run([sys.executable, "-m", module, "--out", str(out), *extra])
+    if proc.returncode != 0:
+        print(f"{module}: failed with exit code {proc.returncode}", flush=True)
+        return None
+    return json.loads(out.read_text())
+
+
 def _describe(row: dict, peak: float) -> str:
     mode = f"GradCache x{row['num_chunks']} (chunk {row['batch'] // row['num_chunks']})" if row["num_chunks"] > 1 else "plain"
     return (f"{row['framework']:>5} {row['size']:>5} batch {row['batch']:>5} {mode:<24} {row['step_seconds']:7.3f} s/step "
@@ -212,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fp32 matmul peak (numpy {2048}^3, {THREADS} threads): {peak:.1f} GFLOP/s", flush=True)
     report = {"machine": machine_description(), "matmul_peak_gflops": peak, "quick": args.quick,
               "train": run_train_benchmarks(peak, args.quick)}
+    out_dir = Path(args.out).parent
+    for name, module, quick_args in MODULE_BENCHMARKS:
+        report[name] = _run_module(module, out_dir / f"{name}.json", quick_args if args.quick else [])
     report["seconds"] = time.time() - started
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
