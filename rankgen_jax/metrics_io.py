@@ -118,7 +118,9 @@ class MetricWriter:
         """A new events file named as TensorBoard's own writer names them, starting with the version event."""
         global _writer_serial
         _writer_serial += 1
-        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{_writer_serial}"
+        # Zero-padded serial: TensorBoard reads a folder's files in name order, and "10" sorts before "9".
+        name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}."
+                f"{_writer_serial:06d}")
         self.events_path = self.tb_dir / name
         self._local_events = self._local_tb_dir / name
         writer = RecordWriter(open(self._local_events, "wb"))
