@@ -48,6 +48,9 @@ The flat dict `run()` returns (also written as JSON by `main`):
   real_vs_synthetic             real_step_seconds / synthetic_step_seconds - 1 (target: within +-0.05)
   real_vs_synthetic_best        the same on the fastest rounds
   prefetch_random_vs_synthetic  prefetch_random_step_seconds / synthetic_step_seconds - 1
+  real_vs_synthetic_paired, prefetch_random_vs_synthetic_paired   median over rounds of the round's
+                                ratio to its synthetic round, - 1 (robust to load drifting between rounds)
+  step_seconds_spread           largest (slowest - fastest) / fastest round of any condition: the noise level
   seqio_headroom                seqio_examples_per_second / synthetic_examples_per_second (> 1: never the bottleneck)
   examples_headroom             examples_examples_per_second / synthetic_examples_per_second
   loss                          last real-data step's loss (finite: the batches are sane)
@@ -201,6 +204,11 @@ def run(size: str = "tiny", batch_size: int = 32, prefix_length: int = 256, cont
     row["real_vs_synthetic"] = row["real_step_seconds"] / row["synthetic_step_seconds"] - 1
     row["real_vs_synthetic_best"] = row["real_step_seconds_best"] / row["synthetic_step_seconds_best"] - 1
     row["prefetch_random_vs_synthetic"] = row["prefetch_random_step_seconds"] / row["synthetic_step_seconds"] - 1
+    # Paired: each round's conditions ran back to back, under about the same background load.
+    for name in ("real", "prefetch_random"):
+        ratios = np.asarray(timed[name]) / np.asarray(timed["synthetic"])
+        row[f"{name}_vs_synthetic_paired"] = float(np.median(ratios) - 1)
+    row["step_seconds_spread"] = float(max((max(v) - min(v)) / min(v) for v in timed.values()))
     row["seqio_headroom"] = row["seqio_examples_per_second"] / row["synthetic_examples_per_second"]
     if measure_examples:
         row["examples_headroom"] = row["examples_examples_per_second"] / row["synthetic_examples_per_second"]
@@ -232,9 +240,10 @@ def summary(row: dict) -> str:
         f"{row['synthetic_step_seconds']:.3f} s; first step {row['step_compile_seconds']:.1f} s)  -> seqio headroom "
         f"{row['seqio_headroom']:.0f}x",
         f"  step time: synthetic {row['synthetic_step_seconds']:.3f} s, real (seqio via _prefetch) "
-        f"{row['real_step_seconds']:.3f} s ({row['real_vs_synthetic']:+.1%}; best rounds "
-        f"{row['real_vs_synthetic_best']:+.1%}), random via _prefetch {row['prefetch_random_step_seconds']:.3f} s "
-        f"({row['prefetch_random_vs_synthetic']:+.1%})",
+        f"{row['real_step_seconds']:.3f} s ({row['real_vs_synthetic']:+.1%}; paired {row['real_vs_synthetic_paired']:+.1%}, "
+        f"best rounds {row['real_vs_synthetic_best']:+.1%}), random via _prefetch "
+        f"{row['prefetch_random_step_seconds']:.3f} s ({row['prefetch_random_vs_synthetic']:+.1%}; paired "
+        f"{row['prefetch_random_vs_synthetic_paired']:+.1%}); rounds differ by up to {row['step_seconds_spread']:.0%}",
     ]
     return "\n".join(lines)
 

@@ -21,7 +21,8 @@ DATA_KEYS = {
     "prefetch_random_step_seconds", "synthetic_step_seconds_best", "real_step_seconds_best",
     "prefetch_random_step_seconds_best", "synthetic_examples_per_second", "real_examples_per_second",
     "real_vs_synthetic", "real_vs_synthetic_best", "prefetch_random_vs_synthetic", "seqio_headroom",
-    "examples_headroom", "loss", "peak_rss_mib", "malloc_tunables",
+    "examples_headroom", "loss", "peak_rss_mib", "malloc_tunables", "real_vs_synthetic_paired",
+    "prefetch_random_vs_synthetic_paired", "step_seconds_spread",
 }
 
 
