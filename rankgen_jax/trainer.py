@@ -252,7 +252,6 @@ def train(
     """Train (or resume) in workdir; returns the last logged train metrics. Configs default to gin's."""
     trainer, model_config = trainer or TrainerConfig(), model_config or ModelConfig()
     data, loss, optimizer = data or DataConfig(), loss or LossConfig(), optimizer or OptimizerConfig()
-    check_field_types(data)  # DataConfig does not check its own (the other configs do)
     workdir_path = native.as_path(workdir)  # "gs://b/run" stays a URL (pathlib would make it "gs:/b/run")
 
     # --- mesh and static step settings -------------------------------------------------

@@ -71,8 +71,9 @@ def test_released_folder_matches_pytorch(folders, torch_reference, name):
         ids = encoder.input_ids(TEXTS, kind)
         assert ids == want_ids
         assert len(ids[1]) == limit and ids[1][-1] != 1 and ids[0][-1] == 1
-        # rtol: float32 sums over 512 positions in another order (torch vs XLA) differ by ~1e-5 relative.
-        np.testing.assert_allclose(encoder.encode(TEXTS, kind), want, atol=1e-5, rtol=1e-5, err_msg=kind)
+        # float32 sums over 512 positions in another order (torch vs XLA, and our softmax normalised
+        # after the value product) differ by up to ~1.5e-5 on entries of ~0.3: atol 2e-5.
+        np.testing.assert_allclose(encoder.encode(TEXTS, kind), want, atol=2e-5, rtol=1e-5, err_msg=kind)
     scores = encoder.score(TEXTS[:2], [TEXTS[2:5], TEXTS[5]])
     prefix, _ = torch_reference(TEXTS[:2], "pre ", 512)
     suffix, _ = torch_reference(TEXTS[2:6], "suffi ", 128)

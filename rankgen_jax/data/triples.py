@@ -19,7 +19,7 @@ from typing import Protocol
 import gin
 import numpy as np
 
-from rankgen_jax.errors import RankgenError
+from rankgen_jax.errors import RankgenError, check_field_types
 from rankgen_jax.text import load_text_encoder, pad_batch
 from rankgen_jax.vocab import BUNDLED_CORPUS, EOS_ID, REPO_ROOT
 
@@ -69,6 +69,9 @@ class DataConfig:
     eval_file: str = ""
     list_size: int = 0  # candidates per list (0: the longest list in the file); padded with a mask
 
+    def __post_init__(self):
+        check_field_types(self)  # gin hands values over unchecked
+
 
 def _row_rng(seed: int, index: int, row: int) -> np.random.Generator:
     return np.random.default_rng([seed, index, row])
@@ -104,6 +107,8 @@ class RandomTriples:
 def read_documents(folder: str | Path) -> list[tuple[str, str]]:
     """(name, text) of every readable UTF-8 .txt file under a folder; unreadable files are skipped and reported."""
     root = Path(folder)
+    if root.exists() and not root.is_dir():
+        raise RankgenError(f"{folder}: not a folder (the corpus is a folder whose .txt files are read)")
     if not root.is_dir():
         raise RankgenError(f"{folder}: no such corpus folder")
     docs, skipped = [], []
