@@ -155,8 +155,14 @@ GRADCACHE_CASES = [
 
 def _run_child(case: BenchCase) -> dict | None:
     """One case in a fresh process (its own peak RSS, its own thread pools); None if it failed."""
+    env = dict(os.environ)
+    if case.framework == "torch":
+        # PyTorch runs as its users run it, with glibc's default malloc: huge pages did not
+        # speed it up, and once (T5 small) stalled it 10x in page compaction.
+        env.pop("GLIBC_TUNABLES", None)
+        env["RANKGEN_MALLOC_TUNING"] = "0"
     proc = subprocess.run([sys.executable, "-m", "rankgen_jax.bench", "--case", json.dumps(dataclasses.asdict(case))],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         print(f"{case}: failed\n{proc.stderr[-2000:]}", flush=True)
         return None
