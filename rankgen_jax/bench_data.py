@@ -65,13 +65,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import json
 import os
 import resource
 import sys
 import time
-from pathlib import Path
 
+from rankgen_jax.bench_report import write_json
 from rankgen_jax.runtime import configure_xla_flags, reexec_with_malloc_tunables
 
 configure_xla_flags()
@@ -265,9 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     row = run(args.size, args.batch_size, args.prefix_length, args.continuation_length, not args.no_negative,
               args.task, args.steps, args.rounds, args.warmup_steps, args.source_batches)
     print(summary(row))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(row, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_json(args.out, row)
     return 0
 
 

@@ -55,7 +55,6 @@ The flat dict `run()` returns (also written as JSON by `main`):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import sys
@@ -63,6 +62,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from rankgen_jax.bench_report import write_json
 from rankgen_jax.runtime import configure_xla_flags, reexec_with_malloc_tunables
 
 configure_xla_flags()
@@ -371,9 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     row = run(args.texts, args.size, args.batch_size, args.max_length, args.kind, args.repeats, args.threads,
               pow2_baseline=args.pow2_baseline)
     print(summary(row))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(row, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_json(args.out, row)
     return 0
 
 

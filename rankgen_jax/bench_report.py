@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 TARGETS = {"tiny": 1.3, "small": 1.0}  # JAX / PyTorch tokens/s the project aims for (issue 9)
 PEAK_TARGET = 0.75  # fraction of the measured matmul peak at T5 1.1 small
+
+
+def write_json(path: str | Path, data: dict) -> None:
+    """Write a benchmark result as indented JSON (creating its folder) and say where."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(data, indent=2) + "\n")
+    print(f"wrote {path}")
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
