@@ -263,7 +263,7 @@ def machine_description() -> dict:
     return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem_gib, "python": platform.python_version(),
             "date": time.strftime("%Y-%m-%d"),
             **{name: version(name) for name in ("jax", "jaxlib", "flax", "torch", "transformers", "numpy")},
-            "xla_flags": os.environ.get("XLA_FLAGS", "")}
+            "xla_flags": os.environ.get("XLA_FLAGS", ""), "glibc_tunables": os.environ.get("GLIBC_TUNABLES", "")}
 
 
 if __name__ == "__main__":

@@ -38,7 +38,8 @@ def render_markdown(report: dict) -> str:
         f"- Machine: {machine['cpu']}, {machine['cores']} cores, {machine['memory_gib']:.0f} GiB, no accelerator.",
         f"- Software: Python {machine['python']}, jax {machine['jax']} (jaxlib {machine['jaxlib']}), flax {machine['flax']}, "
         f"torch {machine['torch']}, transformers {machine['transformers']}, numpy {machine['numpy']}.",
-        f"- XLA_FLAGS: `{machine['xla_flags']}`.",
+        f"- XLA_FLAGS: `{machine['xla_flags']}`; GLIBC_TUNABLES of the JAX processes: "
+        f"`{machine.get('glibc_tunables') or 'none'}` (the PyTorch peer runs with glibc's defaults).",
         f"- fp32 matmul peak measured in the run (numpy, 2048^3, best of 5): **{peak:.1f} GFLOP/s**.",
         "",
         "## Train step: JAX against the PyTorch / HuggingFace peer",
