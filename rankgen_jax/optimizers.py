@@ -6,8 +6,8 @@ first:
 
 1. non-finite guard (`optax.apply_if_finite`): a step whose gradients hold a
    NaN or Inf is skipped -- zero updates, optimizer state untouched -- and
-   counted; `nonfinite_counts` reads the counts and `check_nonfinite` raises
-   once `max_consecutive_nonfinite` steps in a row were skipped;
+   counted; `nonfinite_counts` reads the counts (the trainer stops once
+   `max_consecutive_nonfinite` steps in a row were skipped);
 2. optional global-norm gradient clipping (over model and loss gradients);
 3. Adafactor (the RankGen / T5X recipe) or AdamW, with the LR schedule; when
    `loss_params_learning_rate > 0` the `loss` subtree gets its own optimizer of
@@ -54,7 +54,7 @@ class OptimizerConfig:
     clip_grad_norm: clip gradients to this global norm before the optimizer; 0 = off.
     loss_params_learning_rate: constant LR for the `loss` subtree (e.g. a logit
       scale); 0 = the loss params share the model's optimizer and schedule.
-    max_consecutive_nonfinite: `check_nonfinite` raises after this many
+    max_consecutive_nonfinite: the trainer saves and stops after this many
       consecutive skipped (non-finite) steps.
     """
 
@@ -236,17 +236,3 @@ def nonfinite_counts(opt_state) -> tuple[jax.Array, jax.Array]:
     """(consecutive, total) steps skipped because their gradients were not finite."""
     guard = _guard_state(opt_state)
     return guard.notfinite_count, guard.total_notfinite
-
-
-def check_nonfinite(opt_state, cfg: OptimizerConfig) -> None:
-    """Raise RankgenError once `cfg.max_consecutive_nonfinite` steps in a row were skipped.
-
-    Reads two scalars from the device, so it syncs with the running step; the
-    trainer can call it at logging intervals, which catches any streak still
-    running then (the consecutive count only resets on a finite step).
-    """
-    consecutive, total = (int(x) for x in nonfinite_counts(opt_state))
-    if consecutive >= cfg.max_consecutive_nonfinite:
-        raise RankgenError(
-            f"training diverged: the last {consecutive} steps had NaN/Inf gradients ({total} skipped in all); "
-            "lower the learning rate, enable clip_grad_norm, or resume from an earlier checkpoint")

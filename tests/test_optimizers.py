@@ -9,7 +9,7 @@ import optax
 import pytest
 
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.optimizers import OptimizerConfig, check_nonfinite, make_optimizer, nonfinite_counts
+from rankgen_jax.optimizers import OptimizerConfig, make_optimizer, nonfinite_counts
 
 
 def _jitted_update(tx):
@@ -181,12 +181,10 @@ def test_nonfinite_step_is_skipped_and_counted(name):
     jax.tree_util.tree_map(np.testing.assert_array_equal, params, before_params)
     jax.tree_util.tree_map(np.testing.assert_array_equal, state.inner_state, before_state.inner_state)
     assert [int(x) for x in nonfinite_counts(state)] == [1, 1]
-    check_nonfinite(state, cfg)  # 1 < 2: no error yet
 
     params, state = step(bad, state, params)
     assert [int(x) for x in nonfinite_counts(state)] == [2, 2]
-    with pytest.raises(RankgenError, match="last 2 steps had NaN/Inf"):
-        check_nonfinite(state, cfg)
+    # The trainer's stop at max_consecutive_nonfinite: tests/test_fault_injection.py.
 
     params, state = step(good, state, params)
     assert [int(x) for x in nonfinite_counts(state)] == [0, 2]  # consecutive resets, total stays
