@@ -72,3 +72,78 @@ def test_cpu_vjp_equals_autodiff_in_bfloat16():
     for name, g, g_ref in zip(["q", "k", "v", "relpos"], grads, grads_ref):
         scale = float(jnp.abs(g_ref).max())
         np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(g_ref, np.float32), atol=3e-2 * scale, err_msg=name)
+
+
+# The fused C++ kernel (kernels/fused_attention.py): compiled here on first use.
+def _fused_or_skip():
+    import os
+    import shutil
+
+    from rankgen_jax.kernels import fused_attention
+
+    if shutil.which(os.environ.get("CXX", "g++")) is None:
+        pytest.skip("no C++ compiler: the fused kernel cannot be built (XLA attention is used)")
+    assert fused_attention.available(), "a compiler is present but the fused kernel did not build"
+    return fused_attention.fused_attention
+
+
+@pytest.mark.parametrize(
+    "batch,length,heads,head_dim,with_position_bias",
+    [(3, 12, 2, 8, True), (2, 37, 3, 20, True), (2, 64, 4, 32, False), (2, 130, 2, 64, True)],
+)
+def test_fused_kernel_equals_autodiff(batch, length, heads, head_dim, with_position_bias):
+    fused_attention = _fused_or_skip()
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.normal(size=(batch, length, heads, head_dim)).astype(np.float32) for _ in range(3))
+    position_bias = rng.normal(size=(1, heads, length, length)).astype(np.float32) if with_position_bias else None
+    mask = np.zeros((batch, 1, 1, length), np.float32)
+    mask[-1, ..., length // 2:] = -1e9  # the last row is half padding
+    cotangent = rng.normal(size=q.shape).astype(np.float32)
+
+    def reference(q, k, v, position_bias):
+        bias = mask if position_bias is None else position_bias + mask
+        return jnp.sum(softmax_attention_autodiff(q, k, v, bias, None, jnp.float32) * cotangent)
+
+    def fused(q, k, v, position_bias):
+        return jnp.sum(fused_attention(q, k, v, position_bias, mask) * cotangent)
+
+    argnums = (0, 1, 2, 3) if with_position_bias else (0, 1, 2)
+    value_ref, grads_ref = jax.jit(jax.value_and_grad(reference, argnums=argnums))(q, k, v, position_bias)
+    value, grads = jax.jit(jax.value_and_grad(fused, argnums=argnums))(q, k, v, position_bias)
+    np.testing.assert_allclose(value, value_ref, rtol=1e-5)
+    for name, g, g_ref in zip(["q", "k", "v", "position_bias"], grads, grads_ref):
+        scale = float(jnp.abs(g_ref).max())
+        assert scale > 1e-2, name
+        np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), atol=2e-5 * scale, err_msg=name)
+
+
+def test_t5_encoder_same_with_and_without_the_fused_kernel(monkeypatch):
+    """The model's attention goes through the kernel when it applies; outputs and gradients equal XLA's."""
+    _fused_or_skip()
+    from rankgen_jax.configs import t5_config
+    from rankgen_jax.models import layers
+    from rankgen_jax.models.t5 import T5EncoderStack
+
+    cfg = t5_config("tiny", vocab_size=64)
+    model = T5EncoderStack(cfg)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 20, cfg.d_model)).astype(np.float32)
+    mask = np.ones((2, 20), bool)
+    mask[1, 13:] = False
+    params = model.init(jax.random.PRNGKey(0), x, mask)["params"]
+    # A random projection: the sum of squares after the final RMS norm is nearly constant.
+    cotangent = rng.normal(size=(2, 20, cfg.d_model)).astype(np.float32)
+
+    def loss(params):
+        return jnp.sum(model.apply({"params": params}, x, mask).last_hidden_state * cotangent)
+
+    calls = []
+    real = layers.fused_attention
+    monkeypatch.setattr(layers, "fused_attention", lambda *a: calls.append(1) or real(*a))
+    value_fused, grads_fused = jax.value_and_grad(loss)(params)
+    assert calls, "the fused kernel was not used"
+    monkeypatch.setattr(layers, "fused_attention_available", lambda: False)
+    value_xla, grads_xla = jax.value_and_grad(loss)(params)
+    np.testing.assert_allclose(value_fused, value_xla, rtol=1e-5)
+    for g, g_ref in zip(jax.tree_util.tree_leaves(grads_fused), jax.tree_util.tree_leaves(grads_xla)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), atol=1e-5 * float(jnp.abs(g_ref).max()) + 1e-7)

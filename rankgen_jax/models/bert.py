@@ -143,7 +143,7 @@ class BertSelfAttention(nn.Module):
         q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = (t.reshape(batch, length, cfg.num_heads, cfg.d_kv) for t in (q, k, v))
         # Scale q rather than the [B, H, L, L] logits: same result, less work.
         q_BxLxHxK = q_BxLxHxK * jnp.asarray(1.0 / math.sqrt(cfg.d_kv), q_BxLxHxK.dtype)
-        out_TxD = attend(self, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_bias_Bx1x1xL, cfg.dropout_rate, dtype)
+        out_TxD = attend(self, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, None, mask_bias_Bx1x1xL, cfg.dropout_rate, dtype)
         return dense_with_bias(cfg.d_model, ("joined_kv", "embed"), dtype, name="out")(out_TxD)
 
 

@@ -13,6 +13,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from rankgen_jax.kernels.fused_attention import available as fused_attention_available
+from rankgen_jax.kernels.fused_attention import fused_attention
 from rankgen_jax.models.attention import softmax_attention_autodiff, softmax_attention_cpu
 
 Initializer = Callable[..., jax.Array]
@@ -98,6 +100,23 @@ class Embed(nn.Module):
         return jnp.take(embedding, ids, axis=0).astype(self.dtype)
 
 
+def _compiling_for_cpu() -> bool:
+    """Whether the computation being traced targets CPU: the mesh's platform, else the default backend.
+
+    The mesh decides when they differ: an AOT compile for a TPU topology runs on a CPU host.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    device = None if mesh.empty else mesh.abstract_device
+    return (device.platform if device is not None else jax.default_backend()) == "cpu"
+
+
+def _fused_attention_applies(q_BxLxHxK: jax.Array, dtype) -> bool:
+    """CPU, float32 throughout, and at most one device in the mesh (the kernel has no sharding rule)."""
+    if not _compiling_for_cpu() or jnp.dtype(dtype) != jnp.float32 or q_BxLxHxK.dtype != jnp.float32:
+        return False
+    return jax.sharding.get_abstract_mesh().size <= 1 and fused_attention_available()
+
+
 def dropout(module: nn.Module, x: jax.Array, rate: float) -> jax.Array:
     """Dropout that is active only when the caller provides a `dropout` rng (training)."""
     if rate == 0.0:
@@ -105,19 +124,26 @@ def dropout(module: nn.Module, x: jax.Array, rate: float) -> jax.Array:
     return nn.Dropout(rate)(x, deterministic=not module.has_rng("dropout"))
 
 
-def attend(module: nn.Module, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias, dropout_rate: float, dtype) -> jax.Array:
+def attend(module: nn.Module, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, position_bias, mask_bias_Bx1x1xL,
+           dropout_rate: float, dtype) -> jax.Array:
     """Softmax attention (logits and softmax in float32) -> [B*L, H*K] for the output projection.
 
-    bias: added to the logits, broadcastable to [B, H, L, L] (mask, relative positions);
-    any logit scaling is folded into q by the caller. On CPU the VJP is
-    hand-written for XLA:CPU's matmuls (`attention.softmax_attention_cpu`).
+    position_bias: [1, H, L, L] added to the logits (T5's relative positions), or None;
+    mask_bias_Bx1x1xL: additive key mask. Any logit scaling is folded into q by the caller.
+
+    Where it applies (CPU, float32, no dropout, one device), the fused C++ kernel
+    (`kernels.fused_attention`) runs; otherwise XLA, with the VJP hand-written for
+    XLA:CPU's matmuls on CPU (`attention.softmax_attention_cpu`). All compute one function.
     """
     batch, length, heads, head_dim = q_BxLxHxK.shape
     keep_BxHxLxL = None
     if dropout_rate > 0.0 and module.has_rng("dropout"):
         ones_BxHxLxL = jnp.ones((batch, heads, length, k_BxLxHxK.shape[1]), dtype)
         keep_BxHxLxL = dropout(module, ones_BxHxLxL, dropout_rate)
-    on_cpu = jax.default_backend() == "cpu"
-    attention = softmax_attention_cpu if on_cpu else softmax_attention_autodiff
+    if keep_BxHxLxL is None and _fused_attention_applies(q_BxLxHxK, dtype):
+        out_BxLxHxK = fused_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, position_bias, mask_bias_Bx1x1xL)
+        return out_BxLxHxK.reshape(batch * length, heads * head_dim)
+    bias = mask_bias_Bx1x1xL if position_bias is None else position_bias.astype(jnp.float32) + mask_bias_Bx1x1xL
+    attention = softmax_attention_cpu if _compiling_for_cpu() else softmax_attention_autodiff
     out_BxLxHxK = attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias, keep_BxHxLxL, dtype)
     return out_BxLxHxK.reshape(batch * length, heads * head_dim)

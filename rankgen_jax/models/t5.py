@@ -121,8 +121,7 @@ class SelfAttention(nn.Module):
         q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = (
             t.reshape(batch, length, cfg.num_heads, cfg.d_kv) for t in (q, k, v)
         )
-        bias = bias_1xHxLxL.astype(jnp.float32) + mask_bias_Bx1x1xL
-        out_TxI = attend(self, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias, cfg.dropout_rate, dtype)
+        out_TxI = attend(self, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_1xHxLxL, mask_bias_Bx1x1xL, cfg.dropout_rate, dtype)
         return DenseKernel(cfg.d_model, ("joined_kv", "embed"), dtype, name="out")(out_TxI)
 
 

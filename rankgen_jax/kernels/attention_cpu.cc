@@ -1,0 +1,372 @@
+// Fused softmax attention for XLA:CPU (forward and backward), called through the XLA FFI.
+//
+// One task per (batch row, head): its [L, L] logits, weights and their gradients live in
+// per-thread buffers that stay in L2, where XLA:CPU writes and rereads each [B, H, L, L]
+// tensor in memory several times per layer. The matmuls are one register-blocked
+// broadcast-FMA kernel (`gemm`), written with GCC vector extensions so that -march=native
+// picks the widest vectors the machine has.
+//
+// Shapes: q, k, v, o, d_out, d_q, d_k, d_v: [B, L, H, K]; position_bias, d_position_bias:
+// [H, L, L] (zeros of shape [0] when the model has none); mask_bias: [B, L]; lse: [B, H, L],
+// the log of each softmax row's normaliser, saved by the forward pass for the backward one.
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int kLanes = 16;
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4)));
+typedef int32_t i16 __attribute__((vector_size(64)));
+
+inline v16 load(const float* p) { return *reinterpret_cast<const v16u*>(p); }
+inline void store(float* p, v16 x) { *reinterpret_cast<v16u*>(p) = x; }
+inline int64_t round_up(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
+inline v16 splat(float s) { return v16{} + s; }
+
+// exp(x) to ~2 ulp: x = n ln2 + r, |r| <= ln2/2, exp(r) by a degree-6 polynomial, 2^n in the
+// exponent bits. Below -87.3 (masked logits) the result is 0.
+inline v16 vexp(v16 x) {
+  const v16 lo = x < -87.3f ? splat(-87.3f) : x;  // keeps 2^n a normal float (and -inf finite)
+  const v16 xc = lo > 88.3f ? splat(88.3f) : lo;
+  const v16 shifter = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to the nearest integer
+  const v16 t = xc * 1.44269504088896341f + shifter;
+  const v16 n = t - shifter;
+  const v16 r = (xc - n * 0.693145751953125f) - n * 1.42860682030941723212e-6f;
+  v16 p = splat(1.0f / 720.0f);
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const i16 bits = (__builtin_convertvector(n, i16) + 127) << 23;
+  v16 scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  const v16 y = p * scale;
+  return x < -87.3f ? v16{} : y;
+}
+
+// C[r, c0 : c0 + 16 NV] = sum_t A(r, t) * B[t, c0 : c0 + 16 NV], R rows at a time in
+// R x NV vector registers. A(r, t) = a[r * a_rs + t * a_ts]: strides cover A and A^T alike.
+template <int R, int NV>
+void gemm_block(int64_t m, int64_t t_len, const float* a, int64_t a_rs, int64_t a_ts,
+                const float* b, int64_t ldb, float* c, int64_t ldc, int64_t c0) {
+  int64_t r0 = 0;
+  for (; r0 + R <= m; r0 += R) {
+    v16 acc[R][NV];
+    for (int i = 0; i < R; ++i)
+      for (int j = 0; j < NV; ++j) acc[i][j] = v16{};
+    for (int64_t t = 0; t < t_len; ++t) {
+      v16 bv[NV];
+      for (int j = 0; j < NV; ++j) bv[j] = load(b + t * ldb + c0 + j * kLanes);
+      for (int i = 0; i < R; ++i) {
+        const float s = a[(r0 + i) * a_rs + t * a_ts];
+        for (int j = 0; j < NV; ++j) acc[i][j] += s * bv[j];
+      }
+    }
+    for (int i = 0; i < R; ++i)
+      for (int j = 0; j < NV; ++j) store(c + (r0 + i) * ldc + c0 + j * kLanes, acc[i][j]);
+  }
+  if (r0 < m) gemm_block<1, NV>(m - r0, t_len, a + r0 * a_rs, a_rs, a_ts, b, ldb, c + r0 * ldc, ldc, c0);
+}
+
+// C[m, w] = A[m, t_len] B[t_len, w]; w is a multiple of 16; B and C rows hold w contiguous floats.
+void gemm(int64_t m, int64_t t_len, int64_t w, const float* a, int64_t a_rs, int64_t a_ts,
+          const float* b, int64_t ldb, float* c, int64_t ldc) {
+  int64_t c0 = 0;
+  for (; c0 + 4 * kLanes <= w; c0 += 4 * kLanes) gemm_block<6, 4>(m, t_len, a, a_rs, a_ts, b, ldb, c, ldc, c0);
+  switch ((w - c0) / kLanes) {
+    case 3: gemm_block<6, 3>(m, t_len, a, a_rs, a_ts, b, ldb, c, ldc, c0); break;
+    case 2: gemm_block<8, 2>(m, t_len, a, a_rs, a_ts, b, ldb, c, ldc, c0); break;
+    case 1: gemm_block<12, 1>(m, t_len, a, a_rs, a_ts, b, ldb, c, ldc, c0); break;
+    default: break;
+  }
+}
+
+struct Dims {
+  int64_t batch, length, heads, head_dim;
+  int64_t lp, kp;  // length and head_dim rounded up to whole vectors
+  int64_t row_stride() const { return heads * head_dim; }
+};
+
+// Rows of one head's [L, K] slice: a view into the [B, L, H, K] array when K is a whole number
+// of vectors (row stride H*K), else a zero-padded copy in scratch (row stride kp).
+struct Rows {
+  float* data;
+  int64_t ld;
+  bool copied;
+};
+
+Rows head_rows(const Dims& d, const float* x, int64_t b, int64_t h, float* scratch) {
+  float* base = const_cast<float*>(x) + b * d.length * d.row_stride() + h * d.head_dim;
+  if (d.head_dim == d.kp) return {base, d.row_stride(), false};
+  for (int64_t i = 0; i < d.length; ++i) {
+    std::memcpy(scratch + i * d.kp, base + i * d.row_stride(), d.head_dim * sizeof(float));
+    std::memset(scratch + i * d.kp + d.head_dim, 0, (d.kp - d.head_dim) * sizeof(float));
+  }
+  return {scratch, d.kp, true};
+}
+
+// Where to write one head's [L, K] result: the output itself, or scratch to be copied by put_rows.
+Rows output_rows(const Dims& d, float* x, int64_t b, int64_t h, float* scratch) {
+  if (d.head_dim == d.kp) return {x + b * d.length * d.row_stride() + h * d.head_dim, d.row_stride(), false};
+  return {scratch, d.kp, true};
+}
+
+void put_rows(const Dims& d, const Rows& rows, float* x, int64_t b, int64_t h) {
+  if (!rows.copied) return;
+  for (int64_t i = 0; i < d.length; ++i)
+    std::memcpy(x + (b * d.length + i) * d.row_stride() + h * d.head_dim, rows.data + i * d.kp,
+                d.head_dim * sizeof(float));
+}
+
+// One head's slice transposed -> [kp, lp], zero padded: the B operand of q k^T and d_out v^T.
+void gather_transposed(const Dims& d, const float* x, int64_t b, int64_t h, float* out) {
+  std::memset(out, 0, d.kp * d.lp * sizeof(float));
+  for (int64_t i = 0; i < d.length; ++i) {
+    const float* src = x + (b * d.length + i) * d.row_stride() + h * d.head_dim;
+    for (int64_t j = 0; j < d.head_dim; ++j) out[j * d.lp + i] = src[j];
+  }
+}
+
+// logits[i, :] = q_i . k + position_bias[h, i, :] + mask_bias[b, :]; padded columns -inf.
+void logits(const Dims& d, const Rows& q, const float* kt_p, const float* position_bias, const float* mask_bias,
+            int64_t b, int64_t h, float* s) {
+  gemm(d.length, d.head_dim, d.lp, q.data, q.ld, 1, kt_p, d.lp, s, d.lp);
+  const float* mask = mask_bias + b * d.length;
+  for (int64_t i = 0; i < d.length; ++i) {
+    float* row = s + i * d.lp;
+    for (int64_t j = 0; j < d.length; ++j) row[j] += mask[j];
+    if (position_bias) {
+      const float* pos = position_bias + (h * d.length + i) * d.length;
+      for (int64_t j = 0; j < d.length; ++j) row[j] += pos[j];
+    }
+    for (int64_t j = d.length; j < d.lp; ++j) row[j] = -INFINITY;
+  }
+}
+
+// The (batch row, head) tasks are cut into ranges: range r holds head r / segments and one
+// segment of the batch rows, in order. A sum kept per range therefore does not depend on which
+// thread ran it, and the position-bias gradient (summed over the batch) is bitwise reproducible.
+struct Split {
+  int64_t runners, segments, ranges;
+  int64_t head(int64_t r) const { return r / segments; }
+  int64_t first_row(int64_t r, int64_t batch) const { return (r % segments) * batch / segments; }
+  int64_t end_row(int64_t r, int64_t batch) const { return (r % segments + 1) * batch / segments; }
+};
+
+Split split_work(ffi::ThreadPool& pool, int64_t batch, int64_t heads) {
+  const int64_t runners = std::max<int64_t>(1, pool.num_threads() + 1);
+  const int64_t segments = std::min(batch, (2 * runners + heads - 1) / heads);  // >= 2 ranges per runner
+  return {runners, segments, heads * segments};
+}
+
+// fn(range, slot) for every range, on the caller and on XLA's intra-op thread pool (the threads
+// that would otherwise spin idle beside this call); slot < split.runners names the runner's
+// scratch space. Runners claim ranges from a shared counter, so the call completes even when
+// no pool thread ever becomes free.
+template <typename F>
+void parallel_for(ffi::ThreadPool& pool, const Split& split, F fn) {
+  struct State {
+    std::atomic<int64_t> next_range{0}, done{0}, slots{0};
+  };
+  auto state = std::make_shared<State>();
+  const int64_t ranges = split.ranges;
+  // A runner that starts late finds no range left and returns without touching the caller's stack.
+  auto run = [state, ranges, &fn]() {
+    int64_t slot = -1;
+    for (int64_t r = state->next_range.fetch_add(1); r < ranges; r = state->next_range.fetch_add(1)) {
+      if (slot < 0) slot = state->slots.fetch_add(1);
+      fn(r, slot);
+      state->done.fetch_add(1, std::memory_order_release);
+    }
+  };
+  for (int64_t r = 1; r < split.runners; ++r) pool.Schedule([run]() { run(); });
+  run();
+  while (state->done.load(std::memory_order_acquire) < ranges) std::this_thread::yield();
+}
+
+Dims dims_of(const ffi::Buffer<ffi::F32>& q) {
+  auto shape = q.dimensions();
+  Dims d{shape[0], shape[1], shape[2], shape[3], 0, 0};
+  d.lp = round_up(d.length);
+  d.kp = round_up(d.head_dim);
+  return d;
+}
+
+inline float horizontal_sum(v16 x) {
+  float total = 0.0f;
+  for (int l = 0; l < kLanes; ++l) total += x[l];
+  return total;
+}
+
+ffi::Error AttentionForward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                            ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> position_bias,
+                            ffi::Buffer<ffi::F32> mask_bias, ffi::ResultBuffer<ffi::F32> out,
+                            ffi::ResultBuffer<ffi::F32> lse) {
+  const Dims d = dims_of(q);
+  const float* pos = position_bias.element_count() ? position_bias.typed_data() : nullptr;
+  const int64_t panel = d.length * d.kp;
+  const int64_t per_runner = panel * 3 + d.kp * d.lp + d.length * d.lp;
+  const Split split = split_work(pool, d.batch, d.heads);
+  std::vector<float> work(per_runner * split.runners);
+  parallel_for(pool, split, [&](int64_t range, int64_t slot) {
+    float* q_p = work.data() + slot * per_runner;
+    float* v_p = q_p + panel;
+    float* o_p = v_p + panel;
+    float* kt_p = o_p + panel;
+    float* s = kt_p + d.kp * d.lp;
+    const int64_t h = split.head(range);
+    for (int64_t b = split.first_row(range, d.batch); b < split.end_row(range, d.batch); ++b) {
+      const Rows q_rows = head_rows(d, q.typed_data(), b, h, q_p);
+      const Rows v_rows = head_rows(d, v.typed_data(), b, h, v_p);
+      gather_transposed(d, k.typed_data(), b, h, kt_p);
+      logits(d, q_rows, kt_p, pos, mask_bias.typed_data(), b, h, s);
+      float* lse_row = lse->typed_data() + (b * d.heads + h) * d.length;
+      for (int64_t i = 0; i < d.length; ++i) {
+        float* row = s + i * d.lp;
+        v16 mx = load(row);
+        for (int64_t j = kLanes; j < d.lp; j += kLanes) {
+          const v16 x = load(row + j);
+          mx = x > mx ? x : mx;
+        }
+        float m = mx[0];
+        for (int l = 1; l < kLanes; ++l) m = std::max(m, mx[l]);
+        v16 sum{};
+        for (int64_t j = 0; j < d.lp; j += kLanes) {
+          const v16 e = vexp(load(row + j) - m);
+          store(row + j, e);
+          sum += e;
+        }
+        const float total = horizontal_sum(sum);
+        lse_row[i] = m + std::log(total);
+        const float inv = 1.0f / total;
+        for (int64_t j = 0; j < d.lp; j += kLanes) store(row + j, load(row + j) * inv);
+      }
+      const Rows o_rows = output_rows(d, out->typed_data(), b, h, o_p);
+      gemm(d.length, d.length, d.kp, s, d.lp, 1, v_rows.data, v_rows.ld, o_rows.data, o_rows.ld);
+      put_rows(d, o_rows, out->typed_data(), b, h);
+    }
+  });
+  return ffi::Error::Success();
+}
+
+ffi::Error AttentionBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                             ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> position_bias,
+                             ffi::Buffer<ffi::F32> mask_bias, ffi::Buffer<ffi::F32> out, ffi::Buffer<ffi::F32> lse,
+                             ffi::Buffer<ffi::F32> d_out, ffi::ResultBuffer<ffi::F32> d_q,
+                             ffi::ResultBuffer<ffi::F32> d_k, ffi::ResultBuffer<ffi::F32> d_v,
+                             ffi::ResultBuffer<ffi::F32> d_position_bias) {
+  const Dims d = dims_of(q);
+  const bool with_pos = position_bias.element_count() > 0;
+  const float* pos = with_pos ? position_bias.typed_data() : nullptr;
+  const int64_t panel = d.length * d.kp, square = d.length * d.lp, square_size = d.length * d.length;
+  const int64_t per_runner = panel * 7 + d.kp * d.lp * 2 + square * 2;
+  const Split split = split_work(pool, d.batch, d.heads);
+  std::vector<float> work(per_runner * split.runners);
+  // One [L, L] sum over its batch rows per range; the ranges of a head are added in order.
+  std::vector<float> bias_grads(with_pos ? split.ranges * square_size : 0, 0.0f);
+  parallel_for(pool, split, [&](int64_t range, int64_t slot) {
+    float* q_p = work.data() + slot * per_runner;
+    float* k_p = q_p + panel;
+    float* o_p = k_p + panel;
+    float* do_p = o_p + panel;
+    float* dq_p = do_p + panel;
+    float* dk_p = dq_p + panel;
+    float* dv_p = dk_p + panel;
+    float* kt_p = dv_p + panel;
+    float* vt_p = kt_p + d.kp * d.lp;
+    float* p = vt_p + d.kp * d.lp;
+    float* ds = p + square;
+    const int64_t h = split.head(range);
+    for (int64_t b = split.first_row(range, d.batch); b < split.end_row(range, d.batch); ++b) {
+      const Rows q_rows = head_rows(d, q.typed_data(), b, h, q_p);
+      const Rows k_rows = head_rows(d, k.typed_data(), b, h, k_p);
+      const Rows o_rows = head_rows(d, out.typed_data(), b, h, o_p);
+      const Rows do_rows = head_rows(d, d_out.typed_data(), b, h, do_p);
+      gather_transposed(d, k.typed_data(), b, h, kt_p);
+      gather_transposed(d, v.typed_data(), b, h, vt_p);
+      logits(d, q_rows, kt_p, pos, mask_bias.typed_data(), b, h, p);
+      // d_weights = d_out v^T
+      gemm(d.length, d.head_dim, d.lp, do_rows.data, do_rows.ld, 1, vt_p, d.lp, ds, d.lp);
+      const float* lse_row = lse.typed_data() + (b * d.heads + h) * d.length;
+      for (int64_t i = 0; i < d.length; ++i) {
+        // sum_j weights_ij d_weights_ij = d_out_i . out_i
+        float dot = 0.0f;
+        for (int64_t c = 0; c < d.head_dim; ++c) dot += do_rows.data[i * do_rows.ld + c] * o_rows.data[i * o_rows.ld + c];
+        float* p_row = p + i * d.lp;
+        float* ds_row = ds + i * d.lp;
+        for (int64_t j = 0; j < d.lp; j += kLanes) {
+          const v16 weights = vexp(load(p_row + j) - lse_row[i]);
+          store(p_row + j, weights);
+          store(ds_row + j, weights * (load(ds_row + j) - dot));
+        }
+      }
+      const Rows dq_rows = output_rows(d, d_q->typed_data(), b, h, dq_p);
+      gemm(d.length, d.length, d.kp, ds, d.lp, 1, k_rows.data, k_rows.ld, dq_rows.data, dq_rows.ld);
+      put_rows(d, dq_rows, d_q->typed_data(), b, h);
+      const Rows dk_rows = output_rows(d, d_k->typed_data(), b, h, dk_p);  // ds^T q
+      gemm(d.length, d.length, d.kp, ds, 1, d.lp, q_rows.data, q_rows.ld, dk_rows.data, dk_rows.ld);
+      put_rows(d, dk_rows, d_k->typed_data(), b, h);
+      const Rows dv_rows = output_rows(d, d_v->typed_data(), b, h, dv_p);  // weights^T d_out
+      gemm(d.length, d.length, d.kp, p, 1, d.lp, do_rows.data, do_rows.ld, dv_rows.data, dv_rows.ld);
+      put_rows(d, dv_rows, d_v->typed_data(), b, h);
+      if (with_pos) {
+        float* acc = bias_grads.data() + range * square_size;
+        for (int64_t i = 0; i < d.length; ++i)
+          for (int64_t j = 0; j < d.length; ++j) acc[i * d.length + j] += ds[i * d.lp + j];
+      }
+    }
+  });
+  if (with_pos) {
+    float* dst = d_position_bias->typed_data();
+    std::memset(dst, 0, d.heads * square_size * sizeof(float));
+    for (int64_t r = 0; r < split.ranges; ++r) {
+      float* head_dst = dst + split.head(r) * square_size;
+      const float* src = bias_grads.data() + r * square_size;
+      for (int64_t i = 0; i < square_size; ++i) head_dst[i] += src[i];
+    }
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenAttentionForward, AttentionForward,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenAttentionBackward, AttentionBackward,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
