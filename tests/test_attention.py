@@ -147,3 +147,17 @@ def test_t5_encoder_same_with_and_without_the_fused_kernel(monkeypatch):
     np.testing.assert_allclose(value_fused, value_xla, rtol=1e-5)
     for g, g_ref in zip(jax.tree_util.tree_leaves(grads_fused), jax.tree_util.tree_leaves(grads_xla)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), atol=1e-5 * float(jnp.abs(g_ref).max()) + 1e-7)
+
+
+def test_kernel_build_is_cached_and_a_broken_compiler_falls_back(tmp_path, monkeypatch, capsys):
+    from rankgen_jax.kernels import fused_attention
+
+    _fused_or_skip()
+    monkeypatch.setenv("RANKGEN_KERNEL_CACHE", str(tmp_path / "cache"))
+    library = fused_attention._compile()
+    built_at = library.stat().st_mtime_ns
+    assert fused_attention._compile() == library and library.stat().st_mtime_ns == built_at
+
+    monkeypatch.setenv("CXX", "false")  # a "compiler" that always fails: a new cache key, a failed build
+    assert fused_attention.available.__wrapped__() is False
+    assert "fused CPU attention unavailable, using XLA's" in capsys.readouterr().err

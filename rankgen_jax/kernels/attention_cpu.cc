@@ -133,27 +133,42 @@ void put_rows(const Dims& d, const Rows& rows, float* x, int64_t b, int64_t h) {
 }
 
 // One head's slice transposed -> [kp, lp], zero padded: the B operand of q k^T and d_out v^T.
+// In blocks of 16 rows, so that the rows being read stay in L1 while each output row is written.
 void gather_transposed(const Dims& d, const float* x, int64_t b, int64_t h, float* out) {
   std::memset(out, 0, d.kp * d.lp * sizeof(float));
-  for (int64_t i = 0; i < d.length; ++i) {
-    const float* src = x + (b * d.length + i) * d.row_stride() + h * d.head_dim;
-    for (int64_t j = 0; j < d.head_dim; ++j) out[j * d.lp + i] = src[j];
+  const float* base = x + b * d.length * d.row_stride() + h * d.head_dim;
+  for (int64_t i0 = 0; i0 < d.length; i0 += kLanes) {
+    const int64_t i1 = std::min(i0 + kLanes, d.length);
+    for (int64_t j = 0; j < d.head_dim; ++j)
+      for (int64_t i = i0; i < i1; ++i) out[j * d.lp + i] = base[i * d.row_stride() + j];
   }
 }
 
-// logits[i, :] = q_i . k + position_bias[h, i, :] + mask_bias[b, :]; padded columns -inf.
+// logits[i, :] = q_i . k + position_bias[h, i, :] + mask_bias[b, :] in one pass over each row,
+// padded columns -inf; row_max[i] = max_j logits[i, j] when row_max is given.
 void logits(const Dims& d, const Rows& q, const float* kt_p, const float* position_bias, const float* mask_bias,
-            int64_t b, int64_t h, float* s) {
+            int64_t b, int64_t h, float* s, float* row_max) {
   gemm(d.length, d.head_dim, d.lp, q.data, q.ld, 1, kt_p, d.lp, s, d.lp);
   const float* mask = mask_bias + b * d.length;
+  const int64_t whole = d.length / kLanes * kLanes;
   for (int64_t i = 0; i < d.length; ++i) {
     float* row = s + i * d.lp;
-    for (int64_t j = 0; j < d.length; ++j) row[j] += mask[j];
-    if (position_bias) {
-      const float* pos = position_bias + (h * d.length + i) * d.length;
-      for (int64_t j = 0; j < d.length; ++j) row[j] += pos[j];
+    const float* pos = position_bias ? position_bias + (h * d.length + i) * d.length : nullptr;
+    v16 mx = splat(-INFINITY);
+    for (int64_t j = 0; j < whole; j += kLanes) {
+      v16 x = load(row + j) + load(mask + j);
+      if (pos) x += load(pos + j);
+      store(row + j, x);
+      mx = x > mx ? x : mx;
+    }
+    float m = -INFINITY;
+    for (int l = 0; l < kLanes; ++l) m = std::max(m, mx[l]);
+    for (int64_t j = whole; j < d.length; ++j) {
+      row[j] += mask[j] + (pos ? pos[j] : 0.0f);
+      m = std::max(m, row[j]);
     }
     for (int64_t j = d.length; j < d.lp; ++j) row[j] = -INFINITY;
+    if (row_max) row_max[i] = m;
   }
 }
 
@@ -219,7 +234,7 @@ ffi::Error AttentionForward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::
   const Dims d = dims_of(q);
   const float* pos = position_bias.element_count() ? position_bias.typed_data() : nullptr;
   const int64_t panel = d.length * d.kp;
-  const int64_t per_runner = panel * 3 + d.kp * d.lp + d.length * d.lp;
+  const int64_t per_runner = panel * 3 + d.kp * d.lp + d.length * d.lp + 2 * d.length;
   const Split split = split_work(pool, d.batch, d.heads);
   std::vector<float> work(per_runner * split.runners);
   parallel_for(pool, split, [&](int64_t range, int64_t slot) {
@@ -228,35 +243,33 @@ ffi::Error AttentionForward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::
     float* o_p = v_p + panel;
     float* kt_p = o_p + panel;
     float* s = kt_p + d.kp * d.lp;
+    float* row_max = s + d.length * d.lp;
+    float* row_sum = row_max + d.length;
     const int64_t h = split.head(range);
     for (int64_t b = split.first_row(range, d.batch); b < split.end_row(range, d.batch); ++b) {
       const Rows q_rows = head_rows(d, q.typed_data(), b, h, q_p);
       const Rows v_rows = head_rows(d, v.typed_data(), b, h, v_p);
       gather_transposed(d, k.typed_data(), b, h, kt_p);
-      logits(d, q_rows, kt_p, pos, mask_bias.typed_data(), b, h, s);
+      logits(d, q_rows, kt_p, pos, mask_bias.typed_data(), b, h, s, row_max);
       float* lse_row = lse->typed_data() + (b * d.heads + h) * d.length;
       for (int64_t i = 0; i < d.length; ++i) {
         float* row = s + i * d.lp;
-        v16 mx = load(row);
-        for (int64_t j = kLanes; j < d.lp; j += kLanes) {
-          const v16 x = load(row + j);
-          mx = x > mx ? x : mx;
-        }
-        float m = mx[0];
-        for (int l = 1; l < kLanes; ++l) m = std::max(m, mx[l]);
         v16 sum{};
         for (int64_t j = 0; j < d.lp; j += kLanes) {
-          const v16 e = vexp(load(row + j) - m);
+          const v16 e = vexp(load(row + j) - row_max[i]);
           store(row + j, e);
           sum += e;
         }
-        const float total = horizontal_sum(sum);
-        lse_row[i] = m + std::log(total);
-        const float inv = 1.0f / total;
-        for (int64_t j = 0; j < d.lp; j += kLanes) store(row + j, load(row + j) * inv);
+        row_sum[i] = horizontal_sum(sum);
+        lse_row[i] = row_max[i] + std::log(row_sum[i]);
       }
+      // out = (exp(logits - max) v) / row sums: the division touches [L, K], not [L, L].
       const Rows o_rows = output_rows(d, out->typed_data(), b, h, o_p);
       gemm(d.length, d.length, d.kp, s, d.lp, 1, v_rows.data, v_rows.ld, o_rows.data, o_rows.ld);
+      for (int64_t i = 0; i < d.length; ++i) {
+        const float inv = 1.0f / row_sum[i];
+        for (int64_t c = 0; c < d.head_dim; ++c) o_rows.data[i * o_rows.ld + c] *= inv;
+      }
       put_rows(d, o_rows, out->typed_data(), b, h);
     }
   });
@@ -298,10 +311,11 @@ ffi::Error AttentionBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi:
       const Rows do_rows = head_rows(d, d_out.typed_data(), b, h, do_p);
       gather_transposed(d, k.typed_data(), b, h, kt_p);
       gather_transposed(d, v.typed_data(), b, h, vt_p);
-      logits(d, q_rows, kt_p, pos, mask_bias.typed_data(), b, h, p);
+      logits(d, q_rows, kt_p, pos, mask_bias.typed_data(), b, h, p, nullptr);
       // d_weights = d_out v^T
       gemm(d.length, d.head_dim, d.lp, do_rows.data, do_rows.ld, 1, vt_p, d.lp, ds, d.lp);
       const float* lse_row = lse.typed_data() + (b * d.heads + h) * d.length;
+      float* bias_acc = with_pos ? bias_grads.data() + range * square_size : nullptr;
       for (int64_t i = 0; i < d.length; ++i) {
         // sum_j weights_ij d_weights_ij = d_out_i . out_i
         float dot = 0.0f;
@@ -313,6 +327,10 @@ ffi::Error AttentionBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi:
           store(p_row + j, weights);
           store(ds_row + j, weights * (load(ds_row + j) - dot));
         }
+        if (bias_acc) {
+          float* acc_row = bias_acc + i * d.length;
+          for (int64_t j = 0; j < d.length; ++j) acc_row[j] += ds_row[j];
+        }
       }
       const Rows dq_rows = output_rows(d, d_q->typed_data(), b, h, dq_p);
       gemm(d.length, d.length, d.kp, ds, d.lp, 1, k_rows.data, k_rows.ld, dq_rows.data, dq_rows.ld);
@@ -323,11 +341,6 @@ ffi::Error AttentionBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi:
       const Rows dv_rows = output_rows(d, d_v->typed_data(), b, h, dv_p);  // weights^T d_out
       gemm(d.length, d.length, d.kp, p, 1, d.lp, do_rows.data, do_rows.ld, dv_rows.data, dv_rows.ld);
       put_rows(d, dv_rows, d_v->typed_data(), b, h);
-      if (with_pos) {
-        float* acc = bias_grads.data() + range * square_size;
-        for (int64_t i = 0; i < d.length; ++i)
-          for (int64_t j = 0; j < d.length; ++j) acc[i * d.length + j] += ds[i * d.lp + j];
-      }
     }
   });
   if (with_pos) {
