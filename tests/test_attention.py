@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from rankgen_jax.models.attention import softmax_attention_autodiff, softmax_attention_cpu
+from test_cpu_kernels import kernels_or_skip
 
 B, L, H, K = 3, 12, 2, 8
 
@@ -76,15 +77,10 @@ def test_cpu_vjp_equals_autodiff_in_bfloat16():
 
 # The fused C++ kernel (kernels/fused_attention.py): compiled here on first use.
 def _fused_or_skip():
-    import os
-    import shutil
+    from rankgen_jax.kernels.fused_attention import fused_attention
 
-    from rankgen_jax.kernels import fused_attention
-
-    if shutil.which(os.environ.get("CXX", "g++")) is None:
-        pytest.skip("no C++ compiler: the fused kernel cannot be built (XLA attention is used)")
-    assert fused_attention.available(), "a compiler is present but the fused kernel did not build"
-    return fused_attention.fused_attention
+    kernels_or_skip()
+    return fused_attention
 
 
 @pytest.mark.parametrize(
@@ -117,8 +113,8 @@ def test_fused_kernel_equals_autodiff(batch, length, heads, head_dim, with_posit
         np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), atol=2e-5 * scale, err_msg=name)
 
 
-def test_t5_encoder_same_with_and_without_the_fused_kernel(monkeypatch):
-    """The model's attention goes through the kernel when it applies; outputs and gradients equal XLA's."""
+def test_t5_encoder_same_with_and_without_the_fused_kernels(monkeypatch):
+    """Attention and gated GELU go through the kernels when they apply; outputs and gradients equal XLA's."""
     _fused_or_skip()
     from rankgen_jax.configs import t5_config
     from rankgen_jax.models import layers
@@ -138,26 +134,14 @@ def test_t5_encoder_same_with_and_without_the_fused_kernel(monkeypatch):
         return jnp.sum(model.apply({"params": params}, x, mask).last_hidden_state * cotangent)
 
     calls = []
-    real = layers.fused_attention
-    monkeypatch.setattr(layers, "fused_attention", lambda *a: calls.append(1) or real(*a))
+    for name in ("fused_attention", "fused_gated_gelu"):
+        real = getattr(layers, name)
+        monkeypatch.setattr(layers, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
     value_fused, grads_fused = jax.value_and_grad(loss)(params)
-    assert calls, "the fused kernel was not used"
-    monkeypatch.setattr(layers, "fused_attention_available", lambda: False)
+    assert set(calls) == {"fused_attention", "fused_gated_gelu"}, calls
+    monkeypatch.setattr(layers.cpu_kernels, "available", lambda: False)
     value_xla, grads_xla = jax.value_and_grad(loss)(params)
     np.testing.assert_allclose(value_fused, value_xla, rtol=1e-5)
     for g, g_ref in zip(jax.tree_util.tree_leaves(grads_fused), jax.tree_util.tree_leaves(grads_xla)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), atol=1e-5 * float(jnp.abs(g_ref).max()) + 1e-7)
 
-
-def test_kernel_build_is_cached_and_a_broken_compiler_falls_back(tmp_path, monkeypatch, capsys):
-    from rankgen_jax.kernels import fused_attention
-
-    _fused_or_skip()
-    monkeypatch.setenv("RANKGEN_KERNEL_CACHE", str(tmp_path / "cache"))
-    library = fused_attention._compile()
-    built_at = library.stat().st_mtime_ns
-    assert fused_attention._compile() == library and library.stat().st_mtime_ns == built_at
-
-    monkeypatch.setenv("CXX", "false")  # a "compiler" that always fails: a new cache key, a failed build
-    assert fused_attention.available.__wrapped__() is False
-    assert "fused CPU attention unavailable, using XLA's" in capsys.readouterr().err

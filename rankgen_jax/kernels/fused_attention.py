@@ -1,10 +1,4 @@
-"""Fused softmax attention on CPU: a C++ kernel (`attention_cpu.cc`) behind the XLA FFI.
-
-The kernel is compiled on first use with the system C++ compiler (`$CXX`, else
-g++), for this machine's instruction set, into a cache folder keyed by the
-source, the flags, jaxlib's version and the CPU. Where no compiler works, or
-`RANKGEN_FUSED_ATTENTION=0`, `available()` is False and callers use the XLA
-implementations: one warning says why, and nothing else changes.
+"""Fused softmax attention on CPU: the attention kernel of `cpu_kernels.cc` behind a custom VJP.
 
 It computes what `attention.softmax_attention_autodiff` computes (float32, no
 dropout, self-attention) with one task per (batch row, head) whose [L, L]
@@ -14,77 +8,13 @@ the saved log-normalisers, as flash attention does.
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import os
-import platform
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 
-SOURCE = Path(__file__).with_name("attention_cpu.cc")
-CXX_FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared")
+from rankgen_jax.kernels import build
+
 FORWARD_TARGET = "rankgen_attention_forward"
 BACKWARD_TARGET = "rankgen_attention_backward"
-
-
-def _cpu_signature() -> str:
-    """Model name and feature flags: -march=native code must not run on another CPU."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor()
-    wanted = [line for line in lines if line.startswith(("model name", "flags"))][:2]
-    return "\n".join(wanted)
-
-
-def cache_dir() -> Path:
-    """Where compiled kernels are kept (`RANKGEN_KERNEL_CACHE`, else ~/.cache/rankgen_jax/kernels)."""
-    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rankgen_jax" / "kernels"
-    return Path(os.environ.get("RANKGEN_KERNEL_CACHE", default))
-
-
-def _compile() -> Path:
-    """The kernel library, compiled now unless the cache holds this exact build; raises on failure."""
-    import jaxlib
-
-    compiler = os.environ.get("CXX", "g++")
-    key = hashlib.sha256(
-        "\0".join([SOURCE.read_text(), compiler, *CXX_FLAGS, jaxlib.__version__, _cpu_signature()]).encode()
-    ).hexdigest()[:16]
-    library = cache_dir() / f"attention_cpu-{key}.so"
-    if library.exists():
-        return library
-    library.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
-        built = Path(tmp) / library.name
-        command = [compiler, *CXX_FLAGS, "-isystem", jax.ffi.include_dir(), str(SOURCE), "-o", str(built)]
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(command)} failed:\n{proc.stderr[-2000:]}")
-        os.replace(built, library)  # atomic: concurrent processes see all of it or nothing
-    return library
-
-
-@functools.cache
-def available() -> bool:
-    """Whether the fused kernel is compiled and registered with XLA:CPU (compiles it once)."""
-    if os.environ.get("RANKGEN_FUSED_ATTENTION", "1") == "0":
-        return False
-    try:
-        import ctypes
-
-        library = ctypes.cdll.LoadLibrary(str(_compile()))
-        jax.ffi.register_ffi_target(FORWARD_TARGET, jax.ffi.pycapsule(library.RankgenAttentionForward), platform="cpu")
-        jax.ffi.register_ffi_target(BACKWARD_TARGET, jax.ffi.pycapsule(library.RankgenAttentionBackward), platform="cpu")
-    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-        print(f"warning: fused CPU attention unavailable, using XLA's: {err}", file=sys.stderr)
-        return False
-    return True
 
 
 def _as_kernel_inputs(position_bias, mask_bias_Bx1x1xL):
@@ -105,8 +35,7 @@ def fused_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, position_bias, mask_bias_Bx
 
     position_bias: [1, H, L, L] or None; mask_bias_Bx1x1xL: additive, per key. No dropout.
     """
-    if not available():
-        raise RuntimeError("the fused CPU attention kernel is not available here (see the warning above)")
+    build.require()
     pos_HxLxL, mask_BxL = _as_kernel_inputs(position_bias, mask_bias_Bx1x1xL)
     return _fused(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, pos_HxLxL, mask_BxL)
 

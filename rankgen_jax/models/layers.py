@@ -13,8 +13,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from rankgen_jax.kernels.fused_attention import available as fused_attention_available
+from rankgen_jax.kernels import build as cpu_kernels
 from rankgen_jax.kernels.fused_attention import fused_attention
+from rankgen_jax.kernels.gated_gelu import fused_gated_gelu
 from rankgen_jax.models.attention import softmax_attention_autodiff, softmax_attention_cpu
 
 Initializer = Callable[..., jax.Array]
@@ -110,11 +111,18 @@ def _compiling_for_cpu() -> bool:
     return (device.platform if device is not None else jax.default_backend()) == "cpu"
 
 
-def _fused_attention_applies(q_BxLxHxK: jax.Array, dtype) -> bool:
-    """CPU, float32 throughout, and at most one device in the mesh (the kernel has no sharding rule)."""
-    if not _compiling_for_cpu() or jnp.dtype(dtype) != jnp.float32 or q_BxLxHxK.dtype != jnp.float32:
+def _fused_kernels_apply(x: jax.Array, dtype) -> bool:
+    """CPU, float32 throughout, and at most one device in the mesh (the kernels have no sharding rule)."""
+    if not _compiling_for_cpu() or jnp.dtype(dtype) != jnp.float32 or x.dtype != jnp.float32:
         return False
-    return jax.sharding.get_abstract_mesh().size <= 1 and fused_attention_available()
+    return jax.sharding.get_abstract_mesh().size <= 1 and cpu_kernels.available()
+
+
+def gated_gelu(gate: jax.Array, linear: jax.Array, dtype) -> jax.Array:
+    """gelu(gate) * linear with the tanh GELU (T5 1.1); the fused CPU kernel where it applies."""
+    if _fused_kernels_apply(gate, dtype) and linear.dtype == jnp.float32:
+        return fused_gated_gelu(gate, linear)
+    return jax.nn.gelu(gate, approximate=True) * linear
 
 
 def dropout(module: nn.Module, x: jax.Array, rate: float) -> jax.Array:
@@ -140,7 +148,7 @@ def attend(module: nn.Module, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, position_bias, ma
     if dropout_rate > 0.0 and module.has_rng("dropout"):
         ones_BxHxLxL = jnp.ones((batch, heads, length, k_BxLxHxK.shape[1]), dtype)
         keep_BxHxLxL = dropout(module, ones_BxHxLxL, dropout_rate)
-    if keep_BxHxLxL is None and _fused_attention_applies(q_BxLxHxK, dtype):
+    if keep_BxHxLxL is None and _fused_kernels_apply(q_BxLxHxK, dtype):
         out_BxLxHxK = fused_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, position_bias, mask_bias_Bx1x1xL)
         return out_BxLxHxK.reshape(batch * length, heads * head_dim)
     bias = mask_bias_Bx1x1xL if position_bias is None else position_bias.astype(jnp.float32) + mask_bias_Bx1x1xL

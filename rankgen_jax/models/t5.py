@@ -25,6 +25,7 @@ from rankgen_jax.models.layers import (
     attend,
     constrain,
     dropout,
+    gated_gelu,
 )
 
 # Added to attention logits of padded keys; large but finite so that fully
@@ -137,7 +138,7 @@ class MlpBlock(nn.Module):
         if cfg.mlp_activation == "gated-gelu":
             gate = DenseKernel(cfg.d_ff, ("embed", "mlp"), dtype, name="wi_0")(x_TxD)
             linear = DenseKernel(cfg.d_ff, ("embed", "mlp"), dtype, name="wi_1")(x_TxD)
-            h_TxF = jax.nn.gelu(gate, approximate=True) * linear
+            h_TxF = gated_gelu(gate, linear, dtype)
         else:
             h_TxF = jax.nn.relu(DenseKernel(cfg.d_ff, ("embed", "mlp"), dtype, name="wi")(x_TxD))
         h_TxF = dropout(self, h_TxF, cfg.dropout_rate)

@@ -1,12 +1,14 @@
-// Fused softmax attention for XLA:CPU (forward and backward), called through the XLA FFI.
+// Fused kernels for XLA:CPU, called through the XLA FFI: softmax attention (forward and
+// backward) and T5 1.1's gated GELU (gelu(gate) * linear, forward and backward).
 //
+// Attention:
 // One task per (batch row, head): its [L, L] logits, weights and their gradients live in
 // per-thread buffers that stay in L2, where XLA:CPU writes and rereads each [B, H, L, L]
 // tensor in memory several times per layer. The matmuls are one register-blocked
 // broadcast-FMA kernel (`gemm`), written with GCC vector extensions so that -march=native
 // picks the widest vectors the machine has.
 //
-// Shapes: q, k, v, o, d_out, d_q, d_k, d_v: [B, L, H, K]; position_bias, d_position_bias:
+// Attention shapes: q, k, v, o, d_out, d_q, d_k, d_v: [B, L, H, K]; position_bias, d_position_bias:
 // [H, L, L] (zeros of shape [0] when the model has none); mask_bias: [B, L]; lse: [B, H, L],
 // the log of each softmax row's normaliser, saved by the forward pass for the backward one.
 
@@ -182,23 +184,24 @@ struct Split {
   int64_t end_row(int64_t r, int64_t batch) const { return (r % segments + 1) * batch / segments; }
 };
 
+int64_t runner_count(ffi::ThreadPool& pool) { return std::max<int64_t>(1, pool.num_threads() + 1); }
+
 Split split_work(ffi::ThreadPool& pool, int64_t batch, int64_t heads) {
-  const int64_t runners = std::max<int64_t>(1, pool.num_threads() + 1);
+  const int64_t runners = runner_count(pool);
   const int64_t segments = std::min(batch, (2 * runners + heads - 1) / heads);  // >= 2 ranges per runner
   return {runners, segments, heads * segments};
 }
 
-// fn(range, slot) for every range, on the caller and on XLA's intra-op thread pool (the threads
-// that would otherwise spin idle beside this call); slot < split.runners names the runner's
-// scratch space. Runners claim ranges from a shared counter, so the call completes even when
-// no pool thread ever becomes free.
+// fn(range, slot) for every range in [0, ranges), on the caller and on XLA's intra-op thread
+// pool (the threads that would otherwise spin idle beside this call); slot < runners names the
+// runner's scratch space. Runners claim ranges from a shared counter, so the call completes
+// even when no pool thread ever becomes free.
 template <typename F>
-void parallel_for(ffi::ThreadPool& pool, const Split& split, F fn) {
+void parallel_for(ffi::ThreadPool& pool, int64_t runners, int64_t ranges, F fn) {
   struct State {
     std::atomic<int64_t> next_range{0}, done{0}, slots{0};
   };
   auto state = std::make_shared<State>();
-  const int64_t ranges = split.ranges;
   // A runner that starts late finds no range left and returns without touching the caller's stack.
   auto run = [state, ranges, &fn]() {
     int64_t slot = -1;
@@ -208,7 +211,7 @@ void parallel_for(ffi::ThreadPool& pool, const Split& split, F fn) {
       state->done.fetch_add(1, std::memory_order_release);
     }
   };
-  for (int64_t r = 1; r < split.runners; ++r) pool.Schedule([run]() { run(); });
+  for (int64_t r = 1; r < runners; ++r) pool.Schedule([run]() { run(); });
   run();
   while (state->done.load(std::memory_order_acquire) < ranges) std::this_thread::yield();
 }
@@ -237,7 +240,7 @@ ffi::Error AttentionForward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::
   const int64_t per_runner = panel * 3 + d.kp * d.lp + d.length * d.lp + 2 * d.length;
   const Split split = split_work(pool, d.batch, d.heads);
   std::vector<float> work(per_runner * split.runners);
-  parallel_for(pool, split, [&](int64_t range, int64_t slot) {
+  parallel_for(pool, split.runners, split.ranges, [&](int64_t range, int64_t slot) {
     float* q_p = work.data() + slot * per_runner;
     float* v_p = q_p + panel;
     float* o_p = v_p + panel;
@@ -291,7 +294,7 @@ ffi::Error AttentionBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi:
   std::vector<float> work(per_runner * split.runners);
   // One [L, L] sum over its batch rows per range; the ranges of a head are added in order.
   std::vector<float> bias_grads(with_pos ? split.ranges * square_size : 0, 0.0f);
-  parallel_for(pool, split, [&](int64_t range, int64_t slot) {
+  parallel_for(pool, split.runners, split.ranges, [&](int64_t range, int64_t slot) {
     float* q_p = work.data() + slot * per_runner;
     float* k_p = q_p + panel;
     float* o_p = k_p + panel;
@@ -355,6 +358,83 @@ ffi::Error AttentionBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi:
   return ffi::Error::Success();
 }
 
+// Gated GELU, tanh form (T5 1.1, HF "gelu_new"): h = gelu(gate) * linear with
+// gelu(x) = x / 2 (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3). Written with
+// s = (1 + tanh(u)) / 2 = 1 / (1 + exp(-2u)), which has no cancellation where tanh(u) is
+// near -1: gelu(x) = x s and gelu'(x) = s + 2 x s (1 - s) du/dx. One pass over the elements
+// each way; the backward pass recomputes s instead of storing it.
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluCubic = 0.044715f;
+constexpr int64_t kGeluChunk = 64 * 1024;  // elements per range: a few hundred KB per array
+
+inline v16 gelu_sigmoid(v16 x) {
+  const v16 minus_two_u = -2.0f * kGeluScale * (x + kGeluCubic * x * x * x);
+  const v16 clamped = minus_two_u > 80.0f ? splat(80.0f) : (minus_two_u < -80.0f ? splat(-80.0f) : minus_two_u);
+  return splat(1.0f) / (vexp(clamped) + 1.0f);
+}
+
+inline float gelu_sigmoid(float x) {
+  const float minus_two_u = std::clamp(-2.0f * kGeluScale * (x + kGeluCubic * x * x * x), -80.0f, 80.0f);
+  return 1.0f / (std::exp(minus_two_u) + 1.0f);
+}
+
+// d gelu / dx from x and s = gelu_sigmoid(x).
+template <typename T>
+inline T gelu_slope(T x, T s) {
+  return s + 2.0f * x * s * (1.0f - s) * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+}
+
+// fn(begin, end) over [0, n) in chunks, on the caller and XLA's pool; scalar tail included.
+template <typename F>
+void parallel_elements(ffi::ThreadPool& pool, int64_t n, F fn) {
+  const int64_t ranges = (n + kGeluChunk - 1) / kGeluChunk;
+  parallel_for(pool, std::min(runner_count(pool), ranges), ranges, [&](int64_t range, int64_t) {
+    fn(range * kGeluChunk, std::min(n, (range + 1) * kGeluChunk));
+  });
+}
+
+ffi::Error GatedGeluForward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> gate, ffi::Buffer<ffi::F32> linear,
+                            ffi::ResultBuffer<ffi::F32> out) {
+  const float* g = gate.typed_data();
+  const float* l = linear.typed_data();
+  float* h = out->typed_data();
+  parallel_elements(pool, gate.element_count(), [&](int64_t begin, int64_t end) {
+    int64_t i = begin;
+    for (; i + kLanes <= end; i += kLanes) {
+      const v16 x = load(g + i);
+      store(h + i, x * gelu_sigmoid(x) * load(l + i));
+    }
+    for (; i < end; ++i) h[i] = g[i] * gelu_sigmoid(g[i]) * l[i];
+  });
+  return ffi::Error::Success();
+}
+
+ffi::Error GatedGeluBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> gate, ffi::Buffer<ffi::F32> linear,
+                             ffi::Buffer<ffi::F32> d_out, ffi::ResultBuffer<ffi::F32> d_gate,
+                             ffi::ResultBuffer<ffi::F32> d_linear) {
+  const float* g = gate.typed_data();
+  const float* l = linear.typed_data();
+  const float* dh = d_out.typed_data();
+  float* dg = d_gate->typed_data();
+  float* dl = d_linear->typed_data();
+  parallel_elements(pool, gate.element_count(), [&](int64_t begin, int64_t end) {
+    int64_t i = begin;
+    for (; i + kLanes <= end; i += kLanes) {
+      const v16 x = load(g + i);
+      const v16 s = gelu_sigmoid(x);
+      const v16 d = load(dh + i);
+      store(dg + i, d * load(l + i) * gelu_slope(x, s));
+      store(dl + i, d * x * s);
+    }
+    for (; i < end; ++i) {
+      const float s = gelu_sigmoid(g[i]);
+      dg[i] = dh[i] * l[i] * gelu_slope(g[i], s);
+      dl[i] = dh[i] * g[i] * s;
+    }
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenAttentionForward, AttentionForward,
@@ -381,5 +461,21 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenAttentionBackward, AttentionBackward,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenGatedGeluForward, GatedGeluForward,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenGatedGeluBackward, GatedGeluBackward,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
