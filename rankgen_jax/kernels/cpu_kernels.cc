@@ -437,45 +437,13 @@ ffi::Error GatedGeluBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> gate, f
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenAttentionForward, AttentionForward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+// The handlers' bindings are inferred from their signatures; the thread pool needs saying.
+template <>
+struct xla::ffi::CtxBinding<xla::ffi::ThreadPool> {
+  using Ctx = xla::ffi::ThreadPool;
+};
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenAttentionBackward, AttentionBackward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenGatedGeluForward, GatedGeluForward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenGatedGeluBackward, GatedGeluBackward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenAttentionForward, AttentionForward);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenAttentionBackward, AttentionBackward);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenGatedGeluForward, GatedGeluForward);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenGatedGeluBackward, GatedGeluBackward);
