@@ -212,6 +212,7 @@ def run_train_benchmarks(peak: float, quick: bool) -> dict:
                 pair["ratio"] = pair["jax"]["tokens_per_second"] / pair["torch"]["tokens_per_second"]
                 rounds.append(pair)
         if rounds:
+            # The median round; of two, the one less favourable to JAX.
             median_round = sorted(rounds, key=lambda r: r["ratio"])[(len(rounds) - 1) // 2]
             ratios = [r["ratio"] for r in rounds]
             print(f"      {case.size} batch {case.batch}: JAX / PyTorch tokens/s = {median_round['ratio']:.2f}x "

@@ -49,7 +49,7 @@ def render_markdown(report: dict) -> str:
         "`T5EncoderModel` with the same config, first-token pooling, bias-free projection",
         "(`rankgen_jax/bench_torch.py`). Median of the timed steps after one warm-up step; each",
         "process runs one framework, and (JAX, PyTorch) pairs run in interleaved rounds, the",
-        "table showing the round with the median ratio;",
+        "table showing the round with the median ratio (of two rounds, the lower);",
         "GFLOP/s are analytical (3x the forward matmul FLOPs) over the median step time.",
         "",
     ]

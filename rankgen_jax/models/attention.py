@@ -8,15 +8,16 @@ keep mask scaled by 1/keep_prob; it scales entries, not rows, so normalising
 afterwards is the same function.
 
 - `softmax_attention_autodiff`: plain jnp, differentiated by JAX. TPU and GPU.
-- `softmax_attention_cpu`: the same forward with a hand-written VJP. Each of
-  the six batched matmuls is pinned (`optimization_barrier`) in the form
-  Eigen runs fast: [rows, L] x [L, K] with both operands row-major. Under
-  autodiff XLA folds the surrounding transposes into the dots and picks
-  transposed-operand forms that run at 36-90 GFLOP/s where this one reaches
-  ~220 (tiny T5: [32*4] products of 256x256 by 256x32). Transposing a
-  [B, L, H, K] operand is cheap, transposing a [B, H, L, L] matrix is not.
-  Tiny T5, length 256, fwd+bwd of this function: 67 -> 50 ms; train step
-  0.53 -> 0.49 s.
+- `softmax_attention_cpu`: the same forward with a hand-written VJP, used on CPU
+  where the fused kernel (`kernels.fused_attention`) does not apply. Under
+  autodiff XLA folds the surrounding transposes into the batched dots and picks
+  transposed-operand forms that XLA:CPU runs at 36-58 GFLOP/s. Here the value
+  product, dq, dk and dv are pinned (`optimization_barrier`) in faster forms
+  that need no transpose of a [B, H, L, L] matrix, only of the cheap
+  [B, L, H, K] operands: [L, L] x [L, K] (~220 GFLOP/s at tiny T5 shapes) for
+  the value product and dq, [K, L] x [L, L] (~70) for dk and dv; q k^T and
+  d_out v^T keep XLA's form. Tiny T5, length 256,
+  fwd+bwd of this function: 67 -> 50 ms; train step 0.53 -> 0.49 s.
 """
 
 from __future__ import annotations
