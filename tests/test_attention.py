@@ -114,7 +114,7 @@ def test_fused_kernel_equals_autodiff(batch, length, heads, head_dim, with_posit
 
 
 def test_t5_encoder_same_with_and_without_the_fused_kernels(monkeypatch):
-    """Attention and gated GELU go through the kernels when they apply; outputs and gradients equal XLA's."""
+    """Attention, gated GELU, RMS norm and dense weight gradients go through the kernels; outputs and gradients equal XLA's."""
     _fused_or_skip()
     from rankgen_jax.configs import t5_config
     from rankgen_jax.models import layers
@@ -134,11 +134,12 @@ def test_t5_encoder_same_with_and_without_the_fused_kernels(monkeypatch):
         return jnp.sum(model.apply({"params": params}, x, mask).last_hidden_state * cotangent)
 
     calls = []
-    for name in ("fused_attention", "fused_gated_gelu"):
+    kernels = ("fused_attention", "fused_gated_gelu", "fused_rms_norm", "fused_dense")
+    for name in kernels:
         real = getattr(layers, name)
         monkeypatch.setattr(layers, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
     value_fused, grads_fused = jax.value_and_grad(loss)(params)
-    assert set(calls) == {"fused_attention", "fused_gated_gelu"}, calls
+    assert set(calls) == set(kernels), calls
     monkeypatch.setattr(layers.cpu_kernels, "available", lambda: False)
     value_xla, grads_xla = jax.value_and_grad(loss)(params)
     np.testing.assert_allclose(value_fused, value_xla, rtol=1e-5)

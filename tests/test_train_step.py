@@ -9,6 +9,7 @@ from rankgen_jax import partitioning
 from rankgen_jax.configs import HeadConfig, ModelConfig, t5_config
 from rankgen_jax.data.triples import DataConfig, RandomTriples
 from rankgen_jax.errors import RankgenError
+from rankgen_jax.kernels import build
 from rankgen_jax.losses import init_loss_params
 from rankgen_jax.models.factory import build_model, init_params
 from rankgen_jax.train_step import StepOptions, compute_grads
@@ -76,9 +77,14 @@ def test_grad_cache_equals_plain_backprop(plain_reference, num_chunks):
     assert np.abs(np.asarray(ref_grads[1]["log_logit_scale"])) > 0  # the learned scale gets a gradient
 
 
-def test_grad_cache_sharded_equals_plain_single(plain_reference):
+def test_grad_cache_sharded_equals_plain_single(plain_reference, monkeypatch):
     params, loss_params = plain_reference
     batch = _batch(2)
+    # The sharded step runs XLA's implementations (the fused CPU kernels have no sharding
+    # rule), so the reference does too: this test is about sharding and GradCache. The
+    # kernels against XLA are test_attention.py's and test_cpu_kernels.py's; float32
+    # rounding of the two adds up to the tolerance here in the first layer's gradients.
+    monkeypatch.setattr(build, "available", lambda: False)
     ref_loss, _, ref_grads = _grads(StepOptions("in_batch_softmax", LOSS_OPTIONS), params, loss_params, batch)
     mesh = partitioning.make_mesh(8, 1)
     options = StepOptions("in_batch_softmax", LOSS_OPTIONS, num_chunks=2)

@@ -28,6 +28,9 @@ TARGETS = {
     "rankgen_attention_backward": "RankgenAttentionBackward",
     "rankgen_gated_gelu_forward": "RankgenGatedGeluForward",
     "rankgen_gated_gelu_backward": "RankgenGatedGeluBackward",
+    "rankgen_rms_norm_forward": "RankgenRmsNormForward",
+    "rankgen_rms_norm_backward": "RankgenRmsNormBackward",
+    "rankgen_weight_gradient": "RankgenWeightGradient",
 }
 
 

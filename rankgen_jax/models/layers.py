@@ -14,8 +14,10 @@ import jax
 import jax.numpy as jnp
 
 from rankgen_jax.kernels import build as cpu_kernels
+from rankgen_jax.kernels.dense import fused_dense, kernel_gradient_applies
 from rankgen_jax.kernels.fused_attention import fused_attention
 from rankgen_jax.kernels.gated_gelu import fused_gated_gelu
+from rankgen_jax.kernels.rms_norm import fused_rms_norm
 from rankgen_jax.models.attention import softmax_attention_autodiff, softmax_attention_cpu
 
 Initializer = Callable[..., jax.Array]
@@ -40,7 +42,9 @@ class DenseKernel(nn.Module):
     """Dense layer over the last axis: float32 `kernel`, and a `bias` when use_bias (T5 has none).
 
     Inputs are kept 2-D ([tokens, features]) by the callers: on XLA:CPU a 3-D
-    dot makes the weight gradient pay for large transposes.
+    dot makes the weight gradient pay for large transposes. Where the fused CPU
+    kernels apply, weights up to 512 x 512 get their gradient from the kernel
+    (`kernels.dense`).
     """
 
     features: int
@@ -57,7 +61,10 @@ class DenseKernel(nn.Module):
             (x.shape[-1], self.features),
             jnp.float32,
         )
-        y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+        if _fused_kernels_apply(x, self.dtype) and kernel_gradient_applies(*kernel.shape):
+            y = fused_dense(x, kernel)
+        else:
+            y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
         if self.use_bias:
             bias = self.param(
                 "bias", nn.with_logical_partitioning(nn.initializers.zeros, self.kernel_axes[1:]), (self.features,), jnp.float32
@@ -77,6 +84,8 @@ class RMSNorm(nn.Module):
         scale = self.param(
             "scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)), (x.shape[-1],), jnp.float32
         )
+        if _fused_kernels_apply(x, self.dtype):
+            return fused_rms_norm(x, scale, self.eps)
         x32 = x.astype(jnp.float32)
         variance = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
         return (x32 * jax.lax.rsqrt(variance + self.eps) * scale).astype(self.dtype)

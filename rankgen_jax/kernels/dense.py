@@ -1,0 +1,51 @@
+"""A dense layer x w on CPU whose weight gradient x^T d_y is the kernel of `cpu_kernels.cc`.
+
+The forward product and d_x = d_y w^T stay with XLA, which runs them near the
+machine's matmul peak; XLA:CPU runs the transposed-left weight-gradient product
+well below it when the weight is small against the token count. Measured on the
+2-core dev machine at 8192 tokens (GFLOP/s, XLA -> kernel): [128, 128] 76 -> 179,
+[128, 512] 151 -> 196, [512, 128] 148 -> 188, [512, 384] 185 -> 222, but
+[512, 1024] 225 -> 204: the kernel is used up to 512 x 512 weights.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from rankgen_jax.kernels import build
+
+WEIGHT_GRADIENT_TARGET = "rankgen_weight_gradient"
+MAX_KERNEL_GRADIENT_ELEMENTS = 512 * 512
+
+
+def kernel_gradient_applies(m: int, n: int) -> bool:
+    """Whether a [m, n] weight's gradient is faster by the kernel than by XLA (see the module docstring)."""
+    return m * n <= MAX_KERNEL_GRADIENT_ELEMENTS
+
+
+def weight_gradient(x_TxM: jax.Array, d_y_TxN: jax.Array) -> jax.Array:
+    """x^T d_y in float32 for 2-D x [T, M] and d_y [T, N]."""
+    build.require()
+    out_type = jax.ShapeDtypeStruct((x_TxM.shape[-1], d_y_TxN.shape[-1]), jnp.float32)
+    return jax.ffi.ffi_call(WEIGHT_GRADIENT_TARGET, out_type)(x_TxM.astype(jnp.float32), d_y_TxN.astype(jnp.float32))
+
+
+@jax.custom_vjp
+def fused_dense(x: jax.Array, w_MxN: jax.Array) -> jax.Array:
+    """x @ w for float32 x [..., M] and w [M, N]; the weight gradient by the CPU kernel."""
+    return jnp.dot(x, w_MxN)
+
+
+def _fwd(x, w_MxN):
+    return jnp.dot(x, w_MxN), (x, w_MxN)
+
+
+def _bwd(residuals, d_y):
+    x, w_MxN = residuals
+    d_x = jnp.dot(d_y, w_MxN.T)
+    d_w = weight_gradient(x.reshape(-1, x.shape[-1]), d_y.reshape(-1, d_y.shape[-1]))
+    return d_x, d_w
+
+
+fused_dense.defvjp(_fwd, _bwd)
