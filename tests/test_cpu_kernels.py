@@ -108,6 +108,7 @@ def test_weight_gradient_kernel_equals_numpy(tokens, m, n):
     got = np.asarray(jax.jit(weight_gradient)(x, d_y))
     np.testing.assert_allclose(got, expected, atol=2e-6 * tokens**0.5 * 4, rtol=1e-5)
     assert np.array_equal(got, np.asarray(jax.jit(weight_gradient)(x, d_y)))  # same bits every call
+    assert np.array_equal(np.asarray(weight_gradient(x[:0], d_y[:0])), np.zeros((m, n), np.float32))  # no tokens
 
     # Through the dense layer's VJP, with a leading batch axis: d_x by XLA, d_w by the kernel.
     w = rng.normal(size=(m, n)).astype(np.float32)

@@ -441,7 +441,6 @@ ffi::Error GatedGeluBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> gate, f
   return ffi::Error::Success();
 }
 
-
 // T5's RMS norm, y = x r scale with r = 1 / sqrt(mean(x^2) + eps) per row of D features
 // (float32, as the model computes it). x, y, d_x, d_y: [T, D]; scale, d_scale: [D];
 // inv_rms: [T], r saved by the forward pass; eps: a [1] buffer. With g = scale d_y:
@@ -597,9 +596,9 @@ ffi::Error WeightGradient(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
                           ffi::ResultBuffer<ffi::F32> d_w) {
   auto dw_shape = d_w->dimensions();
   const int64_t m = dw_shape[0], n = dw_shape[1];
+  if (m == 0 || n == 0) return ffi::Error::Success();
   const int64_t runners = runner_count(pool);
-  WeightGradientPlan plan(x.typed_data(), d_y.typed_data(), d_w->typed_data(), m, n,
-                          m ? x.element_count() / m : 0, runners);
+  WeightGradientPlan plan(x.typed_data(), d_y.typed_data(), d_w->typed_data(), m, n, x.element_count() / m, runners);
   const int64_t active = std::min(runners, plan.tasks());
   std::vector<float> scratch(plan.scratch_floats() * active);
   parallel_for(pool, active, plan.tasks(), [&](int64_t task, int64_t slot) {

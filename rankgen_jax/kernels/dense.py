@@ -2,10 +2,11 @@
 
 The forward product and d_x = d_y w^T stay with XLA, which runs them near the
 machine's matmul peak; XLA:CPU runs the transposed-left weight-gradient product
-well below it when the weight is small against the token count. Measured on the
-2-core dev machine at 8192 tokens (GFLOP/s, XLA -> kernel): [128, 128] 76 -> 179,
-[128, 512] 151 -> 196, [512, 128] 148 -> 188, [512, 384] 185 -> 222, but
-[512, 1024] 225 -> 204: the kernel is used up to 512 x 512 weights.
+well below it when the weight is small against the token count. On the 2-core
+dev machine at 8192 tokens (GFLOP/s, XLA -> kernel, spread over runs): [128, 128]
+70-145 -> 114-184, [128, 512] 151-187 -> 152-204, [512, 384] 184-204 -> 190-274;
+at [512, 1024] and [1024, 512] the two trade places from run to run, and T5 small's
+step did not move. The kernel is used for weights up to 512 x 512.
 """
 
 from __future__ import annotations
