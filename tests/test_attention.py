@@ -114,7 +114,7 @@ def test_fused_kernel_equals_autodiff(batch, length, heads, head_dim, with_posit
 
 
 def test_t5_encoder_same_with_and_without_the_fused_kernels(monkeypatch):
-    """Attention, gated GELU, RMS norm and dense weight gradients go through the kernels; outputs and gradients equal XLA's."""
+    """Attention, gated GELU, RMS norm and the dense layers' matmuls go through the kernels; outputs and gradients equal XLA's."""
     _fused_or_skip()
     from rankgen_jax.configs import t5_config
     from rankgen_jax.models import layers

@@ -97,7 +97,7 @@ def test_rms_norm_kernel_equals_numpy_and_xla(shape):
 
 @pytest.mark.parametrize("tokens,m,n", [(7, 5, 3), (300, 37, 70), (5000, 130, 300), (2500, 200, 17)])
 def test_weight_gradient_kernel_equals_numpy(tokens, m, n):
-    """x^T d_y: odd widths (vector tails), several tiles, several K splits, a tile taller than 192."""
+    """x^T d_y: odd widths (column tails), rows not a multiple of the 6-row kernel, several K blocks and splits."""
     kernels_or_skip()
     from rankgen_jax.kernels.dense import fused_dense, weight_gradient
 
@@ -110,9 +110,51 @@ def test_weight_gradient_kernel_equals_numpy(tokens, m, n):
     assert np.array_equal(got, np.asarray(jax.jit(weight_gradient)(x, d_y)))  # same bits every call
     assert np.array_equal(np.asarray(weight_gradient(x[:0], d_y[:0])), np.zeros((m, n), np.float32))  # no tokens
 
-    # Through the dense layer's VJP, with a leading batch axis: d_x by XLA, d_w by the kernel.
+    # Through the dense layer's VJP, with a leading batch axis: d_x and d_w by the kernels.
     w = rng.normal(size=(m, n)).astype(np.float32)
     x3, d_y3 = x.reshape(1, tokens, m), d_y.reshape(1, tokens, n)
     d_x, d_w = jax.jit(jax.grad(lambda x, w: jnp.sum(fused_dense(x, w) * d_y3), argnums=(0, 1)))(x3, w)
     np.testing.assert_allclose(np.asarray(d_w), expected, atol=2e-6 * tokens**0.5 * 4, rtol=1e-5)
     np.testing.assert_allclose(np.asarray(d_x)[0], d_y.astype(np.float64) @ w.T.astype(np.float64), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "tokens,k,n",
+    # row tails (not a multiple of the 96-row task or the 6-row kernel), column tails (not a
+    # multiple of 64), K not a multiple of the 128-deep panels, several tasks, K = 0
+    [(7, 5, 3), (300, 37, 70), (1000, 300, 130), (97, 130, 64), (5, 0, 4)],
+)
+def test_matmul_kernel_equals_numpy(tokens, k, n):
+    """x w and d_y w^T (the dense layer's forward product and d_x) against float64 NumPy."""
+    kernels_or_skip()
+    from rankgen_jax.kernels.dense import matmul
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(1, tokens, k)).astype(np.float32)
+    w = rng.normal(size=(k, n)).astype(np.float32)
+    d_y = rng.normal(size=(1, tokens, n)).astype(np.float32)
+    tol = 2e-6 * max(k, n) ** 0.5 * 4
+    forward = jax.jit(matmul)
+    got = np.asarray(forward(x, w))
+    np.testing.assert_allclose(got, x.astype(np.float64) @ w, atol=tol, rtol=1e-5)
+    assert np.array_equal(got, np.asarray(forward(x, w)))  # same bits every call
+    got_t = np.asarray(jax.jit(lambda a, b: matmul(a, b, transposed=True))(d_y, w))
+    np.testing.assert_allclose(got_t, d_y.astype(np.float64) @ w.T.astype(np.float64), atol=tol, rtol=1e-5)
+
+
+def test_dense_layer_with_a_large_weight_takes_its_gradient_from_xla():
+    """Above 512 x 512 the weight gradient is XLA's, d_x still the kernel's: both equal float64 NumPy."""
+    kernels_or_skip()
+    from rankgen_jax.kernels.dense import fused_dense, kernel_gradient_applies
+
+    rng = np.random.default_rng(4)
+    tokens, m, n = 200, 600, 520
+    assert not kernel_gradient_applies(m, n)
+    x = rng.normal(size=(tokens, m)).astype(np.float32)
+    w = rng.normal(size=(m, n)).astype(np.float32)
+    d_y = rng.normal(size=(tokens, n)).astype(np.float32)
+    y, vjp = jax.vjp(fused_dense, x, w)
+    d_x, d_w = vjp(d_y)
+    np.testing.assert_allclose(np.asarray(y), x.astype(np.float64) @ w, atol=2e-4, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(d_x), d_y.astype(np.float64) @ w.T.astype(np.float64), atol=2e-4, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(d_w), x.T.astype(np.float64) @ d_y, atol=2e-4, rtol=1e-5)

@@ -31,6 +31,8 @@ TARGETS = {
     "rankgen_rms_norm_forward": "RankgenRmsNormForward",
     "rankgen_rms_norm_backward": "RankgenRmsNormBackward",
     "rankgen_weight_gradient": "RankgenWeightGradient",
+    "rankgen_matmul": "RankgenMatmul",
+    "rankgen_matmul_transposed": "RankgenMatmulTransposed",
 }
 
 

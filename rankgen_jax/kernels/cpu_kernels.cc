@@ -525,70 +525,141 @@ ffi::Error RmsNormBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::B
   return ffi::Error::Success();
 }
 
-// The weight gradient of a dense layer y = x w: d_w[M, N] = x[K, M]^T d_y[K, N], K the
-// tokens. XLA:CPU runs this transposed-left product at 80-170 GFLOP/s at the tiny model's
-// shapes, against ~260 for the forward x w. Here d_w is cut into tiles of up to 192 x 256
-// (kept in L2) and, where that gives too few tasks for the threads, K into equal splits
-// whose partial tiles are added in split order at the end. A task walks its part of K in
-// blocks of 128, copies the block's x and d_y columns into contiguous panels (d_y's
-// zero-padded to whole vectors) and adds x_panel^T d_y_panel into its tile with `gemm`.
-// The summation order depends only on the shapes and the pool's size: reproducible bits.
-constexpr int64_t kWgradBlockK = 128;  // a 128 x 64 d_y micro-panel stays in L1
-constexpr int64_t kWgradTileM = 192;   // 32 blocks of gemm's 6-row kernel
-constexpr int64_t kWgradTileN = 256;
-constexpr int64_t kWgradMinSplit = 1024;  // rows of K per split, at least
+// The dense layers' products with a [K, N] weight: y = x w (forward) and d_x = d_y w^T
+// (backward), a[T, K] times the weight or its transpose, T the tokens. The weight is packed
+// once per call into panels of kPanelDepth x 64 columns (contiguous, zero padded), each of
+// which stays in L1 while `gemm_block` runs it against the rows of one task: a's rows are
+// read in place, six at a time, so only the small operand is copied. Tasks are blocks of
+// kMatmulRows rows; each output row is summed by one task in a fixed order (K in blocks of
+// kPanelDepth, each block's sum added to the row), so the bits do not depend on the threads.
+constexpr int64_t kPanelDepth = 128;
+constexpr int64_t kPanelCols = 4 * kLanes;
+constexpr int64_t kMatmulRows = 96;
 
-// How d_w is cut into tasks (tile x split), and one task's work.
+// Rows [p, p + depth) and columns [64 g, 64 g + 64) of b [k, n] (or of w^T when `transposed`,
+// w being [n, k]) -> out [depth][64], zero padded past column n.
+void pack_panel(const float* b, int64_t k, int64_t n, int64_t p, int64_t depth, int64_t g, bool transposed, float* out) {
+  const int64_t c0 = g * kPanelCols, cols = std::min(kPanelCols, n - c0);
+  for (int64_t t = 0; t < depth; ++t) {
+    float* row = out + t * kPanelCols;
+    if (transposed)
+      for (int64_t j = 0; j < cols; ++j) row[j] = b[(c0 + j) * k + p + t];
+    else
+      std::memcpy(row, b + (p + t) * n + c0, cols * sizeof(float));
+    std::fill(row + cols, row + kPanelCols, 0.0f);
+  }
+}
+
+struct PackedWeight {
+  int64_t k, n, n_padded;
+  std::vector<float> panels;  // block p (rows p..p+depth of K), column group g: [depth][64] at p * n_padded + g * depth * 64
+
+  // w is [k, n], or [n, k] holding the transpose when `transposed`.
+  PackedWeight(ffi::ThreadPool& pool, const float* w, int64_t k_, int64_t n_, bool transposed)
+      : k(k_), n(n_), n_padded((n_ + kPanelCols - 1) / kPanelCols * kPanelCols), panels(k_ * n_padded) {
+    const int64_t groups = n_padded / kPanelCols, blocks = (k + kPanelDepth - 1) / kPanelDepth;
+    parallel_for(pool, std::min(runner_count(pool), blocks * groups), blocks * groups, [&](int64_t task, int64_t) {
+      const int64_t p = (task / groups) * kPanelDepth, g = task % groups;
+      pack_panel(w, k, n, p, std::min(kPanelDepth, k - p), g, transposed, panel(p, g));
+    });
+  }
+  float* panel(int64_t p, int64_t g) { return panels.data() + p * n_padded + g * std::min(kPanelDepth, k - p) * kPanelCols; }
+};
+
+// c[rows, n] = a[rows, k] (row stride k) times the packed weight; `edge` holds rows x 64 floats.
+void matmul_rows(int64_t rows, const float* a, PackedWeight& w, float* c, float* edge) {
+  for (int64_t p = 0; p < w.k; p += kPanelDepth) {
+    const int64_t depth = std::min(kPanelDepth, w.k - p);
+    for (int64_t c0 = 0; c0 < w.n; c0 += kPanelCols) {
+      const float* panel = w.panel(p, c0 / kPanelCols);
+      if (c0 + kPanelCols <= w.n)
+        gemm_block<6, 4>(rows, depth, a + p, w.k, 1, panel, kPanelCols, c + c0, w.n, 0, p > 0);
+      else  // the last, partial column group: summed in `edge`, copied out after the last block
+        gemm_block<6, 4>(rows, depth, a + p, w.k, 1, panel, kPanelCols, edge, kPanelCols, 0, p > 0);
+    }
+  }
+  const int64_t c0 = w.n / kPanelCols * kPanelCols;
+  if (c0 < w.n)
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(c + r * w.n + c0, edge + r * kPanelCols, (w.n - c0) * sizeof(float));
+}
+
+ffi::Error Matmul(ffi::ThreadPool& pool, const ffi::Buffer<ffi::F32>& a, const ffi::Buffer<ffi::F32>& w,
+                  ffi::ResultBuffer<ffi::F32>& c, bool transposed) {
+  auto w_shape = w.dimensions();
+  const int64_t k = transposed ? w_shape[1] : w_shape[0], n = transposed ? w_shape[0] : w_shape[1];
+  const int64_t tokens = k == 0 ? 0 : a.element_count() / k;
+  float* out = c->typed_data();
+  if (k == 0) std::fill(out, out + c->element_count(), 0.0f);
+  if (tokens == 0 || k == 0 || n == 0) return ffi::Error::Success();
+  PackedWeight packed(pool, w.typed_data(), k, n, transposed);
+  const int64_t tasks = (tokens + kMatmulRows - 1) / kMatmulRows, runners = std::min(runner_count(pool), tasks);
+  std::vector<float> edge(runners * kMatmulRows * kPanelCols);
+  parallel_for(pool, runners, tasks, [&](int64_t task, int64_t slot) {
+    const int64_t r0 = task * kMatmulRows, rows = std::min(kMatmulRows, tokens - r0);
+    matmul_rows(rows, a.typed_data() + r0 * k, packed, out + r0 * n, edge.data() + slot * kMatmulRows * kPanelCols);
+  });
+  return ffi::Error::Success();
+}
+
+ffi::Error MatmulWeight(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> w, ffi::ResultBuffer<ffi::F32> c) {
+  return Matmul(pool, a, w, c, false);
+}
+
+ffi::Error MatmulWeightTransposed(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> w,
+                                  ffi::ResultBuffer<ffi::F32> c) {
+  return Matmul(pool, a, w, c, true);
+}
+
+
+// The weight gradient of a dense layer y = x w: d_w[M, N] = x[T, M]^T d_y[T, N], T the
+// tokens. The tokens are cut into splits (enough for two per runner, at least
+// kWgradMinSplit rows each); a task sums its split into a whole [M, N] partial, walking it
+// in blocks of kPanelDepth tokens: the block's d_y rows are packed into 64-column panels,
+// and `gemm_block` reads x in place (the six d_w rows of its micro-tile are six adjacent
+// floats of each x row). Partials are added in split order: the summation order depends
+// only on the shapes and the pool's size, so the bits are reproducible.
+constexpr int64_t kWgradMinSplit = 1024;
+
 struct WeightGradientPlan {
   const float* x;
   const float* d_y;
   float* d_w;
-  int64_t m, n, k, tile_m, tile_n, tiles_n, tiles, splits, split_len;
-  std::vector<float> partial;  // [splits, m, n] when splits > 1
+  int64_t m, n, k, n_padded, splits;
+  std::vector<float> partial;  // [splits - 1, m, n]: split 0 is summed in d_w itself
 
   WeightGradientPlan(const float* x_, const float* d_y_, float* d_w_, int64_t m_, int64_t n_, int64_t k_, int64_t runners)
-      : x(x_), d_y(d_y_), d_w(d_w_), m(m_), n(n_), k(k_) {
-    tile_m = std::min(kWgradTileM, m);
-    tile_n = std::min(kWgradTileN, round_up(n));
-    tiles_n = (n + tile_n - 1) / tile_n;
-    tiles = ((m + tile_m - 1) / tile_m) * tiles_n;
-    splits = std::max<int64_t>(1, std::min((2 * runners + tiles - 1) / tiles, k / kWgradMinSplit));
-    split_len = (k + splits - 1) / splits;
-    if (splits > 1) partial.resize(splits * m * n);
+      : x(x_), d_y(d_y_), d_w(d_w_), m(m_), n(n_), k(k_), n_padded((n_ + kPanelCols - 1) / kPanelCols * kPanelCols) {
+    splits = std::max<int64_t>(1, std::min(2 * runners, k / kWgradMinSplit));
+    partial.resize((splits - 1) * m * n);
   }
-  int64_t tasks() const { return tiles * splits; }
-  int64_t scratch_floats() const { return kWgradBlockK * (tile_n + tile_m) + tile_m * tile_n; }
+  int64_t scratch_floats() const { return kPanelDepth * n_padded + m * kPanelCols; }
 
-  void run_task(int64_t task, float* scratch) {
-    float* dy_panel = scratch;
-    float* x_panel = dy_panel + kWgradBlockK * tile_n;
-    float* tile = x_panel + kWgradBlockK * tile_m;
-    const int64_t split = task / tiles, tile_index = task % tiles;
-    const int64_t m0 = (tile_index / tiles_n) * tile_m, n0 = (tile_index % tiles_n) * tile_n;
-    const int64_t rows = std::min(tile_m, m - m0), cols = std::min(tile_n, n - n0);
-    const int64_t width = round_up(cols);
-    const int64_t k_begin = split * split_len, k_end = std::min(k, k_begin + split_len);
-    std::fill(tile, tile + rows * width, 0.0f);
-    for (int64_t k0 = k_begin; k0 < k_end; k0 += kWgradBlockK) {
-      const int64_t depth = std::min(kWgradBlockK, k_end - k0);
-      for (int64_t t = 0; t < depth; ++t) {
-        float* dst = dy_panel + t * width;
-        std::memcpy(dst, d_y + (k0 + t) * n + n0, cols * sizeof(float));
-        std::fill(dst + cols, dst + width, 0.0f);
-        std::memcpy(x_panel + t * tile_m, x + (k0 + t) * m + m0, rows * sizeof(float));
+  void run_split(int64_t split, float* scratch) {
+    float* panels = scratch;
+    float* edge = panels + kPanelDepth * n_padded;  // the partial last column group, [m][64]
+    float* out = split == 0 ? d_w : partial.data() + (split - 1) * m * n;
+    const int64_t k_begin = split * k / splits, k_end = (split + 1) * k / splits, groups = n_padded / kPanelCols;
+    if (k_begin == k_end) std::fill(out, out + m * n, 0.0f);
+    for (int64_t p = k_begin; p < k_end; p += kPanelDepth) {
+      const int64_t depth = std::min(kPanelDepth, k_end - p);
+      for (int64_t g = 0; g < groups; ++g) {
+        float* panel = panels + g * depth * kPanelCols;
+        pack_panel(d_y, k, n, p, depth, g, false, panel);
+        const bool full = (g + 1) * kPanelCols <= n;
+        gemm_block<6, 4>(m, depth, x + p * m, 1, m, panel, kPanelCols, full ? out + g * kPanelCols : edge, full ? n : kPanelCols,
+                         0, p > k_begin);
       }
-      gemm(rows, depth, width, x_panel, 1, tile_m, dy_panel, width, tile, width, true);
     }
-    float* out = splits > 1 ? partial.data() + split * m * n : d_w;
-    for (int64_t r = 0; r < rows; ++r) std::memcpy(out + (m0 + r) * n + n0, tile + r * width, cols * sizeof(float));
+    const int64_t c0 = n / kPanelCols * kPanelCols;
+    if (c0 < n && k_begin < k_end)
+      for (int64_t r = 0; r < m; ++r) std::memcpy(out + r * n + c0, edge + r * kPanelCols, (n - c0) * sizeof(float));
   }
 
-  // d_w[begin:end] (flat) = the splits' partial sums added in split order.
+  // d_w[begin:end] (flat) += the other splits' partial sums, in split order.
   void add_splits(int64_t begin, int64_t end) {
     const int64_t total = m * n;
-    std::copy(partial.data() + begin, partial.data() + end, d_w + begin);
     for (int64_t sp = 1; sp < splits; ++sp)
-      for (int64_t i = begin; i < end; ++i) d_w[i] += partial[sp * total + i];
+      for (int64_t i = begin; i < end; ++i) d_w[i] += partial[(sp - 1) * total + i];
   }
 };
 
@@ -599,10 +670,10 @@ ffi::Error WeightGradient(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   if (m == 0 || n == 0) return ffi::Error::Success();
   const int64_t runners = runner_count(pool);
   WeightGradientPlan plan(x.typed_data(), d_y.typed_data(), d_w->typed_data(), m, n, x.element_count() / m, runners);
-  const int64_t active = std::min(runners, plan.tasks());
+  const int64_t active = std::min(runners, plan.splits);
   std::vector<float> scratch(plan.scratch_floats() * active);
-  parallel_for(pool, active, plan.tasks(), [&](int64_t task, int64_t slot) {
-    plan.run_task(task, scratch.data() + slot * plan.scratch_floats());
+  parallel_for(pool, active, plan.splits, [&](int64_t split, int64_t slot) {
+    plan.run_split(split, scratch.data() + slot * plan.scratch_floats());
   });
   if (plan.splits > 1) {
     const int64_t total = m * n, chunks = std::min(runners, (total + kLanes - 1) / kLanes);
@@ -628,3 +699,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenGatedGeluBackward, GatedGeluBackward);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenRmsNormForward, RmsNormForward);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenRmsNormBackward, RmsNormBackward);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenWeightGradient, WeightGradient);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenMatmul, MatmulWeight);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenMatmulTransposed, MatmulWeightTransposed);

@@ -17,6 +17,8 @@ import jax.numpy as jnp
 from rankgen_jax.kernels import build
 
 WEIGHT_GRADIENT_TARGET = "rankgen_weight_gradient"
+MATMUL_TARGET = "rankgen_matmul"
+MATMUL_TRANSPOSED_TARGET = "rankgen_matmul_transposed"
 MAX_KERNEL_GRADIENT_ELEMENTS = 512 * 512
 
 
@@ -32,20 +34,33 @@ def weight_gradient(x_TxM: jax.Array, d_y_TxN: jax.Array) -> jax.Array:
     return jax.ffi.ffi_call(WEIGHT_GRADIENT_TARGET, out_type)(x_TxM.astype(jnp.float32), d_y_TxN.astype(jnp.float32))
 
 
+def matmul(a: jax.Array, w: jax.Array, transposed: bool = False) -> jax.Array:
+    """a [..., K] @ w for float32 w [K, N], or @ w.T for w [N, K] when `transposed`."""
+    build.require()
+    n = w.shape[0] if transposed else w.shape[1]
+    out_type = jax.ShapeDtypeStruct((*a.shape[:-1], n), jnp.float32)
+    target = MATMUL_TRANSPOSED_TARGET if transposed else MATMUL_TARGET
+    return jax.ffi.ffi_call(target, out_type)(a.astype(jnp.float32), w.astype(jnp.float32))
+
+
 @jax.custom_vjp
 def fused_dense(x: jax.Array, w_MxN: jax.Array) -> jax.Array:
-    """x @ w for float32 x [..., M] and w [M, N]; the weight gradient by the CPU kernel."""
-    return jnp.dot(x, w_MxN)
+    """x @ w for float32 x [..., M] and w [M, N], with the CPU kernels' matmuls."""
+    return matmul(x, w_MxN)
 
 
 def _fwd(x, w_MxN):
-    return jnp.dot(x, w_MxN), (x, w_MxN)
+    return matmul(x, w_MxN), (x, w_MxN)
 
 
 def _bwd(residuals, d_y):
     x, w_MxN = residuals
-    d_x = jnp.dot(d_y, w_MxN.T)
-    d_w = weight_gradient(x.reshape(-1, x.shape[-1]), d_y.reshape(-1, d_y.shape[-1]))
+    d_x = matmul(d_y, w_MxN, transposed=True)
+    x_TxM, d_y_TxN = x.reshape(-1, x.shape[-1]), d_y.reshape(-1, d_y.shape[-1])
+    if kernel_gradient_applies(*w_MxN.shape):
+        d_w = weight_gradient(x_TxM, d_y_TxN)
+    else:
+        d_w = jnp.dot(x_TxM.T, d_y_TxN)
     return d_x, d_w
 
 

@@ -61,7 +61,7 @@ class DenseKernel(nn.Module):
             (x.shape[-1], self.features),
             jnp.float32,
         )
-        if _fused_kernels_apply(x, self.dtype) and kernel_gradient_applies(*kernel.shape):
+        if _fused_kernels_apply(x, self.dtype):
             y = fused_dense(x, kernel)
         else:
             y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
