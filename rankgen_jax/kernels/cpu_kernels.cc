@@ -87,19 +87,41 @@ void gemm_block(int64_t m, int64_t t_len, const float* a, int64_t a_rs, int64_t 
         store(out, accumulate ? load(out) + acc[i][j] : acc[i][j]);
       }
   }
-  if (r0 < m) gemm_block<1, NV>(m - r0, t_len, a + r0 * a_rs, a_rs, a_ts, b, ldb, c + r0 * ldc, ldc, c0, accumulate);
+  // The rows left over: by the kernel of half as many rows, and so on down to one.
+  if constexpr (R > 1)
+    if (r0 < m) gemm_block<R / 2, NV>(m - r0, t_len, a + r0 * a_rs, a_rs, a_ts, b, ldb, c + r0 * ldc, ldc, c0, accumulate);
 }
 
-// C[m, w] (+)= A[m, t_len] B[t_len, w]; w is a multiple of 16; B and C rows hold w contiguous floats.
-void gemm(int64_t m, int64_t t_len, int64_t w, const float* a, int64_t a_rs, int64_t a_ts,
-          const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate = false) {
-  int64_t c0 = 0;
-  for (; c0 + 4 * kLanes <= w; c0 += 4 * kLanes) gemm_block<6, 4>(m, t_len, a, a_rs, a_ts, b, ldb, c, ldc, c0, accumulate);
-  switch ((w - c0) / kLanes) {
-    case 3: gemm_block<6, 3>(m, t_len, a, a_rs, a_ts, b, ldb, c, ldc, c0, accumulate); break;
-    case 2: gemm_block<8, 2>(m, t_len, a, a_rs, a_ts, b, ldb, c, ldc, c0, accumulate); break;
-    case 1: gemm_block<12, 1>(m, t_len, a, a_rs, a_ts, b, ldb, c, ldc, c0, accumulate); break;
+// B operands are copied into panels of up to kPanelDepth rows by 64 columns, contiguous, so
+// that a panel stays in L1 while `gemm_block` runs it against every row of A. Read in place,
+// B's rows are a power-of-two multiple of 64 bytes apart at most of the model's shapes, and
+// they fall into a few cache sets and evict each other.
+constexpr int64_t kPanelDepth = 128;
+constexpr int64_t kPanelCols = 4 * kLanes;
+
+// C[m, c0 : c0 + cols] (+)= A B_panel for a contiguous panel [t_len][cols], cols <= 64 a multiple of 16.
+void gemm_panel(int64_t m, int64_t t_len, const float* a, int64_t a_rs, int64_t a_ts, const float* panel, int64_t cols,
+                float* c, int64_t ldc, int64_t c0, bool accumulate) {
+  switch (cols / kLanes) {
+    case 4: gemm_block<6, 4>(m, t_len, a, a_rs, a_ts, panel, cols, c + c0, ldc, 0, accumulate); break;
+    case 3: gemm_block<6, 3>(m, t_len, a, a_rs, a_ts, panel, cols, c + c0, ldc, 0, accumulate); break;
+    case 2: gemm_block<8, 2>(m, t_len, a, a_rs, a_ts, panel, cols, c + c0, ldc, 0, accumulate); break;
+    case 1: gemm_block<12, 1>(m, t_len, a, a_rs, a_ts, panel, cols, c + c0, ldc, 0, accumulate); break;
     default: break;
+  }
+}
+
+// C[m, w] = A[m, t_len] B[t_len, w]; w is a multiple of 16, B's rows are ldb apart. B is copied
+// panel by panel into `panel` (kPanelDepth x 64 floats); each panel's sum is added to C in turn.
+void gemm(int64_t m, int64_t t_len, int64_t w, const float* a, int64_t a_rs, int64_t a_ts, const float* b, int64_t ldb,
+          float* c, int64_t ldc, float* panel) {
+  for (int64_t c0 = 0; c0 < w; c0 += kPanelCols) {
+    const int64_t cols = std::min(kPanelCols, w - c0);
+    for (int64_t p = 0; p < t_len; p += kPanelDepth) {
+      const int64_t depth = std::min(kPanelDepth, t_len - p);
+      for (int64_t t = 0; t < depth; ++t) std::memcpy(panel + t * cols, b + (p + t) * ldb + c0, cols * sizeof(float));
+      gemm_panel(m, depth, a + p * a_ts, a_rs, a_ts, panel, cols, c, ldc, c0, p > 0);
+    }
   }
 }
 
@@ -140,23 +162,32 @@ void put_rows(const Dims& d, const Rows& rows, float* x, int64_t b, int64_t h) {
                 d.head_dim * sizeof(float));
 }
 
-// One head's slice transposed -> [kp, lp], zero padded: the B operand of q k^T and d_out v^T.
-// In blocks of 16 rows, so that the rows being read stay in L1 while each output row is written.
+// One head's slice transposed, [kp, lp] zero padded, as the B operand of q k^T and d_out v^T:
+// in `gemm_panel`'s panels of 64 columns, [kp][64] each, the last one [kp][lp % 64] if narrower.
+// Read in blocks of 16 rows, so that the rows being read stay in L1 while each output row is written.
 void gather_transposed(const Dims& d, const float* x, int64_t b, int64_t h, float* out) {
   std::memset(out, 0, d.kp * d.lp * sizeof(float));
   const float* base = x + b * d.length * d.row_stride() + h * d.head_dim;
   for (int64_t i0 = 0; i0 < d.length; i0 += kLanes) {
-    const int64_t i1 = std::min(i0 + kLanes, d.length);
+    const int64_t i1 = std::min(i0 + kLanes, d.length), g0 = i0 / kPanelCols * kPanelCols;
+    const int64_t cols = std::min(kPanelCols, d.lp - g0);
+    float* panel = out + g0 * d.kp;
     for (int64_t j = 0; j < d.head_dim; ++j)
-      for (int64_t i = i0; i < i1; ++i) out[j * d.lp + i] = base[i * d.row_stride() + j];
+      for (int64_t i = i0; i < i1; ++i) panel[j * cols + i - g0] = base[i * d.row_stride() + j];
   }
+}
+
+// C[m, lp] = A[m, kp] times the panels gather_transposed wrote.
+void gemm_transposed_panels(const Dims& d, int64_t m, const float* a, int64_t a_rs, const float* panels, float* c, int64_t ldc) {
+  for (int64_t g0 = 0; g0 < d.lp; g0 += kPanelCols)
+    gemm_panel(m, d.head_dim, a, a_rs, 1, panels + g0 * d.kp, std::min(kPanelCols, d.lp - g0), c, ldc, g0, false);
 }
 
 // logits[i, :] = q_i . k + position_bias[h, i, :] + mask_bias[b, :] in one pass over each row,
 // padded columns -inf; row_max[i] = max_j logits[i, j] when row_max is given.
 void logits(const Dims& d, const Rows& q, const float* kt_p, const float* position_bias, const float* mask_bias,
             int64_t b, int64_t h, float* s, float* row_max) {
-  gemm(d.length, d.head_dim, d.lp, q.data, q.ld, 1, kt_p, d.lp, s, d.lp);
+  gemm_transposed_panels(d, d.length, q.data, q.ld, kt_p, s, d.lp);
   const float* mask = mask_bias + b * d.length;
   const int64_t whole = d.length / kLanes * kLanes;
   for (int64_t i = 0; i < d.length; ++i) {
@@ -243,7 +274,7 @@ ffi::Error AttentionForward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::
   const Dims d = dims_of(q);
   const float* pos = position_bias.element_count() ? position_bias.typed_data() : nullptr;
   const int64_t panel = d.length * d.kp;
-  const int64_t per_runner = panel * 3 + d.kp * d.lp + d.length * d.lp + 2 * d.length;
+  const int64_t per_runner = panel * 3 + d.kp * d.lp + d.length * d.lp + 2 * d.length + kPanelDepth * kPanelCols;
   const Split split = split_work(pool, d.batch, d.heads);
   std::vector<float> work(per_runner * split.runners);
   parallel_for(pool, split.runners, split.ranges, [&](int64_t range, int64_t slot) {
@@ -254,6 +285,7 @@ ffi::Error AttentionForward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::
     float* s = kt_p + d.kp * d.lp;
     float* row_max = s + d.length * d.lp;
     float* row_sum = row_max + d.length;
+    float* b_panel = row_sum + d.length;
     const int64_t h = split.head(range);
     for (int64_t b = split.first_row(range, d.batch); b < split.end_row(range, d.batch); ++b) {
       const Rows q_rows = head_rows(d, q.typed_data(), b, h, q_p);
@@ -274,7 +306,7 @@ ffi::Error AttentionForward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::
       }
       // out = (exp(logits - max) v) / row sums: the division touches [L, K], not [L, L].
       const Rows o_rows = output_rows(d, out->typed_data(), b, h, o_p);
-      gemm(d.length, d.length, d.kp, s, d.lp, 1, v_rows.data, v_rows.ld, o_rows.data, o_rows.ld);
+      gemm(d.length, d.length, d.kp, s, d.lp, 1, v_rows.data, v_rows.ld, o_rows.data, o_rows.ld, b_panel);
       for (int64_t i = 0; i < d.length; ++i) {
         const float inv = 1.0f / row_sum[i];
         for (int64_t c = 0; c < d.head_dim; ++c) o_rows.data[i * o_rows.ld + c] *= inv;
@@ -295,7 +327,7 @@ ffi::Error AttentionBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi:
   const bool with_pos = position_bias.element_count() > 0;
   const float* pos = with_pos ? position_bias.typed_data() : nullptr;
   const int64_t panel = d.length * d.kp, square = d.length * d.lp, square_size = d.length * d.length;
-  const int64_t per_runner = panel * 7 + d.kp * d.lp * 2 + square * 2;
+  const int64_t per_runner = panel * 7 + d.kp * d.lp * 2 + square * 2 + kPanelDepth * kPanelCols;
   const Split split = split_work(pool, d.batch, d.heads);
   std::vector<float> work(per_runner * split.runners);
   // One [L, L] sum over its batch rows per range; the ranges of a head are added in order.
@@ -312,6 +344,7 @@ ffi::Error AttentionBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi:
     float* vt_p = kt_p + d.kp * d.lp;
     float* p = vt_p + d.kp * d.lp;
     float* ds = p + square;
+    float* b_panel = ds + square;
     const int64_t h = split.head(range);
     for (int64_t b = split.first_row(range, d.batch); b < split.end_row(range, d.batch); ++b) {
       const Rows q_rows = head_rows(d, q.typed_data(), b, h, q_p);
@@ -322,7 +355,7 @@ ffi::Error AttentionBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi:
       gather_transposed(d, v.typed_data(), b, h, vt_p);
       logits(d, q_rows, kt_p, pos, mask_bias.typed_data(), b, h, p, nullptr);
       // d_weights = d_out v^T
-      gemm(d.length, d.head_dim, d.lp, do_rows.data, do_rows.ld, 1, vt_p, d.lp, ds, d.lp);
+      gemm_transposed_panels(d, d.length, do_rows.data, do_rows.ld, vt_p, ds, d.lp);
       const float* lse_row = lse.typed_data() + (b * d.heads + h) * d.length;
       float* bias_acc = with_pos ? bias_grads.data() + range * square_size : nullptr;
       for (int64_t i = 0; i < d.length; ++i) {
@@ -342,13 +375,13 @@ ffi::Error AttentionBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi:
         }
       }
       const Rows dq_rows = output_rows(d, d_q->typed_data(), b, h, dq_p);
-      gemm(d.length, d.length, d.kp, ds, d.lp, 1, k_rows.data, k_rows.ld, dq_rows.data, dq_rows.ld);
+      gemm(d.length, d.length, d.kp, ds, d.lp, 1, k_rows.data, k_rows.ld, dq_rows.data, dq_rows.ld, b_panel);
       put_rows(d, dq_rows, d_q->typed_data(), b, h);
       const Rows dk_rows = output_rows(d, d_k->typed_data(), b, h, dk_p);  // ds^T q
-      gemm(d.length, d.length, d.kp, ds, 1, d.lp, q_rows.data, q_rows.ld, dk_rows.data, dk_rows.ld);
+      gemm(d.length, d.length, d.kp, ds, 1, d.lp, q_rows.data, q_rows.ld, dk_rows.data, dk_rows.ld, b_panel);
       put_rows(d, dk_rows, d_k->typed_data(), b, h);
       const Rows dv_rows = output_rows(d, d_v->typed_data(), b, h, dv_p);  // weights^T d_out
-      gemm(d.length, d.length, d.kp, p, 1, d.lp, do_rows.data, do_rows.ld, dv_rows.data, dv_rows.ld);
+      gemm(d.length, d.length, d.kp, p, 1, d.lp, do_rows.data, do_rows.ld, dv_rows.data, dv_rows.ld, b_panel);
       put_rows(d, dv_rows, d_v->typed_data(), b, h);
     }
   });
@@ -532,8 +565,6 @@ ffi::Error RmsNormBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::B
 // read in place, six at a time, so only the small operand is copied. Tasks are blocks of
 // kMatmulRows rows; each output row is summed by one task in a fixed order (K in blocks of
 // kPanelDepth, each block's sum added to the row), so the bits do not depend on the threads.
-constexpr int64_t kPanelDepth = 128;
-constexpr int64_t kPanelCols = 4 * kLanes;
 constexpr int64_t kMatmulRows = 96;
 
 // Rows [p, p + depth) and columns [64 g, 64 g + 64) of b [k, n] (or of w^T when `transposed`,
