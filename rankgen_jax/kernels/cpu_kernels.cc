@@ -583,18 +583,18 @@ void pack_panel(const float* b, int64_t k, int64_t n, int64_t p, int64_t depth, 
 
 struct PackedWeight {
   int64_t k, n, n_padded;
-  std::vector<float> panels;  // block p (rows p..p+depth of K), column group g: [depth][64] at p * n_padded + g * depth * 64
+  std::unique_ptr<float[]> panels;  // block p (rows p..p+depth of K), column group g: [depth][64] at p * n_padded + g * depth * 64
 
   // w is [k, n], or [n, k] holding the transpose when `transposed`.
   PackedWeight(ffi::ThreadPool& pool, const float* w, int64_t k_, int64_t n_, bool transposed)
-      : k(k_), n(n_), n_padded((n_ + kPanelCols - 1) / kPanelCols * kPanelCols), panels(k_ * n_padded) {
+      : k(k_), n(n_), n_padded((n_ + kPanelCols - 1) / kPanelCols * kPanelCols), panels(new float[k_ * n_padded]) {
     const int64_t groups = n_padded / kPanelCols, blocks = (k + kPanelDepth - 1) / kPanelDepth;
     parallel_for(pool, std::min(runner_count(pool), blocks * groups), blocks * groups, [&](int64_t task, int64_t) {
       const int64_t p = (task / groups) * kPanelDepth, g = task % groups;
       pack_panel(w, k, n, p, std::min(kPanelDepth, k - p), g, transposed, panel(p, g));
     });
   }
-  float* panel(int64_t p, int64_t g) { return panels.data() + p * n_padded + g * std::min(kPanelDepth, k - p) * kPanelCols; }
+  float* panel(int64_t p, int64_t g) { return panels.get() + p * n_padded + g * std::min(kPanelDepth, k - p) * kPanelCols; }
 };
 
 // c[rows, n] = a[rows, k] (row stride k) times the packed weight; `edge` holds rows x 64 floats.
@@ -624,10 +624,10 @@ ffi::Error Matmul(ffi::ThreadPool& pool, const ffi::Buffer<ffi::F32>& a, const f
   if (tokens == 0 || k == 0 || n == 0) return ffi::Error::Success();
   PackedWeight packed(pool, w.typed_data(), k, n, transposed);
   const int64_t tasks = (tokens + kMatmulRows - 1) / kMatmulRows, runners = std::min(runner_count(pool), tasks);
-  std::vector<float> edge(runners * kMatmulRows * kPanelCols);
+  std::unique_ptr<float[]> edge(new float[runners * kMatmulRows * kPanelCols]);
   parallel_for(pool, runners, tasks, [&](int64_t task, int64_t slot) {
     const int64_t r0 = task * kMatmulRows, rows = std::min(kMatmulRows, tokens - r0);
-    matmul_rows(rows, a.typed_data() + r0 * k, packed, out + r0 * n, edge.data() + slot * kMatmulRows * kPanelCols);
+    matmul_rows(rows, a.typed_data() + r0 * k, packed, out + r0 * n, edge.get() + slot * kMatmulRows * kPanelCols);
   });
   return ffi::Error::Success();
 }
@@ -645,40 +645,57 @@ ffi::Error MatmulWeightTransposed(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a,
 // The weight gradient of a dense layer y = x w: d_w[M, N] = x[T, M]^T d_y[T, N], T the
 // tokens. The tokens are cut into splits (enough for two per runner, at least
 // kWgradMinSplit rows each); a task sums its split into a whole [M, N] partial, walking it
-// in blocks of kPanelDepth tokens: the block's d_y rows are packed into 64-column panels,
-// and `gemm_block` reads x in place (the six d_w rows of its micro-tile are six adjacent
-// floats of each x row). Partials are added in split order: the summation order depends
-// only on the shapes and the pool's size, so the bits are reproducible.
+// in blocks of kPanelDepth tokens. Both operands of a block are packed: x^T into strips of
+// six d_w rows ([depth][6] each, read by `gemm_block`'s six broadcasts), d_y into 64-column
+// panels. Read in place, x's rows (M floats apart) would fall into a few cache sets. Partials
+// are added in split order: the summation order depends only on the shapes and the pool's
+// size, so the bits are reproducible.
 constexpr int64_t kWgradMinSplit = 1024;
+constexpr int64_t kStripRows = 6;
 
 struct WeightGradientPlan {
   const float* x;
   const float* d_y;
   float* d_w;
-  int64_t m, n, k, n_padded, splits;
-  std::vector<float> partial;  // [splits - 1, m, n]: split 0 is summed in d_w itself
+  int64_t m, n, k, m_padded, n_padded, splits;
+  std::unique_ptr<float[]> partial;  // [splits - 1, m, n]: split 0 is summed in d_w itself
 
   WeightGradientPlan(const float* x_, const float* d_y_, float* d_w_, int64_t m_, int64_t n_, int64_t k_, int64_t runners)
-      : x(x_), d_y(d_y_), d_w(d_w_), m(m_), n(n_), k(k_), n_padded((n_ + kPanelCols - 1) / kPanelCols * kPanelCols) {
+      : x(x_), d_y(d_y_), d_w(d_w_), m(m_), n(n_), k(k_),
+        m_padded((m_ + kStripRows - 1) / kStripRows * kStripRows), n_padded((n_ + kPanelCols - 1) / kPanelCols * kPanelCols) {
     splits = std::max<int64_t>(1, std::min(2 * runners, k / kWgradMinSplit));
-    partial.resize((splits - 1) * m * n);
+    partial.reset(new float[(splits - 1) * m * n]);
   }
-  int64_t scratch_floats() const { return kPanelDepth * n_padded + m * kPanelCols; }
+  int64_t scratch_floats() const { return kPanelDepth * (n_padded + m_padded) + m * kPanelCols; }
 
   void run_split(int64_t split, float* scratch) {
     float* panels = scratch;
-    float* edge = panels + kPanelDepth * n_padded;  // the partial last column group, [m][64]
-    float* out = split == 0 ? d_w : partial.data() + (split - 1) * m * n;
+    float* strips = panels + kPanelDepth * n_padded;
+    float* edge = strips + kPanelDepth * m_padded;  // the partial last column group, [m][64]
+    float* out = split == 0 ? d_w : partial.get() + (split - 1) * m * n;
     const int64_t k_begin = split * k / splits, k_end = (split + 1) * k / splits, groups = n_padded / kPanelCols;
     if (k_begin == k_end) std::fill(out, out + m * n, 0.0f);
     for (int64_t p = k_begin; p < k_end; p += kPanelDepth) {
       const int64_t depth = std::min(kPanelDepth, k_end - p);
+      const int64_t whole = m / kStripRows * kStripRows;
+      for (int64_t t = 0; t < depth; ++t) {
+        const float* row = x + (p + t) * m;
+        for (int64_t r0 = 0; r0 < whole; r0 += kStripRows)
+          std::memcpy(strips + r0 * depth + t * kStripRows, row + r0, kStripRows * sizeof(float));
+        if (whole < m) {
+          float* dst = strips + whole * depth + t * kStripRows;
+          for (int64_t i = 0; i < kStripRows; ++i) dst[i] = whole + i < m ? row[whole + i] : 0.0f;
+        }
+      }
       for (int64_t g = 0; g < groups; ++g) {
         float* panel = panels + g * depth * kPanelCols;
         pack_panel(d_y, k, n, p, depth, g, false, panel);
         const bool full = (g + 1) * kPanelCols <= n;
-        gemm_block<6, 4>(m, depth, x + p * m, 1, m, panel, kPanelCols, full ? out + g * kPanelCols : edge, full ? n : kPanelCols,
-                         0, p > k_begin);
+        float* c = full ? out + g * kPanelCols : edge;
+        const int64_t ldc = full ? n : kPanelCols;
+        for (int64_t r0 = 0; r0 < m; r0 += kStripRows)
+          gemm_block<kStripRows, 4>(std::min(kStripRows, m - r0), depth, strips + r0 * depth, 1, kStripRows, panel, kPanelCols,
+                                    c + r0 * ldc, ldc, 0, p > k_begin);
       }
     }
     const int64_t c0 = n / kPanelCols * kPanelCols;
@@ -702,9 +719,9 @@ ffi::Error WeightGradient(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   const int64_t runners = runner_count(pool);
   WeightGradientPlan plan(x.typed_data(), d_y.typed_data(), d_w->typed_data(), m, n, x.element_count() / m, runners);
   const int64_t active = std::min(runners, plan.splits);
-  std::vector<float> scratch(plan.scratch_floats() * active);
+  std::unique_ptr<float[]> scratch(new float[plan.scratch_floats() * active]);
   parallel_for(pool, active, plan.splits, [&](int64_t split, int64_t slot) {
-    plan.run_split(split, scratch.data() + slot * plan.scratch_floats());
+    plan.run_split(split, scratch.get() + slot * plan.scratch_floats());
   });
   if (plan.splits > 1) {
     const int64_t total = m * n, chunks = std::min(runners, (total + kLanes - 1) / kLanes);
