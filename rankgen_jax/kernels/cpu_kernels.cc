@@ -253,6 +253,16 @@ void parallel_for(ffi::ThreadPool& pool, int64_t runners, int64_t ranges, F fn) 
   while (state->done.load(std::memory_order_acquire) < ranges) std::this_thread::yield();
 }
 
+// Scratch memory that outlives a call, one set per calling thread (the runners of a call share
+// their caller's). A fresh allocation of this size per call would be mmapped by glibc and faulted
+// in (and zeroed by the kernel) again on every call. Contents are left from the last use.
+float* reusable_buffer(int slot, int64_t floats) {
+  thread_local std::vector<float> buffers[2];
+  std::vector<float>& buffer = buffers[slot];
+  if (static_cast<int64_t>(buffer.size()) < floats) buffer.resize(floats);
+  return buffer.data();
+}
+
 Dims dims_of(const ffi::Buffer<ffi::F32>& q) {
   auto shape = q.dimensions();
   Dims d{shape[0], shape[1], shape[2], shape[3], 0, 0};
@@ -276,9 +286,9 @@ ffi::Error AttentionForward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::
   const int64_t panel = d.length * d.kp;
   const int64_t per_runner = panel * 3 + d.kp * d.lp + d.length * d.lp + 2 * d.length + kPanelDepth * kPanelCols;
   const Split split = split_work(pool, d.batch, d.heads);
-  std::vector<float> work(per_runner * split.runners);
+  float* work = reusable_buffer(0, per_runner * split.runners);
   parallel_for(pool, split.runners, split.ranges, [&](int64_t range, int64_t slot) {
-    float* q_p = work.data() + slot * per_runner;
+    float* q_p = work + slot * per_runner;
     float* v_p = q_p + panel;
     float* o_p = v_p + panel;
     float* kt_p = o_p + panel;
@@ -329,11 +339,13 @@ ffi::Error AttentionBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi:
   const int64_t panel = d.length * d.kp, square = d.length * d.lp, square_size = d.length * d.length;
   const int64_t per_runner = panel * 7 + d.kp * d.lp * 2 + square * 2 + kPanelDepth * kPanelCols;
   const Split split = split_work(pool, d.batch, d.heads);
-  std::vector<float> work(per_runner * split.runners);
+  float* work = reusable_buffer(0, per_runner * split.runners);
   // One [L, L] sum over its batch rows per range; the ranges of a head are added in order.
-  std::vector<float> bias_grads(with_pos ? split.ranges * square_size : 0, 0.0f);
+  const int64_t bias_floats = with_pos ? split.ranges * square_size : 0;
+  float* bias_grads = reusable_buffer(1, bias_floats);
+  std::fill(bias_grads, bias_grads + bias_floats, 0.0f);
   parallel_for(pool, split.runners, split.ranges, [&](int64_t range, int64_t slot) {
-    float* q_p = work.data() + slot * per_runner;
+    float* q_p = work + slot * per_runner;
     float* k_p = q_p + panel;
     float* o_p = k_p + panel;
     float* do_p = o_p + panel;
@@ -357,7 +369,7 @@ ffi::Error AttentionBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi:
       // d_weights = d_out v^T
       gemm_transposed_panels(d, d.length, do_rows.data, do_rows.ld, vt_p, ds, d.lp);
       const float* lse_row = lse.typed_data() + (b * d.heads + h) * d.length;
-      float* bias_acc = with_pos ? bias_grads.data() + range * square_size : nullptr;
+      float* bias_acc = with_pos ? bias_grads + range * square_size : nullptr;
       for (int64_t i = 0; i < d.length; ++i) {
         // sum_j weights_ij d_weights_ij = d_out_i . out_i
         float dot = 0.0f;
@@ -390,7 +402,7 @@ ffi::Error AttentionBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi:
     std::memset(dst, 0, d.heads * square_size * sizeof(float));
     for (int64_t r = 0; r < split.ranges; ++r) {
       float* head_dst = dst + split.head(r) * square_size;
-      const float* src = bias_grads.data() + r * square_size;
+      const float* src = bias_grads + r * square_size;
       for (int64_t i = 0; i < square_size; ++i) head_dst[i] += src[i];
     }
   }
@@ -583,18 +595,18 @@ void pack_panel(const float* b, int64_t k, int64_t n, int64_t p, int64_t depth, 
 
 struct PackedWeight {
   int64_t k, n, n_padded;
-  std::unique_ptr<float[]> panels;  // block p (rows p..p+depth of K), column group g: [depth][64] at p * n_padded + g * depth * 64
+  float* panels;  // block p (rows p..p+depth of K), column group g: [depth][64] at p * n_padded + g * depth * 64
 
   // w is [k, n], or [n, k] holding the transpose when `transposed`.
   PackedWeight(ffi::ThreadPool& pool, const float* w, int64_t k_, int64_t n_, bool transposed)
-      : k(k_), n(n_), n_padded((n_ + kPanelCols - 1) / kPanelCols * kPanelCols), panels(new float[k_ * n_padded]) {
+      : k(k_), n(n_), n_padded((n_ + kPanelCols - 1) / kPanelCols * kPanelCols), panels(reusable_buffer(0, k_ * n_padded)) {
     const int64_t groups = n_padded / kPanelCols, blocks = (k + kPanelDepth - 1) / kPanelDepth;
     parallel_for(pool, std::min(runner_count(pool), blocks * groups), blocks * groups, [&](int64_t task, int64_t) {
       const int64_t p = (task / groups) * kPanelDepth, g = task % groups;
       pack_panel(w, k, n, p, std::min(kPanelDepth, k - p), g, transposed, panel(p, g));
     });
   }
-  float* panel(int64_t p, int64_t g) { return panels.get() + p * n_padded + g * std::min(kPanelDepth, k - p) * kPanelCols; }
+  float* panel(int64_t p, int64_t g) { return panels + p * n_padded + g * std::min(kPanelDepth, k - p) * kPanelCols; }
 };
 
 // c[rows, n] = a[rows, k] (row stride k) times the packed weight; `edge` holds rows x 64 floats.
@@ -624,10 +636,10 @@ ffi::Error Matmul(ffi::ThreadPool& pool, const ffi::Buffer<ffi::F32>& a, const f
   if (tokens == 0 || k == 0 || n == 0) return ffi::Error::Success();
   PackedWeight packed(pool, w.typed_data(), k, n, transposed);
   const int64_t tasks = (tokens + kMatmulRows - 1) / kMatmulRows, runners = std::min(runner_count(pool), tasks);
-  std::unique_ptr<float[]> edge(new float[runners * kMatmulRows * kPanelCols]);
+  float* edge = reusable_buffer(1, runners * kMatmulRows * kPanelCols);
   parallel_for(pool, runners, tasks, [&](int64_t task, int64_t slot) {
     const int64_t r0 = task * kMatmulRows, rows = std::min(kMatmulRows, tokens - r0);
-    matmul_rows(rows, a.typed_data() + r0 * k, packed, out + r0 * n, edge.get() + slot * kMatmulRows * kPanelCols);
+    matmul_rows(rows, a.typed_data() + r0 * k, packed, out + r0 * n, edge + slot * kMatmulRows * kPanelCols);
   });
   return ffi::Error::Success();
 }
@@ -658,13 +670,13 @@ struct WeightGradientPlan {
   const float* d_y;
   float* d_w;
   int64_t m, n, k, m_padded, n_padded, splits;
-  std::unique_ptr<float[]> partial;  // [splits - 1, m, n]: split 0 is summed in d_w itself
+  float* partial;  // [splits - 1, m, n]: split 0 is summed in d_w itself
 
   WeightGradientPlan(const float* x_, const float* d_y_, float* d_w_, int64_t m_, int64_t n_, int64_t k_, int64_t runners)
       : x(x_), d_y(d_y_), d_w(d_w_), m(m_), n(n_), k(k_),
         m_padded((m_ + kStripRows - 1) / kStripRows * kStripRows), n_padded((n_ + kPanelCols - 1) / kPanelCols * kPanelCols) {
     splits = std::max<int64_t>(1, std::min(2 * runners, k / kWgradMinSplit));
-    partial.reset(new float[(splits - 1) * m * n]);
+    partial = reusable_buffer(0, (splits - 1) * m * n);
   }
   int64_t scratch_floats() const { return kPanelDepth * (n_padded + m_padded) + m * kPanelCols; }
 
@@ -672,7 +684,7 @@ struct WeightGradientPlan {
     float* panels = scratch;
     float* strips = panels + kPanelDepth * n_padded;
     float* edge = strips + kPanelDepth * m_padded;  // the partial last column group, [m][64]
-    float* out = split == 0 ? d_w : partial.get() + (split - 1) * m * n;
+    float* out = split == 0 ? d_w : partial + (split - 1) * m * n;
     const int64_t k_begin = split * k / splits, k_end = (split + 1) * k / splits, groups = n_padded / kPanelCols;
     if (k_begin == k_end) std::fill(out, out + m * n, 0.0f);
     for (int64_t p = k_begin; p < k_end; p += kPanelDepth) {
@@ -719,9 +731,9 @@ ffi::Error WeightGradient(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   const int64_t runners = runner_count(pool);
   WeightGradientPlan plan(x.typed_data(), d_y.typed_data(), d_w->typed_data(), m, n, x.element_count() / m, runners);
   const int64_t active = std::min(runners, plan.splits);
-  std::unique_ptr<float[]> scratch(new float[plan.scratch_floats() * active]);
+  float* scratch = reusable_buffer(1, plan.scratch_floats() * active);
   parallel_for(pool, active, plan.splits, [&](int64_t split, int64_t slot) {
-    plan.run_split(split, scratch.get() + slot * plan.scratch_floats());
+    plan.run_split(split, scratch + slot * plan.scratch_floats());
   });
   if (plan.splits > 1) {
     const int64_t total = m * n, chunks = std::min(runners, (total + kLanes - 1) / kLanes);
