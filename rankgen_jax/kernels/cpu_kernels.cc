@@ -1,5 +1,7 @@
-// Fused kernels for XLA:CPU, called through the XLA FFI: softmax attention (forward and
-// backward), T5 1.1's gated GELU (gelu(gate) * linear) and T5's RMS norm, each both ways.
+// Kernels for XLA:CPU, called through the XLA FFI: softmax attention (forward and
+// backward), T5 1.1's gated GELU (gelu(gate) * linear) and T5's RMS norm, each both ways,
+// and a dense layer's three products (x w, d_y w^T and the weight gradient x^T d_y).
+// Every product runs through `gemm_block` with its B operand packed into contiguous panels.
 //
 // Attention:
 // One task per (batch row, head): its [L, L] logits, weights and their gradients live in

@@ -1,12 +1,14 @@
-"""A dense layer x w on CPU whose weight gradient x^T d_y is the kernel of `cpu_kernels.cc`.
+"""A dense layer x w on CPU whose three products are the kernels of `cpu_kernels.cc`.
 
-The forward product and d_x = d_y w^T stay with XLA, which runs them near the
-machine's matmul peak; XLA:CPU runs the transposed-left weight-gradient product
-well below it when the weight is small against the token count. On the 2-core
-dev machine at 8192 tokens (GFLOP/s, XLA -> kernel, spread over runs): [128, 128]
-70-145 -> 114-184, [128, 512] 151-187 -> 152-204, [512, 384] 184-204 -> 190-274;
-at [512, 1024] and [1024, 512] the two trade places from run to run, and T5 small's
-step did not move. The kernel is used for weights up to 512 x 512.
+The forward product x w and d_x = d_y w^T read x (or d_y) in place and the weight
+packed once per call into panels that stay in L1; XLA:CPU's own dots run the same
+shapes at 225-330 GFLOP/s on the 2-core dev machine, the kernel at 267-333 (8192
+tokens; both vary from run to run, docs/performance.md). The weight gradient
+x^T d_y, a transposed-left product with a long K (the tokens), is where XLA:CPU is
+slowest: [512, 384] at 187-197 GFLOP/s against the kernel's 265-272. At T5 small's
+MLP shapes ([512, 1024], [1024, 512]) the kernel is also ahead alone (265-278
+against 232-265) but the training step did not move, so weights above 512 x 512
+keep XLA's gradient.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ MAX_KERNEL_GRADIENT_ELEMENTS = 512 * 512
 
 
 def kernel_gradient_applies(m: int, n: int) -> bool:
-    """Whether a [m, n] weight's gradient is faster by the kernel than by XLA (see the module docstring)."""
+    """Whether a [m, n] weight's gradient comes from the kernel rather than XLA (see the module docstring)."""
     return m * n <= MAX_KERNEL_GRADIENT_ELEMENTS
 
 

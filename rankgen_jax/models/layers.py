@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from rankgen_jax.kernels import build as cpu_kernels
-from rankgen_jax.kernels.dense import fused_dense, kernel_gradient_applies
+from rankgen_jax.kernels.dense import fused_dense
 from rankgen_jax.kernels.fused_attention import fused_attention
 from rankgen_jax.kernels.gated_gelu import fused_gated_gelu
 from rankgen_jax.kernels.rms_norm import fused_rms_norm
@@ -42,8 +42,8 @@ class DenseKernel(nn.Module):
     """Dense layer over the last axis: float32 `kernel`, and a `bias` when use_bias (T5 has none).
 
     Inputs are kept 2-D ([tokens, features]) by the callers: on XLA:CPU a 3-D
-    dot makes the weight gradient pay for large transposes. Where the fused CPU
-    kernels apply, weights up to 512 x 512 get their gradient from the kernel
+    dot makes the weight gradient pay for large transposes. Where the CPU kernels
+    apply, x w and d_x come from them, and the gradient of weights up to 512 x 512
     (`kernels.dense`).
     """
 
