@@ -655,7 +655,6 @@ ffi::Error MatmulWeightTransposed(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a,
   return Matmul(pool, a, w, c, true);
 }
 
-
 // The weight gradient of a dense layer y = x w: d_w[M, N] = x[T, M]^T d_y[T, N], T the
 // tokens. The tokens are cut into splits (enough for two per runner, at least
 // kWgradMinSplit rows each); a task sums its split into a whole [M, N] partial, walking it
