@@ -4,10 +4,9 @@
 // Every product runs through `gemm_block` with its B operand packed into contiguous panels.
 //
 // Attention:
-// One task per (batch row, head): its [L, L] logits and gradients live in per-thread
-// buffers that stay in L2, where XLA:CPU writes and rereads each [B, H, L, L] tensor in
-// memory several times per layer; only the training forward pass writes the weights out,
-// once, for the backward pass. The matmuls are one register-blocked
+// One task per (batch row, head): its [L, L] logits, weights and their gradients live in
+// per-thread buffers that stay in L2, where XLA:CPU writes and rereads each [B, H, L, L]
+// tensor in memory several times per layer. The matmuls are one register-blocked
 // broadcast-FMA kernel (`gemm`), written with GCC vector extensions so that -march=native
 // picks the widest vectors the machine has.
 //
