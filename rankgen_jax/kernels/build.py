@@ -25,7 +25,6 @@ CXX_FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared")
 # FFI target name -> exported handler symbol.
 TARGETS = {
     "rankgen_attention_forward": "RankgenAttentionForward",
-    "rankgen_attention_forward_saving_weights": "RankgenAttentionForwardSavingWeights",
     "rankgen_attention_backward": "RankgenAttentionBackward",
     "rankgen_gated_gelu_forward": "RankgenGatedGeluForward",
     "rankgen_gated_gelu_backward": "RankgenGatedGeluBackward",

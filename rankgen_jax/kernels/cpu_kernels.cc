@@ -12,8 +12,7 @@
 //
 // Attention shapes: q, k, v, o, d_out, d_q, d_k, d_v: [B, L, H, K]; position_bias, d_position_bias:
 // [H, L, L] (zeros of shape [0] when the model has none); mask_bias: [B, L]; lse: [B, H, L],
-// the log of each softmax row's normaliser; weights: [B, H, L, lp], the softmax weights the
-// training forward pass saves for the backward one (zero past column L).
+// the log of each softmax row's normaliser, saved by the forward pass for the backward one.
 
 #include <algorithm>
 #include <atomic>
@@ -280,12 +279,10 @@ inline float horizontal_sum(v16 x) {
   return total;
 }
 
-// `weights`, when given, receives the softmax weights [B, H, L, lp] (zero past column L) for
-// the backward pass, which then need not recompute them.
-ffi::Error attention_forward(ffi::ThreadPool& pool, const ffi::Buffer<ffi::F32>& q, const ffi::Buffer<ffi::F32>& k,
-                             const ffi::Buffer<ffi::F32>& v, const ffi::Buffer<ffi::F32>& position_bias,
-                             const ffi::Buffer<ffi::F32>& mask_bias, ffi::ResultBuffer<ffi::F32>& out,
-                             ffi::ResultBuffer<ffi::F32>& lse, float* weights) {
+ffi::Error AttentionForward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                            ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> position_bias,
+                            ffi::Buffer<ffi::F32> mask_bias, ffi::ResultBuffer<ffi::F32> out,
+                            ffi::ResultBuffer<ffi::F32> lse) {
   const Dims d = dims_of(q);
   const float* pos = position_bias.element_count() ? position_bias.typed_data() : nullptr;
   const int64_t panel = d.length * d.kp;
@@ -318,11 +315,6 @@ ffi::Error attention_forward(ffi::ThreadPool& pool, const ffi::Buffer<ffi::F32>&
         }
         row_sum[i] = horizontal_sum(sum);
         lse_row[i] = row_max[i] + std::log(row_sum[i]);
-        if (weights) {
-          float* saved = weights + ((b * d.heads + h) * d.length + i) * d.lp;
-          const float inv = 1.0f / row_sum[i];
-          for (int64_t j = 0; j < d.lp; j += kLanes) store(saved + j, load(row + j) * inv);
-        }
       }
       // out = (exp(logits - max) v) / row sums: the division touches [L, K], not [L, L].
       const Rows o_rows = output_rows(d, out->typed_data(), b, h, o_p);
@@ -337,23 +329,9 @@ ffi::Error attention_forward(ffi::ThreadPool& pool, const ffi::Buffer<ffi::F32>&
   return ffi::Error::Success();
 }
 
-ffi::Error AttentionForward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
-                            ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> position_bias,
-                            ffi::Buffer<ffi::F32> mask_bias, ffi::ResultBuffer<ffi::F32> out,
-                            ffi::ResultBuffer<ffi::F32> lse) {
-  return attention_forward(pool, q, k, v, position_bias, mask_bias, out, lse, nullptr);
-}
-
-ffi::Error AttentionForwardSavingWeights(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
-                                         ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> position_bias,
-                                         ffi::Buffer<ffi::F32> mask_bias, ffi::ResultBuffer<ffi::F32> out,
-                                         ffi::ResultBuffer<ffi::F32> lse, ffi::ResultBuffer<ffi::F32> weights) {
-  return attention_forward(pool, q, k, v, position_bias, mask_bias, out, lse, weights->typed_data());
-}
-
 ffi::Error AttentionBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                              ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> position_bias,
-                             ffi::Buffer<ffi::F32> weights, ffi::Buffer<ffi::F32> out,
+                             ffi::Buffer<ffi::F32> mask_bias, ffi::Buffer<ffi::F32> out, ffi::Buffer<ffi::F32> lse,
                              ffi::Buffer<ffi::F32> d_out, ffi::ResultBuffer<ffi::F32> d_q,
                              ffi::ResultBuffer<ffi::F32> d_k, ffi::ResultBuffer<ffi::F32> d_v,
                              ffi::ResultBuffer<ffi::F32> d_position_bias) {
@@ -361,7 +339,7 @@ ffi::Error AttentionBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi:
   const bool with_pos = position_bias.element_count() > 0;
   const float* pos = with_pos ? position_bias.typed_data() : nullptr;
   const int64_t panel = d.length * d.kp, square = d.length * d.lp, square_size = d.length * d.length;
-  const int64_t per_runner = panel * 7 + d.kp * d.lp + square + kPanelDepth * kPanelCols;
+  const int64_t per_runner = panel * 7 + d.kp * d.lp * 2 + square * 2 + kPanelDepth * kPanelCols;
   const Split split = split_work(pool, d.batch, d.heads);
   float* work = reusable_buffer(0, per_runner * split.runners);
   // One [L, L] sum over its batch rows per range; the ranges of a head are added in order.
@@ -376,8 +354,10 @@ ffi::Error AttentionBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi:
     float* dq_p = do_p + panel;
     float* dk_p = dq_p + panel;
     float* dv_p = dk_p + panel;
-    float* vt_p = dv_p + panel;
-    float* ds = vt_p + d.kp * d.lp;
+    float* kt_p = dv_p + panel;
+    float* vt_p = kt_p + d.kp * d.lp;
+    float* p = vt_p + d.kp * d.lp;
+    float* ds = p + square;
     float* b_panel = ds + square;
     const int64_t h = split.head(range);
     for (int64_t b = split.first_row(range, d.batch); b < split.end_row(range, d.batch); ++b) {
@@ -385,18 +365,24 @@ ffi::Error AttentionBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi:
       const Rows k_rows = head_rows(d, k.typed_data(), b, h, k_p);
       const Rows o_rows = head_rows(d, out.typed_data(), b, h, o_p);
       const Rows do_rows = head_rows(d, d_out.typed_data(), b, h, do_p);
+      gather_transposed(d, k.typed_data(), b, h, kt_p);
       gather_transposed(d, v.typed_data(), b, h, vt_p);
-      const float* p = weights.typed_data() + (b * d.heads + h) * square;  // saved by the forward pass
+      logits(d, q_rows, kt_p, pos, mask_bias.typed_data(), b, h, p, nullptr);
       // d_weights = d_out v^T
       gemm_transposed_panels(d, d.length, do_rows.data, do_rows.ld, vt_p, ds, d.lp);
+      const float* lse_row = lse.typed_data() + (b * d.heads + h) * d.length;
       float* bias_acc = with_pos ? bias_grads + range * square_size : nullptr;
       for (int64_t i = 0; i < d.length; ++i) {
         // sum_j weights_ij d_weights_ij = d_out_i . out_i
         float dot = 0.0f;
         for (int64_t c = 0; c < d.head_dim; ++c) dot += do_rows.data[i * do_rows.ld + c] * o_rows.data[i * o_rows.ld + c];
-        const float* p_row = p + i * d.lp;
+        float* p_row = p + i * d.lp;
         float* ds_row = ds + i * d.lp;
-        for (int64_t j = 0; j < d.lp; j += kLanes) store(ds_row + j, load(p_row + j) * (load(ds_row + j) - dot));
+        for (int64_t j = 0; j < d.lp; j += kLanes) {
+          const v16 weights = vexp(load(p_row + j) - lse_row[i]);
+          store(p_row + j, weights);
+          store(ds_row + j, weights * (load(ds_row + j) - dot));
+        }
         if (bias_acc) {
           float* acc_row = bias_acc + i * d.length;
           for (int64_t j = 0; j < d.length; ++j) acc_row[j] += ds_row[j];
@@ -768,7 +754,6 @@ struct xla::ffi::CtxBinding<xla::ffi::ThreadPool> {
 };
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenAttentionForward, AttentionForward);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenAttentionForwardSavingWeights, AttentionForwardSavingWeights);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenAttentionBackward, AttentionBackward);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenGatedGeluForward, GatedGeluForward);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenGatedGeluBackward, GatedGeluBackward);

@@ -2,8 +2,8 @@
 
 It computes what `attention.softmax_attention_autodiff` computes (float32, no
 dropout, self-attention) with one task per (batch row, head) whose [L, L]
-matrices stay in the cache. The training forward pass saves the softmax weights
-([B, H, L, L] per layer) for the backward pass instead of recomputing them.
+matrices never leave the cache; the backward pass recomputes the weights from
+the saved log-normalisers, as flash attention does.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import jax.numpy as jnp
 from rankgen_jax.kernels import build
 
 FORWARD_TARGET = "rankgen_attention_forward"
-FORWARD_SAVING_WEIGHTS_TARGET = "rankgen_attention_forward_saving_weights"
 BACKWARD_TARGET = "rankgen_attention_backward"
 
 
@@ -41,35 +40,30 @@ def fused_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, position_bias, mask_bias_Bx
     return _fused(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, pos_HxLxL, mask_BxL)
 
 
-def _forward_call(q, k, v, pos_HxLxL, mask_BxL, save_weights: bool):
+def _forward_call(q, k, v, pos_HxLxL, mask_BxL):
     batch, length, heads, _ = q.shape
     out_types = (jax.ShapeDtypeStruct(q.shape, jnp.float32), jax.ShapeDtypeStruct((batch, heads, length), jnp.float32))
-    if not save_weights:
-        return jax.ffi.ffi_call(FORWARD_TARGET, out_types)(q, k, v, pos_HxLxL, mask_BxL)
-    padded = -(-length // 16) * 16  # rows padded to whole vectors, zeros past `length`
-    weights_type = jax.ShapeDtypeStruct((batch, heads, length, padded), jnp.float32)
-    return jax.ffi.ffi_call(FORWARD_SAVING_WEIGHTS_TARGET, (*out_types, weights_type))(q, k, v, pos_HxLxL, mask_BxL)
+    return jax.ffi.ffi_call(FORWARD_TARGET, out_types)(q, k, v, pos_HxLxL, mask_BxL)
 
 
 @jax.custom_vjp
 def _fused(q, k, v, pos_HxLxL, mask_BxL):
-    return _forward_call(q, k, v, pos_HxLxL, mask_BxL, save_weights=False)[0]
+    return _forward_call(q, k, v, pos_HxLxL, mask_BxL)[0]
 
 
 def _fused_fwd(q, k, v, pos_HxLxL, mask_BxL):
-    out, _, weights = _forward_call(q, k, v, pos_HxLxL, mask_BxL, save_weights=True)
-    return out, (q, k, v, pos_HxLxL, weights, out)
+    out, lse_BxHxL = _forward_call(q, k, v, pos_HxLxL, mask_BxL)
+    return out, (q, k, v, pos_HxLxL, mask_BxL, out, lse_BxHxL)
 
 
 def _fused_bwd(residuals, d_out):
-    q, k, v, pos_HxLxL, weights, out = residuals
+    q, k, v, pos_HxLxL, mask_BxL, out, lse_BxHxL = residuals
     out_types = tuple(jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in (q, k, v, pos_HxLxL))
     d_q, d_k, d_v, d_pos = jax.ffi.ffi_call(BACKWARD_TARGET, out_types)(
-        q, k, v, pos_HxLxL, weights, out, d_out.astype(jnp.float32)
+        q, k, v, pos_HxLxL, mask_BxL, out, lse_BxHxL, d_out.astype(jnp.float32)
     )
-    mask_BxL = jnp.zeros((q.shape[0], q.shape[1]), jnp.float32)
     # mask_BxL is under stop_gradient (fused_attention): its cotangent is never used.
-    return d_q, d_k, d_v, d_pos, mask_BxL
+    return d_q, d_k, d_v, d_pos, jnp.zeros_like(mask_BxL)
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd)
