@@ -158,3 +158,46 @@ def test_dense_layer_with_a_large_weight_takes_its_gradient_from_xla():
     np.testing.assert_allclose(np.asarray(y), x.astype(np.float64) @ w, atol=2e-4, rtol=1e-5)
     np.testing.assert_allclose(np.asarray(d_x), d_y.astype(np.float64) @ w.T.astype(np.float64), atol=2e-4, rtol=1e-5)
     np.testing.assert_allclose(np.asarray(d_w), x.T.astype(np.float64) @ d_y, atol=2e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "tokens,d,f",
+    # row tails past the 96-row tasks and the 6-row kernel, F not a multiple of 64 (the edge
+    # columns), K not a multiple of the 128-deep panels, several tasks; D = 0
+    [(7, 5, 3), (200, 130, 70), (97, 64, 128), (4, 0, 6)],
+)
+def test_gated_gelu_mlp_kernel_equals_numpy_and_the_separate_kernels(tokens, d, f):
+    """(gelu(x w0) * (x w1)) wo and its four gradients: float64 NumPy, and the same bits as the separate kernels."""
+    kernels_or_skip()
+    from rankgen_jax.kernels.dense import fused_dense
+    from rankgen_jax.kernels.gated_gelu import fused_gated_gelu, fused_gated_gelu_mlp
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(tokens, d)).astype(np.float32)
+    w0, w1 = (rng.normal(size=(d, f)).astype(np.float32) / max(d, 1) ** 0.5 for _ in range(2))
+    wo = rng.normal(size=(f, 9)).astype(np.float32) / f**0.5
+    d_y = rng.normal(size=(tokens, 9)).astype(np.float32)
+
+    # float64 reference with the analytic GELU derivative
+    x64, w0_64, w1_64, wo_64, d_y64 = (a.astype(np.float64) for a in (x, w0, w1, wo, d_y))
+    gate, linear = x64 @ w0_64, x64 @ w1_64
+    t = np.tanh(np.sqrt(2 / np.pi) * (gate + 0.044715 * gate**3))
+    gelu = 0.5 * gate * (1 + t)
+    slope = 0.5 * (1 + t) + 0.5 * gate * (1 - t**2) * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * gate**2)
+    h = gelu * linear
+    d_h = d_y64 @ wo_64.T
+    d_gate, d_linear = d_h * linear * slope, d_h * gelu
+    expected = (h @ wo_64, d_gate @ w0_64.T + d_linear @ w1_64.T, x64.T @ d_gate, x64.T @ d_linear, h.T @ d_y64)
+
+    y, vjp = jax.vjp(jax.jit(fused_gated_gelu_mlp), x, w0, w1, wo)
+    got = (y, *vjp(d_y))
+    for g, e in zip(got, expected):
+        assert g.shape == e.shape
+        np.testing.assert_allclose(np.asarray(g), e, atol=1e-5, rtol=1e-4)
+
+    def unfused(x, w0, w1, wo):
+        return fused_dense(fused_gated_gelu(fused_dense(x, w0), fused_dense(x, w1)), wo)
+
+    y_sep, vjp_sep = jax.vjp(jax.jit(unfused), x, w0, w1, wo)
+    for g, s in zip(got, (y_sep, *vjp_sep(d_y))):
+        assert np.array_equal(np.asarray(g), np.asarray(s))

@@ -33,6 +33,8 @@ TARGETS = {
     "rankgen_weight_gradient": "RankgenWeightGradient",
     "rankgen_matmul": "RankgenMatmul",
     "rankgen_matmul_transposed": "RankgenMatmulTransposed",
+    "rankgen_gated_gelu_dense": "RankgenGatedGeluDense",
+    "rankgen_gated_gelu_dense_backward": "RankgenGatedGeluDenseBackward",
 }
 
 

@@ -259,7 +259,7 @@ void parallel_for(ffi::ThreadPool& pool, int64_t runners, int64_t ranges, F fn) 
 // their caller's). A fresh allocation of this size per call would be mmapped by glibc and faulted
 // in (and zeroed by the kernel) again on every call. Contents are left from the last use.
 float* reusable_buffer(int slot, int64_t floats) {
-  thread_local std::vector<float> buffers[2];
+  thread_local std::vector<float> buffers[4];
   std::vector<float>& buffer = buffers[slot];
   if (static_cast<int64_t>(buffer.size()) < floats) buffer.resize(floats);
   return buffer.data();
@@ -446,18 +446,38 @@ void parallel_elements(ffi::ThreadPool& pool, int64_t n, F fn) {
   });
 }
 
+// h = gelu(g) * l over elements [begin, end).
+void gated_gelu_span(const float* g, const float* l, float* h, int64_t begin, int64_t end) {
+  int64_t i = begin;
+  for (; i + kLanes <= end; i += kLanes) {
+    const v16 x = load(g + i);
+    store(h + i, x * gelu_sigmoid(x) * load(l + i));
+  }
+  for (; i < end; ++i) h[i] = g[i] * gelu_sigmoid(g[i]) * l[i];
+}
+
+// dg, dl of h = gelu(g) * l over elements [begin, end); dh holds elements begin..end (dh[0] is element begin).
+void gated_gelu_grad_span(const float* g, const float* l, const float* dh, float* dg, float* dl, int64_t begin,
+                          int64_t end) {
+  int64_t i = begin;
+  for (; i + kLanes <= end; i += kLanes) {
+    const v16 x = load(g + i);
+    const v16 s = gelu_sigmoid(x);
+    const v16 d = load(dh + i - begin);
+    store(dg + i, d * load(l + i) * gelu_slope(x, s));
+    store(dl + i, d * x * s);
+  }
+  for (; i < end; ++i) {
+    const float s = gelu_sigmoid(g[i]);
+    dg[i] = dh[i - begin] * l[i] * gelu_slope(g[i], s);
+    dl[i] = dh[i - begin] * g[i] * s;
+  }
+}
+
 ffi::Error GatedGeluForward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> gate, ffi::Buffer<ffi::F32> linear,
                             ffi::ResultBuffer<ffi::F32> out) {
-  const float* g = gate.typed_data();
-  const float* l = linear.typed_data();
-  float* h = out->typed_data();
   parallel_elements(pool, gate.element_count(), [&](int64_t begin, int64_t end) {
-    int64_t i = begin;
-    for (; i + kLanes <= end; i += kLanes) {
-      const v16 x = load(g + i);
-      store(h + i, x * gelu_sigmoid(x) * load(l + i));
-    }
-    for (; i < end; ++i) h[i] = g[i] * gelu_sigmoid(g[i]) * l[i];
+    gated_gelu_span(gate.typed_data(), linear.typed_data(), out->typed_data(), begin, end);
   });
   return ffi::Error::Success();
 }
@@ -465,25 +485,9 @@ ffi::Error GatedGeluForward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> gate, ff
 ffi::Error GatedGeluBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> gate, ffi::Buffer<ffi::F32> linear,
                              ffi::Buffer<ffi::F32> d_out, ffi::ResultBuffer<ffi::F32> d_gate,
                              ffi::ResultBuffer<ffi::F32> d_linear) {
-  const float* g = gate.typed_data();
-  const float* l = linear.typed_data();
-  const float* dh = d_out.typed_data();
-  float* dg = d_gate->typed_data();
-  float* dl = d_linear->typed_data();
   parallel_elements(pool, gate.element_count(), [&](int64_t begin, int64_t end) {
-    int64_t i = begin;
-    for (; i + kLanes <= end; i += kLanes) {
-      const v16 x = load(g + i);
-      const v16 s = gelu_sigmoid(x);
-      const v16 d = load(dh + i);
-      store(dg + i, d * load(l + i) * gelu_slope(x, s));
-      store(dl + i, d * x * s);
-    }
-    for (; i < end; ++i) {
-      const float s = gelu_sigmoid(g[i]);
-      dg[i] = dh[i] * l[i] * gelu_slope(g[i], s);
-      dl[i] = dh[i] * g[i] * s;
-    }
+    gated_gelu_grad_span(gate.typed_data(), linear.typed_data(), d_out.typed_data() + begin, d_gate->typed_data(),
+                         d_linear->typed_data(), begin, end);
   });
   return ffi::Error::Success();
 }
@@ -599,9 +603,10 @@ struct PackedWeight {
   int64_t k, n, n_padded;
   float* panels;  // block p (rows p..p+depth of K), column group g: [depth][64] at p * n_padded + g * depth * 64
 
-  // w is [k, n], or [n, k] holding the transpose when `transposed`.
-  PackedWeight(ffi::ThreadPool& pool, const float* w, int64_t k_, int64_t n_, bool transposed)
-      : k(k_), n(n_), n_padded((n_ + kPanelCols - 1) / kPanelCols * kPanelCols), panels(reusable_buffer(0, k_ * n_padded)) {
+  // w is [k, n], or [n, k] holding the transpose when `transposed`; packed into reusable_buffer(slot).
+  PackedWeight(ffi::ThreadPool& pool, const float* w, int64_t k_, int64_t n_, bool transposed, int slot = 0)
+      : k(k_), n(n_), n_padded((n_ + kPanelCols - 1) / kPanelCols * kPanelCols),
+        panels(reusable_buffer(slot, k_ * n_padded)) {
     const int64_t groups = n_padded / kPanelCols, blocks = (k + kPanelDepth - 1) / kPanelDepth;
     parallel_for(pool, std::min(runner_count(pool), blocks * groups), blocks * groups, [&](int64_t task, int64_t) {
       const int64_t p = (task / groups) * kPanelDepth, g = task % groups;
@@ -642,6 +647,62 @@ ffi::Error Matmul(ffi::ThreadPool& pool, const ffi::Buffer<ffi::F32>& a, const f
   parallel_for(pool, runners, tasks, [&](int64_t task, int64_t slot) {
     const int64_t r0 = task * kMatmulRows, rows = std::min(kMatmulRows, tokens - r0);
     matmul_rows(rows, a.typed_data() + r0 * k, packed, out + r0 * n, edge + slot * kMatmulRows * kPanelCols);
+  });
+  return ffi::Error::Success();
+}
+
+// T5 1.1's gated-GELU MLP input side, y = gelu(x w0) * (x w1), with both products and the GELU
+// in one pass: a task computes its rows of gate = x w0 and linear = x w1 (as `Matmul` does, the
+// same bits) and applies the GELU to them while they are still in L2, instead of a separate
+// pass re-reading both from memory. gate and linear are outputs too: the backward pass needs them.
+ffi::Error GatedGeluDense(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w0,
+                          ffi::Buffer<ffi::F32> w1, ffi::ResultBuffer<ffi::F32> gate,
+                          ffi::ResultBuffer<ffi::F32> linear, ffi::ResultBuffer<ffi::F32> out) {
+  const int64_t k = w0.dimensions()[0], n = w0.dimensions()[1];
+  const int64_t tokens = k == 0 ? 0 : x.element_count() / k;
+  if (k == 0)
+    for (auto* result : {&gate, &linear, &out}) std::fill((*result)->typed_data(), (*result)->typed_data() + (*result)->element_count(), 0.0f);
+  if (tokens == 0 || k == 0 || n == 0) return ffi::Error::Success();
+  PackedWeight packed_w0(pool, w0.typed_data(), k, n, false, 0), packed_w1(pool, w1.typed_data(), k, n, false, 2);
+  const int64_t tasks = (tokens + kMatmulRows - 1) / kMatmulRows, runners = std::min(runner_count(pool), tasks);
+  float* edge = reusable_buffer(1, runners * kMatmulRows * kPanelCols);
+  parallel_for(pool, runners, tasks, [&](int64_t task, int64_t slot) {
+    const int64_t r0 = task * kMatmulRows, rows = std::min(kMatmulRows, tokens - r0);
+    const float* a = x.typed_data() + r0 * k;
+    float* g = gate->typed_data() + r0 * n;
+    float* l = linear->typed_data() + r0 * n;
+    matmul_rows(rows, a, packed_w0, g, edge + slot * kMatmulRows * kPanelCols);
+    matmul_rows(rows, a, packed_w1, l, edge + slot * kMatmulRows * kPanelCols);
+    gated_gelu_span(g, l, out->typed_data() + r0 * n, 0, rows * n);
+  });
+  return ffi::Error::Success();
+}
+
+// Its backward pass up to the products with w0 and w1: d_h = d_y wo^T (wo [F, E], d_y [T, E])
+// one task's rows at a time into scratch that stays in L2, then the GELU's backward pass over
+// those rows. d_h never goes to memory; d_gate and d_linear have the bits of `Matmul` then
+// GatedGeluBackward.
+ffi::Error GatedGeluDenseBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> d_y, ffi::Buffer<ffi::F32> wo,
+                                  ffi::Buffer<ffi::F32> gate, ffi::Buffer<ffi::F32> linear,
+                                  ffi::ResultBuffer<ffi::F32> d_gate, ffi::ResultBuffer<ffi::F32> d_linear) {
+  const int64_t f = wo.dimensions()[0], e = wo.dimensions()[1];
+  if (f == 0 || e == 0) {  // nothing to compute, or d_h = 0
+    for (auto* result : {&d_gate, &d_linear})
+      std::fill((*result)->typed_data(), (*result)->typed_data() + (*result)->element_count(), 0.0f);
+    return ffi::Error::Success();
+  }
+  const int64_t tokens = gate.element_count() / f;
+  if (tokens == 0) return ffi::Error::Success();
+  PackedWeight packed(pool, wo.typed_data(), e, f, true, 0);
+  const int64_t tasks = (tokens + kMatmulRows - 1) / kMatmulRows, runners = std::min(runner_count(pool), tasks);
+  float* scratch = reusable_buffer(1, runners * kMatmulRows * (kPanelCols + f));
+  parallel_for(pool, runners, tasks, [&](int64_t task, int64_t slot) {
+    const int64_t r0 = task * kMatmulRows, rows = std::min(kMatmulRows, tokens - r0);
+    float* edge = scratch + slot * kMatmulRows * (kPanelCols + f);
+    float* d_h_rows = edge + kMatmulRows * kPanelCols;
+    matmul_rows(rows, d_y.typed_data() + r0 * e, packed, d_h_rows, edge);
+    gated_gelu_grad_span(gate.typed_data(), linear.typed_data(), d_h_rows, d_gate->typed_data(), d_linear->typed_data(),
+                         r0 * f, (r0 + rows) * f);
   });
   return ffi::Error::Success();
 }
@@ -762,3 +823,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenRmsNormBackward, RmsNormBackward);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenWeightGradient, WeightGradient);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenMatmul, MatmulWeight);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenMatmulTransposed, MatmulWeightTransposed);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenGatedGeluDense, GatedGeluDense);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenGatedGeluDenseBackward, GatedGeluDenseBackward);

@@ -13,6 +13,8 @@ keep XLA's gradient.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -55,15 +57,18 @@ def _fwd(x, w_MxN):
     return matmul(x, w_MxN), (x, w_MxN)
 
 
+def dense_weight_gradient(x: jax.Array, d_y: jax.Array) -> jax.Array:
+    """x^T d_y over all leading axes: the kernel for weights up to 512 x 512, else XLA's dot."""
+    tokens = math.prod(x.shape[:-1])  # not reshape(-1, M): M may be 0
+    x_TxM, d_y_TxN = x.reshape(tokens, x.shape[-1]), d_y.reshape(tokens, d_y.shape[-1])
+    if kernel_gradient_applies(x_TxM.shape[1], d_y_TxN.shape[1]):
+        return weight_gradient(x_TxM, d_y_TxN)
+    return jnp.dot(x_TxM.T, d_y_TxN)
+
+
 def _bwd(residuals, d_y):
     x, w_MxN = residuals
-    d_x = matmul(d_y, w_MxN, transposed=True)
-    x_TxM, d_y_TxN = x.reshape(-1, x.shape[-1]), d_y.reshape(-1, d_y.shape[-1])
-    if kernel_gradient_applies(*w_MxN.shape):
-        d_w = weight_gradient(x_TxM, d_y_TxN)
-    else:
-        d_w = jnp.dot(x_TxM.T, d_y_TxN)
-    return d_x, d_w
+    return matmul(d_y, w_MxN, transposed=True), dense_weight_gradient(x, d_y)
 
 
 fused_dense.defvjp(_fwd, _bwd)

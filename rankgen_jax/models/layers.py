@@ -53,24 +53,31 @@ class DenseKernel(nn.Module):
     kernel_init: Initializer = default_kernel_init
     use_bias: bool = False
 
-    @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        kernel = self.param(
-            "kernel",
-            nn.with_logical_partitioning(self.kernel_init, self.kernel_axes),
-            (x.shape[-1], self.features),
-            jnp.float32,
-        )
-        if _fused_kernels_apply(x, self.dtype):
+        kernel, bias = self.weights(x.shape[-1])
+        if fused_kernels_apply(x, self.dtype):
             y = fused_dense(x, kernel)
         else:
             y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
-        if self.use_bias:
-            bias = self.param(
-                "bias", nn.with_logical_partitioning(nn.initializers.zeros, self.kernel_axes[1:]), (self.features,), jnp.float32
-            )
+        if bias is not None:
             y = y + bias.astype(self.dtype)
         return y
+
+    @nn.compact
+    def weights(self, in_features: int) -> tuple[jax.Array, jax.Array | None]:
+        """The `kernel` [in_features, features] and the `bias` (None without use_bias), for fused callers."""
+        kernel = self.param(
+            "kernel",
+            nn.with_logical_partitioning(self.kernel_init, self.kernel_axes),
+            (in_features, self.features),
+            jnp.float32,
+        )
+        if not self.use_bias:
+            return kernel, None
+        bias = self.param(
+            "bias", nn.with_logical_partitioning(nn.initializers.zeros, self.kernel_axes[1:]), (self.features,), jnp.float32
+        )
+        return kernel, bias
 
 
 class RMSNorm(nn.Module):
@@ -84,7 +91,7 @@ class RMSNorm(nn.Module):
         scale = self.param(
             "scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)), (x.shape[-1],), jnp.float32
         )
-        if _fused_kernels_apply(x, self.dtype):
+        if fused_kernels_apply(x, self.dtype):
             return fused_rms_norm(x, scale, self.eps)
         x32 = x.astype(jnp.float32)
         variance = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
@@ -120,7 +127,7 @@ def _compiling_for_cpu() -> bool:
     return (device.platform if device is not None else jax.default_backend()) == "cpu"
 
 
-def _fused_kernels_apply(x: jax.Array, dtype) -> bool:
+def fused_kernels_apply(x: jax.Array, dtype) -> bool:
     """CPU, float32 throughout, and at most one device in the mesh (the kernels have no sharding rule)."""
     if not _compiling_for_cpu() or jnp.dtype(dtype) != jnp.float32 or x.dtype != jnp.float32:
         return False
@@ -129,9 +136,14 @@ def _fused_kernels_apply(x: jax.Array, dtype) -> bool:
 
 def gated_gelu(gate: jax.Array, linear: jax.Array, dtype) -> jax.Array:
     """gelu(gate) * linear with the tanh GELU (T5 1.1); the fused CPU kernel where it applies."""
-    if _fused_kernels_apply(gate, dtype) and linear.dtype == jnp.float32:
+    if fused_kernels_apply(gate, dtype) and linear.dtype == jnp.float32:
         return fused_gated_gelu(gate, linear)
     return jax.nn.gelu(gate, approximate=True) * linear
+
+
+def dropout_active(module: nn.Module, rate: float) -> bool:
+    """Whether dropout at `rate` changes anything in this call: a rate above 0 and a `dropout` rng (training)."""
+    return rate > 0.0 and module.has_rng("dropout")
 
 
 def dropout(module: nn.Module, x: jax.Array, rate: float) -> jax.Array:
@@ -154,10 +166,10 @@ def attend(module: nn.Module, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, position_bias, ma
     """
     batch, length, heads, head_dim = q_BxLxHxK.shape
     keep_BxHxLxL = None
-    if dropout_rate > 0.0 and module.has_rng("dropout"):
+    if dropout_active(module, dropout_rate):
         ones_BxHxLxL = jnp.ones((batch, heads, length, k_BxLxHxK.shape[1]), dtype)
         keep_BxHxLxL = dropout(module, ones_BxHxLxL, dropout_rate)
-    if keep_BxHxLxL is None and _fused_kernels_apply(q_BxLxHxK, dtype):
+    if keep_BxHxLxL is None and fused_kernels_apply(q_BxLxHxK, dtype):
         out_BxLxHxK = fused_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, position_bias, mask_bias_Bx1x1xL)
         return out_BxLxHxK.reshape(batch * length, heads * head_dim)
     bias = mask_bias_Bx1x1xL if position_bias is None else position_bias.astype(jnp.float32) + mask_bias_Bx1x1xL
