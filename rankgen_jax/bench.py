@@ -247,6 +247,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fp32 matmul peak (numpy {2048}^3, {THREADS} threads): {peak:.1f} GFLOP/s", flush=True)
     report = {"machine": machine_description(), "matmul_peak_gflops": peak, "quick": args.quick,
               "train": run_train_benchmarks(peak, args.quick)}
+    # The peak varies by a few percent from one measurement to the next (311-334 GFLOP/s on the
+    # dev machine); measured again after the train steps, the report takes the higher, so that
+    # a low first reading cannot flatter the "% of peak" figures.
+    peak_after = matmul_peak_gflops()
+    report["matmul_peak_measurements"] = [peak, peak_after]
+    report["matmul_peak_gflops"] = max(peak, peak_after)
+    print(f"fp32 matmul peak after the train steps: {peak_after:.1f} GFLOP/s; the report uses "
+          f"{report['matmul_peak_gflops']:.1f}", flush=True)
     out_dir = Path(args.out).parent
     for name, module, quick_args in MODULE_BENCHMARKS:
         report[name] = _run_module(module, out_dir / f"{name}.json", quick_args if args.quick else [])

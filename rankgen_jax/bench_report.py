@@ -24,6 +24,14 @@ def _mode(row: dict) -> str:
     return f"GradCache x{row['num_chunks']} (chunk {row['batch'] // row['num_chunks']})" if row["num_chunks"] > 1 else "plain"
 
 
+def _peak_readings(report: dict) -> str:
+    """', before and after the train steps: a and b; the higher is used' where both were measured."""
+    readings = report.get("matmul_peak_measurements")
+    if not readings or len(readings) < 2:
+        return ""
+    return f", before and after the train steps: {readings[0]:.1f} and {readings[1]:.1f}; the higher is used"
+
+
 def render_markdown(report: dict) -> str:
     """The whole benchmarks page: machine, commands, then one table per benchmark."""
     machine, peak = report["machine"], report["matmul_peak_gflops"]
@@ -40,7 +48,7 @@ def render_markdown(report: dict) -> str:
         f"torch {machine['torch']}, transformers {machine['transformers']}, numpy {machine['numpy']}.",
         f"- XLA_FLAGS: `{machine['xla_flags']}`; GLIBC_TUNABLES of the JAX processes: "
         f"`{machine.get('glibc_tunables') or 'none'}` (the PyTorch peer runs with glibc's defaults).",
-        f"- fp32 matmul peak measured in the run (numpy, 2048^3, best of 5): **{peak:.1f} GFLOP/s**.",
+        f"- fp32 matmul peak measured in the run (numpy, 2048^3, best of 5{_peak_readings(report)}): **{peak:.1f} GFLOP/s**.",
         "",
         "## Train step: JAX against the PyTorch / HuggingFace peer",
         "",
