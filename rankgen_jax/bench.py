@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fp32 matmul peak (numpy {2048}^3, {THREADS} threads): {peak:.1f} GFLOP/s", flush=True)
     report = {"machine": machine_description(), "matmul_peak_gflops": peak, "quick": args.quick,
               "train": run_train_benchmarks(peak, args.quick)}
-    # The peak varies by a few percent from one measurement to the next (311-334 GFLOP/s on the
+    # The peak varies by a few percent from one measurement to the next (311-344 GFLOP/s on the
     # dev machine); measured again after the train steps, the report takes the higher, so that
     # a low first reading cannot flatter the "% of peak" figures.
     peak_after = matmul_peak_gflops()
