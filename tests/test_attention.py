@@ -134,10 +134,13 @@ def test_t5_encoder_same_with_and_without_the_fused_kernels(monkeypatch):
         return jnp.sum(model.apply({"params": params}, x, mask).last_hidden_state * cotangent)
 
     calls = []
-    kernels = ("fused_attention", "fused_gated_gelu", "fused_rms_norm", "fused_dense")
-    for name in kernels:
-        real = getattr(layers, name)
-        monkeypatch.setattr(layers, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
+    from rankgen_jax.models import t5
+
+    # T5 1.1's MLP is the fused gated-GELU MLP (t5.MlpBlock); the rest come through `layers`.
+    kernels = {"fused_attention": layers, "fused_rms_norm": layers, "fused_dense": layers, "fused_gated_gelu_mlp": t5}
+    for name, module in kernels.items():
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
     value_fused, grads_fused = jax.value_and_grad(loss)(params)
     assert set(calls) == set(kernels), calls
     monkeypatch.setattr(layers.cpu_kernels, "available", lambda: False)
