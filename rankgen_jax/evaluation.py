@@ -254,7 +254,8 @@ def add_subparser(subparsers) -> None:
         'dual encoder (prefix vector . candidate vector, RankGen\'s "pre " / "suffi " markers), the '
         "unigram-overlap baseline, or a causal LM's mean log-likelihood of the candidate given the prefix "
         "(lm_loglik) or PMI, log p(c|prefix) - log p(c) (pmi). With labels, the last stdout line is a JSON object "
-        '{"n": ..., "accuracy": ..., "mrr": ...}. Malformed lines are skipped and counted on stderr.',
+        '{"n": ..., "accuracy": ..., "mrr": ...}. Malformed lines are skipped and counted on stderr; a file '
+        "with no well-formed line is an error (exit status 2).",
     )
     p.add_argument("--model", help="rankgen_jax checkpoint folder, training workdir, or HF folder (dual encoder)")
     p.add_argument("--input", required=True, help="JSONL file to score")
@@ -303,6 +304,13 @@ def run_score(args) -> None:
         first = ", ".join(str(n) for n in result["skipped_lines"][:5])
         print(f"note: skipped {result['skipped']} malformed line(s) of {args.input} (line {first}"
               f"{', ...' if result['skipped'] > 5 else ''})", file=sys.stderr)
+    if not result["scored"]:
+        # Nothing to show for the run: fail (exit 2) rather than report success over an empty output.
+        if args.output:
+            Path(args.output).unlink(missing_ok=True)
+        why = f"all {result['skipped']} line(s) are malformed" if result["skipped"] else "the file has no lines"
+        raise RankgenError(f"{args.input}: nothing to score ({why}); expected JSONL lines "
+                           '{"prefix": str, "candidates": [str, ...], "label": int (optional)}')
     where = f" to {args.output}" if args.output else ""
     print(f"scored {result['scored']} line(s){where}")
     if result["n"]:
