@@ -20,9 +20,11 @@ of the parameters from before them (_stop_if_diverged).
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import queue
+import shutil
 import signal
 import sys
 import tempfile
@@ -188,11 +190,13 @@ def _resolve_model_config(
 def _local_vocab(vocab: str | None) -> str | None:
     """A checkpoint's tokenizer folder, copied to a local temporary folder when it is on a bucket.
 
-    The tokenizer libraries open local files only.
+    The tokenizer libraries open local files only. Tokenizers may load lazily at any point of
+    the run, so the copy is removed when the process exits, not before.
     """
     if vocab is None or not native.is_remote(vocab):
         return vocab
     local = Path(tempfile.mkdtemp(prefix="rankgen_vocab_"))
+    atexit.register(shutil.rmtree, local, ignore_errors=True)
     for file in native.tokenizer_files(vocab):
         source = native.as_path(file)
         (local / source.name).write_bytes(source.read_bytes())

@@ -109,7 +109,7 @@ def test_bucket_urls_stay_urls(tmp_path, monkeypatch):
     assert native.as_path(native.as_path("gs://b/x")) == native.as_path("gs://b/x")
 
 
-def test_checkpoint_metadata_on_a_bucket(bucket, tmp_path):
+def test_checkpoint_metadata_on_a_bucket(bucket, tmp_path, monkeypatch):
     vocab = tmp_path / "my_tokenizer.model"
     vocab.write_bytes(b"\x00sentencepiece bytes\xff")
     config = ModelConfig(encoder=t5_config("tiny", vocab_size=128))
@@ -119,9 +119,16 @@ def test_checkpoint_metadata_on_a_bucket(bucket, tmp_path):
     assert native.vocab_path("gs://bucket/ckpt") == "gs://bucket/ckpt/vocab"
     assert native.spiece_path("gs://bucket/ckpt") == "gs://bucket/ckpt/vocab/spiece.model"
     assert (bucket.root / "bucket/ckpt/vocab/spiece.model").read_bytes() == vocab.read_bytes()
-    # The trainer copies a bucket tokenizer to a local folder, since tokenizers read local files only.
+    # The trainer copies a bucket tokenizer to a local folder, since tokenizers read local files
+    # only, and removes the copy at exit.
+    at_exit = []
+    monkeypatch.setattr(trainer.atexit, "register", lambda fn, *a, **k: at_exit.append((fn, a, k)))
     local = trainer._local_vocab(native.vocab_path("gs://bucket/ckpt"))
     assert not native.is_remote(local) and (Path(local) / "spiece.model").read_bytes() == vocab.read_bytes()
+    assert len(at_exit) == 1
+    fn, args, kwargs = at_exit[0]
+    fn(*args, **kwargs)
+    assert not Path(local).exists()
     assert trainer._local_vocab(str(tmp_path)) == str(tmp_path) and trainer._local_vocab(None) is None
 
 
