@@ -3,7 +3,8 @@
 The same model (HF `T5EncoderModel` built from our T5Config, first-token pooling,
 bias-free d->d projection), the same loss (in-batch softmax of each prefix over
 every continuation and negative of the batch), the same optimizer (AdamW with our
-defaults), the same shapes and random ids, the same thread count. Written the way
+defaults), the same shapes and random ids, the same thread count, the same
+model calls (prefixes, then positives and negatives together). Written the way
 a careful PyTorch user would: eager attention (T5's relative bias has no fused
 kernel), `zero_grad(set_to_none=True)`, no autocast (fp32 on CPU).
 """
@@ -48,8 +49,9 @@ def run_torch_case(case, threads: int, learning_rate: float, weight_decay: float
     def step(i: int) -> float:
         prefix, positive, negative = batches[i]
         query_BxD = embed(prefix)
-        candidates = [embed(positive)] + ([embed(negative)] if case.with_negative else [])
-        logits_BxC = query_BxD @ torch.cat(candidates).T
+        # Positives and negatives have one length: one encoder call for both, as our step makes.
+        documents = torch.cat([positive, negative]) if case.with_negative else positive
+        logits_BxC = query_BxD @ embed(documents).T
         loss = torch.nn.functional.cross_entropy(logits_BxC, torch.arange(case.batch))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -17,6 +17,7 @@ Gradient modes:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -48,10 +49,11 @@ class Tower:
 
 # The batch layout of each model kind: dual encoders embed prefixes and
 # candidates separately (one padded call for all would cost ~1.5x the token
-# work): triples (positive [B, L], negatives [B, L] or [B, K, L]) for in-batch
-# losses, or candidate lists [B, C, L] for list losses (distillation); cross
-# encoders score [B, C, L] candidate lists (or [B, L] pairs with N scores) in
-# one call. A tower runs only when its ids are in the batch.
+# work; towers of one length share a call, see TowerGroup): triples (positive
+# [B, L], negatives [B, L] or [B, K, L]) for in-batch losses, or candidate lists
+# [B, C, L] for list losses (distillation); cross encoders score [B, C, L]
+# candidate lists (or [B, L] pairs with N scores) in one call. A tower runs only
+# when its ids are in the batch.
 TOWERS = {
     "dual_encoder": (
         Tower("query", "query_ids", "query"),
@@ -105,8 +107,66 @@ def _embed(model: nn.Module, params, tower: Tower, inputs: dict, rng) -> jax.Arr
     return model.apply({"params": params}, **inputs, **kwargs, rngs=rngs)
 
 
+@dataclasses.dataclass(frozen=True)
+class TowerGroup:
+    """Towers that run as one model call: same tower, batch size, sequence length and inputs.
+
+    A RankGen step's positives and negatives (both [B, L] continuations) make one
+    call of 2B sequences: fewer, larger matmuls, which CPUs and TPUs both prefer.
+    index: the first member's place in the batch layout, which seeds its dropout.
+    """
+
+    towers: tuple[Tower, ...]
+    index: int
+
+
+def _tower_groups(options: StepOptions, batch: dict) -> list[TowerGroup]:
+    groups: dict[tuple, list[tuple[int, Tower]]] = {}
+    for i, t in enumerate(_towers(options, batch)):
+        ids = batch[t.ids_key]
+        key = (t.tower, ids.shape[0], ids.shape[-1], t.type_ids_key in batch)
+        groups.setdefault(key, []).append((i, t))
+    return [TowerGroup(tuple(t for _, t in members), members[0][0]) for members in groups.values()]
+
+
+def _group_inputs(group: TowerGroup, batch: dict) -> dict:
+    """The model inputs of each tower of a group, keyed by output name."""
+    return {t.output: _inputs(t, batch) for t in group.towers}
+
+
+def _embed_group(model: nn.Module, params, group: TowerGroup, inputs: dict, rng) -> dict:
+    """{output: vectors} of a group's towers from one model call.
+
+    inputs: {output: model inputs} as `_group_inputs` gives (or chunks of them).
+    Members are joined on axis 1 ([B, n, L] each), so the batch axis and its
+    sharding stay first and no example moves between devices.
+    """
+    if len(group.towers) == 1:
+        (tower,) = group.towers
+        return {tower.output: _embed(model, params, tower, inputs[tower.output], rng)}
+    members = [inputs[t.output] for t in group.towers]
+    batch, length = members[0]["input_ids"].shape[0], members[0]["input_ids"].shape[-1]
+    joined = {k: jnp.concatenate([m[k].reshape(batch, -1, length) for m in members], axis=1) for k in members[0]}
+    vectors = _embed(model, params, group.towers[0], joined, rng)
+    outputs, start = {}, 0
+    for tower, member in zip(group.towers, members):
+        lead = member["input_ids"].shape[:-1]
+        count = math.prod(lead[1:])
+        outputs[tower.output] = vectors[:, start:start + count].reshape(*lead, *vectors.shape[2:])
+        start += count
+    return outputs
+
+
 def _tower_rng(rng, tower_index: int, chunk_index=0):
     return None if rng is None else jax.random.fold_in(jax.random.fold_in(rng, tower_index), chunk_index)
+
+
+def _embed_batch(model: nn.Module, params, options: StepOptions, batch: dict, rng) -> dict:
+    """{output: vectors} of every tower in the batch, one model call per group."""
+    outputs = {}
+    for group in _tower_groups(options, batch):
+        outputs.update(_embed_group(model, params, group, _group_inputs(group, batch), _tower_rng(rng, group.index)))
+    return outputs
 
 
 def _loss(options: StepOptions, outputs, batch, loss_params):
@@ -128,11 +188,7 @@ def plain_grads(model, options: StepOptions, params, loss_params, batch, rng):
     """(loss, metrics, (model grads, loss-param grads)) from one pass over the batch."""
 
     def objective(params, loss_params):
-        outputs = {
-            t.output: _embed(model, params, t, _inputs(t, batch), _tower_rng(rng, i))
-            for i, t in enumerate(_towers(options, batch))
-        }
-        return _loss(options, outputs, batch, loss_params)
+        return _loss(options, _embed_batch(model, params, options, batch, rng), batch, loss_params)
 
     (loss, metrics), grads = jax.value_and_grad(objective, argnums=(0, 1), has_aux=True)(params, loss_params)
     return loss, metrics, grads
@@ -146,36 +202,35 @@ def grad_cache_grads(model, options: StepOptions, params, loss_params, batch, rn
     same recomputation jax.checkpoint would do, without a differentiated scan.
     """
     n = options.num_chunks
-    towers = _towers(options, batch)
+    groups = _tower_groups(options, batch)
     chunk_rngs = jnp.arange(n)
-    split_inputs = {t.output: jax.tree_util.tree_map(lambda x: _split(x, n), _inputs(t, batch)) for t in towers}
+    split_inputs = [jax.tree_util.tree_map(lambda x: _split(x, n), _group_inputs(g, batch)) for g in groups]
 
-    def embed_chunks(tower_index, tower):
+    def embed_chunks(group, inputs):
         return jax.lax.map(
-            lambda xs: _embed(model, params, tower, xs[0], _tower_rng(rng, tower_index, xs[1])),
-            (split_inputs[tower.output], chunk_rngs),
+            lambda xs: _embed_group(model, params, group, xs[0], _tower_rng(rng, group.index, xs[1])),
+            (inputs, chunk_rngs),
         )
 
-    outputs = {t.output: _merge(jax.lax.stop_gradient(embed_chunks(i, t))) for i, t in enumerate(towers)}
+    outputs = {}
+    for group, inputs in zip(groups, split_inputs):
+        outputs.update(jax.tree_util.tree_map(_merge, jax.lax.stop_gradient(embed_chunks(group, inputs))))
     (loss, metrics), (d_outputs, loss_grads) = jax.value_and_grad(
         lambda outs, lp: _loss(options, outs, batch, lp), argnums=(0, 1), has_aux=True
     )(outputs, loss_params)
 
-    def backprop_chunk(tower_index, tower):
+    def backprop_chunk(group):
         def body(grads_acc, xs):
             inputs, d_output, chunk = xs
-            _, vjp = jax.vjp(lambda p: _embed(model, p, tower, inputs, _tower_rng(rng, tower_index, chunk)), params)
+            _, vjp = jax.vjp(lambda p: _embed_group(model, p, group, inputs, _tower_rng(rng, group.index, chunk)), params)
             return jax.tree_util.tree_map(jnp.add, grads_acc, vjp(d_output)[0]), None
 
         return body
 
     model_grads = jax.tree_util.tree_map(jnp.zeros_like, params)
-    for i, t in enumerate(towers):
-        model_grads, _ = jax.lax.scan(
-            backprop_chunk(i, t),
-            model_grads,
-            (split_inputs[t.output], _split(d_outputs[t.output], n), chunk_rngs),
-        )
+    for group, inputs in zip(groups, split_inputs):
+        d_chunks = {t.output: _split(d_outputs[t.output], n) for t in group.towers}
+        model_grads, _ = jax.lax.scan(backprop_chunk(group), model_grads, (inputs, d_chunks, chunk_rngs))
     return loss, metrics, (model_grads, loss_grads)
 
 
@@ -237,6 +292,5 @@ def train_step(
 
 def eval_step(state: TrainState, batch: dict, *, model: nn.Module, options: StepOptions) -> dict:
     """Loss and metrics on a batch without updating anything (no dropout)."""
-    outputs = {t.output: _embed(model, state.params, t, _inputs(t, batch), None) for t in _towers(options, batch)}
-    loss, metrics = _loss(options, outputs, batch, state.loss_params)
+    loss, metrics = _loss(options, _embed_batch(model, state.params, options, batch, None), batch, state.loss_params)
     return {**metrics, "loss": loss}

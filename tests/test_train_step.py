@@ -12,7 +12,7 @@ from rankgen_jax.errors import RankgenError
 from rankgen_jax.kernels import build
 from rankgen_jax.losses import init_loss_params
 from rankgen_jax.models.factory import build_model, init_params
-from rankgen_jax.train_step import StepOptions, compute_grads
+from rankgen_jax.train_step import StepOptions, _embed, _embed_group, _group_inputs, _inputs, _tower_groups, compute_grads
 from step_harness import TOL, assert_trees_close, run_steps
 
 CONFIG = ModelConfig(encoder=t5_config("tiny", vocab_size=128), head=HeadConfig("first", -1, False))
@@ -110,3 +110,23 @@ def test_accumulation_refused_for_in_batch_loss():
         StepOptions("in_batch_softmax", accum_steps=2)
     with pytest.raises(RankgenError, match="not both"):
         StepOptions("per_example_softmax", num_chunks=2, accum_steps=2)
+
+
+@pytest.mark.parametrize("negatives", [None, 3])
+def test_towers_of_one_length_share_one_model_call_with_the_same_vectors(plain_reference, negatives):
+    """Positives and negatives ([B, L] or [B, K, L]) run as one call; each tower's vectors are what its own call gives."""
+    params, _ = plain_reference
+    batch = dict(_batch(4))
+    if negatives:
+        batch["negative_ids"] = np.stack([RandomTriples(DATA).batch(5 + i)["negative_ids"] for i in range(negatives)], 1)
+    groups = _tower_groups(StepOptions(), batch)
+    assert [[t.output for t in g.towers] for g in groups] == [["query"], ["positive", "negative"]]
+    model = build_model(CONFIG)
+    merged = jax.jit(lambda p, b: _embed_group(model, p, groups[1], _group_inputs(groups[1], b), None))(params, batch)
+    for tower in groups[1].towers:
+        alone = jax.jit(lambda p, b, t=tower: _embed(model, p, t, _inputs(t, b), None))(params, batch)
+        assert merged[tower.output].shape == batch[tower.ids_key].shape[:-1] + (CONFIG.encoder.d_model,)
+        np.testing.assert_allclose(merged[tower.output], alone, atol=TOL, rtol=TOL)
+    # A tower of another length is a group of its own.
+    batch["negative_ids"] = np.asarray(batch["negative_ids"])[..., :-1]
+    assert len(_tower_groups(StepOptions(), batch)) == 3
