@@ -124,12 +124,14 @@ tasks uncached when batches must be same-document.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import dataclasses
 import gzip
 import itertools
 import json
 import logging
+import weakref
 import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -884,6 +886,18 @@ class RankGenFeatureConverter(seqio.FeatureConverter):
 TFDATA_THREADS = 1  # tf.data threads of a training source (see SeqioTriples._dataset)
 
 
+# Sources whose tf.data pipeline may still be running. Its prefetch threads call back into
+# Python (tf.py_function tokenises); left alive into interpreter shutdown, they abort the
+# process ("terminate called without an active exception", exit 134) after a clean run.
+_OPEN_SOURCES: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_sources() -> None:
+    for source in list(_OPEN_SOURCES):
+        source.close()
+
+
 class SeqioTriples:
     """The trainer's BatchSource over a seqio task or mixture: `batch(index)` is global batch `index`.
 
@@ -990,12 +1004,19 @@ class SeqioTriples:
         options.threading.max_intra_op_parallelism = 1
         return ds.skip(start).prefetch(2).with_options(options).as_numpy_iterator()
 
+    def close(self) -> None:
+        """Stop the tf.data pipeline now (done at exit for every open source); `batch` reopens it."""
+        self._iterator = None
+        self._next_index = None
+        _OPEN_SOURCES.discard(self)
+
     def batch(self, index: int, rows: slice | None = None) -> dict[str, np.ndarray]:
         """Global batch `index` (its `rows`); with shard_info, this host's local batch (`rows` must match its size)."""
         if index < 0:
             raise RankgenError(f"batch index must be >= 0, got {index}")
         if self._iterator is None or index != self._next_index:
             self._iterator = self._dataset(index)
+            _OPEN_SOURCES.add(self)
         try:
             out = next(self._iterator)
         except StopIteration:
