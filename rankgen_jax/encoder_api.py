@@ -123,7 +123,8 @@ class RankGenEncoder:
 
     def encode(self, texts: Sequence[str], kind: str, max_length: int | None = None,
                progress: bool = False) -> np.ndarray:
-        """Vectors [N, D] float32 of texts in input order; kind is "prefix", "suffix" or "raw" (no marker)."""
+        """Vectors [N, D] float32 ([N, P, D] with P perspective heads) of texts in input order; kind is "prefix",
+        "suffix" or "raw" (no marker)."""
         texts = self._check_texts(texts, "encode")
         limit = self._limit(kind, max_length)
         if not progress:

@@ -202,6 +202,11 @@ class LoadedModel:
         """Length of the vectors `encode` returns."""
         return self.config.head.output_dim(self.config.encoder.d_model)
 
+    @property
+    def vector_shape(self) -> tuple[int, ...]:
+        """Shape of one text's vectors: (D,), or (P, D) for a model with P perspective heads."""
+        return (self.config.num_scores, self.dim) if self.config.num_scores > 1 else (self.dim,)
+
     def _max_length(self, kind: str, max_length: int | None) -> int:
         limit = ENCODE_KINDS[kind][2] if max_length is None else int(max_length)
         if limit < 1 + self.text.num_special:
@@ -254,7 +259,7 @@ class LoadedModel:
         memory_budget_bytes: int | None = None, on_batch: Callable[[int], None] | None = None,
         bucket_step: int | None = None,
     ) -> np.ndarray:
-        """Vectors [N, D] (float32) of `texts`, in input order.
+        """Vectors [N, D] (float32) of `texts`, in input order ([N, P, D] with P perspective heads).
 
         kind: "prefix" ("pre " marker, query tower, default 512 tokens),
           "suffix" ("suffi " marker, document tower, default 128 tokens) or
@@ -301,7 +306,7 @@ class LoadedModel:
         if batch_size is None and memory_budget_bytes is None:
             devices = None if mesh is None else list(mesh.devices.flat)
             memory_budget_bytes = default_memory_budget(devices)
-        vectors_NxD = np.zeros((len(sequences), self.dim), np.float32)
+        vectors_NxD = np.zeros((len(sequences), *self.vector_shape), np.float32)
         lengths_N = np.array([len(s) for s in sequences], np.int64)
         # Stable sort, longest first: the first (largest) shape is compiled first.
         order = np.argsort(-lengths_N, kind="stable")
@@ -352,6 +357,8 @@ class LoadedModel:
     ) -> list[np.ndarray]:
         """For each prefix, the dot products [C_i] of its vector with each of its candidates' vectors.
 
+        With P perspective heads: [C_i, P], one dot product per perspective.
+
         prefix_keep: "end" truncates long prefixes from the left (clean truncation only, see encode).
         """
         if len(prefixes) != len(candidates):
@@ -363,7 +370,8 @@ class LoadedModel:
         flat = [c for cands in candidates for c in cands]
         cand_MxD = self.encode(flat, "suffix", suffix_length, batch_size, **options)
         bounds = np.cumsum([0] + [len(c) for c in candidates])
-        return [cand_MxD[bounds[i] : bounds[i + 1]] @ prefix_NxD[i] for i in range(len(candidates))]
+        # Summed over the last axis, so [C, D] x [D] and [C, P, D] x [P, D] (per perspective) alike.
+        return [(cand_MxD[bounds[i] : bounds[i + 1]] * prefix_NxD[i]).sum(-1) for i in range(len(candidates))]
 
     def score_pairs(
         self, queries: Sequence[str], candidates: Sequence[Sequence[str]], query_length: int = 128,

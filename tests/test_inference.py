@@ -20,6 +20,7 @@ from rankgen_jax.text import load_text_encoder, pad_batch
 TINY_T5 = T5Config(vocab_size=1000, d_model=32, d_ff=64, num_layers=1, num_heads=2, d_kv=16)
 SHARED = ModelConfig(encoder=TINY_T5, head=RANKGEN_HEAD)
 TWO_TOWER = dataclasses.replace(SHARED, shared_towers=False)
+PERSPECTIVES = dataclasses.replace(SHARED, num_scores=3)
 WORDS = ("the rain fell on the moor and the old house stood silent while she read the letter "
          "again by candle light wondering whether he would ever come back from the sea").split()
 TEXTS = [" ".join(WORDS[i % 7 : i % 7 + n]) for i, n in enumerate([3, 30, 1, 12, 25, 5, 8, 2, 18, 27, 0, 9])]
@@ -30,7 +31,7 @@ def checkpoints(tmp_path_factory, spiece_model):
     """Saved tiny T5 RankGen dual encoders (shared and two-tower) and their parameters."""
     root = tmp_path_factory.mktemp("inference")
     out = {}
-    for name, config, seed in (("shared", SHARED, 1), ("two_tower", TWO_TOWER, 2)):
+    for name, config, seed in (("shared", SHARED, 1), ("two_tower", TWO_TOWER, 2), ("perspectives", PERSPECTIVES, 3)):
         params = random_params(config, seed)
         native.save_params(root / name, config, params, vocab=spiece_model)
         out[name] = (str(root / name), config, params)
@@ -115,6 +116,28 @@ def test_score_is_dot_product_of_prefix_and_suffix_vectors(checkpoints):
     with pytest.raises(RankgenError, match="2 prefixes but 1"):
         model.score(prefixes[:2], candidates[:1])
     assert model.encode([], "prefix").shape == (0, 32)
+
+
+def test_perspective_heads_give_one_vector_and_score_each(checkpoints, spiece_model, tmp_path):
+    path, config, params = checkpoints["perspectives"]
+    model = load_model(path)
+    assert model.vector_shape == (3, 32)
+    vectors = model.encode(TEXTS, "suffix", batch_size=4)
+    want = reference_vectors(config, params, spiece_model, TEXTS, "suffi ", "query")
+    assert vectors.shape == want.shape == (len(TEXTS), 3, 32)
+    np.testing.assert_allclose(vectors, want, atol=2e-5, rtol=1e-5)
+    assert np.abs(vectors[:, 0] - vectors[:, 1]).max() > 1e-3  # the heads differ
+    scores = model.score(TEXTS[:2], [TEXTS[2:5], TEXTS[5:6]])
+    prefix_vectors = model.encode(TEXTS[:2], "prefix")
+    assert [s.shape for s in scores] == [(3, 3), (1, 3)]
+    np.testing.assert_allclose(scores[0], np.einsum("cpd,pd->cp", vectors[2:5], prefix_vectors[0]), rtol=1e-5, atol=1e-5)
+    # An index holds one vector per passage: refused before any encoding.
+    from rankgen_jax.retrieval.dense_index import index_corpus
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(TEXTS[:4]) + "\n")
+    with pytest.raises(RankgenError, match="3 perspective heads"):
+        index_corpus(path, str(corpus), str(tmp_path / "index"), progress=False)
 
 
 @pytest.mark.parametrize("name", ["shared", "two_tower"])

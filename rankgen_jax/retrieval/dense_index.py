@@ -256,6 +256,13 @@ def _encode_all(model, texts: list[str], kind: str, max_length: int | None, batc
     return vectors_NxD
 
 
+def _require_one_vector(model, model_dir: str) -> None:
+    """An index holds one vector per passage; a model with perspective heads gives several."""
+    if len(model.vector_shape) != 1:
+        raise RankgenError(f"{model_dir}: a model with {model.vector_shape[0]} perspective heads gives "
+                           f"{model.vector_shape[0]} vectors per text; a FAISS index holds one per passage")
+
+
 def _check_encode_args(encode_kind: str, batch_size: int) -> None:
     from rankgen_jax.inference import ENCODE_KINDS
 
@@ -304,6 +311,7 @@ def index_corpus(
                                f"{seen[passage_id] + 1} and {row + 1}); search results would be ambiguous")
         seen[passage_id] = row
     model = load_model(model_dir)
+    _require_one_vector(model, model_dir)
     vectors_NxD = _encode_all(model, texts, encode_kind, max_length, batch_size, progress, "index")
     index = build_faiss_index(vectors_NxD, kind, nlist=nlist, hnsw_m=hnsw_m, nprobe=nprobe, ef_search=ef_search)
 
@@ -393,6 +401,7 @@ def search_queries(
     loaded = load_index(index_dir)
     query_ids, queries = read_corpus(queries_path)
     model = load_model(model_dir)
+    _require_one_vector(model, model_dir)
     if model.dim != loaded.index.d:
         raise RankgenError(f"{model_dir}: the model gives {model.dim}-dimensional vectors but the index in "
                            f"{index_dir} holds {loaded.index.d}-dimensional ones "
