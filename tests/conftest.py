@@ -11,7 +11,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 from rankgen_jax.runtime import configure_xla_flags  # noqa: E402
 
-configure_xla_flags(host_device_count=8)  # TEST_DEVICES below
+TEST_DEVICES = 8
+configure_xla_flags(host_device_count=TEST_DEVICES)
 
 from pathlib import Path  # noqa: E402
 
@@ -51,12 +52,9 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-TEST_DEVICES = 8
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """On a backend with fewer than 8 devices (one GPU), a sharding test's mesh error is a skip, not a failure.
+    """On a backend with fewer than TEST_DEVICES devices (one GPU), a sharding test's mesh error is a skip.
 
     On CPU the 8 devices above always exist, so this never fires there.
     """

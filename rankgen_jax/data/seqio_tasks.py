@@ -887,8 +887,9 @@ TFDATA_THREADS = 1  # tf.data threads of a training source (see SeqioTriples._da
 
 
 # Sources whose tf.data pipeline may still be running. Its prefetch threads call back into
-# Python (tf.py_function tokenises); left alive into interpreter shutdown, they abort the
-# process ("terminate called without an active exception", exit 134) after a clean run.
+# Python (the examples come from a generator; HF tokenizers run in tf.py_function); left
+# alive into interpreter shutdown, they abort ("terminate called without an active
+# exception", exit 134) or hang the process after a clean run.
 _OPEN_SOURCES: weakref.WeakSet = weakref.WeakSet()
 
 
