@@ -405,9 +405,13 @@ def test_a_nonfinite_streak_stops_with_a_checkpoint_from_before_it(tmp_path, cap
     for before, saved in zip(_params(tmp_path, 3), _params(tmp_path, 6)):
         np.testing.assert_array_equal(saved, before)
 
-    # The advice works: the run resumes from that checkpoint (here with the loss fixed) and finishes.
-    code = main([*args, "--gin.OptimizerConfig.learning_rate=0.0005"])
+    # The advice works: the run resumes from that checkpoint and finishes. The poisoned loss
+    # stays on, so a resume that replayed the streak's batches (3-5) would skip them again:
+    # the checkpoint carries the index of the batch after the streak.
+    code = main([*args, f"--gin.LossConfig.name='{NAN_LOSS}'", "--gin.OptimizerConfig.learning_rate=0.0005"])
     err = capsys.readouterr().err
     assert code == 0, err
     assert f"resuming from {tmp_path}/checkpoints/6\n" in err
-    assert _train_records(tmp_path)[10]["train/nonfinite_skipped"] == 3
+    records = _train_records(tmp_path)
+    assert [records[s]["train/nonfinite_skipped"] for s in range(7, 11)] == [3, 3, 3, 3]
+    assert all(np.isfinite(records[s]["train/loss"]) for s in range(7, 11))
