@@ -14,6 +14,7 @@ seqio = pytest.importorskip("seqio")
 from rankgen_jax.data import seqio_tasks as st  # noqa: E402 - after the seqio/TF import check
 from rankgen_jax.data.documents import BINARY_FILE, EMPTY_FILE, MALFORMED_JSON, TOO_SHORT, Document  # noqa: E402
 from rankgen_jax.data.examples import ExampleConfig, make_examples  # noqa: E402
+from rankgen_jax.data.triples import DataConfig, make_sources  # noqa: E402
 from rankgen_jax.errors import RankgenError  # noqa: E402
 from rankgen_jax.vocab import EOS_ID, REPO_ROOT  # noqa: E402
 
@@ -162,6 +163,19 @@ def test_seqio_triples_resume_equals_sequential(demo_task):
     rows = resumed.batch(0, slice(1, 3))
     assert np.array_equal(rows["query_ids"], sequential[0]["query_ids"][1:3])
     assert resumed.pad_id == 0 and resumed.vocab_size == 8000
+
+
+def test_more_tfdata_threads_read_the_same_batches(demo_task):
+    one = st.SeqioTriples("test_rankgen_books", "train", GROUP, LENGTHS, seed=4)
+    three = st.SeqioTriples("test_rankgen_books", "train", GROUP, LENGTHS, seed=4, threads=3)
+    for index in (0, 1, 5):
+        a, b = one.batch(index), three.batch(index)
+        assert all(np.array_equal(a[k], b[k]) for k in LENGTHS)
+    train, validation = make_sources(DataConfig(source="seqio", task="test_rankgen_books", batch_size=GROUP,
+                                                prefix_length=72, continuation_length=40, tfdata_threads=3))
+    assert train.threads == validation.threads == 3
+    with pytest.raises(RankgenError, match=r"tf.data threads must be >= 1, got 0 \(DataConfig.tfdata_threads\)"):
+        st.SeqioTriples("test_rankgen_books", "train", GROUP, LENGTHS, threads=0)
 
 
 def test_open_pipelines_are_closed_at_exit(demo_task):

@@ -883,7 +883,6 @@ class RankGenFeatureConverter(seqio.FeatureConverter):
         return {key: task_feature_lengths[key] for key in self.MODEL_FEATURES}
 
 
-TFDATA_THREADS = 1  # tf.data threads of a training source (see SeqioTriples._dataset)
 
 
 # Sources whose tf.data pipeline may still be running. Its prefetch threads call back into
@@ -906,6 +905,8 @@ class SeqioTriples:
     seed: orders the stream (passed to the task's source; seqio shuffles nothing).
     shard_info: this host's share (multi-host); `batch` then returns the local batch, see the module docstring.
     use_cached: read a Beam-cached copy of the task(s) (loses same-document groups).
+    threads: tf.data threads of the pipeline. One suits a host whose cores all run the
+      train step (see `_dataset`); a TPU VM, whose cores are free, can give it more.
     """
 
     def __init__(
@@ -919,6 +920,7 @@ class SeqioTriples:
         *,
         with_negative: bool = True,
         use_cached: bool = False,
+        threads: int = 1,
     ):
         try:
             provider = seqio.get_mixture_or_task(task_or_mixture_name)
@@ -935,6 +937,9 @@ class SeqioTriples:
             raise RankgenError(f"batch_size={batch_size} must be positive and divisible by the {hosts} hosts")
         self.batch_size = int(batch_size)
         self.local_batch_size = self.batch_size // hosts
+        if threads < 1:
+            raise RankgenError(f"tf.data threads must be >= 1, got {threads} (DataConfig.tfdata_threads)")
+        self.threads = int(threads)
         self._tasks, self._weights = self._tasks_and_weights(provider)
         for task in self._tasks:
             self._check_grouping(task.name, hosts)
@@ -997,11 +1002,12 @@ class SeqioTriples:
             ds = tf.data.Dataset.sample_from_datasets(batched, weights=self._weights, seed=self.seed,
                                                       stop_on_empty_dataset=True)
         # A jump re-reads the stream from its start: `start` batches (start * batch_size examples) are skipped.
-        # One tf.data thread: it reads ~1,400 examples/s, 25x what a 2-core step consumes, and
-        # tf.data's default pool (a thread per core) preempts XLA's threads mid-op: the real-data
-        # step was 4-10% slower than on synthetic batches with it, ~3.5% with one (docs/benchmarks.md).
+        # One tf.data thread by default: it reads ~1,400 examples/s, 15-25x what a 2-core step
+        # consumes, and tf.data's default pool (a thread per core) preempts XLA's threads mid-op:
+        # the real-data step was 4-10% slower than on synthetic batches with it, ~3.5% with one
+        # (docs/benchmarks.md).
         options = tf.data.Options()
-        options.threading.private_threadpool_size = TFDATA_THREADS
+        options.threading.private_threadpool_size = self.threads
         options.threading.max_intra_op_parallelism = 1
         return ds.skip(start).prefetch(2).with_options(options).as_numpy_iterator()
 

@@ -68,6 +68,7 @@ class DataConfig:
     train_file: str = ""  # sources "lists" / "pairs"
     eval_file: str = ""
     list_size: int = 0  # candidates per list (0: the longest list in the file); padded with a mask
+    tfdata_threads: int = 1  # source "seqio": tf.data threads (more where the host has idle cores)
 
     def __post_init__(self):
         check_field_types(self)  # gin hands values over unchecked
@@ -254,7 +255,7 @@ def _seqio_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
                "negative_ids": config.continuation_length}
     return tuple(
         SeqioTriples(config.task, split, config.batch_size, lengths, seed=config.seed + offset, shard_info=shard,
-                     with_negative=config.with_negative)
+                     with_negative=config.with_negative, threads=config.tfdata_threads)
         for split, offset in (("train", 0), ("validation", 10_000))
     )
 
