@@ -165,6 +165,22 @@ def test_seqio_triples_resume_equals_sequential(demo_task):
     assert resumed.pad_id == 0 and resumed.vocab_size == 8000
 
 
+def test_examples_cross_into_tf_data_in_chunks_and_come_out_one_by_one_in_order():
+    rng = np.random.default_rng(0)
+    examples = [{**{key: rng.integers(0, 99, rng.integers(1, 30)).astype(np.int32) for key in st.ID_FEATURES},
+                 st.DOC_ID: f"doc{i // 7}"} for i in range(150)]  # 2 full chunks of 64 and one of 22
+    chunks = list(st._chunks(iter(examples), 64))
+    assert [len(c[st.DOC_ID]) for c in chunks] == [64, 64, 22]
+    ds = st._unchunk(tf.data.Dataset.from_generator(lambda: iter(chunks), output_signature=st._CHUNK_SIGNATURE))
+    assert all(isinstance(spec, tf.TensorSpec) for spec in ds.element_spec.values())
+    out = list(ds.as_numpy_iterator())
+    assert len(out) == len(examples)
+    for got, want in zip(out, examples):
+        assert got[st.DOC_ID].decode() == want[st.DOC_ID]
+        assert all(np.array_equal(got[key], want[key]) for key in st.ID_FEATURES)
+    assert list(st._chunks(iter([]))) == []
+
+
 def test_more_tfdata_threads_read_the_same_batches(demo_task):
     one = st.SeqioTriples("test_rankgen_books", "train", GROUP, LENGTHS, seed=4)
     three = st.SeqioTriples("test_rankgen_books", "train", GROUP, LENGTHS, seed=4, threads=3)

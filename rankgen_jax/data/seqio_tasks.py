@@ -78,7 +78,7 @@ Reading for training: SeqioTriples
 Sequential calls reuse one iterator; any other index (the first call, a
 resume, an eval pass starting again at 0) rebuilds the pipeline and skips
 `index` batches (`index * batch_size` examples) from the start of the stream.
-The skipped examples are still generated and tokenised (about 1,500-1,800
+The skipped examples are still generated and tokenised (about 2,200-3,300
 examples per second per host on a 2-vCPU machine, at 512/128 tokens), so
 resuming late in a long run costs minutes per million examples per host.
 
@@ -98,7 +98,7 @@ host), so a batch never mixes domains or documents; seqio's own
 
 Caching with Beam (seqio.scripts.cache_tasks_main)
 --------------------------------------------------
-Reading uncached runs at about 1,500-1,800 examples per second per process;
+Reading uncached runs at about 2,200-3,300 examples per second per process;
 seqio can instead precompute a task into TFRecords with its Beam pipeline
 (`seqio.scripts.cache_tasks_main`, installed as the `seqio_cache_tasks`
 command in seqio 0.0.20; it needs `pip install apache-beam`):
@@ -687,12 +687,41 @@ def scan_task(name: str, split: str = TRAIN, seed: int = 0) -> TaskScan:
 # seqio: source, preprocessors, registration
 # ------------------------------------------------------------------------------------------
 
-_OUTPUT_SIGNATURE = {
-    QUERY: tf.TensorSpec([None], tf.int32),
-    POSITIVE: tf.TensorSpec([None], tf.int32),
-    NEGATIVE: tf.TensorSpec([None], tf.int32),
-    DOC_ID: tf.TensorSpec([], tf.string),
+# The generator hands examples to tf.data in chunks: each element crossing from Python costs
+# a few hundred microseconds, as much as making and tokenising the example (docs/benchmarks.md).
+# A chunk is each id feature's values end to end plus their lengths; `_unchunk` splits it.
+_CHUNK_EXAMPLES = 64
+_LENGTHS = "_lengths"
+_CHUNK_SIGNATURE = {
+    **{key: tf.TensorSpec([None], tf.int32) for key in ID_FEATURES},
+    **{key + _LENGTHS: tf.TensorSpec([None], tf.int32) for key in ID_FEATURES},
+    DOC_ID: tf.TensorSpec([None], tf.string),
 }
+
+
+def _chunks(examples: Iterator[dict], size: int = _CHUNK_EXAMPLES) -> Iterator[dict]:
+    """Examples ({id feature: int32 ids, DOC_ID: str}) grouped `size` at a time into one flat chunk each."""
+    while True:
+        batch = list(itertools.islice(examples, size))
+        if not batch:
+            return
+        chunk = {DOC_ID: np.array([e[DOC_ID] for e in batch], dtype=object)}
+        for key in ID_FEATURES:
+            chunk[key] = np.concatenate([e[key] for e in batch]).astype(np.int32, copy=False)
+            chunk[key + _LENGTHS] = np.array([len(e[key]) for e in batch], np.int32)
+        yield chunk
+
+
+def _unchunk(chunks: tf.data.Dataset) -> tf.data.Dataset:
+    """The examples of `_chunks`' chunks, one element each, in order."""
+
+    def ragged(chunk):
+        rows = {key: tf.RaggedTensor.from_row_lengths(chunk[key], chunk[key + _LENGTHS]) for key in ID_FEATURES}
+        return {**rows, DOC_ID: chunk[DOC_ID]}
+
+    # Unbatched, each row is a plain tensor typed as a ragged one of rank 0; seqio wants TensorSpecs.
+    plain = lambda example: {key: tf.identity(value) for key, value in example.items()}  # noqa: E731
+    return chunks.map(ragged).unbatch().map(plain)
 
 
 class RankGenDataSource(seqio.FunctionDataSource):
@@ -738,7 +767,7 @@ def _make_dataset_fn(name: str) -> Callable[..., tf.data.Dataset]:
         def ids(s: str) -> np.ndarray:
             return np.asarray(text.add_special(text.tokenize(s)), np.int32)
 
-        def generate():
+        def examples():
             stats = ReadStats()
             for i, example in enumerate(_grouped_examples(spec, _units(spec, split, stats), seed)):
                 # Host `shard` owns a contiguous block of rows in every group (decided before
@@ -753,7 +782,7 @@ def _make_dataset_fn(name: str) -> Callable[..., tf.data.Dataset]:
                 }
             log.info("%s (%s): %s", name, split, stats.summary())
 
-        return tf.data.Dataset.from_generator(generate, output_signature=_OUTPUT_SIGNATURE)
+        return _unchunk(tf.data.Dataset.from_generator(lambda: _chunks(examples()), output_signature=_CHUNK_SIGNATURE))
 
     return dataset_fn
 
@@ -1002,7 +1031,7 @@ class SeqioTriples:
             ds = tf.data.Dataset.sample_from_datasets(batched, weights=self._weights, seed=self.seed,
                                                       stop_on_empty_dataset=True)
         # A jump re-reads the stream from its start: `start` batches (start * batch_size examples) are skipped.
-        # One tf.data thread by default: it reads ~1,400 examples/s, 15-25x what a 2-core step
+        # One tf.data thread by default: it reads ~2,200 examples/s, 25x what a 2-core step
         # consumes, and tf.data's default pool (a thread per core) preempts XLA's threads mid-op:
         # the real-data step was 4-10% slower than on synthetic batches with it, ~3.5% with one
         # (docs/benchmarks.md).
