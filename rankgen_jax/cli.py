@@ -46,7 +46,7 @@ def _add_import(subparsers) -> None:
 
 
 def _run_import(args) -> None:
-    from rankgen_jax.checkpoints.convert import import_checkpoint
+    from rankgen_jax.checkpoints.convert import describe_model, import_checkpoint
 
     head = None if args.no_head else HeadConfig(pooling=args.pooling, l2_normalize=args.l2_normalize)
     if args.source == "hf" and (args.no_head or args.pooling != "first" or args.l2_normalize):
@@ -55,8 +55,7 @@ def _run_import(args) -> None:
         args.source, args.path, args.out, overwrite=args.overwrite, vocab=args.vocab,
         head=head, relpos_max_distance=args.relpos_max_distance,
     )
-    kind = "dual encoder" if config.head is not None else "encoder"
-    print(f"imported {kind} ({config.encoder.num_layers} layers, d_model {config.encoder.d_model}) to {args.out}")
+    print(f"imported a {describe_model(config)} to {args.out}")
 
 
 def _add_export(subparsers) -> None:
@@ -76,10 +75,10 @@ def _add_export(subparsers) -> None:
 
 
 def _run_export(args) -> None:
-    from rankgen_jax.checkpoints.convert import export_hf
+    from rankgen_jax.checkpoints.convert import describe_model, export_hf, export_layout
 
-    export_hf(args.checkpoint, args.out, fmt=args.format, overwrite=args.overwrite, step=args.step)
-    print(f"exported {args.checkpoint} to {args.out} ({args.format} format)")
+    config = export_hf(args.checkpoint, args.out, fmt=args.format, overwrite=args.overwrite, step=args.step)
+    print(f"exported the {describe_model(config)} in {args.checkpoint} to {args.out} ({export_layout(config, args.format)})")
 
 
 def _add_train(subparsers) -> None:

@@ -14,9 +14,10 @@ from transformers import AutoModel, T5Config as HFT5Config, T5EncoderModel
 
 from conftest import T5X_FIXTURE
 from rankgen_jax.checkpoints import native
+from rankgen_jax.checkpoints.convert import describe_model, export_layout
 from rankgen_jax.checkpoints.hf import save_hf_folder
 from rankgen_jax.cli import main
-from rankgen_jax.configs import HeadConfig, ModelConfig, t5_config
+from rankgen_jax.configs import BertConfig, HeadConfig, ModelConfig, t5_config
 from rankgen_jax.models.factory import build_model, init_params
 from rankgen_jax.models.t5 import T5Encoder
 
@@ -70,10 +71,12 @@ def test_help_lists_subcommands(capsys):
 def test_hf_import_export_is_bit_exact(tmp_path, capsys, hf_t5_folder):
     code, out, err = run_cli(capsys, "import", "--from", "hf", "--path", hf_t5_folder, "--out", tmp_path / "ckpt")
     assert code == 0, err
+    assert out.startswith("imported a T5 encoder (2 layers, d_model 32) to ")
     assert native.spiece_path(tmp_path / "ckpt") is not None
-    code, _, err = run_cli(capsys, "export-hf", "--checkpoint", tmp_path / "ckpt", "--out", tmp_path / "hf",
-                           "--format", "t5-encoder")
+    code, out, err = run_cli(capsys, "export-hf", "--checkpoint", tmp_path / "ckpt", "--out", tmp_path / "hf",
+                             "--format", "t5-encoder")
     assert code == 0, err
+    assert out.rstrip().endswith("(T5EncoderModel)")
     assert_same_tensors(hf_t5_folder, tmp_path / "hf")
     assert (tmp_path / "hf" / "spiece.model").read_bytes() == (hf_t5_folder / "spiece.model").read_bytes()
     # A bare encoder has no head to write in the RankGen format.
@@ -81,13 +84,41 @@ def test_hf_import_export_is_bit_exact(tmp_path, capsys, hf_t5_folder):
     assert_one_line_error(code, err, "t5-encoder")
 
 
+T5_TINY = t5_config("tiny", vocab_size=64)
+BERT_TINY = BertConfig(vocab_size=64, d_model=32, d_ff=64, num_layers=2, num_heads=4)
+
+
+@pytest.mark.parametrize("config,fmt,model,layout", [
+    (ModelConfig(encoder=T5_TINY, head=None), "t5-encoder", "T5 encoder (2 layers, d_model 128)", "T5EncoderModel"),
+    (ModelConfig(encoder=T5_TINY), "rankgen", "T5 dual encoder (2 layers, d_model 128)",
+     "RankGen format, modeling_rankgen.py"),
+    (ModelConfig(encoder=T5_TINY), "t5-encoder", "T5 dual encoder", "T5EncoderModel, the encoder alone"),
+    (ModelConfig(encoder=T5_TINY, shared_towers=False), "rankgen",
+     "T5 dual encoder (2 layers, d_model 128, separate query and document towers)",
+     "RankGen format, modeling_rankgen.py; one folder per tower, query_encoder/ and document_encoder/"),
+    (ModelConfig(encoder=T5_TINY, kind="cross_encoder"), "rankgen", "T5 cross encoder (ranker) (2 layers",
+     "ranker format, modeling_ranker.py"),
+    (ModelConfig(encoder=T5_TINY, kind="cross_encoder"), "t5-encoder", "T5 cross encoder (ranker)",
+     "T5EncoderModel, the encoder alone"),
+    (ModelConfig(encoder=BERT_TINY), "rankgen", "BERT-family dual encoder (2 layers, d_model 32)",
+     "BERT-family model with sentence-transformers files"),
+    (ModelConfig(encoder=BERT_TINY, kind="cross_encoder"), "t5-encoder", "BERT-family cross encoder (ranker)",
+     "ranker format, modeling_ranker.py"),
+])
+def test_import_and_export_messages_name_what_was_written(config, fmt, model, layout):
+    assert describe_model(config).startswith(model)
+    assert export_layout(config, fmt) == layout
+
+
 def test_rankgen_format_round_trip_and_autoload(tmp_path, capsys, spiece_model):
     config = ModelConfig(encoder=t5_config("tiny", vocab_size=1024), head=HeadConfig("first", -1, False))
     params = init_params(config, seed=4)
     save_hf_folder(config, params, str(tmp_path / "released"), fmt="rankgen", spiece_model=spiece_model)
-    assert run_cli(capsys, "import", "--from", "hf", "--path", tmp_path / "released", "--out", tmp_path / "ckpt")[0] == 0
+    code, out, _ = run_cli(capsys, "import", "--from", "hf", "--path", tmp_path / "released", "--out", tmp_path / "ckpt")
+    assert code == 0 and out.startswith("imported a T5 dual encoder (2 layers, d_model 128) to ")
     assert native.load_model_config(tmp_path / "ckpt") == config
-    assert run_cli(capsys, "export-hf", "--checkpoint", tmp_path / "ckpt", "--out", tmp_path / "again")[0] == 0
+    code, out, _ = run_cli(capsys, "export-hf", "--checkpoint", tmp_path / "ckpt", "--out", tmp_path / "again")
+    assert code == 0 and out.rstrip().endswith("(RankGen format, modeling_rankgen.py)")
     assert_same_tensors(tmp_path / "released", tmp_path / "again")
     hf_config = json.loads((tmp_path / "again" / "config.json").read_text())
     assert hf_config["architectures"] == ["T5EncoderWithProjection"]

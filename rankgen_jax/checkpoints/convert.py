@@ -89,8 +89,32 @@ def import_checkpoint(
     return model_config
 
 
-def export_hf(checkpoint: str, out: str, fmt: str = "rankgen", overwrite: bool = False, step: int | None = None) -> None:
-    """Write a checkpoint's parameters as a HuggingFace folder (safetensors).
+def describe_model(config: ModelConfig) -> str:
+    """The model in a few words, for messages: kind, backbone, layers and width."""
+    kind = {"encoder": "encoder", "dual_encoder": "dual encoder", "cross_encoder": "cross encoder (ranker)"}[config.kind]
+    towers = ", separate query and document towers" if config.kind == "dual_encoder" and not config.shared_towers else ""
+    backbone = "T5" if config.encoder_type == "t5" else "BERT-family"
+    return f"{backbone} {kind} ({config.encoder.num_layers} layers, d_model {config.encoder.d_model}{towers})"
+
+
+def export_layout(config: ModelConfig, fmt: str) -> str:
+    """What export_hf writes for this model and `fmt`, in words (the CLI prints it)."""
+    if config.kind == "cross_encoder" and not (fmt == "t5-encoder" and config.encoder_type == "t5"):
+        layout = "ranker format, modeling_ranker.py"
+    elif config.encoder_type == "bert":
+        layout = "BERT-family model" + (" with sentence-transformers files" if config.kind == "dual_encoder" else "")
+    elif fmt == "t5-encoder":
+        layout = "T5EncoderModel" + (", the encoder alone" if config.head is not None else "")
+    else:
+        layout = "RankGen format, modeling_rankgen.py"
+    if config.kind == "dual_encoder" and not config.shared_towers:
+        layout += "; one folder per tower, query_encoder/ and document_encoder/"
+    return layout
+
+
+def export_hf(checkpoint: str, out: str, fmt: str = "rankgen", overwrite: bool = False,
+              step: int | None = None) -> ModelConfig:
+    """Write a checkpoint's parameters as a HuggingFace folder (safetensors); returns the model's config.
 
     T5: `fmt` picks the RankGen or the plain T5EncoderModel layout. BERT family:
     the base model's layout, plus sentence-transformers files for dual encoders.
@@ -111,8 +135,9 @@ def export_hf(checkpoint: str, out: str, fmt: str = "rankgen", overwrite: bool =
         single = dataclasses.replace(model_config, shared_towers=True)
         for tower in ("query", "document"):
             _export_one(checkpoint, single, params[f"{tower}_tower"], str(Path(out) / f"{tower}_encoder"), fmt, True)
-        return
+        return model_config
     _export_one(checkpoint, model_config, params, out, fmt, overwrite)
+    return model_config
 
 
 def _export_one(checkpoint: str, model_config: ModelConfig, params: dict, out: str, fmt: str, overwrite: bool) -> None:
