@@ -688,7 +688,7 @@ def scan_task(name: str, split: str = TRAIN, seed: int = 0) -> TaskScan:
 # ------------------------------------------------------------------------------------------
 
 # The generator hands examples to tf.data in chunks: each element crossing from Python costs
-# a few hundred microseconds, as much as making and tokenising the example (docs/benchmarks.md).
+# a few hundred microseconds, as much as making and tokenising the example (docs/performance.md).
 # A chunk is each id feature's values end to end plus their lengths; `_unchunk` splits it.
 _CHUNK_EXAMPLES = 64
 _LENGTHS = "_lengths"
@@ -702,13 +702,13 @@ _CHUNK_SIGNATURE = {
 def _chunks(examples: Iterator[dict], size: int = _CHUNK_EXAMPLES) -> Iterator[dict]:
     """Examples ({id feature: int32 ids, DOC_ID: str}) grouped `size` at a time into one flat chunk each."""
     while True:
-        batch = list(itertools.islice(examples, size))
-        if not batch:
+        taken = list(itertools.islice(examples, size))
+        if not taken:
             return
-        chunk = {DOC_ID: np.array([e[DOC_ID] for e in batch], dtype=object)}
+        chunk = {DOC_ID: np.array([e[DOC_ID] for e in taken], dtype=object)}
         for key in ID_FEATURES:
-            chunk[key] = np.concatenate([e[key] for e in batch]).astype(np.int32, copy=False)
-            chunk[key + _LENGTHS] = np.array([len(e[key]) for e in batch], np.int32)
+            chunk[key] = np.concatenate([e[key] for e in taken]).astype(np.int32, copy=False)
+            chunk[key + _LENGTHS] = np.array([len(e[key]) for e in taken], np.int32)
         yield chunk
 
 
@@ -910,8 +910,6 @@ class RankGenFeatureConverter(seqio.FeatureConverter):
 
     def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> Mapping[str, int]:
         return {key: task_feature_lengths[key] for key in self.MODEL_FEATURES}
-
-
 
 
 # Sources whose tf.data pipeline may still be running. Its prefetch threads call back into
