@@ -27,6 +27,26 @@ def test_both_frameworks_time_the_same_work(toy_rows):
     assert jax_row["tokens_per_second"] * jax_row["step_seconds"] == pytest.approx(8 * (16 + 8 + 8), rel=1e-12)
 
 
+def test_percent_of_peak_comes_from_jax_rounds_alone(toy_rows):
+    def jax_row(seconds):
+        return {**toy_rows["jax"], "size": "small", "step_seconds": seconds, "train_gflops_per_second": 240.0 / seconds}
+
+    # The lower-ratio round (0.95) has the faster JAX step, because PyTorch was faster still in it.
+    rounds = [{"jax": jax_row(4.0), "torch": toy_rows["torch"], "ratio": 0.95},
+              {"jax": jax_row(4.4), "torch": toy_rows["torch"], "ratio": 1.10}]
+    peer = bench.summarize_rounds("small", 16, rounds)
+    assert peer["jax_over_torch"] == 0.95 and peer["jax"]["step_seconds"] == 4.0
+    assert peer["jax_for_peak"]["step_seconds"] == 4.4  # of two JAX rounds, the slower
+    three = bench.summarize_rounds("small", 16, [*rounds, {**rounds[0], "jax": jax_row(4.2), "ratio": 1.0}])
+    assert three["jax_over_torch"] == 1.0 and three["jax_for_peak"]["step_seconds"] == 4.2
+    train = {"peers": [peer], "gradcache": [], "gradcache_rss_1536_over_64": None}
+    report = {"machine": bench.machine_description(), "matmul_peak_gflops": 80.0, "train": train, "seconds": 60.0,
+              "encode": None, "data": None}
+    text = render_markdown(json.loads(json.dumps(report)))
+    assert ("- small: JAX reaches **68.2%** of the matmul peak (target 75%: not met). JAX's median round by step "
+            "time (of two, the slower); its rounds: 75.0%, 68.2%.") in text
+
+
 def test_report_renders_every_section(toy_rows, tmp_path):
     train = {"peers": [{"size": "tiny", "batch": 8, "jax": toy_rows["jax"], "torch": toy_rows["torch"],
                         "jax_over_torch": 1.5, "round_ratios": [1.4, 1.5, 1.6]}],
