@@ -80,10 +80,10 @@ def render_markdown(report: dict) -> str:
         if pair["size"] == "small":
             frac = pair.get("jax_for_peak", pair["jax"])["train_gflops_per_second"] / peak
             each = pair.get("jax_round_gflops", [])
-            spread = (f" JAX's median round by step time (of two, the slower); its rounds: "
-                      f"{', '.join(f'{g / peak:.1%}' for g in each)}." if len(each) > 1 else "")
+            rounds_note = (f" JAX's median round by step time (of two, the slower); its rounds: "
+                           f"{', '.join(f'{g / peak:.1%}' for g in each)}." if len(each) > 1 else "")
             lines.append(f"- small: JAX reaches **{frac:.1%}** of the matmul peak "
-                         f"(target {PEAK_TARGET:.0%}: {'met' if frac >= PEAK_TARGET else 'not met'}).{spread}")
+                         f"(target {PEAK_TARGET:.0%}: {'met' if frac >= PEAK_TARGET else 'not met'}).{rounds_note}")
     lines += ["", "## GradCache memory", "",
               "Tiny T5 1.1, chunks of 32 examples; peak RSS of the whole process (the model, optimizer state,",
               "compiled code and batch included).", ""]
