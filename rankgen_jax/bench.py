@@ -68,12 +68,15 @@ def run_case(case: BenchCase) -> dict:
         + (towers - 1) * forward_flops(cfg, case.continuation_length, cfg.d_model)
     )
     seconds = timing["step_seconds"]
+    gflops = flops / seconds / 1e9
     return {
         **dataclasses.asdict(case),
         **timing,
         "examples_per_second": case.batch / seconds,
         "tokens_per_second": tokens / seconds,
-        "train_gflops_per_second": flops / seconds / 1e9,
+        "train_gflops_per_second": gflops,
+        # Against the higher of the two readings beside the timed steps (see time_steps).
+        "of_peak_beside": gflops / max(timing["peak_readings"]),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
@@ -113,17 +116,37 @@ def _run_jax_case(case: BenchCase) -> dict:
 
 
 def time_steps(step, steps: int) -> dict:
-    """Run step(0) (compile / warm-up) then `steps` timed steps; median and best seconds per step."""
+    """Run step(0) (compile / warm-up) then `steps` timed steps; median and best seconds per step.
+
+    The matmul peak is read right before and right after the timed steps, in the same
+    process: the machine's speed drifts within a run (numpy's peak read 391 and then 332
+    GFLOP/s in one `make bench`), so a step's % of peak is taken against readings from
+    the same minute, not from the run's start or end.
+    """
     start = time.perf_counter()
     step(0)
     first = time.perf_counter() - start
+    peak_before = _peak_between_steps()
     seconds = []
     for i in range(1, steps + 1):
         start = time.perf_counter()
         loss = step(i)
         seconds.append(time.perf_counter() - start)
+    peak_after = _peak_between_steps()
     return {"step_seconds": statistics.median(seconds), "best_step_seconds": min(seconds),
-            "first_step_seconds": first, "loss": loss}
+            "first_step_seconds": first, "loss": loss, "peak_readings": [peak_before, peak_after]}
+
+
+# Idle thread pools (torch's OpenMP, numpy's OpenBLAS) spin for up to ~0.2 s after their
+# last call; the pauses keep either side's spinning out of the other's measurement.
+THREAD_SPIN_SECONDS = 0.5
+
+
+def _peak_between_steps() -> float:
+    time.sleep(THREAD_SPIN_SECONDS)
+    peak = matmul_peak_gflops()
+    time.sleep(THREAD_SPIN_SECONDS)
+    return peak
 
 
 def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
@@ -146,7 +169,7 @@ def _timed(fn) -> float:
 # JAX against the PyTorch peer: the issue's two reference points, each run as (jax, torch)
 # pairs in interleaved rounds; the reported ratio is the median of the rounds' ratios.
 PEER_CASES = [BenchCase("tiny", 32, steps=10), BenchCase("small", 16, steps=4)]
-PEER_ROUNDS = {"tiny": 3, "small": 2}
+PEER_ROUNDS = {"tiny": 3, "small": 3}
 # GradCache memory: peak RSS at batch 1536 against batch 64, both in chunks of 32 (tiny model).
 GRADCACHE_CASES = [
     BenchCase("tiny", 64, steps=3),
@@ -189,29 +212,37 @@ def _run_module(module: str, out: Path, extra: list[str]) -> dict | None:
     return json.loads(out.read_text())
 
 
-def _describe(row: dict, peak: float) -> str:
+def _describe(row: dict) -> str:
     mode = f"GradCache x{row['num_chunks']} (chunk {row['batch'] // row['num_chunks']})" if row["num_chunks"] > 1 else "plain"
     return (f"{row['framework']:>5} {row['size']:>5} batch {row['batch']:>5} {mode:<24} {row['step_seconds']:7.3f} s/step "
             f"{row['tokens_per_second']:8.0f} tok/s {row['train_gflops_per_second']:6.1f} GFLOP/s "
-            f"({row['train_gflops_per_second'] / peak:.0%} of peak)  peak RSS {row['peak_rss_mib']:6.0f} MiB")
+            f"({row['of_peak_beside']:.0%} of the peak beside it: "
+            f"{' / '.join(f'{p:.0f}' for p in row['peak_readings'])})  peak RSS {row['peak_rss_mib']:6.0f} MiB")
 
 
 def summarize_rounds(size: str, batch: int, rounds: list[dict]) -> dict:
     """The report's entry for interleaved {"jax", "torch", "ratio"} rounds of one case.
 
-    The ratio comes from the median round by ratio (of two, the one less favourable
-    to JAX). The % of peak is JAX's alone: its median round by step time (of two, the
-    slower), not the round the ratio picks, whose choice depends on PyTorch's noise.
+    The ratio comes from the median round by ratio (of an even count, the one less
+    favourable to JAX). The % of peak is JAX's alone: its median round by the % of the
+    peak read beside that round's own steps (of an even count, the lower), not the
+    round the ratio picks, whose choice depends on PyTorch's noise.
     """
     median_round = sorted(rounds, key=lambda r: r["ratio"])[(len(rounds) - 1) // 2]
-    jax_rows = sorted((r["jax"] for r in rounds), key=lambda row: row["step_seconds"])
+    jax_rows = sorted((r["jax"] for r in rounds), key=lambda row: row["of_peak_beside"])
     return {"size": size, "batch": batch, "jax": median_round["jax"], "torch": median_round["torch"],
             "jax_over_torch": median_round["ratio"], "round_ratios": [r["ratio"] for r in rounds],
-            "jax_for_peak": jax_rows[len(jax_rows) // 2],
-            "jax_round_gflops": [r["jax"]["train_gflops_per_second"] for r in rounds]}
+            "jax_for_peak": jax_rows[(len(jax_rows) - 1) // 2],
+            "rounds": rounds}
 
 
-def run_train_benchmarks(peak: float, quick: bool) -> dict:
+def all_peak_readings(train: dict) -> list[float]:
+    """Every matmul peak reading taken beside a train case's steps."""
+    rows = [*train["gradcache"], *(row for peer in train["peers"] for r in peer["rounds"] for row in (r["jax"], r["torch"]))]
+    return [p for row in rows for p in row["peak_readings"]]
+
+
+def run_train_benchmarks(quick: bool) -> dict:
     """JAX vs PyTorch at the reference points, then GradCache memory; rows plus the derived ratios."""
     peers, gradcache = [], []
     for case in PEER_CASES[:1] if quick else PEER_CASES:
@@ -221,7 +252,7 @@ def run_train_benchmarks(peak: float, quick: bool) -> dict:
             for framework in ("jax", "torch"):
                 row = _run_child(dataclasses.replace(case, framework=framework))
                 if row:
-                    print(_describe(row, peak), flush=True)
+                    print(_describe(row), flush=True)
                     pair[framework] = row
             if len(pair) == 2:
                 pair["ratio"] = pair["jax"]["tokens_per_second"] / pair["torch"]["tokens_per_second"]
@@ -235,7 +266,7 @@ def run_train_benchmarks(peak: float, quick: bool) -> dict:
     for case in GRADCACHE_CASES[:2] if quick else GRADCACHE_CASES:
         row = _run_child(case)
         if row:
-            print(_describe(row, peak), flush=True)
+            print(_describe(row), flush=True)
             gradcache.append(row)
     by_batch = {r["batch"]: r for r in gradcache if r["num_chunks"] > 1}
     rss_ratio = by_batch[1536]["peak_rss_mib"] / by_batch[64]["peak_rss_mib"] if {64, 1536} <= set(by_batch) else None
@@ -257,16 +288,14 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     peak = matmul_peak_gflops()
     print(f"fp32 matmul peak (numpy {2048}^3, {THREADS} threads): {peak:.1f} GFLOP/s", flush=True)
-    report = {"machine": machine_description(), "matmul_peak_gflops": peak, "quick": args.quick,
-              "train": run_train_benchmarks(peak, args.quick)}
-    # The peak varies by a few percent from one measurement to the next (311-344 GFLOP/s on the
-    # dev machine); measured again after the train steps, the report takes the higher, so that
-    # a low first reading cannot flatter the "% of peak" figures.
+    report = {"machine": machine_description(), "quick": args.quick, "train": run_train_benchmarks(args.quick)}
     peak_after = matmul_peak_gflops()
     report["matmul_peak_measurements"] = [peak, peak_after]
-    report["matmul_peak_gflops"] = max(peak, peak_after)
-    print(f"fp32 matmul peak after the train steps: {peak_after:.1f} GFLOP/s; the report uses "
-          f"{report['matmul_peak_gflops']:.1f}", flush=True)
+    # The run-wide figure is the highest of every reading (before and after all train steps, and
+    # beside each case's steps), so that a low reading cannot flatter the "% of peak" it yields.
+    report["matmul_peak_gflops"] = run_peak = max([peak, peak_after, *all_peak_readings(report["train"])])
+    print(f"fp32 matmul peak after the train steps: {peak_after:.1f} GFLOP/s; the highest reading of the run: "
+          f"{run_peak:.1f}", flush=True)
     out_dir = Path(args.out).parent
     for name, module, quick_args in MODULE_BENCHMARKS:
         report[name] = _run_module(module, out_dir / f"{name}.json", quick_args if args.quick else [])
