@@ -255,7 +255,7 @@ def batch_shapes(data, model_kind: str) -> dict[str, tuple[int, ...]]:
 
 
 def _model_config(trainer, gin_model):
-    """The model config training would use (as trainer._resolve_model_config), without reading weights."""
+    """The model config training would use (as trainer.resolve_model_config), without reading weights."""
     # An init checkpoint readable here supplies its saved encoder config; otherwise (gs://)
     # gin's encoder stands in for it. Either way the trainer's encoder_overrides apply.
     from rankgen_jax.checkpoints import native
@@ -317,7 +317,7 @@ def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAU
     from rankgen_jax.data.triples import DataConfig
     from rankgen_jax.optimizers import OptimizerConfig, make_optimizer
     from rankgen_jax.train_step import StepOptions
-    from rankgen_jax.trainer import LossConfig, TrainerConfig, _check_divisible, build_step_functions
+    from rankgen_jax.trainer import LossConfig, TrainerConfig, check_divisible, build_step_functions
 
     trainer, data, loss, optimizer = TrainerConfig(), DataConfig(), LossConfig(), OptimizerConfig()
     model_config = _model_config(trainer, ModelConfig())
@@ -326,7 +326,7 @@ def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAU
     # The same mesh, options and step functions as trainer.train, on the topology's devices.
     mesh = partitioning.make_mesh(trainer.mesh_data, trainer.mesh_model, devices=devices, replica=trainer.mesh_replica)
     rules = partitioning.rules_by_name(trainer.axis_rules)
-    _check_divisible(data.batch_size, partitioning.data_parallel_size(mesh), trainer)
+    check_divisible(data.batch_size, partitioning.data_parallel_size(mesh), trainer)
     options = StepOptions(loss.name, tuple(sorted(loss.options().items())), trainer.num_chunks, trainer.accum_steps,
                           model_kind=model_config.kind)
     tx, schedule = make_optimizer(optimizer)

@@ -21,8 +21,8 @@ Measures, in one process:
    `warmup_steps` warm-up steps each; the round order alternates):
    - synthetic: random-source batches already on the device (bench.py's way:
      no host work at all per step);
-   - real: seqio batches through `trainer._prefetch` (the background thread)
-     and `trainer._put_batch`, exactly as the train loop gets them;
+   - real: seqio batches through `trainer.prefetch_batches` (the background thread)
+     and `trainer.put_batch`, exactly as the train loop gets them;
    - prefetch_random: random-source batches through the same thread (splits
      the cost of the thread machinery from the cost of seqio).
    Like the train loop, steps are dispatched without waiting for each other;
@@ -128,7 +128,7 @@ def run(size: str = "tiny", batch_size: int = 32, prefix_length: int = 256, cont
     from rankgen_jax.data.triples import DataConfig, make_sources
     from rankgen_jax.optimizers import OptimizerConfig, make_optimizer
     from rankgen_jax.train_step import StepOptions
-    from rankgen_jax.trainer import _prefetch, _put_batch, build_step_functions
+    from rankgen_jax.trainer import prefetch_batches, put_batch, build_step_functions
 
     options = {**(task_options or {}), "group_size": batch_size}
     _bind_task_options(options)
@@ -162,7 +162,7 @@ def run(size: str = "tiny", batch_size: int = 32, prefix_length: int = 256, cont
     tx, schedule = make_optimizer(OptimizerConfig(name="adafactor", learning_rate=2e-3))
     step_options = StepOptions("in_batch_softmax", (), num_chunks=1)
     fns = build_step_functions(config, step_options, tx, schedule, {}, mesh, rules, seed=0)
-    put = lambda local: _put_batch(local, sharding=fns.batch_sharding, batch_size=batch_size)  # noqa: E731
+    put = lambda local: put_batch(local, sharding=fns.batch_sharding, batch_size=batch_size)  # noqa: E731
     timed = {name: [] for name in SOURCES}  # per round: seconds per step
     with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
         state = fns.init()
@@ -176,8 +176,8 @@ def run(size: str = "tiny", batch_size: int = 32, prefix_length: int = 256, cont
         # The seqio stream goes on from where the standalone read stopped (no pipeline rebuild).
         streams = {
             "synthetic": (synthetic[i % 2] for i in range(batches_needed)),
-            "real": _prefetch(seqio_source, source_batches, source_batches + batches_needed, put),
-            "prefetch_random": _prefetch(random_source, 0, batches_needed, put),
+            "real": prefetch_batches(seqio_source, source_batches, source_batches + batches_needed, put),
+            "prefetch_random": prefetch_batches(random_source, 0, batches_needed, put),
         }
 
         def steps_of(name: str, count: int):
@@ -238,9 +238,9 @@ def summary(row: dict) -> str:
         f"  train step consumes  {row['synthetic_examples_per_second']:9.1f} examples/s  (step "
         f"{row['synthetic_step_seconds']:.3f} s; first step {row['step_compile_seconds']:.1f} s)  -> seqio headroom "
         f"{row['seqio_headroom']:.0f}x",
-        f"  step time: synthetic {row['synthetic_step_seconds']:.3f} s, real (seqio via _prefetch) "
+        f"  step time: synthetic {row['synthetic_step_seconds']:.3f} s, real (seqio via prefetch_batches) "
         f"{row['real_step_seconds']:.3f} s ({row['real_vs_synthetic']:+.1%}; paired {row['real_vs_synthetic_paired']:+.1%}, "
-        f"best rounds {row['real_vs_synthetic_best']:+.1%}), random via _prefetch "
+        f"best rounds {row['real_vs_synthetic_best']:+.1%}), random via prefetch_batches "
         f"{row['prefetch_random_step_seconds']:.3f} s ({row['prefetch_random_vs_synthetic']:+.1%}; paired "
         f"{row['prefetch_random_vs_synthetic_paired']:+.1%}); rounds differ by up to {row['step_seconds_spread']:.0%}",
     ]

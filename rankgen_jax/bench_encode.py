@@ -6,7 +6,7 @@ rankgen_jax checkpoint and exports it with the project's exporter to the
 released RankGen HF format. Then encodes the same few thousand passages of the
 bundled books (sentence-bounded, 3 to ~150 words, so lengths vary) with:
 
-- JAX: `retrieval.dense_index._encode_all` on `inference.load_model(checkpoint)`,
+- JAX: `retrieval.dense_index.encode_all` on `inference.load_model(checkpoint)`,
   the very function `rankgen-jax index` encodes a corpus with (chunks of
   batch_size x ENCODE_CHUNK_BATCHES texts; in each, `LoadedModel.encode` sorts
   by length and pads every batch to its bucket length, a multiple of
@@ -241,7 +241,7 @@ def _run(num_texts, size, batch_size, max_length, kind, repeats, threads, seed, 
 
     from rankgen_jax.inference import load_model
     from rankgen_jax.retrieval import dense_index
-    from rankgen_jax.retrieval.dense_index import ENCODE_CHUNK_BATCHES, _encode_all
+    from rankgen_jax.retrieval.dense_index import ENCODE_CHUNK_BATCHES, encode_all
 
     texts = corpus_passages(num_texts, seed) if texts is None else list(texts)
     with tempfile.TemporaryDirectory(prefix="bench_encode_") as tmp:
@@ -254,7 +254,7 @@ def _run(num_texts, size, batch_size, max_length, kind, repeats, threads, seed, 
     chunk = batch_size * ENCODE_CHUNK_BATCHES
 
     def jax_pass() -> np.ndarray:
-        return _encode_all(model, texts, kind, max_length, batch_size, progress=False, desc="encode")
+        return encode_all(model, texts, kind, max_length, batch_size, progress=False, desc="encode")
 
     def torch_pass() -> np.ndarray:
         return torch_encode(hf_model, model, texts, kind, max_length, batch_size, chunk)[0]

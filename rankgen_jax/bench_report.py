@@ -120,7 +120,7 @@ def _encode_section(row: dict | None) -> list[str]:
     lines += [
         f"Random-init T5 1.1 {row['size']} RankGen encoder, {row['num_texts']:,} passages of the bundled books "
         f"({row['mean_tokens']:.0f} tokens on average, max {row['max_length']}), batch {row['batch_size']}, "
-        f"`{row['kind']}` inputs. JAX: `dense_index._encode_all` (length buckets); PyTorch: the exported folder "
+        f"`{row['kind']}` inputs. JAX: `dense_index.encode_all` (length buckets); PyTorch: the exported folder "
         f"through `AutoModel(trust_remote_code)`, batches sorted by length and padded to their longest row, "
         f"{row['torch_threads']} threads. Fastest of {row['repeats']} passes each, tokenising included.",
         "",
@@ -149,7 +149,7 @@ def _data_section(row: dict | None) -> list[str]:
         f"Sources alone at the train step's shapes (batch {row['batch_size']}, prefix {row['prefix_length']}, "
         f"continuation {row['continuation_length']} + negative), then the T5 1.1 {row['size']} train step fed three "
         f"ways in {row['rounds']} interleaved rounds of {row['steps']} steps: synthetic batches already on the device, "
-        "seqio batches through the trainer's prefetch thread (`trainer._prefetch`, as the train loop), and random "
+        "seqio batches through the trainer's prefetch thread (`trainer.prefetch_batches`, as the train loop), and random "
         "batches through the same thread.",
         "",
     ]

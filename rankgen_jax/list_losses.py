@@ -50,12 +50,12 @@ CL_DRD_SAMPLED_NEGATIVE_LABEL = -1.0
 
 
 def _dot(a: Array, b: Array, spec: str) -> Array:
-    """losses._dot (float32 einsum at HIGHEST precision)."""
+    """losses.exact_einsum (float32 einsum at HIGHEST precision)."""
     # Imported on use: losses.py imports this module at its end to register these
     # losses, so a top-level import would be circular when this module loads first.
-    from rankgen_jax.losses import _dot as losses_dot
+    from rankgen_jax.losses import exact_einsum
 
-    return losses_dot(a, b, spec)
+    return exact_einsum(a, b, spec)
 
 
 def list_scores(outputs: dict[str, Array]) -> Array:

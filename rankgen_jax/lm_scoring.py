@@ -103,10 +103,10 @@ class CausalLM:
 
 def load_causal_lm(lm_dir: str, device: str = "cpu") -> CausalLM:
     """Load a local HF causal LM folder (model + tokenizer) for scoring or sampling."""
-    from rankgen_jax.data.generative_negatives import _load_lm, _max_positions
+    from rankgen_jax.data.generative_negatives import load_lm_and_tokenizer, lm_max_positions
 
-    config, model, tokenizer = _load_lm(lm_dir, device)
-    return CausalLM(model, tokenizer, device, _max_positions(config), source=lm_dir)
+    config, model, tokenizer = load_lm_and_tokenizer(lm_dir, device)
+    return CausalLM(model, tokenizer, device, lm_max_positions(config), source=lm_dir)
 
 
 def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, side: str = "left"):

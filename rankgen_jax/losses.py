@@ -112,7 +112,7 @@ def _positive_ids(batch: dict[str, Array]) -> Array:
     return jnp.asarray(batch["positive_ids"])
 
 
-def _dot(a: Array, b: Array, spec: str) -> Array:
+def exact_einsum(a: Array, b: Array, spec: str) -> Array:
     # HIGHEST keeps the float32 scores exact on TPU (default there is one bf16 pass);
     # the cost is nothing next to the encoder.
     return jnp.einsum(spec, a, b, precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
@@ -180,7 +180,7 @@ def in_batch_softmax_loss(
     if negative_BxKxD is not None:
         candidates_CxD = jnp.concatenate([positive_BxD, negative_BxKxD.reshape(-1, negative_BxKxD.shape[-1])], axis=0)
     num_candidates = candidates_CxD.shape[0]
-    scores_BxC = _dot(query_BxD, candidates_CxD, "bd,cd->bc")
+    scores_BxC = exact_einsum(query_BxD, candidates_CxD, "bd,cd->bc")
 
     # Global labels: row i's gold is column i of the global candidate list.
     gold_BxC = jnp.arange(num_examples)[:, None] == jnp.arange(num_candidates)[None, :]
@@ -224,7 +224,7 @@ def per_example_softmax_loss(
 
     # Column 0 is the example's own positive, columns 1..K its own negatives.
     candidates_BxCxD = jnp.concatenate([positive_BxD[:, None, :], negative_BxKxD], axis=1)
-    scores_BxC = _dot(query_BxD, candidates_BxCxD, "bd,bcd->bc")
+    scores_BxC = exact_einsum(query_BxD, candidates_BxCxD, "bd,bcd->bc")
     num_columns = scores_BxC.shape[1]
     gold_BxC = jnp.broadcast_to(jnp.arange(num_columns)[None, :] == 0, scores_BxC.shape)
     valid_BxC = jnp.ones_like(gold_BxC)

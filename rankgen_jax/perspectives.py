@@ -404,13 +404,13 @@ def train_model(cfg: PerspectivesConfig, root: Path, init: Path, name: str) -> d
 def initial_params(cfg: PerspectivesConfig, init: Path, name: str) -> tuple[ModelConfig, dict]:
     """The config and parameters the trainer starts `name` from: init's encoder, the head random (seed)."""
     from rankgen_jax.checkpoints import native
-    from rankgen_jax.trainer import _complete_params, _resolve_model_config
+    from rankgen_jax.trainer import complete_params, resolve_model_config
 
     trainer = _trainer_config(cfg, init, name)
     # An empty folder is never a run to resume, so the trainer's own resolution runs as for a new run.
     with tempfile.TemporaryDirectory() as empty:
-        config, params, _ = _resolve_model_config(native.as_path(empty), trainer, model_configs()[name])
-    return config, _complete_params(params, config, str(init), trainer.seed)
+        config, params, _ = resolve_model_config(native.as_path(empty), trainer, model_configs()[name])
+    return config, complete_params(params, config, str(init), trainer.seed)
 
 
 # --- 4. evaluation ------------------------------------------------------------------------

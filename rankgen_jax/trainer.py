@@ -142,7 +142,7 @@ class LossConfig:
         return {k: v for k, v in every.items() if k in accepted}
 
 
-def _check_divisible(batch_size: int, data_axis: int, trainer: TrainerConfig) -> None:
+def check_divisible(batch_size: int, data_axis: int, trainer: TrainerConfig) -> None:
     """The global batch must split evenly over data-parallel devices (and GradCache chunks / microbatches)."""
     parts = data_axis * max(trainer.num_chunks, trainer.accum_steps)
     if batch_size % parts:
@@ -165,7 +165,7 @@ def _check_vocab_fits(data: DataConfig, source, model_config: ModelConfig) -> No
         )
 
 
-def _resolve_model_config(
+def resolve_model_config(
     workdir: epath.Path, trainer: TrainerConfig, gin_model: ModelConfig
 ) -> tuple[ModelConfig, dict | None, str | None]:
     """(model config, initial params or None, vocab path or None): resume > init checkpoint > gin."""
@@ -214,7 +214,7 @@ def _encoder_params(params: dict, source_config: ModelConfig) -> dict:
     return {k: v for k, v in params.items() if k not in HEAD_PARAMS}
 
 
-def _prefetch(source, start: int, stop: int, put) -> Iterator:
+def prefetch_batches(source, start: int, stop: int, put) -> Iterator:
     """Build and place batches on a background thread, two steps ahead of the device.
 
     An exception in the thread is re-raised here, so a data error stops the run
@@ -262,8 +262,8 @@ def train(
     initialize_distributed(trainer.distributed)
     mesh = partitioning.make_mesh(trainer.mesh_data, trainer.mesh_model, replica=trainer.mesh_replica)
     rules = partitioning.rules_by_name(trainer.axis_rules)
-    _check_divisible(data.batch_size, partitioning.data_parallel_size(mesh), trainer)
-    model_config, init_params, vocab = _resolve_model_config(workdir_path, trainer, model_config)
+    check_divisible(data.batch_size, partitioning.data_parallel_size(mesh), trainer)
+    model_config, init_params, vocab = resolve_model_config(workdir_path, trainer, model_config)
     vocab = _local_vocab(vocab)
     if model_config.kind == "encoder":
         raise RankgenError("ModelConfig.kind='encoder' has no head to train: use dual_encoder or cross_encoder")
@@ -289,7 +289,7 @@ def train(
         # model_config.json, which a slower host would otherwise take for a run to resume.
         multihost_utils.sync_global_devices("rankgen_jax: resume decided")
     if init_params is not None and start is None:
-        init_params = _complete_params(init_params, model_config, trainer.init_checkpoint, trainer.seed)
+        init_params = complete_params(init_params, model_config, trainer.init_checkpoint, trainer.seed)
     with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
         if start is not None:
             start, state, data_start = _resume(manager, workdir, setup.abstract_state, setup.shardings)
@@ -304,7 +304,7 @@ def train(
                 native.save_model_config(workdir_path, model_config,
                                          data.vocab if data.source in TEXT_SOURCES else vocab)
                 (workdir_path / "config.gin").write_text(gin.config_str())
-        put = functools.partial(_put_batch, sharding=setup.batch_sharding, batch_size=data.batch_size)
+        put = functools.partial(put_batch, sharding=setup.batch_sharding, batch_size=data.batch_size)
         return _loop(trainer, workdir_path, state, start, data_start, train_source, eval_source, put,
                      setup.train_step, setup.eval_step, manager, optimizer, _StopVote(mesh))
 
@@ -360,7 +360,7 @@ def _counted_train_step(state: TrainState, batch: dict, **static) -> tuple[Train
     return state, {**metrics, "nonfinite_skipped": total}
 
 
-def _put_batch(local: dict, sharding: NamedSharding, batch_size: int) -> dict:
+def put_batch(local: dict, sharding: NamedSharding, batch_size: int) -> dict:
     """Global arrays from this host's rows (one host: the whole batch)."""
     return {
         k: jax.make_array_from_process_local_data(sharding, v, (batch_size,) + v.shape[1:]) for k, v in local.items()
@@ -455,7 +455,7 @@ def _set_aside(manager, workdir: str, steps: list[int], resumed: int) -> None:
     manager.reload()
 
 
-def _complete_params(params: dict, model_config: ModelConfig, where: str, seed: int) -> dict:
+def complete_params(params: dict, model_config: ModelConfig, where: str, seed: int) -> dict:
     """A checkpoint's params in the model's layout.
 
     A missing head projection starts from random init; a single encoder
@@ -597,7 +597,7 @@ def _loop(trainer, workdir, state, start, data_start, train_source, eval_source,
         # The starting point (e.g. a pretrained encoder zero-shot) is the first point of the eval curve.
         writer.write_scalars(0, _evaluate(eval_fn, state, eval_source, put, trainer.eval_batches), prefix="eval/")
     try:
-        batches = _prefetch(train_source, data_start, data_start + trainer.num_steps - start, put)
+        batches = prefetch_batches(train_source, data_start, data_start + trainer.num_steps - start, put)
         for step, batch in zip(range(start, trainer.num_steps), batches):
             if step == trainer.profile_start_step:
                 jax.profiler.start_trace(str(workdir / "profile"))

@@ -171,7 +171,7 @@ def test_config_errors_are_clear(tmp_path, capsys, args, fragment):
 
 
 def test_data_errors_reach_the_loop():
-    from rankgen_jax.trainer import _prefetch
+    from rankgen_jax.trainer import prefetch_batches
 
     class Broken:
         batch_size = 8
@@ -183,6 +183,6 @@ def test_data_errors_reach_the_loop():
 
     got = []
     with pytest.raises(ValueError, match="bad record at batch 2"):
-        for batch in _prefetch(Broken(), 0, 5, lambda b: b):
+        for batch in prefetch_batches(Broken(), 0, 5, lambda b: b):
             got.append(int(batch["x"][0, 0]))
     assert got == [0, 1]

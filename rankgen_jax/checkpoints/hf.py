@@ -135,10 +135,10 @@ def t5_config_from_hf(hf: Mapping[str, Any], where: str) -> T5Config:
     try:
         return T5Config(**fields)
     except RankgenError as e:
-        raise RankgenError(f"{where}: {_first_line(e)}") from None
+        raise RankgenError(f"{where}: {first_line(e)}") from None
 
 
-def _first_line(error: Exception) -> str:
+def first_line(error: Exception) -> str:
     # gin appends "In call to configurable ..." on a second line; errors here stay one line.
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
@@ -156,9 +156,9 @@ def head_from_hf(hf: Mapping[str, Any], where: str) -> HeadConfig:
     try:
         return HeadConfig(**{**dataclasses.asdict(RANKGEN_HEAD), **block})
     except TypeError as e:
-        raise RankgenError(f"{where}: malformed {HEAD_CONFIG_KEY} block ({_first_line(e)})") from None
+        raise RankgenError(f"{where}: malformed {HEAD_CONFIG_KEY} block ({first_line(e)})") from None
     except RankgenError as e:
-        raise RankgenError(f"{where}: {_first_line(e)}") from None
+        raise RankgenError(f"{where}: {first_line(e)}") from None
 
 
 # ---------------------------------------------------------------------------
@@ -166,7 +166,7 @@ def head_from_hf(hf: Mapping[str, Any], where: str) -> HeadConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Tensor:
+class HFTensor:
     """One tensor: its canonical path, HF key, HF shape, and whether HF stores it transposed."""
 
     path: tuple[str, ...]
@@ -175,49 +175,49 @@ class _Tensor:
     transpose: bool
 
 
-def _encoder_tensors(cfg: T5Config) -> list[_Tensor]:
+def _encoder_tensors(cfg: T5Config) -> list[HFTensor]:
     """Name/shape table of a T5 encoder, in HF `T5EncoderModel` key names."""
     d, inner = cfg.d_model, cfg.num_heads * cfg.d_kv
     tensors = [
-        _Tensor(("token_embedder", "embedding"), "shared.weight", (cfg.vocab_size, d), False),
-        _Tensor(("encoder", "relpos_bias", "rel_embedding"),
+        HFTensor(("token_embedder", "embedding"), "shared.weight", (cfg.vocab_size, d), False),
+        HFTensor(("encoder", "relpos_bias", "rel_embedding"),
                 "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
                 (cfg.relpos_buckets, cfg.num_heads), True),
     ]
     mlp_in = ("wi_0", "wi_1") if cfg.mlp_activation == "gated-gelu" else ("wi",)
     for i in range(cfg.num_layers):
         layer, hf = f"layers_{i}", f"encoder.block.{i}.layer"
-        tensors.append(_Tensor(("encoder", layer, "pre_attention_layer_norm", "scale"),
+        tensors.append(HFTensor(("encoder", layer, "pre_attention_layer_norm", "scale"),
                                f"{hf}.0.layer_norm.weight", (d,), False))
         for ours, theirs in (("query", "q"), ("key", "k"), ("value", "v")):
-            tensors.append(_Tensor(("encoder", layer, "attention", ours, "kernel"),
+            tensors.append(HFTensor(("encoder", layer, "attention", ours, "kernel"),
                                    f"{hf}.0.SelfAttention.{theirs}.weight", (inner, d), True))
-        tensors.append(_Tensor(("encoder", layer, "attention", "out", "kernel"),
+        tensors.append(HFTensor(("encoder", layer, "attention", "out", "kernel"),
                                f"{hf}.0.SelfAttention.o.weight", (d, inner), True))
-        tensors.append(_Tensor(("encoder", layer, "pre_mlp_layer_norm", "scale"),
+        tensors.append(HFTensor(("encoder", layer, "pre_mlp_layer_norm", "scale"),
                                f"{hf}.1.layer_norm.weight", (d,), False))
         for name in mlp_in:
-            tensors.append(_Tensor(("encoder", layer, "mlp", name, "kernel"),
+            tensors.append(HFTensor(("encoder", layer, "mlp", name, "kernel"),
                                    f"{hf}.1.DenseReluDense.{name}.weight", (cfg.d_ff, d), True))
-        tensors.append(_Tensor(("encoder", layer, "mlp", "wo", "kernel"),
+        tensors.append(HFTensor(("encoder", layer, "mlp", "wo", "kernel"),
                                f"{hf}.1.DenseReluDense.wo.weight", (d, cfg.d_ff), True))
-    tensors.append(_Tensor(("encoder", "encoder_norm", "scale"), "encoder.final_layer_norm.weight", (d,), False))
+    tensors.append(HFTensor(("encoder", "encoder_norm", "scale"), "encoder.final_layer_norm.weight", (d,), False))
     return tensors
 
 
-def _projection_tensors(model_config: ModelConfig) -> list[_Tensor]:
+def _projection_tensors(model_config: ModelConfig) -> list[HFTensor]:
     """The head's bias-free projection as a torch nn.Linear weight [P, d] (none when projection_dim is 0)."""
     if model_config.head is None or model_config.head.projection_dim == 0:
         return []
     d = model_config.encoder.d_model
-    return [_Tensor(("projection_layer", "kernel"), "projection.weight", (model_config.head.output_dim(d), d), True)]
+    return [HFTensor(("projection_layer", "kernel"), "projection.weight", (model_config.head.output_dim(d), d), True)]
 
 
-def _prefixed(tensors: list[_Tensor], prefix: str) -> list[_Tensor]:
+def _prefixed(tensors: list[HFTensor], prefix: str) -> list[HFTensor]:
     return [dataclasses.replace(t, hf_key=prefix + t.hf_key) for t in tensors]
 
 
-def _tensor_table(model_config: ModelConfig, fmt: str) -> list[_Tensor]:
+def _tensor_table(model_config: ModelConfig, fmt: str) -> list[HFTensor]:
     """All tensors of `model_config` in format `fmt` (RankGen prefixes keys and adds the projection)."""
     _check_format(fmt)
     tensors = _encoder_tensors(model_config.encoder)
@@ -231,7 +231,7 @@ def _check_format(fmt: str) -> None:
         raise RankgenError(f"unknown HF format {fmt!r}: expected one of {FORMATS}")
 
 
-def _get_path(params: Mapping, path: tuple[str, ...]):
+def get_path(params: Mapping, path: tuple[str, ...]):
     """params[path[0]][path[1]]...; a RankgenError naming the path when absent."""
     node = params
     for i, key in enumerate(path):
@@ -266,7 +266,7 @@ def state_dict_from_tensor_table(tensors, params: Mapping) -> dict[str, np.ndarr
     """HF state dict (float32 numpy, contiguous) from canonical params, one table row per tensor."""
     state_dict = {}
     for t in tensors:
-        value = np.asarray(_get_path(params, t.path), dtype=np.float32)
+        value = np.asarray(get_path(params, t.path), dtype=np.float32)
         expected = t.hf_shape[::-1] if t.transpose else t.hf_shape
         if value.shape != expected:
             raise RankgenError(f"parameter {'/'.join(t.path)} has shape {value.shape},"
@@ -337,7 +337,7 @@ def _is_tied_copy(state_dict: Mapping[str, Any], key: str, prefix: str, where: s
 # Folders
 
 
-def _read_json(path: str) -> dict:
+def read_json(path: str) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -362,14 +362,14 @@ def _folder_format(hf: Mapping[str, Any], where: str) -> str:
     return "rankgen" if RANKGEN_ARCHITECTURE in architectures else "t5-encoder"
 
 
-def _safetensors_files(folder: str) -> list[str]:
+def safetensors_files(folder: str) -> list[str]:
     """The safetensors files holding the weights (one file, or the shards of an index)."""
     single = os.path.join(folder, SAFETENSORS_FILE)
     index = os.path.join(folder, SAFETENSORS_INDEX)
     if os.path.isfile(single):
         return [single]
     if os.path.isfile(index):
-        weight_map = _read_json(index).get("weight_map")
+        weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise RankgenError(f"{index}: no weight_map")
         files = [os.path.join(folder, name) for name in sorted(set(weight_map.values()))]
@@ -384,7 +384,7 @@ def _safetensors_files(folder: str) -> list[str]:
     raise RankgenError(f"{folder}: no {SAFETENSORS_FILE} or {SAFETENSORS_INDEX}")
 
 
-def _read_safetensors(path: str) -> dict[str, np.ndarray]:
+def read_safetensors(path: str) -> dict[str, np.ndarray]:
     """All tensors of one safetensors file as float32 numpy (bf16/fp16 files are upcast)."""
     from safetensors import SafetensorError, safe_open
 
@@ -420,7 +420,7 @@ def load_hf_folder(path: str) -> tuple[ModelConfig, dict, str | list[str] | None
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
         raise RankgenError(f"{path}: no config.json (not an HF model folder)")
-    hf = _read_json(config_path)
+    hf = read_json(config_path)
     if is_ranker_config(hf):
         return load_ranker_folder(path)
     fmt = _folder_format(hf, config_path)
@@ -428,14 +428,14 @@ def load_hf_folder(path: str) -> tuple[ModelConfig, dict, str | list[str] | None
     head = head_from_hf(hf, config_path) if fmt == "rankgen" else None
     model_config = ModelConfig(encoder=encoder, head=head)
     state_dict: dict[str, np.ndarray] = {}
-    for f in _safetensors_files(path):
-        state_dict.update(_read_safetensors(f))
+    for f in safetensors_files(path):
+        state_dict.update(read_safetensors(f))
     params = hf_state_dict_to_params(model_config, state_dict, fmt, path)
     spiece = os.path.join(path, "spiece.model")
     return model_config, params, spiece if os.path.isfile(spiece) else None
 
 
-def _prepare_out_dir(out_dir: str, overwrite: bool, stale_files=STALE_FILES, stale_dir=None) -> None:
+def prepare_out_dir(out_dir: str, overwrite: bool, stale_files=STALE_FILES, stale_dir=None) -> None:
     """Create out_dir; refuse a non-empty one unless overwrite, then clear only files we would write.
 
     Stale weights / tokenizer files (and folders whose name matches the
@@ -492,11 +492,11 @@ def _write_tokenizer(spiece_bytes: bytes, extra_ids: int, out_dir: str) -> None:
     special = {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
     tokenizer_config = {"tokenizer_class": "T5Tokenizer", "extra_ids": extra_ids, "model_max_length": 512,
                         **special}
-    _write_json(os.path.join(out_dir, "tokenizer_config.json"), tokenizer_config)
-    _write_json(os.path.join(out_dir, "special_tokens_map.json"), special)
+    write_json(os.path.join(out_dir, "tokenizer_config.json"), tokenizer_config)
+    write_json(os.path.join(out_dir, "special_tokens_map.json"), special)
 
 
-def _write_json(path: str, data: Mapping[str, Any]) -> None:
+def write_json(path: str, data: Mapping[str, Any]) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, sort_keys=True)
         f.write("\n")
@@ -527,7 +527,7 @@ def save_hf_folder(model_config: ModelConfig, params: Mapping, out_dir: str, fmt
         # Read now: spiece_model may be out_dir/spiece.model, which overwrite clears.
         with open(spiece_model, "rb") as f:
             spiece_bytes = f.read()
-    _prepare_out_dir(out_dir, overwrite)
+    prepare_out_dir(out_dir, overwrite)
     # HF's loader requires the "format" metadata.
     save_file(state_dict, os.path.join(out_dir, SAFETENSORS_FILE), metadata={"format": "pt"})
     hf = t5_config_to_hf(model_config.encoder)
@@ -539,7 +539,7 @@ def save_hf_folder(model_config: ModelConfig, params: Mapping, out_dir: str, fmt
                         os.path.join(out_dir, MODELING_FILE))
     else:
         hf["architectures"] = ["T5EncoderModel"]
-    _write_json(os.path.join(out_dir, "config.json"), hf)
+    write_json(os.path.join(out_dir, "config.json"), hf)
     if spiece_model is not None:
         _write_tokenizer(spiece_bytes, extra_ids, out_dir)
 
@@ -562,22 +562,22 @@ def is_ranker_config(hf: Mapping[str, Any]) -> bool:
     return hf.get("model_type") == RANKER_MODEL_TYPE
 
 
-def ranker_head_tensors(model_config: ModelConfig) -> list[_Tensor]:
+def ranker_head_tensors(model_config: ModelConfig) -> list[HFTensor]:
     """The cross-encoder head (whatever the backbone): optional projection, then the score layer with its bias."""
     width = model_config.head.output_dim(model_config.encoder.d_model)
     n = model_config.num_scores
     return _projection_tensors(model_config) + [
-        _Tensor(("score_head", "kernel"), "score.weight", (n, width), True),
-        _Tensor(("score_head", "bias"), "score.bias", (n,), False),
+        HFTensor(("score_head", "kernel"), "score.weight", (n, width), True),
+        HFTensor(("score_head", "bias"), "score.bias", (n,), False),
     ]
 
 
-def _ranker_tensor_table(model_config: ModelConfig) -> list[_Tensor]:
+def _ranker_tensor_table(model_config: ModelConfig) -> list[HFTensor]:
     """Backbone tensors (its own HF names under `backbone.`) followed by the head tensors."""
     if isinstance(model_config.encoder, T5Config):
         backbone = _encoder_tensors(model_config.encoder)
     else:
-        from rankgen_jax.checkpoints.hf_bert import _tensor_table as bert_tensor_table
+        from rankgen_jax.checkpoints.hf_bert import bert_tensor_table
 
         backbone = bert_tensor_table(model_config.encoder)
     return _prefixed(backbone, RANKER_PREFIX) + ranker_head_tensors(model_config)
@@ -638,10 +638,10 @@ def ranker_config_from_hf(hf: Mapping[str, Any], where: str) -> ModelConfig:
         return ModelConfig(encoder=encoder, head=head, kind="cross_encoder",
                            num_scores=_ranker_field(hf, "num_scores", int, where))
     except RankgenError as e:
-        raise RankgenError(f"{where}: {_first_line(e)}") from None
+        raise RankgenError(f"{where}: {first_line(e)}") from None
 
 
-def _read_files(files: list[str]) -> dict[str, bytes]:
+def read_files(files: list[str]) -> dict[str, bytes]:
     """{file name: contents}; read before an overwrite clears the folder they may sit in."""
     out = {}
     for f in files:
@@ -698,15 +698,15 @@ def save_ranker_folder(model_config: ModelConfig, params: Mapping, out_dir: str,
             raise RankgenError(f"a T5 ranker's tokenizer is one SentencePiece model, got {len(files)} files: {files}")
         if files:
             extra_ids = _tokenizer_extra_ids(model_config.encoder, files[0])
-            spiece_bytes = _read_files(files)[os.path.basename(files[0])]
+            spiece_bytes = read_files(files)[os.path.basename(files[0])]
     else:
-        copies = _with_tokenizer_class(_read_files(files), hf_bert.TOKENIZER_CLASSES[model_config.encoder.variant])
+        copies = _with_tokenizer_class(read_files(files), hf_bert.TOKENIZER_CLASSES[model_config.encoder.variant])
 
-    _prepare_out_dir(out_dir, overwrite, stale_files=(*STALE_FILES, *hf_bert.STALE_FILES),
+    prepare_out_dir(out_dir, overwrite, stale_files=(*STALE_FILES, *hf_bert.STALE_FILES),
                      stale_dir=hf_bert.ST_MODULE_DIR)
     # HF's loader requires the "format" metadata.
     save_file(state_dict, os.path.join(out_dir, SAFETENSORS_FILE), metadata={"format": "pt"})
-    _write_json(os.path.join(out_dir, "config.json"), hf)
+    write_json(os.path.join(out_dir, "config.json"), hf)
     shutil.copyfile(os.path.join(os.path.dirname(os.path.abspath(__file__)), RANKER_MODELING_FILE),
                     os.path.join(out_dir, RANKER_MODELING_FILE))
     if spiece_bytes is not None:
@@ -728,10 +728,10 @@ def load_ranker_folder(path: str) -> tuple[ModelConfig, dict, str | list[str] | 
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
         raise RankgenError(f"{path}: no config.json (not an HF model folder)")
-    model_config = ranker_config_from_hf(_read_json(config_path), config_path)
+    model_config = ranker_config_from_hf(read_json(config_path), config_path)
     state_dict: dict[str, np.ndarray] = {}
-    for f in _safetensors_files(path):
-        state_dict.update(_read_safetensors(f))
+    for f in safetensors_files(path):
+        state_dict.update(read_safetensors(f))
     tensors = _ranker_tensor_table(model_config)
     params = params_from_tensor_table(tensors, state_dict, path)
     known, is_t5 = {t.hf_key for t in tensors}, isinstance(model_config.encoder, T5Config)

@@ -32,21 +32,21 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from rankgen_jax.checkpoints.hf import _prepare_out_dir as _prepare_hf_out_dir
+from rankgen_jax.checkpoints.hf import prepare_out_dir as _prepare_hf_out_dir
 from rankgen_jax.checkpoints.hf import (
-    _Tensor,
+    HFTensor,
     params_from_tensor_table,
     state_dict_from_tensor_table,
     RANKER_MODELING_FILE,
     SAFETENSORS_FILE,
     SAFETENSORS_INDEX,
-    _first_line,
-    _get_path,
-    _read_files,
-    _read_json,
-    _read_safetensors,
-    _safetensors_files,
-    _write_json,
+    first_line,
+    get_path,
+    read_files,
+    read_json,
+    read_safetensors,
+    safetensors_files,
+    write_json,
 )
 from rankgen_jax.configs import BertConfig, HeadConfig, ModelConfig
 from rankgen_jax.errors import RankgenError
@@ -118,7 +118,7 @@ def is_bert_folder(path: str) -> bool:
             # Older sentence-transformers folders keep the HF model in the Transformer module's subfolder.
             subdir = _st_modules(path)[0].get("path") or ""
             config_path = os.path.join(path, subdir, "config.json")
-        return os.path.isfile(config_path) and is_bert_family(_read_json(config_path))
+        return os.path.isfile(config_path) and is_bert_family(read_json(config_path))
     except (RankgenError, OSError):
         return False
 
@@ -196,7 +196,7 @@ def bert_config_from_hf(hf: Mapping[str, Any], where: str) -> BertConfig:
     try:
         return BertConfig(variant=model_type, **fields)
     except RankgenError as e:
-        raise RankgenError(f"{where}: {_first_line(e)}") from None
+        raise RankgenError(f"{where}: {first_line(e)}") from None
 
 
 def _pad_id(hf: Mapping[str, Any], model_type: str, where: str) -> int:
@@ -250,29 +250,29 @@ def bert_config_to_hf(cfg: BertConfig) -> dict[str, Any]:
 # Parameter names
 
 
-def _linear(path: tuple[str, ...], hf_name: str, in_dim: int, out_dim: int) -> list[_Tensor]:
+def _linear(path: tuple[str, ...], hf_name: str, in_dim: int, out_dim: int) -> list[HFTensor]:
     """A torch nn.Linear (weight [out, in], bias [out]) as our kernel [in, out] and bias."""
-    return [_Tensor((*path, "kernel"), f"{hf_name}.weight", (out_dim, in_dim), True),
-            _Tensor((*path, "bias"), f"{hf_name}.bias", (out_dim,), False)]
+    return [HFTensor((*path, "kernel"), f"{hf_name}.weight", (out_dim, in_dim), True),
+            HFTensor((*path, "bias"), f"{hf_name}.bias", (out_dim,), False)]
 
 
-def _layer_norm(path: tuple[str, ...], hf_name: str, d: int) -> list[_Tensor]:
-    return [_Tensor((*path, "scale"), f"{hf_name}.weight", (d,), False),
-            _Tensor((*path, "bias"), f"{hf_name}.bias", (d,), False)]
+def _layer_norm(path: tuple[str, ...], hf_name: str, d: int) -> list[HFTensor]:
+    return [HFTensor((*path, "scale"), f"{hf_name}.weight", (d,), False),
+            HFTensor((*path, "bias"), f"{hf_name}.bias", (d,), False)]
 
 
-def _tensor_table(cfg: BertConfig) -> list[_Tensor]:
+def bert_tensor_table(cfg: BertConfig) -> list[HFTensor]:
     """Name/shape table of an encoder in its HF base-model key names."""
     d, ff = cfg.d_model, cfg.d_ff
     emb = ("embeddings",)
     tensors = [
-        _Tensor((*emb, "word_embeddings", "embedding"), "embeddings.word_embeddings.weight",
+        HFTensor((*emb, "word_embeddings", "embedding"), "embeddings.word_embeddings.weight",
                 (cfg.vocab_size, d), False),
-        _Tensor((*emb, "position_embeddings", "embedding"), "embeddings.position_embeddings.weight",
+        HFTensor((*emb, "position_embeddings", "embedding"), "embeddings.position_embeddings.weight",
                 (cfg.max_position_embeddings, d), False),
     ]
     if cfg.type_vocab_size > 0:
-        tensors.append(_Tensor((*emb, "token_type_embeddings", "embedding"), "embeddings.token_type_embeddings.weight",
+        tensors.append(HFTensor((*emb, "token_type_embeddings", "embedding"), "embeddings.token_type_embeddings.weight",
                                (cfg.type_vocab_size, d), False))
     tensors += _layer_norm((*emb, "layer_norm"), "embeddings.LayerNorm", d)
     for i in range(cfg.num_layers):
@@ -327,7 +327,7 @@ def hf_state_dict_to_params(cfg: BertConfig, state_dict: Mapping[str, Any], wher
         state_dict = _normalize_keys(state_dict, cfg.variant)
     except RankgenError as e:
         raise RankgenError(f"{where}: {e}") from None
-    tensors = _tensor_table(cfg)
+    tensors = bert_tensor_table(cfg)
     params = params_from_tensor_table(tensors, state_dict, where)
     known = {t.hf_key for t in tensors}
     for key in state_dict:
@@ -338,7 +338,7 @@ def hf_state_dict_to_params(cfg: BertConfig, state_dict: Mapping[str, Any], wher
 
 def params_to_hf_state_dict(cfg: BertConfig, params: Mapping) -> dict[str, np.ndarray]:
     """Canonical encoder params -> HF base-model state dict (float32 numpy, kernels transposed, contiguous)."""
-    return state_dict_from_tensor_table(_tensor_table(cfg), params)
+    return state_dict_from_tensor_table(bert_tensor_table(cfg), params)
 
 
 # ---------------------------------------------------------------------------
@@ -374,7 +374,7 @@ def _read_st_head(path: str, modules: list[dict], d_model: int) -> tuple[HeadCon
     pooling_path = os.path.join(pooling_dir, "config.json")
     if not os.path.isfile(pooling_path):
         raise RankgenError(f"{pooling_path}: missing (the Pooling module's config)")
-    pooling_cfg = _read_json(pooling_path)
+    pooling_cfg = read_json(pooling_path)
     width = pooling_cfg.get("word_embedding_dimension", d_model)
     if width != d_model:
         raise RankgenError(f"{pooling_path}: word_embedding_dimension={width}, but the encoder has d_model={d_model}")
@@ -400,7 +400,7 @@ def _read_st_dense(dense_dir: str, d_model: int) -> np.ndarray:
     config_path = os.path.join(dense_dir, "config.json")
     if not os.path.isfile(config_path):
         raise RankgenError(f"{config_path}: missing (the Dense module's config)")
-    dense_cfg = _read_json(config_path)
+    dense_cfg = read_json(config_path)
     if dense_cfg.get("bias", True):
         raise RankgenError(f"{config_path}: a Dense module with a bias is not supported (only bias-free projections)")
     activation = dense_cfg.get("activation_function", ST_IDENTITY)
@@ -411,8 +411,8 @@ def _read_st_dense(dense_dir: str, d_model: int) -> np.ndarray:
         raise RankgenError(f"{config_path}: in_features={in_features}, out_features={out_features}"
                            f" do not fit the encoder (d_model={d_model})")
     state_dict: dict[str, np.ndarray] = {}
-    for f in _safetensors_files(dense_dir):
-        state_dict.update(_read_safetensors(f))
+    for f in safetensors_files(dense_dir):
+        state_dict.update(read_safetensors(f))
     if "linear.weight" not in state_dict:
         raise RankgenError(f"{dense_dir}: missing tensor linear.weight")
     extra = sorted(set(state_dict) - {"linear.weight"})
@@ -444,7 +444,7 @@ def load_bert_folder(path: str) -> tuple[ModelConfig, dict, list[str]]:
     if not os.path.isdir(path):
         raise RankgenError(f"{path}: not a folder (expected an HF model folder with config.json)")
     root_config = os.path.join(path, "config.json")
-    if os.path.isfile(root_config) and is_ranker_config(_read_json(root_config)):
+    if os.path.isfile(root_config) and is_ranker_config(read_json(root_config)):
         return load_ranker_folder(path)
     head, modules, model_dir = None, None, path
     if os.path.isfile(os.path.join(path, "modules.json")):
@@ -455,14 +455,14 @@ def load_bert_folder(path: str) -> tuple[ModelConfig, dict, list[str]]:
     config_path = os.path.join(model_dir, "config.json")
     if not os.path.isfile(config_path):
         raise RankgenError(f"{model_dir}: no config.json (not an HF model folder)")
-    hf = _read_json(config_path)
+    hf = read_json(config_path)
     if not is_bert_family(hf):
         raise RankgenError(f"{config_path}: model_type={hf.get('model_type')!r} is not a BERT-family model"
                            f" (expected one of {BERT_MODEL_TYPES})")
     cfg = bert_config_from_hf(hf, config_path)
     state_dict: dict[str, np.ndarray] = {}
-    for f in _safetensors_files(model_dir):
-        state_dict.update(_read_safetensors(f))
+    for f in safetensors_files(model_dir):
+        state_dict.update(read_safetensors(f))
     # HF config.json does not say whether the base model has a pooler; the tensors do.
     try:
         has_pooler = any(k.startswith("pooler.") for k in _normalize_keys(state_dict, cfg.variant))
@@ -520,12 +520,12 @@ def save_bert_folder(model_config: ModelConfig, params: Mapping, out_dir: str,
     dense_weight = None
     if write_st and head.projection_dim != 0:
         out_features = head.output_dim(cfg.d_model)
-        kernel = np.asarray(_get_path(params, ("projection_layer", "kernel")), dtype=np.float32)
+        kernel = np.asarray(get_path(params, ("projection_layer", "kernel")), dtype=np.float32)
         if kernel.shape != (cfg.d_model, out_features):
             raise RankgenError(f"parameter projection_layer/kernel has shape {kernel.shape},"
                                f" but the model config needs {(cfg.d_model, out_features)}")
         dense_weight = np.ascontiguousarray(kernel.T)
-    tokenizers = _read_files(list(tokenizer_files or []))
+    tokenizers = read_files(list(tokenizer_files or []))
     if not cfg.has_pooler and cfg.variant != "distilbert":
         print(f"note: the encoder has no pooler; HF {BASE_ARCHITECTURES[cfg.variant]} will initialise"
               " pooler.dense randomly (it does not affect hidden states)")
@@ -533,7 +533,7 @@ def save_bert_folder(model_config: ModelConfig, params: Mapping, out_dir: str,
     _prepare_out_dir(out_dir, overwrite)
     # HF's loader requires the "format" metadata.
     save_file(state_dict, os.path.join(out_dir, SAFETENSORS_FILE), metadata={"format": "pt"})
-    _write_json(os.path.join(out_dir, "config.json"), hf)
+    write_json(os.path.join(out_dir, "config.json"), hf)
     for name, data in tokenizers.items():
         with open(os.path.join(out_dir, name), "wb") as fh:
             fh.write(data)
@@ -551,13 +551,13 @@ def _write_st_modules(cfg: BertConfig, head: HeadConfig, dense_weight: np.ndarra
                "include_prompt": True}
     pooling[ST_MODE_OF_POOLING[head.pooling]] = True
     os.makedirs(os.path.join(out_dir, "1_Pooling"), exist_ok=True)
-    _write_json(os.path.join(out_dir, "1_Pooling", "config.json"), pooling)
+    write_json(os.path.join(out_dir, "1_Pooling", "config.json"), pooling)
     if dense_weight is not None:
         idx = len(modules)
         dense_dir = f"{idx}_Dense"
         modules.append({"idx": idx, "name": str(idx), "path": dense_dir, "type": ST_DENSE})
         os.makedirs(os.path.join(out_dir, dense_dir), exist_ok=True)
-        _write_json(os.path.join(out_dir, dense_dir, "config.json"), {
+        write_json(os.path.join(out_dir, dense_dir, "config.json"), {
             "in_features": cfg.d_model, "out_features": int(dense_weight.shape[0]), "bias": False,
             "activation_function": ST_IDENTITY})
         save_file({"linear.weight": dense_weight}, os.path.join(out_dir, dense_dir, SAFETENSORS_FILE),
@@ -568,12 +568,12 @@ def _write_st_modules(cfg: BertConfig, head: HeadConfig, dense_weight: np.ndarra
         os.makedirs(os.path.join(out_dir, f"{idx}_Normalize"), exist_ok=True)
         modules.append({"idx": idx, "name": str(idx), "path": f"{idx}_Normalize", "type": ST_NORMALIZE})
     with open(os.path.join(out_dir, "modules.json"), "w", encoding="utf-8") as f:
-        # A list, which _write_json (objects only) does not take.
+        # A list, which write_json (objects only) does not take.
         json.dump(modules, f, indent=2)
         f.write("\n")
-    _write_json(os.path.join(out_dir, "sentence_bert_config.json"),
+    write_json(os.path.join(out_dir, "sentence_bert_config.json"),
                 {"max_seq_length": _st_max_seq_length(cfg), "do_lower_case": False})
     # Our score is a raw dot product (equal to cosine when the vectors are L2-normalised).
-    _write_json(os.path.join(out_dir, "config_sentence_transformers.json"),
+    write_json(os.path.join(out_dir, "config_sentence_transformers.json"),
                 {"__version__": {"sentence_transformers": "3.0.0"}, "prompts": {}, "default_prompt_name": None,
                  "similarity_fn_name": "dot"})

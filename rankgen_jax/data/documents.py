@@ -154,7 +154,7 @@ def _folder_files(folder: Path) -> list[tuple[Path, str]]:
 
 def _read_file(path: Path, doc_id: str, stats: ReadStats) -> Iterator[Document]:
     """Documents of one file (one for text, one per record for JSON)."""
-    raw = _read_bytes(path, stats)
+    raw = read_document_bytes(path, stats)
     if raw is None:
         return
     if not raw.strip():
@@ -172,7 +172,7 @@ def _read_file(path: Path, doc_id: str, stats: ReadStats) -> Iterator[Document]:
         yield Document(doc_id, text)
 
 
-def _read_bytes(path: Path, stats: ReadStats) -> bytes | None:
+def read_document_bytes(path: Path, stats: ReadStats) -> bytes | None:
     """File contents, gunzipped for *.gz; None (counted) when the file or the gzip stream is unreadable."""
     try:
         if path.name.endswith(".gz"):

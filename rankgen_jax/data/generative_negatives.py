@@ -221,7 +221,7 @@ def _count_lines(path: Path) -> int:
         return sum(1 for line in f if line.strip())
 
 
-def _load_lm(lm_dir: str, device: str):
+def load_lm_and_tokenizer(lm_dir: str, device: str):
     """Load a local causal LM and its tokenizer, or say clearly why the folder is not one."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -259,7 +259,7 @@ def _load_lm(lm_dir: str, device: str):
     return config, model, tokenizer
 
 
-def _max_positions(config) -> int | None:
+def lm_max_positions(config) -> int | None:
     for name in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
         value = getattr(config, name, None)
         if isinstance(value, int) and value > 0:
@@ -319,9 +319,9 @@ def generate_negatives(lm_dir: str, input_path: str, output_path: str, *, batch_
     # Check (and repair) the output before loading the model, so a bad --out fails fast.
     done = _read_done(output)
 
-    config, model, tokenizer = _load_lm(lm_dir, device)
+    config, model, tokenizer = load_lm_and_tokenizer(lm_dir, device)
     if max_prompt_tokens is None:
-        limit = _max_positions(config)
+        limit = lm_max_positions(config)
         # Unknown context size (e.g. rotary models without the attribute): do not truncate.
         max_prompt_tokens = limit - max_new_tokens if limit is not None else None
     if max_prompt_tokens is not None and max_prompt_tokens < 1:

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from rankgen_jax.data.documents import JSON_SUFFIXES, ReadStats, _read_bytes, json_documents
+from rankgen_jax.data.documents import JSON_SUFFIXES, ReadStats, read_document_bytes, json_documents
 from rankgen_jax.errors import RankgenError
 
 INDEX_KINDS = ("flat", "ivf", "hnsw")
@@ -179,7 +179,7 @@ def read_corpus(path: str | Path, stats: ReadStats | None = None, quiet: bool = 
         raise RankgenError(f"{path}: no such corpus file")
     stats = stats if stats is not None else ReadStats()
     stats.files += 1
-    raw = _read_bytes(path, stats)
+    raw = read_document_bytes(path, stats)
     if raw is None:
         raise RankgenError(f"{path}: cannot read the file (unreadable, or a corrupt gzip stream)")
     if b"\x00" in raw:
@@ -239,7 +239,7 @@ class LoadedIndex:
         return search_index(self.index, queries_QxD, k)
 
 
-def _encode_all(model, texts: list[str], kind: str, max_length: int | None, batch_size: int, progress: bool,
+def encode_all(model, texts: list[str], kind: str, max_length: int | None, batch_size: int, progress: bool,
                 desc: str) -> np.ndarray:
     """Vectors [N, D] of texts, encoded a chunk at a time under a progress bar (rate and ETA) on stderr."""
     from tqdm import tqdm
@@ -312,7 +312,7 @@ def index_corpus(
         seen[passage_id] = row
     model = load_model(model_dir)
     _require_one_vector(model, model_dir)
-    vectors_NxD = _encode_all(model, texts, encode_kind, max_length, batch_size, progress, "index")
+    vectors_NxD = encode_all(model, texts, encode_kind, max_length, batch_size, progress, "index")
     index = build_faiss_index(vectors_NxD, kind, nlist=nlist, hnsw_m=hnsw_m, nprobe=nprobe, ef_search=ef_search)
 
     import faiss
@@ -410,7 +410,7 @@ def search_queries(
     if built_with and Path(built_with) != Path(model_dir).resolve():
         # Same size vectors from another model are silently meaningless; say so, but allow moved folders.
         print(f"note: {index_dir} was built with {built_with}, searching with {model_dir}", file=sys.stderr)
-    vectors_QxD = _encode_all(model, queries, encode_kind, max_length, batch_size, progress, "queries")
+    vectors_QxD = encode_all(model, queries, encode_kind, max_length, batch_size, progress, "queries")
     scores_QxK, rows_QxK = loaded.search(vectors_QxD, k)
     results = []
     for query_id, query, scores_K, rows_K in zip(query_ids, queries, scores_QxK, rows_QxK):
