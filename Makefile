@@ -4,7 +4,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo smoke test test-all bench clean
+AOT_VENV := .venv-aot
+AOT_STAMP := $(AOT_VENV)/.installed
+
+.PHONY: venv aot-venv demo smoke test test-all test-aot bench clean
 
 # Creates or updates .venv only when requirements.txt or setup.py changed.
 venv: $(STAMP)
@@ -25,11 +28,26 @@ demo: venv
 smoke: venv
 	$(PY) -m rankgen_jax.smoke --out runs/smoke
 
+# .venv plus libtpu (~0.7 GB, Linux x86_64 only), for compiling against TPU topologies on CPU.
+aot-venv: $(AOT_STAMP)
+
+$(AOT_STAMP): $(STAMP) requirements-tpu.txt tpu_scripts/aot_venv.sh
+	bash tpu_scripts/aot_venv.sh
+	touch $(AOT_STAMP)
+
+# The suite, then tests/test_aot.py again in .venv-aot, where its TPU compiles run instead of skipping.
 test: venv
 	$(PY) -m pytest -q -m "not slow" --durations=25 tests
+	@$(MAKE) --no-print-directory test-aot AOT_MARKS='-m "not slow"'
 
 test-all: venv
 	$(PY) -m pytest -q tests
+	@$(MAKE) --no-print-directory test-aot
+
+test-aot:
+	@if [ "$$(uname -s -m)" = "Linux x86_64" ]; then \
+		$(MAKE) -s --no-print-directory aot-venv && $(AOT_VENV)/bin/python -m pytest -q $(AOT_MARKS) tests/test_aot.py; \
+	else echo "skipping the TPU compile tests: libtpu installs only on Linux x86_64"; fi
 
 clean:
 	rm -rf runs .pytest_cache
