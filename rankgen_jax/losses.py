@@ -113,6 +113,7 @@ def _positive_ids(batch: dict[str, Array]) -> Array:
 
 
 def exact_einsum(a: Array, b: Array, spec: str) -> Array:
+    """jnp.einsum in float32 at HIGHEST precision, for scores."""
     # HIGHEST keeps the float32 scores exact on TPU (default there is one bf16 pass);
     # the cost is nothing next to the encoder.
     return jnp.einsum(spec, a, b, precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)

@@ -139,6 +139,7 @@ def t5_config_from_hf(hf: Mapping[str, Any], where: str) -> T5Config:
 
 
 def first_line(error: Exception) -> str:
+    """The first line of an error's message (its type name if the message is empty)."""
     # gin appends "In call to configurable ..." on a second line; errors here stay one line.
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
@@ -338,6 +339,7 @@ def _is_tied_copy(state_dict: Mapping[str, Any], key: str, prefix: str, where: s
 
 
 def read_json(path: str) -> dict:
+    """A JSON object from a file; RankgenError naming the file if it is not valid JSON or not an object."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -497,6 +499,7 @@ def _write_tokenizer(spiece_bytes: bytes, extra_ids: int, out_dir: str) -> None:
 
 
 def write_json(path: str, data: Mapping[str, Any]) -> None:
+    """A dict as indented JSON with sorted keys and a final newline, as HF folders have it."""
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, sort_keys=True)
         f.write("\n")

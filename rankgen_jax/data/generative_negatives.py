@@ -260,6 +260,7 @@ def load_lm_and_tokenizer(lm_dir: str, device: str):
 
 
 def lm_max_positions(config) -> int | None:
+    """The longest input an HF causal LM config allows, under whichever name it uses; None if it says none."""
     for name in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
         value = getattr(config, name, None)
         if isinstance(value, int) and value > 0:
