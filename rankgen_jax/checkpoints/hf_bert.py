@@ -32,7 +32,6 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from rankgen_jax.checkpoints.hf import prepare_out_dir as _prepare_hf_out_dir
 from rankgen_jax.checkpoints.hf import (
     HFTensor,
     params_from_tensor_table,
@@ -42,6 +41,7 @@ from rankgen_jax.checkpoints.hf import (
     SAFETENSORS_INDEX,
     first_line,
     get_path,
+    prepare_out_dir as _prepare_hf_out_dir,
     read_files,
     read_json,
     read_safetensors,
