@@ -29,40 +29,53 @@ namespace ffi = xla::ffi;
 
 namespace {
 
+// One vector is one register of the widest kind the compiler may use (-march=native); each
+// register block of `gemm_block` is sized to the register file. A vector type wider than the
+// machine's registers would be split by the compiler and its sums spilled to memory at every
+// step: on an AVX2 machine, 16-lane blocks ran ~20x slower than XLA:CPU's own dots.
+#if defined(__AVX512F__)
 constexpr int kLanes = 16;
-typedef float v16 __attribute__((vector_size(64)));
-typedef float v16u __attribute__((vector_size(64), aligned(4)));
-typedef int32_t i16 __attribute__((vector_size(64)));
+constexpr int kBlockVectors = 4;  // 6 x 4 sums + 4 B vectors + a broadcast: 29 of 32 registers
+#elif defined(__AVX__)
+constexpr int kLanes = 8;
+constexpr int kBlockVectors = 2;  // 6 x 2 sums + 2 + 1: 15 of 16 registers
+#else
+constexpr int kLanes = 4;  // SSE2, NEON
+constexpr int kBlockVectors = 2;
+#endif
+typedef float vec __attribute__((vector_size(4 * kLanes)));
+typedef float vec_unaligned __attribute__((vector_size(4 * kLanes), aligned(4)));
+typedef int32_t ivec __attribute__((vector_size(4 * kLanes)));
 
-inline v16 load(const float* p) { return *reinterpret_cast<const v16u*>(p); }
-inline void store(float* p, v16 x) { *reinterpret_cast<v16u*>(p) = x; }
+inline vec load(const float* p) { return *reinterpret_cast<const vec_unaligned*>(p); }
+inline void store(float* p, vec x) { *reinterpret_cast<vec_unaligned*>(p) = x; }
 inline int64_t round_up(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
-inline v16 splat(float s) { return v16{} + s; }
+inline vec splat(float s) { return vec{} + s; }
 
 // exp(x) to ~2 ulp: x = n ln2 + r, |r| <= ln2/2, exp(r) by a degree-6 polynomial, 2^n in the
 // exponent bits. Below -87.3 (masked logits) the result is 0.
-inline v16 vexp(v16 x) {
-  const v16 lo = x < -87.3f ? splat(-87.3f) : x;  // keeps 2^n a normal float (and -inf finite)
-  const v16 xc = lo > 88.3f ? splat(88.3f) : lo;
-  const v16 shifter = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to the nearest integer
-  const v16 t = xc * 1.44269504088896341f + shifter;
-  const v16 n = t - shifter;
-  const v16 r = (xc - n * 0.693145751953125f) - n * 1.42860682030941723212e-6f;
-  v16 p = splat(1.0f / 720.0f);
+inline vec vexp(vec x) {
+  const vec lo = x < -87.3f ? splat(-87.3f) : x;  // keeps 2^n a normal float (and -inf finite)
+  const vec xc = lo > 88.3f ? splat(88.3f) : lo;
+  const vec shifter = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to the nearest integer
+  const vec t = xc * 1.44269504088896341f + shifter;
+  const vec n = t - shifter;
+  const vec r = (xc - n * 0.693145751953125f) - n * 1.42860682030941723212e-6f;
+  vec p = splat(1.0f / 720.0f);
   p = p * r + 1.0f / 120.0f;
   p = p * r + 1.0f / 24.0f;
   p = p * r + 1.0f / 6.0f;
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  const i16 bits = (__builtin_convertvector(n, i16) + 127) << 23;
-  v16 scale;
+  const ivec bits = (__builtin_convertvector(n, ivec) + 127) << 23;
+  vec scale;
   std::memcpy(&scale, &bits, sizeof(scale));
-  const v16 y = p * scale;
-  return x < -87.3f ? v16{} : y;
+  const vec y = p * scale;
+  return x < -87.3f ? vec{} : y;
 }
 
-// C[r, c0 : c0 + 16 NV] (+)= sum_t A(r, t) * B[t, c0 : c0 + 16 NV], R rows at a time in
+// C[r, c0 : c0 + kLanes NV] (+)= sum_t A(r, t) * B[t, c0 : c0 + kLanes NV], R rows at a time in
 // R x NV vector registers. A(r, t) = a[r * a_rs + t * a_ts]: strides cover A and A^T alike.
 // With `accumulate` the sum is added to what C holds once it is complete: a caller that adds
 // K in blocks this way sums each block on its own, and the rounding error grows with the
@@ -72,11 +85,11 @@ void gemm_block(int64_t m, int64_t t_len, const float* a, int64_t a_rs, int64_t 
                 const float* b, int64_t ldb, float* c, int64_t ldc, int64_t c0, bool accumulate) {
   int64_t r0 = 0;
   for (; r0 + R <= m; r0 += R) {
-    v16 acc[R][NV];
+    vec acc[R][NV];
     for (int i = 0; i < R; ++i)
-      for (int j = 0; j < NV; ++j) acc[i][j] = v16{};
+      for (int j = 0; j < NV; ++j) acc[i][j] = vec{};
     for (int64_t t = 0; t < t_len; ++t) {
-      v16 bv[NV];
+      vec bv[NV];
       for (int j = 0; j < NV; ++j) bv[j] = load(b + t * ldb + c0 + j * kLanes);
       for (int i = 0; i < R; ++i) {
         const float s = a[(r0 + i) * a_rs + t * a_ts];
@@ -99,21 +112,28 @@ void gemm_block(int64_t m, int64_t t_len, const float* a, int64_t a_rs, int64_t 
 // B's rows are a power-of-two multiple of 64 bytes apart at most of the model's shapes, and
 // they fall into a few cache sets and evict each other.
 constexpr int64_t kPanelDepth = 128;
-constexpr int64_t kPanelCols = 4 * kLanes;
+constexpr int64_t kPanelCols = 64;
 
-// C[m, c0 : c0 + cols] (+)= A B_panel for a contiguous panel [t_len][cols], cols <= 64 a multiple of 16.
+// C[m, c0 : c0 + cols] (+)= A B_panel for a contiguous panel [t_len][cols], cols <= 64 a multiple of
+// kLanes: in strips of kBlockVectors vectors, each by the register block of its width. Every sum
+// is taken over t in the same order whatever the strips, so the bits do not depend on the machine's
+// vector width.
 void gemm_panel(int64_t m, int64_t t_len, const float* a, int64_t a_rs, int64_t a_ts, const float* panel, int64_t cols,
                 float* c, int64_t ldc, int64_t c0, bool accumulate) {
-  switch (cols / kLanes) {
-    case 4: gemm_block<6, 4>(m, t_len, a, a_rs, a_ts, panel, cols, c + c0, ldc, 0, accumulate); break;
-    case 3: gemm_block<6, 3>(m, t_len, a, a_rs, a_ts, panel, cols, c + c0, ldc, 0, accumulate); break;
-    case 2: gemm_block<8, 2>(m, t_len, a, a_rs, a_ts, panel, cols, c + c0, ldc, 0, accumulate); break;
-    case 1: gemm_block<12, 1>(m, t_len, a, a_rs, a_ts, panel, cols, c + c0, ldc, 0, accumulate); break;
-    default: break;
+  for (int64_t v0 = 0; v0 < cols / kLanes; v0 += kBlockVectors) {
+    const float* b = panel + v0 * kLanes;
+    float* out = c + c0 + v0 * kLanes;
+    switch (std::min<int64_t>(kBlockVectors, cols / kLanes - v0)) {
+      case 4: gemm_block<6, 4>(m, t_len, a, a_rs, a_ts, b, cols, out, ldc, 0, accumulate); break;
+      case 3: gemm_block<6, 3>(m, t_len, a, a_rs, a_ts, b, cols, out, ldc, 0, accumulate); break;
+      case 2: gemm_block<kBlockVectors == 2 ? 6 : 8, 2>(m, t_len, a, a_rs, a_ts, b, cols, out, ldc, 0, accumulate); break;
+      case 1: gemm_block<12, 1>(m, t_len, a, a_rs, a_ts, b, cols, out, ldc, 0, accumulate); break;
+      default: break;
+    }
   }
 }
 
-// C[m, w] = A[m, t_len] B[t_len, w]; w is a multiple of 16, B's rows are ldb apart. B is copied
+// C[m, w] = A[m, t_len] B[t_len, w]; w is a multiple of kLanes, B's rows are ldb apart. B is copied
 // panel by panel into `panel` (kPanelDepth x 64 floats); each panel's sum is added to C in turn.
 void gemm(int64_t m, int64_t t_len, int64_t w, const float* a, int64_t a_rs, int64_t a_ts, const float* b, int64_t ldb,
           float* c, int64_t ldc, float* panel) {
@@ -166,7 +186,7 @@ void put_rows(const Dims& d, const Rows& rows, float* x, int64_t b, int64_t h) {
 
 // One head's slice transposed, [kp, lp] zero padded, as the B operand of q k^T and d_out v^T:
 // in `gemm_panel`'s panels of 64 columns, [kp][64] each, the last one [kp][lp % 64] if narrower.
-// Read in blocks of 16 rows, so that the rows being read stay in L1 while each output row is written.
+// Read in blocks of kLanes rows, so that the rows being read stay in L1 while each output row is written.
 void gather_transposed(const Dims& d, const float* x, int64_t b, int64_t h, float* out) {
   std::memset(out, 0, d.kp * d.lp * sizeof(float));
   const float* base = x + b * d.length * d.row_stride() + h * d.head_dim;
@@ -195,9 +215,9 @@ void logits(const Dims& d, const Rows& q, const float* kt_p, const float* positi
   for (int64_t i = 0; i < d.length; ++i) {
     float* row = s + i * d.lp;
     const float* pos = position_bias ? position_bias + (h * d.length + i) * d.length : nullptr;
-    v16 mx = splat(-INFINITY);
+    vec mx = splat(-INFINITY);
     for (int64_t j = 0; j < whole; j += kLanes) {
-      v16 x = load(row + j) + load(mask + j);
+      vec x = load(row + j) + load(mask + j);
       if (pos) x += load(pos + j);
       store(row + j, x);
       mx = x > mx ? x : mx;
@@ -273,7 +293,7 @@ Dims dims_of(const ffi::Buffer<ffi::F32>& q) {
   return d;
 }
 
-inline float horizontal_sum(v16 x) {
+inline float horizontal_sum(vec x) {
   float total = 0.0f;
   for (int l = 0; l < kLanes; ++l) total += x[l];
   return total;
@@ -307,9 +327,9 @@ ffi::Error AttentionForward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::
       float* lse_row = lse->typed_data() + (b * d.heads + h) * d.length;
       for (int64_t i = 0; i < d.length; ++i) {
         float* row = s + i * d.lp;
-        v16 sum{};
+        vec sum{};
         for (int64_t j = 0; j < d.lp; j += kLanes) {
-          const v16 e = vexp(load(row + j) - row_max[i]);
+          const vec e = vexp(load(row + j) - row_max[i]);
           store(row + j, e);
           sum += e;
         }
@@ -379,7 +399,7 @@ ffi::Error AttentionBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi:
         float* p_row = p + i * d.lp;
         float* ds_row = ds + i * d.lp;
         for (int64_t j = 0; j < d.lp; j += kLanes) {
-          const v16 weights = vexp(load(p_row + j) - lse_row[i]);
+          const vec weights = vexp(load(p_row + j) - lse_row[i]);
           store(p_row + j, weights);
           store(ds_row + j, weights * (load(ds_row + j) - dot));
         }
@@ -420,9 +440,9 @@ constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCubic = 0.044715f;
 constexpr int64_t kGeluChunk = 64 * 1024;  // elements per range: a few hundred KB per array
 
-inline v16 gelu_sigmoid(v16 x) {
-  const v16 minus_two_u = -2.0f * kGeluScale * (x + kGeluCubic * x * x * x);
-  const v16 clamped = minus_two_u > 80.0f ? splat(80.0f) : (minus_two_u < -80.0f ? splat(-80.0f) : minus_two_u);
+inline vec gelu_sigmoid(vec x) {
+  const vec minus_two_u = -2.0f * kGeluScale * (x + kGeluCubic * x * x * x);
+  const vec clamped = minus_two_u > 80.0f ? splat(80.0f) : (minus_two_u < -80.0f ? splat(-80.0f) : minus_two_u);
   return splat(1.0f) / (vexp(clamped) + 1.0f);
 }
 
@@ -450,7 +470,7 @@ void parallel_elements(ffi::ThreadPool& pool, int64_t n, F fn) {
 void gated_gelu_span(const float* g, const float* l, float* h, int64_t begin, int64_t end) {
   int64_t i = begin;
   for (; i + kLanes <= end; i += kLanes) {
-    const v16 x = load(g + i);
+    const vec x = load(g + i);
     store(h + i, x * gelu_sigmoid(x) * load(l + i));
   }
   for (; i < end; ++i) h[i] = g[i] * gelu_sigmoid(g[i]) * l[i];
@@ -461,9 +481,9 @@ void gated_gelu_grad_span(const float* g, const float* l, const float* dh, float
                           int64_t end) {
   int64_t i = begin;
   for (; i + kLanes <= end; i += kLanes) {
-    const v16 x = load(g + i);
-    const v16 s = gelu_sigmoid(x);
-    const v16 d = load(dh + i - begin);
+    const vec x = load(g + i);
+    const vec s = gelu_sigmoid(x);
+    const vec d = load(dh + i - begin);
     store(dg + i, d * load(l + i) * gelu_slope(x, s));
     store(dl + i, d * x * s);
   }
@@ -505,7 +525,7 @@ inline int64_t norm_rows_per_range(int64_t features) { return std::max<int64_t>(
 
 // sum of a[i] * b[i] over n floats (vector lanes, then the scalar tail).
 inline float dot_row(const float* a, const float* b, int64_t n) {
-  v16 acc{};
+  vec acc{};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) acc += load(a + i) * load(b + i);
   float total = horizontal_sum(acc);
@@ -552,14 +572,14 @@ ffi::Error RmsNormBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::B
       const float* dyr = d_y.typed_data() + t * features;
       float* dxr = d_x->typed_data() + t * features;
       const float r = inv_rms.typed_data()[t];
-      v16 acc{};
+      vec acc{};
       int64_t i = 0;
       for (; i + kLanes <= features; i += kLanes) acc += load(s + i) * load(dyr + i) * load(xr + i);
       float g_dot_x = horizontal_sum(acc);
       for (; i < features; ++i) g_dot_x += s[i] * dyr[i] * xr[i];
       const float coef = r * r * r * g_dot_x / features;
       for (i = 0; i + kLanes <= features; i += kLanes) {
-        const v16 xv = load(xr + i), dyv = load(dyr + i);
+        const vec xv = load(xr + i), dyv = load(dyr + i);
         store(dxr + i, r * load(s + i) * dyv - coef * xv);
         store(ds + i, load(ds + i) + dyv * xv * r);
       }
@@ -623,9 +643,9 @@ void matmul_rows(int64_t rows, const float* a, PackedWeight& w, float* c, float*
     for (int64_t c0 = 0; c0 < w.n; c0 += kPanelCols) {
       const float* panel = w.panel(p, c0 / kPanelCols);
       if (c0 + kPanelCols <= w.n)
-        gemm_block<6, 4>(rows, depth, a + p, w.k, 1, panel, kPanelCols, c + c0, w.n, 0, p > 0);
+        gemm_panel(rows, depth, a + p, w.k, 1, panel, kPanelCols, c, w.n, c0, p > 0);
       else  // the last, partial column group: summed in `edge`, copied out after the last block
-        gemm_block<6, 4>(rows, depth, a + p, w.k, 1, panel, kPanelCols, edge, kPanelCols, 0, p > 0);
+        gemm_panel(rows, depth, a + p, w.k, 1, panel, kPanelCols, edge, kPanelCols, 0, p > 0);
     }
   }
   const int64_t c0 = w.n / kPanelCols * kPanelCols;
@@ -768,8 +788,8 @@ struct WeightGradientPlan {
         float* c = full ? out + g * kPanelCols : edge;
         const int64_t ldc = full ? n : kPanelCols;
         for (int64_t r0 = 0; r0 < m; r0 += kStripRows)
-          gemm_block<kStripRows, 4>(std::min(kStripRows, m - r0), depth, strips + r0 * depth, 1, kStripRows, panel, kPanelCols,
-                                    c + r0 * ldc, ldc, 0, p > k_begin);
+          gemm_panel(std::min(kStripRows, m - r0), depth, strips + r0 * depth, 1, kStripRows, panel, kPanelCols,
+                     c + r0 * ldc, ldc, 0, p > k_begin);
       }
     }
     const int64_t c0 = n / kPanelCols * kPanelCols;
