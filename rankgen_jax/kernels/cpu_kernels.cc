@@ -112,24 +112,18 @@ void gemm_block(int64_t m, int64_t t_len, const float* a, int64_t a_rs, int64_t 
 // B's rows are a power-of-two multiple of 64 bytes apart at most of the model's shapes, and
 // they fall into a few cache sets and evict each other.
 constexpr int64_t kPanelDepth = 128;
-constexpr int64_t kPanelCols = 64;
+constexpr int64_t kPanelCols = kBlockVectors * kLanes;  // one register block wide: 64 with AVX-512, 16 with AVX2
 
-// C[m, c0 : c0 + cols] (+)= A B_panel for a contiguous panel [t_len][cols], cols <= 64 a multiple of
-// kLanes: in strips of kBlockVectors vectors, each by the register block of its width. Every sum
-// is taken over t in the same order whatever the strips, so the bits do not depend on the machine's
-// vector width.
+// C[m, c0 : c0 + cols] (+)= A B_panel for a contiguous panel [t_len][cols], cols <= kPanelCols a
+// multiple of kLanes, by the register block of that width.
 void gemm_panel(int64_t m, int64_t t_len, const float* a, int64_t a_rs, int64_t a_ts, const float* panel, int64_t cols,
                 float* c, int64_t ldc, int64_t c0, bool accumulate) {
-  for (int64_t v0 = 0; v0 < cols / kLanes; v0 += kBlockVectors) {
-    const float* b = panel + v0 * kLanes;
-    float* out = c + c0 + v0 * kLanes;
-    switch (std::min<int64_t>(kBlockVectors, cols / kLanes - v0)) {
-      case 4: gemm_block<6, 4>(m, t_len, a, a_rs, a_ts, b, cols, out, ldc, 0, accumulate); break;
-      case 3: gemm_block<6, 3>(m, t_len, a, a_rs, a_ts, b, cols, out, ldc, 0, accumulate); break;
-      case 2: gemm_block<kBlockVectors == 2 ? 6 : 8, 2>(m, t_len, a, a_rs, a_ts, b, cols, out, ldc, 0, accumulate); break;
-      case 1: gemm_block<12, 1>(m, t_len, a, a_rs, a_ts, b, cols, out, ldc, 0, accumulate); break;
-      default: break;
-    }
+  switch (cols / kLanes) {
+    case 4: gemm_block<6, 4>(m, t_len, a, a_rs, a_ts, panel, cols, c + c0, ldc, 0, accumulate); break;
+    case 3: gemm_block<6, 3>(m, t_len, a, a_rs, a_ts, panel, cols, c + c0, ldc, 0, accumulate); break;
+    case 2: gemm_block<kBlockVectors == 2 ? 6 : 8, 2>(m, t_len, a, a_rs, a_ts, panel, cols, c + c0, ldc, 0, accumulate); break;
+    case 1: gemm_block<12, 1>(m, t_len, a, a_rs, a_ts, panel, cols, c + c0, ldc, 0, accumulate); break;
+    default: break;
   }
 }
 
