@@ -7,6 +7,11 @@ STAMP := $(VENV)/.installed
 AOT_VENV := .venv-aot
 AOT_STAMP := $(AOT_VENV)/.installed
 
+# Test files run in this many processes (pytest-xdist, a file's tests together so that its
+# compiled fixtures are shared): most of the suite's time is single-threaded XLA compiles.
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
+
 .PHONY: venv aot-venv demo smoke test test-all test-aot bench clean
 
 # Creates or updates .venv only when requirements.txt or setup.py changed.
@@ -37,11 +42,11 @@ $(AOT_STAMP): $(STAMP) requirements-tpu.txt tpu_scripts/aot_venv.sh
 
 # The suite, then tests/test_aot.py again in .venv-aot, where its TPU compiles run instead of skipping.
 test: venv
-	$(PY) -m pytest -q -m "not slow" --durations=25 tests
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not slow" --durations=25 tests
 	@$(MAKE) --no-print-directory test-aot AOT_MARKS='-m "not slow"'
 
 test-all: venv
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) tests
 	@$(MAKE) --no-print-directory test-aot
 
 test-aot:
