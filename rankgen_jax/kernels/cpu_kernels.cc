@@ -7,8 +7,8 @@
 // One task per (batch row, head): its [L, L] logits, weights and their gradients live in
 // per-thread buffers that stay in L2, where XLA:CPU writes and rereads each [B, H, L, L]
 // tensor in memory several times per layer. The matmuls are one register-blocked
-// broadcast-FMA kernel (`gemm`), written with GCC vector extensions so that -march=native
-// picks the widest vectors the machine has.
+// broadcast-FMA kernel (`gemm`), written with GCC vector extensions for the vector width
+// -march=native gives (16 lanes with AVX-512, 8 with AVX2, 4 otherwise).
 //
 // Attention shapes: q, k, v, o, d_out, d_q, d_k, d_v: [B, L, H, K]; position_bias, d_position_bias:
 // [H, L, L] (zeros of shape [0] when the model has none); mask_bias: [B, L]; lse: [B, H, L],
@@ -107,7 +107,7 @@ void gemm_block(int64_t m, int64_t t_len, const float* a, int64_t a_rs, int64_t 
     if (r0 < m) gemm_block<R / 2, NV>(m - r0, t_len, a + r0 * a_rs, a_rs, a_ts, b, ldb, c + r0 * ldc, ldc, c0, accumulate);
 }
 
-// B operands are copied into panels of up to kPanelDepth rows by 64 columns, contiguous, so
+// B operands are copied into panels of up to kPanelDepth rows by kPanelCols columns, contiguous, so
 // that a panel stays in L1 while `gemm_block` runs it against every row of A. Read in place,
 // B's rows are a power-of-two multiple of 64 bytes apart at most of the model's shapes, and
 // they fall into a few cache sets and evict each other.
@@ -128,7 +128,7 @@ void gemm_panel(int64_t m, int64_t t_len, const float* a, int64_t a_rs, int64_t 
 }
 
 // C[m, w] = A[m, t_len] B[t_len, w]; w is a multiple of kLanes, B's rows are ldb apart. B is copied
-// panel by panel into `panel` (kPanelDepth x 64 floats); each panel's sum is added to C in turn.
+// panel by panel into `panel` (kPanelDepth x kPanelCols floats); each panel's sum is added to C in turn.
 void gemm(int64_t m, int64_t t_len, int64_t w, const float* a, int64_t a_rs, int64_t a_ts, const float* b, int64_t ldb,
           float* c, int64_t ldc, float* panel) {
   for (int64_t c0 = 0; c0 < w; c0 += kPanelCols) {
@@ -179,7 +179,8 @@ void put_rows(const Dims& d, const Rows& rows, float* x, int64_t b, int64_t h) {
 }
 
 // One head's slice transposed, [kp, lp] zero padded, as the B operand of q k^T and d_out v^T:
-// in `gemm_panel`'s panels of 64 columns, [kp][64] each, the last one [kp][lp % 64] if narrower.
+// in `gemm_panel`'s panels of kPanelCols columns, [kp][kPanelCols] each, the last one narrower if lp
+// is not a multiple of kPanelCols.
 // Read in blocks of kLanes rows, so that the rows being read stay in L1 while each output row is written.
 void gather_transposed(const Dims& d, const float* x, int64_t b, int64_t h, float* out) {
   std::memset(out, 0, d.kp * d.lp * sizeof(float));
@@ -592,15 +593,15 @@ ffi::Error RmsNormBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::B
 
 // The dense layers' products with a [K, N] weight: y = x w (forward) and d_x = d_y w^T
 // (backward), a[T, K] times the weight or its transpose, T the tokens. The weight is packed
-// once per call into panels of kPanelDepth x 64 columns (contiguous, zero padded), each of
+// once per call into panels of kPanelDepth x kPanelCols columns (contiguous, zero padded), each of
 // which stays in L1 while `gemm_block` runs it against the rows of one task: a's rows are
 // read in place, six at a time, so only the small operand is copied. Tasks are blocks of
 // kMatmulRows rows; each output row is summed by one task in a fixed order (K in blocks of
 // kPanelDepth, each block's sum added to the row), so the bits do not depend on the threads.
 constexpr int64_t kMatmulRows = 96;
 
-// Rows [p, p + depth) and columns [64 g, 64 g + 64) of b [k, n] (or of w^T when `transposed`,
-// w being [n, k]) -> out [depth][64], zero padded past column n.
+// Rows [p, p + depth) and column group g (kPanelCols wide) of b [k, n] (or of w^T when `transposed`,
+// w being [n, k]) -> out [depth][kPanelCols], zero padded past column n.
 void pack_panel(const float* b, int64_t k, int64_t n, int64_t p, int64_t depth, int64_t g, bool transposed, float* out) {
   const int64_t c0 = g * kPanelCols, cols = std::min(kPanelCols, n - c0);
   for (int64_t t = 0; t < depth; ++t) {
@@ -615,7 +616,7 @@ void pack_panel(const float* b, int64_t k, int64_t n, int64_t p, int64_t depth, 
 
 struct PackedWeight {
   int64_t k, n, n_padded;
-  float* panels;  // block p (rows p..p+depth of K), column group g: [depth][64] at p * n_padded + g * depth * 64
+  float* panels;  // block p (rows p..p+depth of K), column group g: [depth][kPanelCols] at p * n_padded + g * depth * kPanelCols
 
   // w is [k, n], or [n, k] holding the transpose when `transposed`; packed into reusable_buffer(slot).
   PackedWeight(ffi::ThreadPool& pool, const float* w, int64_t k_, int64_t n_, bool transposed, int slot = 0)
@@ -630,7 +631,7 @@ struct PackedWeight {
   float* panel(int64_t p, int64_t g) { return panels + p * n_padded + g * std::min(kPanelDepth, k - p) * kPanelCols; }
 };
 
-// c[rows, n] = a[rows, k] (row stride k) times the packed weight; `edge` holds rows x 64 floats.
+// c[rows, n] = a[rows, k] (row stride k) times the packed weight; `edge` holds rows x kPanelCols floats.
 void matmul_rows(int64_t rows, const float* a, PackedWeight& w, float* c, float* edge) {
   for (int64_t p = 0; p < w.k; p += kPanelDepth) {
     const int64_t depth = std::min(kPanelDepth, w.k - p);
@@ -734,7 +735,7 @@ ffi::Error MatmulWeightTransposed(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a,
 // tokens. The tokens are cut into splits (enough for two per runner, at least
 // kWgradMinSplit rows each); a task sums its split into a whole [M, N] partial, walking it
 // in blocks of kPanelDepth tokens. Both operands of a block are packed: x^T into strips of
-// six d_w rows ([depth][6] each, read by `gemm_block`'s six broadcasts), d_y into 64-column
+// six d_w rows ([depth][6] each, read by `gemm_block`'s six broadcasts), d_y into kPanelCols-column
 // panels. Read in place, x's rows (M floats apart) would fall into a few cache sets. Partials
 // are added in split order: the summation order depends only on the shapes and the pool's
 // size, so the bits are reproducible.
@@ -759,7 +760,7 @@ struct WeightGradientPlan {
   void run_split(int64_t split, float* scratch) {
     float* panels = scratch;
     float* strips = panels + kPanelDepth * n_padded;
-    float* edge = strips + kPanelDepth * m_padded;  // the partial last column group, [m][64]
+    float* edge = strips + kPanelDepth * m_padded;  // the partial last column group, [m][kPanelCols]
     float* out = split == 0 ? d_w : partial + (split - 1) * m * n;
     const int64_t k_begin = split * k / splits, k_end = (split + 1) * k / splits, groups = n_padded / kPanelCols;
     if (k_begin == k_end) std::fill(out, out + m * n, 0.0f);
