@@ -93,6 +93,14 @@ def available() -> bool:
     return True
 
 
+def vector_lanes() -> int:
+    """Floats per vector the compiled kernels use: 16 with AVX-512, 8 with AVX2, 4 otherwise."""
+    import ctypes
+
+    require()
+    return ctypes.cdll.LoadLibrary(str(_compile())).RankgenVectorLanes()
+
+
 def require() -> None:
     """Raise unless the kernels are available (callers check `available()` first)."""
     if not available():

@@ -829,6 +829,9 @@ struct xla::ffi::CtxBinding<xla::ffi::ThreadPool> {
   using Ctx = xla::ffi::ThreadPool;
 };
 
+// Floats per vector in this build, which must match the machine's widest registers (tests check).
+extern "C" int RankgenVectorLanes() { return kLanes; }
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenAttentionForward, AttentionForward);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenAttentionBackward, AttentionBackward);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RankgenGatedGeluForward, GatedGeluForward);
