@@ -9,6 +9,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # on a GPU (TF32) or TPU (bf16 passes) the default f32 matmul precision is lower: on an
 # H200, 13 of the model, attention and HF-parity tests failed at the default, none at highest.
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
+# The C++ kernels' tests and the model paths through them run wherever the kernels build,
+# also on CPUs where they are not used by default (rankgen_jax/kernels/build.py).
+os.environ.setdefault("RANKGEN_FUSED_KERNELS", "1")
 from rankgen_jax.runtime import configure_xla_flags  # noqa: E402
 
 TEST_DEVICES = 8

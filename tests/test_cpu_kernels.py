@@ -42,6 +42,35 @@ def test_vectors_are_as_wide_as_the_machine_registers():
     assert build.vector_lanes() == expected
 
 
+def test_kernels_are_used_by_default_only_at_measured_vector_widths(monkeypatch, capsys):
+    """4-float builds (SSE-only x86, ARM) pass the tests but were never timed: XLA's code runs unless forced."""
+    kernels_or_skip()
+    real = build._load()
+
+    class FourLaneLibrary:
+        def RankgenVectorLanes(self):  # noqa: N802 (the exported C name)
+            return 4
+
+        def __getattr__(self, symbol):
+            return getattr(real, symbol)
+
+    monkeypatch.setattr(build, "_load", FourLaneLibrary)
+    registered = []
+    monkeypatch.setattr(build.jax.ffi, "register_ffi_target", lambda target, *args, **kwargs: registered.append(target))
+    monkeypatch.delenv("RANKGEN_FUSED_KERNELS", raising=False)
+    assert build.available.__wrapped__() is False and registered == []
+    assert "built for 4-float vectors" in capsys.readouterr().err
+    monkeypatch.setenv("RANKGEN_FUSED_KERNELS", "1")
+    assert build.available.__wrapped__() is True and sorted(registered) == sorted(build.TARGETS)
+    monkeypatch.setenv("RANKGEN_FUSED_KERNELS", "0")
+    assert build.available.__wrapped__() is False
+
+    monkeypatch.setattr(build, "_load", lambda: real)
+    monkeypatch.delenv("RANKGEN_FUSED_KERNELS")
+    registered.clear()
+    assert build.available.__wrapped__() is (build.vector_lanes() in build.MEASURED_VECTOR_LANES)
+
+
 @pytest.mark.parametrize("shape", [(7, 5), (33, 48), (3, 70_000)])  # scalar tails; several chunks
 def test_gated_gelu_kernel_equals_jax(shape):
     kernels_or_skip()

@@ -5,6 +5,11 @@ this machine's instruction set, into a cache folder keyed by the source, the
 flags, jaxlib's version and the CPU. Where no compiler works, or
 `RANKGEN_FUSED_KERNELS=0`, `available()` is False and callers use XLA's
 implementations: one warning says why, and nothing else changes.
+
+They are used by default only where their speed has been measured against XLA's:
+x86 CPUs with AVX2 or AVX-512 (8- or 16-float vectors). Elsewhere (SSE-only x86,
+ARM) they build and pass the tests, but their speed is unknown, so XLA's
+implementations run unless `RANKGEN_FUSED_KERNELS=1` asks for the kernels.
 """
 
 from __future__ import annotations
@@ -76,15 +81,31 @@ def _compile() -> Path:
     return library
 
 
+# Vector widths (floats) at which the kernels were timed against XLA:CPU and won: AVX2, AVX-512.
+MEASURED_VECTOR_LANES = (8, 16)
+
+
+def _load():
+    """The compiled kernel library, loaded (compiled first unless cached); raises OSError / RuntimeError."""
+    import ctypes
+
+    return ctypes.cdll.LoadLibrary(str(_compile()))
+
+
 @functools.cache
 def available() -> bool:
-    """Whether the kernels are compiled and registered with XLA:CPU (compiles them once)."""
-    if os.environ.get("RANKGEN_FUSED_KERNELS", "1") == "0":
+    """Whether the kernels are compiled, registered with XLA:CPU and to be used here (compiles them once)."""
+    setting = os.environ.get("RANKGEN_FUSED_KERNELS", "auto")
+    if setting == "0":
         return False
     try:
-        import ctypes
-
-        library = ctypes.cdll.LoadLibrary(str(_compile()))
+        library = _load()
+        lanes = library.RankgenVectorLanes()
+        if setting != "1" and lanes not in MEASURED_VECTOR_LANES:
+            print(f"warning: fused CPU kernels not used: built for {lanes}-float vectors (no AVX2 / AVX-512), "
+                  "where their speed against XLA's implementations has not been measured; "
+                  "RANKGEN_FUSED_KERNELS=1 uses them anyway", file=sys.stderr)
+            return False
         for target, symbol in TARGETS.items():
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
     except (OSError, RuntimeError, subprocess.SubprocessError) as err:
@@ -95,10 +116,7 @@ def available() -> bool:
 
 def vector_lanes() -> int:
     """Floats per vector the compiled kernels use: 16 with AVX-512, 8 with AVX2, 4 otherwise."""
-    import ctypes
-
-    require()
-    return ctypes.cdll.LoadLibrary(str(_compile())).RankgenVectorLanes()
+    return _load().RankgenVectorLanes()
 
 
 def require() -> None:
