@@ -33,6 +33,24 @@ def _peak_readings(report: dict) -> str:
             "case's timed steps; the highest of them all")
 
 
+# Readings further apart than this within one run mean the machine's speed moved (other work on
+# the host): 182-305 GFLOP/s within 40 s on session 12's machine, its steps steady within 8%.
+STEADY_PEAK_SPREAD = 1.25
+
+
+def _peak_spread(report: dict) -> str:
+    """' The readings ranged from a to b ...' with a warning when they are far apart; '' if unknown."""
+    lowest, highest = report.get("matmul_peak_lowest"), report["matmul_peak_gflops"]
+    if not lowest:
+        return ""
+    line = f" The readings ranged from {lowest:.1f} to {highest:.1f} GFLOP/s ({highest / lowest - 1:.0%} apart)"
+    if highest / lowest <= STEADY_PEAK_SPREAD:
+        return line + "."
+    return (line + ": the machine's speed moved during the run, so a % of peak below depends on which readings "
+            "fell beside the steps about as much as on the steps; compare the steps' own times and the JAX / "
+            "PyTorch ratios, which were timed side by side.")
+
+
 def _of_peak_note(pair: dict, report: dict) -> str:
     """The small case's % of peak line: JAX's median round against the peak read beside it."""
     chosen, run_peak = pair["jax_for_peak"], report["matmul_peak_gflops"]
@@ -64,7 +82,8 @@ def render_markdown(report: dict) -> str:
         f"torch {machine['torch']}, transformers {machine['transformers']}, numpy {machine['numpy']}.",
         f"- XLA_FLAGS: `{machine['xla_flags']}`; GLIBC_TUNABLES of the JAX processes: "
         f"`{machine.get('glibc_tunables') or 'none'}` (the PyTorch peer runs with glibc's defaults).",
-        f"- fp32 matmul peak measured in the run (numpy, 2048^3, best of 5{_peak_readings(report)}): **{peak:.1f} GFLOP/s**.",
+        f"- fp32 matmul peak measured in the run (numpy, 2048^3, best of 5{_peak_readings(report)}): **{peak:.1f} GFLOP/s**."
+        f"{_peak_spread(report)}",
         "",
         "## Train step: JAX against the PyTorch / HuggingFace peer",
         "",

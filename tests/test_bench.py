@@ -75,10 +75,12 @@ def test_report_renders_every_section(toy_rows, tmp_path):
              "gradcache_rss_1536_over_64": 1.03}
     bench.judge_peak(train, floor=0.0)
     report = {"machine": bench.machine_description(), "matmul_peak_gflops": 300.0, "train": train, "seconds": 60.0,
-              "encode": None, "data": None, "matmul_peak_measurements": [290.0, 300.0]}
+              "encode": None, "data": None, "matmul_peak_measurements": [290.0, 300.0], "matmul_peak_lowest": 250.0}
     text = render_markdown(json.loads(json.dumps(report)))
     assert ("before and after the train steps: 290.0 and 300.0, and beside each case's timed steps; the highest "
-            "of them all): **300.0 GFLOP/s**") in text
+            "of them all): **300.0 GFLOP/s**. The readings ranged from 250.0 to 300.0 GFLOP/s (20% apart).") in text
+    report["matmul_peak_lowest"] = 180.0
+    assert "(67% apart): the machine's speed moved during the run" in render_markdown(report)
     assert "JAX / PyTorch = **1.50x** (target 1.3x: met). Median of 3 interleaved rounds: 1.40, 1.50, 1.60." in text
     assert "batch 1536 / batch 64: **1.03x** (target at most 1.2x: met)" in text
     assert text.count("Not run, or failed") == 2  # encode and data sections say so rather than vanish
