@@ -118,9 +118,14 @@ constexpr int64_t kPanelCols = kBlockVectors * kLanes;  // one register block wi
 // multiple of kLanes, by the register block of that width.
 void gemm_panel(int64_t m, int64_t t_len, const float* a, int64_t a_rs, int64_t a_ts, const float* panel, int64_t cols,
                 float* c, int64_t ldc, int64_t c0, bool accumulate) {
+  // Panels are at most kBlockVectors vectors wide: the wider blocks exist only where they can occur.
   switch (cols / kLanes) {
-    case 4: gemm_block<6, 4>(m, t_len, a, a_rs, a_ts, panel, cols, c + c0, ldc, 0, accumulate); break;
-    case 3: gemm_block<6, 3>(m, t_len, a, a_rs, a_ts, panel, cols, c + c0, ldc, 0, accumulate); break;
+    case 4:
+      if constexpr (kBlockVectors >= 4) gemm_block<6, 4>(m, t_len, a, a_rs, a_ts, panel, cols, c + c0, ldc, 0, accumulate);
+      break;
+    case 3:
+      if constexpr (kBlockVectors >= 3) gemm_block<6, 3>(m, t_len, a, a_rs, a_ts, panel, cols, c + c0, ldc, 0, accumulate);
+      break;
     case 2: gemm_block<kBlockVectors == 2 ? 6 : 8, 2>(m, t_len, a, a_rs, a_ts, panel, cols, c + c0, ldc, 0, accumulate); break;
     case 1: gemm_block<12, 1>(m, t_len, a, a_rs, a_ts, panel, cols, c + c0, ldc, 0, accumulate); break;
     default: break;
