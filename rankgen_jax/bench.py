@@ -237,6 +237,10 @@ def judge_peak(train: dict, floor: float) -> None:
     that lowers both readings and not the step would otherwise flatter the figure. The
     % of peak of a case is JAX's alone: its median round by that figure (of an even count,
     the lower), not the round the ratio picks, whose choice depends on PyTorch's noise.
+
+    Where the machine's speed moves within seconds, no reading pairs well with a step, so
+    each case also gets a figure that pairs nothing: JAX's median rate over its rounds
+    against `floor`, the median reading (`jax_median_of_median_peak`).
     """
     for row in _train_rows(train):
         row["peak_gflops"] = max(*row["peak_readings"], floor)
@@ -244,6 +248,8 @@ def judge_peak(train: dict, floor: float) -> None:
     for peer in train["peers"]:
         jax_rows = sorted((r["jax"] for r in peer["rounds"]), key=lambda row: row["of_peak"])
         peer["jax_for_peak"] = jax_rows[(len(jax_rows) - 1) // 2]
+        rates = [row["train_gflops_per_second"] for row in jax_rows]
+        peer["jax_median_of_median_peak"] = statistics.median(rates) / floor if floor else None
 
 
 def _train_rows(train: dict) -> list[dict]:

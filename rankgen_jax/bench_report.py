@@ -63,7 +63,17 @@ def _of_peak_note(pair: dict, report: dict) -> str:
             f"{len(rounds)} rounds by that figure (of an even count, the lower), each against the higher of the "
             f"readings just before and just after its steps, or the run's median reading "
             f"({report['matmul_peak_median']:.1f}) if that is higher: {each}. Against the run's highest reading "
-            f"({run_peak:.1f} GFLOP/s) the same round is at {chosen['train_gflops_per_second'] / run_peak:.1%}.")
+            f"({run_peak:.1f} GFLOP/s) the same round is at {chosen['train_gflops_per_second'] / run_peak:.1%}."
+            f"{_median_of_median(pair, report)}")
+
+
+def _median_of_median(pair: dict, report: dict) -> str:
+    """' JAX's median rate ... against the run's median reading: x%.' where the report has it."""
+    frac = pair.get("jax_median_of_median_peak")
+    if frac is None:
+        return ""
+    return (f" JAX's median rate over its {len(pair['rounds'])} rounds against the median of the run's "
+            f"readings ({report['matmul_peak_median']:.1f} GFLOP/s), which pairs no step with a reading: {frac:.1%}.")
 
 
 def render_markdown(report: dict) -> str:

@@ -64,7 +64,12 @@ def test_percent_of_peak_is_jax_median_round_against_the_peak_read_beside_it(toy
             "the median of its 3 rounds by that figure (of an even count, the lower), each against the higher of "
             "the readings just before and just after its steps, or the run's median reading (74.0) if that is higher: "
             "75.0% (4.000 s; peak 80.0 / 75.0), 73.7% (4.400 s; peak 70.0 / 72.0), 63.5% (4.200 s; peak 90.0 / 60.0). "
-            "Against the run's highest reading (90.0 GFLOP/s) the same round is at 60.6%.") in text
+            "Against the run's highest reading (90.0 GFLOP/s) the same round is at 60.6%. JAX's median rate over "
+            "its 3 rounds against the median of the run's readings (74.0 GFLOP/s), which pairs no step with a "
+            "reading: 77.2%.") in text
+    # The unpaired figure: the median of the rates 60, 54.5 and 57.1 GFLOP/s over the median reading.
+    assert floored["jax_median_of_median_peak"] == pytest.approx(240.0 / 4.2 / 74.0)
+    assert two["jax_median_of_median_peak"] is None  # no readings in the run: no figure, not a division by zero
 
 
 def test_report_renders_every_section(toy_rows, tmp_path):
