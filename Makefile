@@ -31,7 +31,7 @@ demo: venv
 
 # Quick check of the model core: random T5 -> checkpoint -> HF export -> same vectors in PyTorch.
 smoke: venv
-	$(PY) -m rankgen_jax.smoke --out runs/smoke
+	$(PY) -m rankgen_jax.experiments.smoke --out runs/smoke
 
 # .venv plus libtpu (~0.7 GB, Linux x86_64 only), for compiling against TPU topologies on CPU.
 aot-venv: $(AOT_STAMP)
@@ -58,4 +58,4 @@ clean:
 	rm -rf runs .pytest_cache
 
 bench: venv
-	$(PY) -m rankgen_jax.bench --out runs/bench/bench.json
+	$(PY) -m benchmarks.bench --out runs/bench/bench.json

@@ -14,12 +14,12 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["rankgen_jax", "rankgen_jax.*", "tasks"]),
-    package_data={"rankgen_jax": ["checkpoints/modeling_rankgen.py", "kernels/cpu_kernels.cc"]},
+    package_data={"rankgen_jax": ["kernels/cpu_kernels.cc"]},
     # Exact pins live in requirements.txt (CPU) and requirements-tpu.txt.
     install_requires=[
         "jax", "flax", "optax", "orbax-checkpoint", "tensorstore", "numpy", "gin-config",
         "sentencepiece", "safetensors", "msgpack", "tqdm",
     ],
     extras_require={"torch": ["torch", "transformers"], "data": ["seqio"], "retrieval": ["faiss-cpu"]},
-    entry_points={"console_scripts": ["rankgen-jax=rankgen_jax.cli:console_main"]},
+    entry_points={"console_scripts": ["rankgen-jax=rankgen_jax.cli.main:console_main"]},
 )

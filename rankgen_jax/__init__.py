@@ -6,7 +6,7 @@ __all__ = ["RankGenEncoder"]
 def __getattr__(name):
     # Lazy, so `import rankgen_jax` (and the CLI, which sets XLA flags first) does not import jax.
     if name == "RankGenEncoder":
-        from rankgen_jax.encoder_api import RankGenEncoder
+        from rankgen_jax.inference.api import RankGenEncoder
 
         return RankGenEncoder
     raise AttributeError(f"module 'rankgen_jax' has no attribute {name!r}")

@@ -5,7 +5,7 @@ Importing this module registers (again, replacing, on every `register_all()`):
 - `rankgen_demo`: InBook negatives over the bundled `data/corpus/` with the
   demo vocabulary `data/vocab/demo_spiece_8k.model`.
 - `rankgen_{pg19,wiki,folder}_{inbook,generative,both}`: the three negative
-  kinds of `rankgen_jax.data.seqio_tasks` over each domain.
+  kinds of `rankgen_jax.data.seqio.tasks` over each domain.
 - `rankgen_all` (the paper's "all" model: every domain, both negative kinds)
   and `rankgen_all_inbook`, mixtures over pg19/wiki/folder.
 
@@ -34,9 +34,9 @@ import os
 import gin
 
 from rankgen_jax.data.examples import ExampleConfig
-from rankgen_jax.data.seqio_tasks import register_mixture, register_rankgen_task
+from rankgen_jax.data.seqio.tasks import register_mixture, register_rankgen_task
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.vocab import BUNDLED_CORPUS, REPO_ROOT
+from rankgen_jax.data.vocab import BUNDLED_CORPUS, REPO_ROOT
 
 DEMO_VOCAB = REPO_ROOT / "data" / "vocab" / "demo_spiece_8k.model"
 DOMAINS = ("pg19", "wiki", "folder")

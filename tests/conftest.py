@@ -12,7 +12,7 @@ os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 # The C++ kernels' tests and the model paths through them run wherever the kernels build,
 # also on CPUs where they are not used by default (rankgen_jax/kernels/build.py).
 os.environ.setdefault("RANKGEN_FUSED_KERNELS", "1")
-from rankgen_jax.runtime import configure_xla_flags  # noqa: E402
+from rankgen_jax.runtime.process import configure_xla_flags  # noqa: E402
 
 TEST_DEVICES = 8
 configure_xla_flags(host_device_count=TEST_DEVICES)
@@ -28,7 +28,7 @@ T5X_FIXTURE = SHARED / "fixtures" / "t5x_de_t5_tiny.checkpoint_1000"
 @pytest.fixture(scope="session")
 def spiece_model(tmp_path_factory) -> str:
     """A 1000-piece SentencePiece model trained on the bundled corpus (T5 special ids)."""
-    from rankgen_jax.vocab import corpus_lines, train_vocab
+    from rankgen_jax.data.vocab import corpus_lines, train_vocab
 
     out = tmp_path_factory.mktemp("vocab") / "spiece.model"
     return train_vocab(corpus_lines(max_lines=20000), out, vocab_size=1000)

@@ -4,11 +4,12 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from rankgen_jax import losses, partitioning
+from rankgen_jax.losses import registry as losses
+from rankgen_jax.runtime import partitioning
 from rankgen_jax.models.factory import build_model
-from rankgen_jax.optimizers import OptimizerConfig, make_optimizer
-from rankgen_jax.train_step import StepOptions, compute_grads
-from rankgen_jax.trainer import build_step_functions
+from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer
+from rankgen_jax.train.step import StepOptions, compute_grads
+from rankgen_jax.train.loop import build_step_functions
 
 TOL = 1e-5
 

@@ -14,10 +14,11 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec
 
-from rankgen_jax import aot, partitioning
-from rankgen_jax.data.triples import DataConfig
+from rankgen_jax.tpu import aot
+from rankgen_jax.runtime import partitioning
+from rankgen_jax.data.sources import DataConfig
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.gin_utils import parse_gin
+from rankgen_jax.train.gin_parsing import parse_gin
 
 GIB = 1024**3
 
@@ -109,7 +110,7 @@ PAPER_CONFIGS = [
 
 @pytest.mark.parametrize("gin_file, topology, batch_size, mesh", PAPER_CONFIGS)
 def test_paper_configs_parse(gin_file, topology, batch_size, mesh):
-    from rankgen_jax.trainer import TrainerConfig
+    from rankgen_jax.train.loop import TrainerConfig
 
     parse_gin([gin_file], [])
     data, trainer = DataConfig(), TrainerConfig()

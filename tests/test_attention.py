@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankgen_jax.models.attention import softmax_attention_autodiff, softmax_attention_cpu
+from rankgen_jax.ops.attention import softmax_attention_autodiff, softmax_attention_cpu
 from test_cpu_kernels import kernels_or_skip
 
 B, L, H, K = 3, 12, 2, 8
@@ -116,7 +116,7 @@ def test_fused_kernel_equals_autodiff(batch, length, heads, head_dim, with_posit
 def test_t5_encoder_same_with_and_without_the_fused_kernels(monkeypatch):
     """Attention, gated GELU, RMS norm and the dense layers' matmuls go through the kernels; outputs and gradients equal XLA's."""
     _fused_or_skip()
-    from rankgen_jax.configs import t5_config
+    from rankgen_jax.models.configs import t5_config
     from rankgen_jax.models import layers
     from rankgen_jax.models.t5 import T5EncoderStack
 

@@ -46,9 +46,9 @@ import jax
 import pytest
 
 from rankgen_jax.checkpoints import native
-from rankgen_jax.cli import main
-from rankgen_jax.configs import RANKGEN_HEAD, ModelConfig, T5Config
-from rankgen_jax.testing_models import random_params
+from rankgen_jax.cli.main import main
+from rankgen_jax.models.configs import RANKGEN_HEAD, ModelConfig, T5Config
+from rankgen_jax.testing import random_params
 
 from test_trainer import TINY
 
@@ -194,9 +194,10 @@ def test_gin_typo_in_a_file_names_file_and_line(tmp_path, capsys):
 
 def test_resume_with_another_model_size(tmp_path, capsys):
     """A workdir whose model_config.json says another size than its saved steps: one error, nothing renamed."""
-    from rankgen_jax import partitioning, trainer
-    from rankgen_jax.optimizers import OptimizerConfig, make_optimizer
-    from rankgen_jax.train_step import StepOptions
+    from rankgen_jax.runtime import partitioning
+    from rankgen_jax.train import loop as trainer
+    from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer
+    from rankgen_jax.train.step import StepOptions
 
     # A saved step of the tiny model, written without compiling a train step.
     config = ModelConfig(encoder=T5Config(vocab_size=128, d_model=128, d_ff=512, num_layers=2, num_heads=4, d_kv=32),

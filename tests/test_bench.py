@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from rankgen_jax import bench
-from rankgen_jax.bench_report import render_markdown
+from benchmarks import bench
+from benchmarks.report import render_markdown
 
 
 @pytest.fixture(scope="module")

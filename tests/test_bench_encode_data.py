@@ -2,7 +2,8 @@
 
 import math
 
-from rankgen_jax import bench_data, bench_encode
+from benchmarks import data_pipeline as bench_data
+from benchmarks import encode as bench_encode
 
 ENCODE_KEYS = {
     "size", "num_texts", "batch_size", "max_length", "kind", "repeats", "torch_threads", "jax_devices", "tokens",
@@ -53,7 +54,7 @@ def test_bench_encode_tiny(tmp_path):
 
 
 def test_bucket_step():
-    from rankgen_jax.inference import bucket_length
+    from rankgen_jax.inference.encoder import bucket_length
 
     assert [bucket_length(n, 512, 16) for n in (1, 16, 17, 40, 100, 128)] == [16, 16, 32, 48, 112, 128]
     assert bucket_length(129, 512, 16) == 256 and bucket_length(40, 20, 16) == 20  # as without a step

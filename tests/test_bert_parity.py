@@ -19,8 +19,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from rankgen_jax.checkpoints.hf_bert import load_bert_folder  # noqa: E402
-from rankgen_jax.configs import HeadConfig  # noqa: E402
+from rankgen_jax.checkpoints.hf.bert import load_bert_folder  # noqa: E402
+from rankgen_jax.models.configs import HeadConfig  # noqa: E402
 from rankgen_jax.models.bert import BertEncoder  # noqa: E402
 from rankgen_jax.models.heads import l2_normalize, pool  # noqa: E402
 
@@ -194,7 +194,7 @@ def test_sharded_forward_equals_single_device(tmp_path):
     import flax.linen as nn
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from rankgen_jax import partitioning
+    from rankgen_jax.runtime import partitioning
 
     make_hf_model("bert").save_pretrained(tmp_path / "bert", safe_serialization=True)
     model_config, params, _ = load_bert_folder(str(tmp_path / "bert"))

@@ -4,11 +4,11 @@ import jax
 import numpy as np
 import pytest
 
-from rankgen_jax import partitioning
-from rankgen_jax.configs import BertConfig, HeadConfig, ModelConfig
-from rankgen_jax.data.triples import DataConfig, RandomTriples
+from rankgen_jax.runtime import partitioning
+from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig
+from rankgen_jax.data.sources import DataConfig, RandomTriples
 from rankgen_jax.models.factory import abstract_variables
-from rankgen_jax.train_step import StepOptions
+from rankgen_jax.train.step import StepOptions
 from step_harness import TOL, assert_trees_close, run_steps
 
 BERT = BertConfig(vocab_size=128, d_model=32, d_ff=64, num_layers=2, num_heads=4, max_position_embeddings=64)

@@ -15,9 +15,9 @@ from transformers import AutoModel, T5Config as HFT5Config, T5EncoderModel
 from conftest import T5X_FIXTURE
 from rankgen_jax.checkpoints import native
 from rankgen_jax.checkpoints.convert import describe_model, export_layout
-from rankgen_jax.checkpoints.hf import save_hf_folder
-from rankgen_jax.cli import main
-from rankgen_jax.configs import BertConfig, HeadConfig, ModelConfig, t5_config
+from rankgen_jax.checkpoints.hf.t5 import save_hf_folder
+from rankgen_jax.cli.main import main
+from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig, t5_config
 from rankgen_jax.models.factory import build_model, init_params
 from rankgen_jax.models.t5 import T5Encoder
 

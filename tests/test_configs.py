@@ -3,9 +3,9 @@
 import gin
 import pytest
 
-from rankgen_jax.configs import T5_1_1_SIZES, HeadConfig, ModelConfig, T5Config, t5_config
+from rankgen_jax.models.configs import T5_1_1_SIZES, HeadConfig, ModelConfig, T5Config, t5_config
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.vocab import REPO_ROOT
+from rankgen_jax.data.vocab import REPO_ROOT
 
 
 @pytest.mark.parametrize("size", sorted(T5_1_1_SIZES))
@@ -45,9 +45,9 @@ def test_json_round_trip_and_errors():
 
 @pytest.mark.parametrize("name", ["demo_minilm.gin", "demo_t5_scratch.gin", "rankgen_t5_tiny_books.gin", "rankgen_t5_xl_paper.gin"])
 def test_shipped_gin_configs_parse(name):
-    from rankgen_jax.data.triples import DataConfig
-    from rankgen_jax.gin_utils import parse_gin
-    from rankgen_jax.trainer import TrainerConfig
+    from rankgen_jax.data.sources import DataConfig
+    from rankgen_jax.train.gin_parsing import parse_gin
+    from rankgen_jax.train.loop import TrainerConfig
 
     parse_gin([name], [])
     assert TrainerConfig().num_steps > 0 and DataConfig().batch_size > 0

@@ -11,7 +11,7 @@ from test_inference import SHARED, random_params
 from rankgen_jax.checkpoints import native
 from rankgen_jax.data.documents import ReadStats
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.inference import load_model
+from rankgen_jax.inference.encoder import load_model
 from rankgen_jax.retrieval.dense_index import (build_faiss_index, default_nlist, index_corpus, load_index,
                                                read_corpus, search_index, search_queries)
 

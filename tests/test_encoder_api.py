@@ -12,12 +12,12 @@ from test_inference import SHARED, WORDS, random_params
 import rankgen_jax
 from rankgen_jax.checkpoints import native
 from rankgen_jax.checkpoints.convert import export_hf
-from rankgen_jax.configs import ModelConfig, T5Config
-from rankgen_jax.encoder_api import RankGenEncoder, add_subparser, ids_sidecar_path, read_texts
+from rankgen_jax.models.configs import ModelConfig, T5Config
+from rankgen_jax.inference.api import RankGenEncoder, add_subparser, ids_sidecar_path, read_texts
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.inference import bytes_per_row, default_memory_budget, rows_for_memory
+from rankgen_jax.inference.encoder import bytes_per_row, default_memory_budget, rows_for_memory
 from rankgen_jax.models.factory import build_model
-from rankgen_jax.text import pad_batch
+from rankgen_jax.data.text import pad_batch
 
 # Over 512 tokens, so both the prefix (512) and suffix (128) limits cut it.
 LONG = " ".join(WORDS * 20)

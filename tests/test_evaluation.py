@@ -9,9 +9,9 @@ from test_inference import SHARED, TEXTS, random_params
 
 from rankgen_jax.checkpoints import native
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.evaluation import (accuracy, add_subparser, mrr, reciprocal_rank, score_file, top1,
+from rankgen_jax.eval.ranking import (accuracy, add_subparser, mrr, reciprocal_rank, score_file, top1,
                                     unigram_overlap_scores, unigrams)
-from rankgen_jax.inference import load_model
+from rankgen_jax.inference.encoder import load_model
 
 PREFIX = "The old lighthouse keeper climbed the stairs, lantern in hand, to watch the storm."
 GOLD = "At the top of the lighthouse the keeper set the lantern down and watched the storm."
@@ -155,7 +155,7 @@ def test_score_cli_last_line_is_json(tmp_path, model_dir, capsys):
 
 
 def test_score_through_rankgen_jax_main(tmp_path, capsys):
-    from rankgen_jax.cli import build_parser, main
+    from rankgen_jax.cli.main import build_parser, main
 
     if "score" not in build_parser().format_help():
         pytest.skip("`score` is not wired into cli.py yet")

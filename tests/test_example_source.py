@@ -5,11 +5,11 @@ import numpy as np
 from rankgen_jax.data.documents import require_documents
 from rankgen_jax.data.example_source import ExampleTriples, build_examples
 from rankgen_jax.data.examples import ExampleConfig
-from rankgen_jax.data.triples import DataConfig, make_sources
-from rankgen_jax.text import encode_truncated, load_text_encoder
-from rankgen_jax.vocab import BUNDLED_CORPUS
+from rankgen_jax.data.sources import DataConfig, make_sources
+from rankgen_jax.data.text import encode_truncated, load_text_encoder
+from rankgen_jax.data.vocab import BUNDLED_CORPUS
 
-from rankgen_jax.data.triples import DEMO_VOCAB
+from rankgen_jax.data.sources import DEMO_VOCAB
 
 
 def test_encode_truncated_keeps_start_or_end():

@@ -27,11 +27,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankgen_jax import losses
+from rankgen_jax.losses import registry as losses
 from rankgen_jax.checkpoints import native
-from rankgen_jax.cli import main
-from rankgen_jax.data.triples import DataConfig, make_sources
-from rankgen_jax.metrics_io import read_jsonl
+from rankgen_jax.cli.main import main
+from rankgen_jax.data.sources import DataConfig, make_sources
+from rankgen_jax.train.metric_writers import read_jsonl
 
 from test_trainer import TINY, _losses_by_step
 
@@ -50,7 +50,7 @@ def cache_env(tmp_path_factory) -> dict:
 
 
 def _cmd(workdir, *args):
-    return [sys.executable, "-m", "rankgen_jax.cli", "train", f"--workdir={workdir}", *args]
+    return [sys.executable, "-m", "rankgen_jax.cli.main", "train", f"--workdir={workdir}", *args]
 
 
 @pytest.fixture(scope="module")
@@ -246,9 +246,10 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, caps
 @pytest.fixture(scope="module")
 def resume_from(three_steps):
     """trainer._resume for copies of `three_steps`, with its state's shapes and shardings (nothing compiled)."""
-    from rankgen_jax import partitioning, trainer
-    from rankgen_jax.optimizers import OptimizerConfig, make_optimizer
-    from rankgen_jax.train_step import StepOptions
+    from rankgen_jax.runtime import partitioning
+    from rankgen_jax.train import loop as trainer
+    from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer
+    from rankgen_jax.train.step import StepOptions
 
     mesh = partitioning.make_mesh(-1, 1)
     rules = partitioning.rules_by_name("standard")
@@ -331,7 +332,7 @@ def test_no_restorable_checkpoint_is_one_clear_error_and_renames_nothing(tmp_pat
 def test_digest_of_sharded_arrays_equals_the_host_digest():
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from rankgen_jax import partitioning
+    from rankgen_jax.runtime import partitioning
 
     mesh = partitioning.make_mesh(-1, 1)
     host = {"w": np.random.default_rng(0).normal(size=(16, 6)).astype(np.float32), "step": np.array(7, np.int32),

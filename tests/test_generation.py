@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.generation import (Decoding, PerplexityReranker, RankGenReranker, add_subparser, generate,
+from rankgen_jax.lm.generation import (Decoding, PerplexityReranker, RankGenReranker, add_subparser, generate,
                                     pick_tokens, unigram_reranker)
-from rankgen_jax.generation_metrics import (add_subparser as add_metrics_subparser, generation_metrics,
+from rankgen_jax.eval.generation_metrics import (add_subparser as add_metrics_subparser, generation_metrics,
                                             last_token_features, mauve_score, repeated_tokens, repetition)
-from rankgen_jax.testing_models import botchan_prefixes, build_tiny_gpt2, build_tiny_rankgen
+from rankgen_jax.testing import botchan_prefixes, build_tiny_gpt2, build_tiny_rankgen
 
 # Small budgets keep every search to a fraction of a second on the 2-layer GPT-2.
 SMALL = dict(beam_size=2, num_samples=3, rerank_length=5, max_new_tokens=12)
@@ -30,7 +30,7 @@ def lm_dir(tmp_path_factory, one_torch_thread):
 
 @pytest.fixture(scope="module")
 def lm(lm_dir):
-    from rankgen_jax.lm_scoring import load_causal_lm
+    from rankgen_jax.lm.scoring import load_causal_lm
 
     return load_causal_lm(lm_dir)
 
@@ -42,7 +42,7 @@ def rankgen_dir(tmp_path_factory, spiece_model):
 
 @pytest.fixture(scope="module")
 def rankgen_model(rankgen_dir):
-    from rankgen_jax.inference import load_model
+    from rankgen_jax.inference.encoder import load_model
 
     return load_model(rankgen_dir)
 
@@ -174,8 +174,8 @@ def test_rankgen_reranker_picks_the_best_candidate(lm, rankgen_model):
 
 
 def test_lm_and_unigram_rerankers_pick_their_best(lm):
-    from rankgen_jax.evaluation import unigram_overlap_scores
-    from rankgen_jax.lm_scoring import lm_loglik_scores
+    from rankgen_jax.eval.ranking import unigram_overlap_scores
+    from rankgen_jax.lm.scoring import lm_loglik_scores
 
     prefix = botchan_prefixes(1)[0]
     for inner, reference in ((PerplexityReranker(lm), lambda c: lm_loglik_scores(lm, prefix, c)),

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from rankgen_jax.data.generative_negatives import add_subparser, generate_negatives, trim_continuation
+from rankgen_jax.lm.generative_negatives import add_subparser, generate_negatives, trim_continuation
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.vocab import REPO_ROOT
+from rankgen_jax.data.vocab import REPO_ROOT
 
 BOTCHAN = REPO_ROOT / "data" / "corpus" / "botchan" / "botchan.txt"
 EOS = "<|endoftext|>"

@@ -20,7 +20,7 @@ import transformers  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from rankgen_jax.checkpoints import hf_bert  # noqa: E402
-from rankgen_jax.configs import BertConfig, HeadConfig, ModelConfig  # noqa: E402
+from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig  # noqa: E402
 from rankgen_jax.errors import RankgenError  # noqa: E402
 
 TINY_BERT = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,

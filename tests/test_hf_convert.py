@@ -20,7 +20,7 @@ import transformers  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from rankgen_jax.checkpoints import hf  # noqa: E402
-from rankgen_jax.configs import RANKGEN_HEAD, HeadConfig, ModelConfig, T5Config  # noqa: E402
+from rankgen_jax.models.configs import RANKGEN_HEAD, HeadConfig, ModelConfig, T5Config  # noqa: E402
 from rankgen_jax.errors import RankgenError  # noqa: E402
 
 BOTCHAN = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "corpora", "botchan", "botchan.txt")

@@ -5,8 +5,8 @@ import pytest
 import torch
 from transformers import AutoModel, T5Config as HFT5Config, T5EncoderModel
 
-from rankgen_jax.checkpoints.hf import load_hf_folder, save_hf_folder
-from rankgen_jax.configs import HeadConfig, ModelConfig
+from rankgen_jax.checkpoints.hf.t5 import load_hf_folder, save_hf_folder
+from rankgen_jax.models.configs import HeadConfig, ModelConfig
 from rankgen_jax.models.factory import build_model, init_params
 from rankgen_jax.models.heads import pool
 from rankgen_jax.models.t5 import T5Encoder

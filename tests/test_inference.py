@@ -10,12 +10,12 @@ import pytest
 
 from rankgen_jax.checkpoints import native
 from rankgen_jax.checkpoints.convert import export_hf
-from rankgen_jax.configs import RANKGEN_HEAD, HeadConfig, ModelConfig, T5Config
+from rankgen_jax.models.configs import RANKGEN_HEAD, HeadConfig, ModelConfig, T5Config
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.inference import bucket_length, bucket_rows, load_model
+from rankgen_jax.inference.encoder import bucket_length, bucket_rows, load_model
 from rankgen_jax.models.factory import build_model
-from rankgen_jax.testing_models import random_params
-from rankgen_jax.text import load_text_encoder, pad_batch
+from rankgen_jax.testing import random_params
+from rankgen_jax.data.text import load_text_encoder, pad_batch
 
 TINY_T5 = T5Config(vocab_size=1000, d_model=32, d_ff=64, num_layers=1, num_heads=2, d_kv=16)
 SHARED = ModelConfig(encoder=TINY_T5, head=RANKGEN_HEAD)

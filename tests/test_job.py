@@ -2,7 +2,7 @@
 
 import json
 
-from rankgen_jax.cli import main
+from rankgen_jax.cli.main import main
 
 
 def test_job_runs_end_to_end(tmp_path, capsys):

@@ -7,15 +7,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankgen_jax import partitioning
-from rankgen_jax.configs import BertConfig, HeadConfig, ModelConfig, t5_config
+from rankgen_jax.runtime import partitioning
+from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig, t5_config
 from rankgen_jax.data.lists import ListBatches, PairBatches, check_list_record, check_pair_record, read_records
-from rankgen_jax.data.triples import DEMO_VOCAB, DataConfig, make_sources
+from rankgen_jax.data.sources import DEMO_VOCAB, DataConfig, make_sources
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.factory import build_model, init_params
-from rankgen_jax.text import encode_pair_truncated, load_text_encoder
-from rankgen_jax.train_step import StepOptions
-from rankgen_jax.trainer import LossConfig, TrainerConfig, train
+from rankgen_jax.data.text import encode_pair_truncated, load_text_encoder
+from rankgen_jax.train.step import StepOptions
+from rankgen_jax.train.loop import LossConfig, TrainerConfig, train
 from step_harness import TOL, assert_trees_close, run_steps
 
 BERT = BertConfig(vocab_size=128, d_model=32, d_ff=64, num_layers=1, num_heads=4, max_position_embeddings=64)
@@ -68,7 +68,7 @@ def test_list_batches_layouts(t5_text):
 
 
 def test_bert_pairs_have_token_types():
-    from rankgen_jax.job import resolve_hf_folder
+    from rankgen_jax.experiments.demo import resolve_hf_folder
 
     text = load_text_encoder(resolve_hf_folder("minilm") + "/tokenizer.json")
     ids, types = encode_pair_truncated(text, "one two three four five six", "seven eight nine ten", 5, 4)
@@ -225,7 +225,7 @@ def test_trainer_trains_a_ranker_from_list_files(tmp_path):
                                                          async_checkpoints=False),
                     config, data, LossConfig(name="listmle"))
     assert metrics["steps"] == 3 and np.isfinite(metrics["loss"])
-    from rankgen_jax.inference import load_model
+    from rankgen_jax.inference.encoder import load_model
 
     ranker = load_model(str(tmp_path / "run"), kind="cross_encoder")
     scores = ranker.score_pairs([records[0]["query"]], [records[0]["candidates"]], 16, 8)

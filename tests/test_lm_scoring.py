@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.evaluation import add_subparser, score_file
-from rankgen_jax.lm_scoring import lm_loglik_scores, load_causal_lm, pmi_scores, score_lists, token_logprobs
-from rankgen_jax.testing_models import botchan_prefixes, build_tiny_gpt2
+from rankgen_jax.eval.ranking import add_subparser, score_file
+from rankgen_jax.lm.scoring import lm_loglik_scores, load_causal_lm, pmi_scores, score_lists, token_logprobs
+from rankgen_jax.testing import botchan_prefixes, build_tiny_gpt2
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

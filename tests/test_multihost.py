@@ -12,12 +12,13 @@ import pytest
 from etils.epath import backend as epath_backend
 from etils.epath import gpath
 
-from rankgen_jax import partitioning, trainer
+from rankgen_jax.runtime import partitioning
+from rankgen_jax.train import loop as trainer
 from rankgen_jax.checkpoints import native
-from rankgen_jax.cli import main
-from rankgen_jax.configs import ModelConfig, t5_config
+from rankgen_jax.cli.main import main
+from rankgen_jax.models.configs import ModelConfig, t5_config
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.metrics_io import MetricWriter, read_jsonl
+from rankgen_jax.train.metric_writers import MetricWriter, read_jsonl
 from rankgen_jax.models.factory import init_params
 
 from test_trainer import TINY

@@ -9,7 +9,7 @@ import optax
 import pytest
 
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.optimizers import OptimizerConfig, make_optimizer, nonfinite_counts
+from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer, nonfinite_counts
 
 
 def _jitted_update(tx):

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 
 from rankgen_jax.checkpoints import native
-from rankgen_jax.configs import BertConfig, HeadConfig, ModelConfig
+from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig
 from rankgen_jax.data.lists import PairBatches
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.factory import build_model, init_params
-from rankgen_jax.perspectives import (
+from rankgen_jax.experiments.perspectives import (
     PERSPECTIVES, ROWS, PerspectivesConfig, Work, add_subparser, build_passages, format_table, initial_params,
     load_works, pair_labels, pair_scores, passages_of_text, roc_auc, sample_pairs, strip_gutenberg,
 )
-from rankgen_jax.text import load_text_encoder
+from rankgen_jax.data.text import load_text_encoder
 
 # A random BERT with MiniLM's vocabulary, so the run tokenises with MiniLM's tokenizer.json.
 TINY_BERT = BertConfig(vocab_size=30522, d_model=32, d_ff=64, num_layers=1, num_heads=4, max_position_embeddings=128)
@@ -26,7 +26,7 @@ TINY_INIT = ModelConfig(encoder=TINY_BERT, head=HeadConfig("mean", 0, True))
 
 @pytest.fixture(scope="module")
 def minilm_tokenizer():
-    from rankgen_jax.job import resolve_hf_folder
+    from rankgen_jax.experiments.demo import resolve_hf_folder
 
     return resolve_hf_folder("minilm") + "/tokenizer.json"
 
@@ -111,7 +111,7 @@ def test_pair_labels_are_consistent_and_balanced(bundled):
 
 
 def test_pairs_without_possible_patterns_fall_back_or_fail(tmp_path):
-    from rankgen_jax.perspectives import Passages
+    from rankgen_jax.experiments.perspectives import Passages
 
     one = Passages([Work(tmp_path, "A", "W", "poem")], [["x y", "y z", "z w"]])
     records = sample_pairs(one, 6, np.random.default_rng(0))
@@ -234,7 +234,7 @@ def test_tiny_end_to_end_run_and_resume(tmp_path, tiny_init, capsys):
 def test_demo_gin_file_parses_to_the_defaults():
     import dataclasses
 
-    from rankgen_jax.gin_utils import parse_gin
+    from rankgen_jax.train.gin_parsing import parse_gin
 
     defaults = PerspectivesConfig()  # no bindings yet (the autouse fixture clears gin)
     parse_gin(["perspectives_minilm.gin"], [])

@@ -7,10 +7,10 @@ import pytest
 
 from rankgen_jax.checkpoints import native
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.gin_utils import parse_gin
-from rankgen_jax.list_losses import curriculum_group_labels
-from rankgen_jax.pipeline import RANKERS, RETRIEVERS1, PipelineConfig, _ranker_lists, format_table, run_pipeline
-from rankgen_jax.vocab import BUNDLED_CORPUS
+from rankgen_jax.train.gin_parsing import parse_gin
+from rankgen_jax.losses.listwise import curriculum_group_labels
+from rankgen_jax.experiments.pipeline import RANKERS, RETRIEVERS1, PipelineConfig, _ranker_lists, format_table, run_pipeline
+from rankgen_jax.data.vocab import BUNDLED_CORPUS
 from test_inference import SHARED, random_params
 
 

@@ -24,7 +24,7 @@ from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from rankgen_jax.checkpoints import hf, hf_bert, native  # noqa: E402
 from rankgen_jax.checkpoints.convert import export_hf, import_checkpoint, read_source  # noqa: E402
-from rankgen_jax.configs import BertConfig, HeadConfig, ModelConfig, T5Config  # noqa: E402
+from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig, T5Config  # noqa: E402
 from rankgen_jax.errors import RankgenError  # noqa: E402
 from rankgen_jax.models.factory import abstract_variables, build_model, check_params_match, init_params  # noqa: E402
 from test_hf_convert import assert_same_params  # noqa: E402

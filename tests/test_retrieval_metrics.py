@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.retrieval.metrics import (average_precision, binarize, evaluate_run, mean_average_precision,
+from rankgen_jax.eval.retrieval_metrics import (average_precision, binarize, evaluate_run, mean_average_precision,
                                            metric_scores, mrr_at_k, ndcg_at_k, recall_at_k, rouge, sentence_bleu)
 
 LOG2_3 = math.log2(3)  # discount at rank 2: 1.5849625

@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
-from rankgen_jax import runtime
+from rankgen_jax.runtime import process as runtime
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.runtime import initialize_distributed, is_multi_host_environment
+from rankgen_jax.runtime.process import initialize_distributed, is_multi_host_environment
 
 
 def test_multi_host_detection():
@@ -36,12 +36,12 @@ def test_reexec_sets_malloc_tunables_once(monkeypatch):
     monkeypatch.setattr(runtime.sys, "platform", "linux")
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.pthread.rseq=0")
     monkeypatch.delenv("RANKGEN_MALLOC_TUNING", raising=False)
-    runtime.reexec_with_malloc_tunables("rankgen_jax.cli", ["train", "--workdir=x"])
-    assert calls == [(sys.executable, [sys.executable, "-m", "rankgen_jax.cli", "train", "--workdir=x"],
+    runtime.reexec_with_malloc_tunables("rankgen_jax.cli.main", ["train", "--workdir=x"])
+    assert calls == [(sys.executable, [sys.executable, "-m", "rankgen_jax.cli.main", "train", "--workdir=x"],
                       "glibc.pthread.rseq=0:" + runtime.MALLOC_TUNABLES)]
-    runtime.reexec_with_malloc_tunables("rankgen_jax.cli", [])  # the re-run process: already set
+    runtime.reexec_with_malloc_tunables("rankgen_jax.cli.main", [])  # the re-run process: already set
     assert len(calls) == 1
     monkeypatch.delenv("GLIBC_TUNABLES")
     monkeypatch.setenv("RANKGEN_MALLOC_TUNING", "0")
-    runtime.reexec_with_malloc_tunables("rankgen_jax.cli", [])  # switched off
+    runtime.reexec_with_malloc_tunables("rankgen_jax.cli.main", [])  # switched off
     assert len(calls) == 1

@@ -24,13 +24,14 @@ import numpy as np
 import pytest
 
 import rankgen_jax
-from rankgen_jax.checkpoints import hf, native
+from rankgen_jax.checkpoints import native
+from rankgen_jax.checkpoints.hf import t5 as hf
 from rankgen_jax.checkpoints.convert import export_hf
-from rankgen_jax.cli import main
-from rankgen_jax.configs import RANKGEN_HEAD, ModelConfig, T5Config
+from rankgen_jax.cli.main import main
+from rankgen_jax.models.configs import RANKGEN_HEAD, ModelConfig, T5Config
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.inference import load_model
-from rankgen_jax.testing_models import random_params
+from rankgen_jax.inference.encoder import load_model
+from rankgen_jax.testing import random_params
 
 from test_trainer import TINY
 
@@ -184,7 +185,7 @@ def test_paths_from_gin_are_never_run_by_a_shell(tmp_path):
     # One device and a compilation cache: a quicker compile, and the resume reads it back.
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env.update(JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
-    cmd = [sys.executable, "-m", "rankgen_jax.cli", "train", f"--workdir={workdir}", f"--gin_file={gin_dir / 'model.gin'}",
+    cmd = [sys.executable, "-m", "rankgen_jax.cli.main", "train", f"--workdir={workdir}", f"--gin_file={gin_dir / 'model.gin'}",
            *args, "--gin.TrainerConfig.checkpoint_every=1"]
     for steps in (2, 3):  # a fresh run, then a resume
         done = subprocess.run([*cmd, f"--gin.TrainerConfig.num_steps={steps}"], cwd=tmp_path, env=env,

@@ -14,9 +14,9 @@ seqio = pytest.importorskip("seqio")
 from rankgen_jax.data import seqio_tasks as st  # noqa: E402 - after the seqio/TF import check
 from rankgen_jax.data.documents import BINARY_FILE, EMPTY_FILE, MALFORMED_JSON, TOO_SHORT, Document  # noqa: E402
 from rankgen_jax.data.examples import ExampleConfig, make_examples  # noqa: E402
-from rankgen_jax.data.triples import DataConfig, make_sources  # noqa: E402
+from rankgen_jax.data.sources import DataConfig, make_sources  # noqa: E402
 from rankgen_jax.errors import RankgenError  # noqa: E402
-from rankgen_jax.vocab import EOS_ID, REPO_ROOT  # noqa: E402
+from rankgen_jax.data.vocab import EOS_ID, REPO_ROOT  # noqa: E402
 
 DEMO_VOCAB = REPO_ROOT / "data" / "vocab" / "demo_spiece_8k.model"
 CONFIG = ExampleConfig(prefix_words=40, min_continuation_words=8, max_continuation_words=24, seed=3)
@@ -205,7 +205,7 @@ def test_open_pipelines_are_closed_at_exit(demo_task):
     source.close()
     # The whole story in a fresh interpreter: without the hook, exiting here aborted (exit
     # 134) or hung in some runs.
-    script = ("import tasks\nfrom rankgen_jax.data.seqio_tasks import SeqioTriples\n"
+    script = ("import tasks\nfrom rankgen_jax.data.seqio.tasks import SeqioTriples\n"
               "s = SeqioTriples('rankgen_demo', 'train', 32, {'query_ids': 64, 'positive_ids': 32})\n"
               "print(s.batch(0)['query_ids'].shape)\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
@@ -236,7 +236,7 @@ def test_two_hosts_rows_concatenate_to_the_global_batch(corpus):
 
 
 def test_sentencepiece_vocabulary_matches_the_text_encoder():
-    from rankgen_jax.text import load_text_encoder
+    from rankgen_jax.data.text import load_text_encoder
 
     vocab = st.make_vocabulary(DEMO_VOCAB)
     text = load_text_encoder(DEMO_VOCAB)

@@ -1,7 +1,7 @@
 """The trainer fed by a seqio task (the demo task over the bundled books)."""
 
-from rankgen_jax.cli import main
-from rankgen_jax.metrics_io import read_jsonl
+from rankgen_jax.cli.main import main
+from rankgen_jax.train.metric_writers import read_jsonl
 
 
 def test_train_from_seqio_demo_task(tmp_path, capsys):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from rankgen_jax import partitioning
-from rankgen_jax.configs import HeadConfig, ModelConfig, t5_config
+from rankgen_jax.runtime import partitioning
+from rankgen_jax.models.configs import HeadConfig, ModelConfig, t5_config
 from rankgen_jax.models.factory import abstract_variables, build_model, init_params
 
 

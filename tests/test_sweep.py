@@ -7,8 +7,8 @@ import gin
 import pytest
 
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.gin_utils import GIN_SEARCH_PATH, parse_gin
-from rankgen_jax.sweep import expand_grid, read_grid, report, run_sweep, train_command
+from rankgen_jax.train.gin_parsing import GIN_SEARCH_PATH, parse_gin
+from rankgen_jax.experiments.sweep import expand_grid, read_grid, report, run_sweep, train_command
 
 ABLATIONS = GIN_SEARCH_PATH / "ablations"
 

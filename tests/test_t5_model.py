@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers.models.t5.modeling_t5 import T5Attention
 
-from rankgen_jax.configs import HeadConfig, ModelConfig, t5_config
+from rankgen_jax.models.configs import HeadConfig, ModelConfig, t5_config
 from rankgen_jax.models.factory import abstract_variables, build_model, init_params, to_model_layout
 from rankgen_jax.models.t5 import relative_position_buckets, to_scanned_layout, to_unscanned_layout
 

@@ -14,7 +14,7 @@ from flax import serialization
 
 from rankgen_jax.checkpoints import t5x
 from rankgen_jax.checkpoints.t5x import infer_t5_config, load_t5x_checkpoint, read_t5x_target
-from rankgen_jax.configs import RANKGEN_HEAD, ST5_HEAD, T5Config
+from rankgen_jax.models.configs import RANKGEN_HEAD, ST5_HEAD, T5Config
 from rankgen_jax.errors import RankgenError
 
 FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "t5x_de_t5_tiny.checkpoint_1000"

@@ -5,14 +5,14 @@ import flax.linen as nn
 import numpy as np
 import pytest
 
-from rankgen_jax import partitioning
-from rankgen_jax.configs import HeadConfig, ModelConfig, t5_config
-from rankgen_jax.data.triples import DataConfig, RandomTriples
+from rankgen_jax.runtime import partitioning
+from rankgen_jax.models.configs import HeadConfig, ModelConfig, t5_config
+from rankgen_jax.data.sources import DataConfig, RandomTriples
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.kernels import build
-from rankgen_jax.losses import init_loss_params
+from rankgen_jax.losses.registry import init_loss_params
 from rankgen_jax.models.factory import build_model, init_params
-from rankgen_jax.train_step import StepOptions, _embed, _embed_group, _group_inputs, _inputs, _tower_groups, compute_grads
+from rankgen_jax.train.step import StepOptions, _embed, _embed_group, _group_inputs, _inputs, _tower_groups, compute_grads
 from step_harness import TOL, assert_trees_close, run_steps
 
 CONFIG = ModelConfig(encoder=t5_config("tiny", vocab_size=128), head=HeadConfig("first", -1, False))

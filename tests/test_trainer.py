@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from rankgen_jax.checkpoints import native
-from rankgen_jax.cli import main
-from rankgen_jax.configs import ModelConfig, t5_config
-from rankgen_jax.metrics_io import read_jsonl
+from rankgen_jax.cli.main import main
+from rankgen_jax.models.configs import ModelConfig, t5_config
+from rankgen_jax.train.metric_writers import read_jsonl
 from rankgen_jax.models.factory import init_params
 
 # Tiny model on random ids: fast steps, so the subprocess tests spend their time on real work.
@@ -40,7 +40,7 @@ def _losses_by_step(workdir: Path) -> dict[int, list[float]]:
 
 
 def _train_cmd(workdir, *extra):
-    return [sys.executable, "-m", "rankgen_jax.cli", "train", f"--workdir={workdir}", *TINY, *extra]
+    return [sys.executable, "-m", "rankgen_jax.cli.main", "train", f"--workdir={workdir}", *TINY, *extra]
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +171,7 @@ def test_config_errors_are_clear(tmp_path, capsys, args, fragment):
 
 
 def test_data_errors_reach_the_loop():
-    from rankgen_jax.trainer import prefetch_batches
+    from rankgen_jax.train.loop import prefetch_batches
 
     class Broken:
         batch_size = 8

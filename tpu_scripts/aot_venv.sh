@@ -38,7 +38,7 @@ echo "import site; site.addsitedir('$MAIN_SITE')" > "$AOT_SITE/_rankgen_main_ven
 
 cat > "$AOT/bin/rankgen-jax" <<EOF
 #!/bin/sh
-exec "$AOT/bin/python" -m rankgen_jax.cli "\$@"
+exec "$AOT/bin/python" -m rankgen_jax.cli.main "\$@"
 EOF
 chmod +x "$AOT/bin/rankgen-jax"
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from rankgen_jax.checkpoints import native
-from rankgen_jax.configs import HeadConfig, ModelConfig
+from rankgen_jax.models.configs import HeadConfig, ModelConfig
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.factory import check_params_match, to_canonical_layout
 
@@ -43,8 +43,8 @@ def read_source(
     if not Path(path).exists() and not str(path).startswith("gs://"):
         raise RankgenError(f"{path}: no such file or folder")
     if source == "hf":
-        from rankgen_jax.checkpoints import hf_bert
-        from rankgen_jax.checkpoints.hf import load_hf_folder
+        from rankgen_jax.checkpoints.hf import bert as hf_bert
+        from rankgen_jax.checkpoints.hf.t5 import load_hf_folder
 
         if hf_bert.is_bert_folder(path):
             return hf_bert.load_bert_folder(path)
@@ -141,10 +141,10 @@ def export_hf(checkpoint: str, out: str, fmt: str = "rankgen", overwrite: bool =
 
 
 def _export_one(checkpoint: str, model_config: ModelConfig, params: dict, out: str, fmt: str, overwrite: bool) -> None:
-    from rankgen_jax.checkpoints.hf import save_hf_folder
+    from rankgen_jax.checkpoints.hf.t5 import save_hf_folder
 
     if model_config.encoder_type == "bert":
-        from rankgen_jax.checkpoints.hf_bert import save_bert_folder
+        from rankgen_jax.checkpoints.hf.bert import save_bert_folder
 
         save_bert_folder(model_config, params, out, native.tokenizer_files(native.vocab_path(checkpoint)), overwrite)
         return

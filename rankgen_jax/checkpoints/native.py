@@ -32,7 +32,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from rankgen_jax.configs import ModelConfig
+from rankgen_jax.models.configs import ModelConfig
 from rankgen_jax.errors import RankgenError
 
 MODEL_CONFIG_FILE = "model_config.json"

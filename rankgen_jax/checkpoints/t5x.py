@@ -48,7 +48,7 @@ import numpy as np
 from flax.traverse_util import unflatten_dict
 import tensorstore as ts
 
-from rankgen_jax.configs import RANKGEN_HEAD, HeadConfig, ModelConfig, T5Config
+from rankgen_jax.models.configs import RANKGEN_HEAD, HeadConfig, ModelConfig, T5Config
 from rankgen_jax.errors import RankgenError
 
 SUPPORTED_VERSIONS = (2, 3)

@@ -15,7 +15,7 @@ import numpy as np
 from rankgen_jax.data.documents import Document
 from rankgen_jax.data.examples import Example, ExampleConfig, dropped_examples, make_examples, same_document_batches
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.text import TextEncoder, encode_truncated, pad_batch
+from rankgen_jax.data.text import TextEncoder, encode_truncated, pad_batch
 
 PREFIX_MARKER, SUFFIX_MARKER = "pre ", "suffi "
 

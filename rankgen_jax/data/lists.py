@@ -33,7 +33,7 @@ import numpy as np
 
 from rankgen_jax.data.example_source import PREFIX_MARKER, SUFFIX_MARKER
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.text import TextEncoder, encode_pair_truncated, encode_truncated, pad_batch
+from rankgen_jax.data.text import TextEncoder, encode_pair_truncated, encode_truncated, pad_batch
 
 LIST_FLOAT_KEYS = ("labels", "teacher_scores")
 # Losses that read a positive and negatives rather than a scored candidate list.

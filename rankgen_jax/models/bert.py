@@ -2,7 +2,7 @@
 
 Post-LN transformer blocks with biased dense layers and LayerNorm, absolute
 learned positions and (BERT, RoBERTa) token-type embeddings. One canonical
-parameter tree serves all three variants; `rankgen_jax.checkpoints.hf_bert`
+parameter tree serves all three variants; `rankgen_jax.checkpoints.hf.bert`
 maps it to and from each variant's HuggingFace names:
 
     embeddings/{word_embeddings,position_embeddings,token_type_embeddings}/embedding
@@ -26,7 +26,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from rankgen_jax.configs import BertConfig
+from rankgen_jax.models.configs import BertConfig
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.layers import ACTIVATION_AXES, DenseKernel, activation_dtype, attend, constrain, dropout
 from rankgen_jax.models.t5 import MASK_BIAS, EncoderOutput

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax.traverse_util import flatten_dict
 
-from rankgen_jax.configs import ModelConfig
+from rankgen_jax.models.configs import ModelConfig
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.heads import CrossEncoder, DualEncoder, build_backbone
 from rankgen_jax.models.t5 import to_scanned_layout, to_unscanned_layout

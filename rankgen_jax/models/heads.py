@@ -8,7 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from rankgen_jax.configs import BertConfig, HeadConfig, ModelConfig
+from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig
 from rankgen_jax.models.layers import DenseKernel
 from rankgen_jax.models.t5 import EncoderOutput, T5Encoder
 

@@ -18,7 +18,7 @@ from rankgen_jax.kernels.dense import fused_dense
 from rankgen_jax.kernels.fused_attention import fused_attention
 from rankgen_jax.kernels.gated_gelu import fused_gated_gelu
 from rankgen_jax.kernels.rms_norm import fused_rms_norm
-from rankgen_jax.models.attention import softmax_attention_autodiff, softmax_attention_cpu
+from rankgen_jax.ops.attention import softmax_attention_autodiff, softmax_attention_cpu
 
 Initializer = Callable[..., jax.Array]
 

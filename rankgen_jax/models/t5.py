@@ -2,7 +2,7 @@
 
 The parameter tree is exactly T5X's (`token_embedder`, `encoder/relpos_bias`,
 `encoder/layers_{i}/...`, `encoder/encoder_norm`), so T5X checkpoints load
-without renames; HF checkpoints are converted by `rankgen_jax.checkpoints.hf`.
+without renames; HF checkpoints are converted by `rankgen_jax.checkpoints.hf.t5`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rankgen_jax.configs import T5Config
+from rankgen_jax.models.configs import T5Config
 from rankgen_jax.models.layers import (
     ACTIVATION_AXES,
     DenseKernel,

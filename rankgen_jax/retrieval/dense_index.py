@@ -45,7 +45,7 @@ ENCODE_CHUNK_BATCHES = 16
 # Batches up to 128 tokens are padded to multiples of 16 rather than powers of two: a corpus
 # amortises the extra compiled shapes (8 instead of 4), and on 2000 book passages of 3-150
 # words (T5 1.1 small, 2 CPU cores) padding fell from 24% to 11% of the slots and encoding
-# got ~15% faster (rankgen_jax.bench_encode).
+# got ~15% faster (benchmarks.encode).
 ENCODE_BUCKET_STEP = 16
 # Plain-text skip reasons (JSON ones come from data.documents).
 EMPTY_LINE = "empty line"
@@ -264,7 +264,7 @@ def _require_one_vector(model, model_dir: str) -> None:
 
 
 def _check_encode_args(encode_kind: str, batch_size: int) -> None:
-    from rankgen_jax.inference import ENCODE_KINDS
+    from rankgen_jax.inference.encoder import ENCODE_KINDS
 
     if encode_kind not in ENCODE_KINDS:
         raise RankgenError(f"unknown encode kind {encode_kind!r}: expected one of {sorted(ENCODE_KINDS)}")
@@ -292,7 +292,7 @@ def index_corpus(
     Passages go through the document tower ("suffix") by default, as RankGen
     continuations do. A non-empty out_dir is refused unless overwrite.
     """
-    from rankgen_jax.inference import load_model
+    from rankgen_jax.inference.encoder import load_model
 
     if kind not in INDEX_KINDS:
         raise RankgenError(f"unknown index kind {kind!r}: expected one of {INDEX_KINDS}")
@@ -391,7 +391,7 @@ def search_queries(
     Queries go through the query tower ("prefix") by default. With out_path,
     the results are also written there as JSON lines.
     """
-    from rankgen_jax.inference import load_model
+    from rankgen_jax.inference.encoder import load_model
 
     _check_encode_args(encode_kind, batch_size)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:

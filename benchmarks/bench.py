@@ -1,0 +1,354 @@
+"""Train-step throughput and peak memory of the RankGen step (`make bench`); numbers, not pass/fail.
+
+Each configuration runs in its own subprocess so that its peak RSS is its own.
+Achieved FLOP/s uses the analytical training cost (3x the forward matmul
+FLOPs; GradCache really does a 4th forward, which is not counted) against an
+fp32 matmul peak measured in the same run. The plain cases also run the
+PyTorch / HuggingFace peer step (`benchmarks.torch_peer`) with the same
+config, shapes, optimizer (AdamW) and thread count, and report the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import resource
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rankgen_jax.models.configs import t5_config
+from rankgen_jax.runtime.process import configure_xla_flags, reexec_with_malloc_tunables
+
+configure_xla_flags()
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchCase:
+    size: str = "tiny"
+    batch: int = 32
+    prefix_length: int = 256
+    continuation_length: int = 128
+    with_negative: bool = True
+    num_chunks: int = 1
+    steps: int = 5
+    framework: str = "jax"  # or "torch": the HF peer step
+
+
+def forward_flops(cfg, length: int, head_dim_out: int) -> float:
+    """Matmul FLOPs of one encoder forward over one sequence of `length` tokens (plus the head)."""
+    d, inner, ff = cfg.d_model, cfg.num_heads * cfg.d_kv, cfg.d_ff
+    mlp_in = 2 if cfg.mlp_activation == "gated-gelu" else 1
+    per_token_dense = 2 * (3 * d * inner + inner * d + mlp_in * d * ff + ff * d)
+    per_token_attention = 2 * 2 * length * inner
+    return cfg.num_layers * length * (per_token_dense + per_token_attention) + 2 * d * head_dim_out
+
+
+LEARNING_RATE = 1e-4
+THREADS = 2  # XLA:CPU uses every core it may run on; torch is told the same number
+
+
+def run_case(case: BenchCase) -> dict:
+    """One case's timings and analytical FLOP/s, in this (fresh) process."""
+    if case.framework == "torch":
+        from benchmarks.torch_peer import run_torch_case
+
+        timing = run_torch_case(case, THREADS, LEARNING_RATE, weight_decay=0.0)
+    else:
+        timing = _run_jax_case(case)
+    towers = 3 if case.with_negative else 2
+    tokens = case.batch * (case.prefix_length + (towers - 1) * case.continuation_length)
+    cfg = t5_config(case.size)
+    flops = 3 * case.batch * (
+        forward_flops(cfg, case.prefix_length, cfg.d_model)
+        + (towers - 1) * forward_flops(cfg, case.continuation_length, cfg.d_model)
+    )
+    seconds = timing["step_seconds"]
+    return {
+        **dataclasses.asdict(case),
+        **timing,
+        "examples_per_second": case.batch / seconds,
+        "tokens_per_second": tokens / seconds,
+        "train_gflops_per_second": flops / seconds / 1e9,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def _run_jax_case(case: BenchCase) -> dict:
+    import flax.linen as nn
+    import jax
+
+    from rankgen_jax.runtime import partitioning
+    from rankgen_jax.models.configs import RANKGEN_HEAD, ModelConfig
+    from rankgen_jax.data.sources import DataConfig, RandomTriples
+    from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer
+    from rankgen_jax.train.step import StepOptions
+    from rankgen_jax.train.loop import build_step_functions
+
+    config = ModelConfig(encoder=t5_config(case.size), head=RANKGEN_HEAD)
+    data = DataConfig(source="random", batch_size=case.batch, prefix_length=case.prefix_length,
+                      continuation_length=case.continuation_length, with_negative=case.with_negative,
+                      vocab_size=config.encoder.vocab_size)
+    mesh = partitioning.make_mesh(-1, 1)
+    rules = partitioning.STANDARD_RULES
+    tx, schedule = make_optimizer(OptimizerConfig(name="adamw", learning_rate=LEARNING_RATE))
+    options = StepOptions("in_batch_softmax", (), num_chunks=case.num_chunks)
+    fns = build_step_functions(config, options, tx, schedule, {}, mesh, rules, seed=0)
+    source = RandomTriples(data)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
+        state = fns.init()
+        # A fresh batch every step: repeating a few lets the loss collapse to ~0 within steps.
+        batches = [jax.device_put(source.batch(i), fns.batch_sharding) for i in range(case.steps + 1)]
+        holder = {"state": state}
+
+        def step(i: int) -> float:
+            holder["state"], metrics = fns.train_step(holder["state"], batches[i])
+            return float(metrics["loss"])  # waits for the step
+
+        return time_steps(step, case.steps)
+
+
+def time_steps(step, steps: int) -> dict:
+    """Run step(0) (compile / warm-up) then `steps` timed steps; median and best seconds per step.
+
+    The matmul peak is read right before and right after the timed steps, in the same
+    process: the machine's speed drifts within a run (numpy's peak read 391 and then 332
+    GFLOP/s in one `make bench`), so a step's % of peak is taken against readings from
+    the same minute, not from the run's start or end.
+    """
+    start = time.perf_counter()
+    step(0)
+    first = time.perf_counter() - start
+    peak_before = _peak_between_steps()
+    seconds = []
+    for i in range(1, steps + 1):
+        start = time.perf_counter()
+        loss = step(i)
+        seconds.append(time.perf_counter() - start)
+    peak_after = _peak_between_steps()
+    return {"step_seconds": statistics.median(seconds), "best_step_seconds": min(seconds),
+            "first_step_seconds": first, "loss": loss, "peak_readings": [peak_before, peak_after]}
+
+
+# Idle thread pools (torch's OpenMP, numpy's OpenBLAS) spin for up to ~0.2 s after their
+# last call; the pauses keep either side's spinning out of the other's measurement.
+THREAD_SPIN_SECONDS = 0.5
+
+
+def _peak_between_steps() -> float:
+    time.sleep(THREAD_SPIN_SECONDS)
+    peak = matmul_peak_gflops()
+    time.sleep(THREAD_SPIN_SECONDS)
+    return peak
+
+
+def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
+    """Best fp32 GFLOP/s of an n^3 numpy matmul on this machine."""
+    import numpy as np
+
+    a = np.random.rand(n, n).astype(np.float32)
+    b = np.random.rand(n, n).astype(np.float32)
+    a @ b
+    best = min(_timed(lambda: a @ b) for _ in range(repeats))
+    return 2 * n**3 / best / 1e9
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+# JAX against the PyTorch peer: the issue's two reference points, each run as (jax, torch)
+# pairs in interleaved rounds; the reported ratio is the median of the rounds' ratios.
+PEER_CASES = [BenchCase("tiny", 32, steps=10), BenchCase("small", 16, steps=4)]
+PEER_ROUNDS = {"tiny": 3, "small": 5}  # small: its steps vary most (4.8-6.9 s in one process, session 12)
+# GradCache memory: peak RSS at batch 1536 against batch 64, both in chunks of 32 (tiny model).
+GRADCACHE_CASES = [
+    BenchCase("tiny", 64, steps=3),
+    BenchCase("tiny", 64, num_chunks=2, steps=3),
+    BenchCase("tiny", 256, num_chunks=8, steps=2),
+    BenchCase("tiny", 1536, num_chunks=48, steps=1),
+]
+
+
+def _run_child(case: BenchCase) -> dict | None:
+    """One case in a fresh process (its own peak RSS, its own thread pools); None if it failed."""
+    env = dict(os.environ)
+    if case.framework == "torch":
+        # PyTorch runs as its users run it, with glibc's default malloc: huge pages did not
+        # speed it up, and once (T5 small) stalled it 10x in page compaction.
+        env.pop("GLIBC_TUNABLES", None)
+        env["RANKGEN_MALLOC_TUNING"] = "0"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--case", json.dumps(dataclasses.asdict(case))],
+                          capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        print(f"{case}: failed\n{proc.stderr[-2000:]}", flush=True)
+        return None
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# The other benchmarks of `make bench`, each its own module and process: (report key, module, --quick args).
+MODULE_BENCHMARKS = [
+    ("encode", "benchmarks.encode", ["--texts", "400", "--size", "tiny"]),
+    ("data", "benchmarks.data_pipeline", ["--steps", "5", "--rounds", "2", "--source_batches", "30"]),
+]
+
+
+def _run_module(module: str, out: Path, extra: list[str]) -> dict | None:
+    """`python -m module --out out` with its output shown as it comes; its JSON result, or None if it failed."""
+    print(f"--- {module}", flush=True)
+    proc = subprocess.run([sys.executable, "-m", module, "--out", str(out), *extra])
+    if proc.returncode != 0:
+        print(f"{module}: failed with exit code {proc.returncode}", flush=True)
+        return None
+    return json.loads(out.read_text())
+
+
+def _describe(row: dict) -> str:
+    mode = f"GradCache x{row['num_chunks']} (chunk {row['batch'] // row['num_chunks']})" if row["num_chunks"] > 1 else "plain"
+    return (f"{row['framework']:>5} {row['size']:>5} batch {row['batch']:>5} {mode:<24} {row['step_seconds']:7.3f} s/step "
+            f"{row['tokens_per_second']:8.0f} tok/s {row['train_gflops_per_second']:6.1f} GFLOP/s "
+            f"({row['train_gflops_per_second'] / max(row['peak_readings']):.0%} of the peak beside it: "
+            f"{' / '.join(f'{p:.0f}' for p in row['peak_readings'])})  peak RSS {row['peak_rss_mib']:6.0f} MiB")
+
+
+def summarize_rounds(size: str, batch: int, rounds: list[dict]) -> dict:
+    """The report's entry for interleaved {"jax", "torch", "ratio"} rounds of one case.
+
+    The ratio comes from the median round by ratio (of an even count, the one less
+    favourable to JAX). The % of peak is added by `judge_peak` once the run's readings are in.
+    """
+    median_round = sorted(rounds, key=lambda r: r["ratio"])[(len(rounds) - 1) // 2]
+    return {"size": size, "batch": batch, "jax": median_round["jax"], "torch": median_round["torch"],
+            "jax_over_torch": median_round["ratio"], "round_ratios": [r["ratio"] for r in rounds], "rounds": rounds}
+
+
+def judge_peak(train: dict, floor: float) -> None:
+    """Each row's % of peak, and the JAX round each peer case's % of peak comes from.
+
+    A row is measured against the higher of the two peak readings taken beside its own
+    timed steps, so that a step and its peak come from the same state of the machine, but
+    never against less than `floor`, the median of all the run's readings: a slow spell
+    that lowers both readings and not the step would otherwise flatter the figure. The
+    % of peak of a case is JAX's alone: its median round by that figure (of an even count,
+    the lower), not the round the ratio picks, whose choice depends on PyTorch's noise.
+
+    Where the machine's speed moves within seconds, no reading pairs well with a step, so
+    each case also gets a figure that pairs nothing: JAX's median rate over its rounds
+    against `floor`, the median reading (`jax_median_of_median_peak`).
+    """
+    for row in _train_rows(train):
+        row["peak_gflops"] = max(*row["peak_readings"], floor)
+        row["of_peak"] = row["train_gflops_per_second"] / row["peak_gflops"]
+    for peer in train["peers"]:
+        jax_rows = sorted((r["jax"] for r in peer["rounds"]), key=lambda row: row["of_peak"])
+        peer["jax_for_peak"] = jax_rows[(len(jax_rows) - 1) // 2]
+        rates = [row["train_gflops_per_second"] for row in jax_rows]
+        peer["jax_median_of_median_peak"] = statistics.median(rates) / floor if floor else None
+
+
+def _train_rows(train: dict) -> list[dict]:
+    return [*train["gradcache"], *(row for peer in train["peers"] for r in peer["rounds"] for row in (r["jax"], r["torch"]))]
+
+
+def all_peak_readings(train: dict) -> list[float]:
+    """Every matmul peak reading taken beside a train case's steps."""
+    return [p for row in _train_rows(train) for p in row["peak_readings"]]
+
+
+def run_train_benchmarks(quick: bool) -> dict:
+    """JAX vs PyTorch at the reference points, then GradCache memory; rows plus the derived ratios."""
+    peers, gradcache = [], []
+    for case in PEER_CASES[:1] if quick else PEER_CASES:
+        rounds = []
+        for _ in range(1 if quick else PEER_ROUNDS[case.size]):
+            pair = {}
+            for framework in ("jax", "torch"):
+                row = _run_child(dataclasses.replace(case, framework=framework))
+                if row:
+                    print(_describe(row), flush=True)
+                    pair[framework] = row
+            if len(pair) == 2:
+                pair["ratio"] = pair["jax"]["tokens_per_second"] / pair["torch"]["tokens_per_second"]
+                rounds.append(pair)
+        if rounds:
+            peer = summarize_rounds(case.size, case.batch, rounds)
+            print(f"      {case.size} batch {case.batch}: JAX / PyTorch tokens/s = {peer['jax_over_torch']:.2f}x "
+                  f"(median of {len(rounds)} round(s): {', '.join(f'{r:.2f}' for r in peer['round_ratios'])})",
+                  flush=True)
+            peers.append(peer)
+    for case in GRADCACHE_CASES[:2] if quick else GRADCACHE_CASES:
+        row = _run_child(case)
+        if row:
+            print(_describe(row), flush=True)
+            gradcache.append(row)
+    by_batch = {r["batch"]: r for r in gradcache if r["num_chunks"] > 1}
+    rss_ratio = by_batch[1536]["peak_rss_mib"] / by_batch[64]["peak_rss_mib"] if {64, 1536} <= set(by_batch) else None
+    if rss_ratio:
+        print(f"      GradCache peak RSS, batch 1536 / batch 64 (chunks of 32): {rss_ratio:.2f}x", flush=True)
+    return {"peers": peers, "gradcache": gradcache, "gradcache_rss_1536_over_64": rss_ratio}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--case", help=argparse.SUPPRESS)  # child mode: one BenchCase as JSON
+    parser.add_argument("--out", default="runs/bench/bench.json")
+    parser.add_argument("--report", default="docs/benchmarks.md", help="markdown results table to (re)write")
+    parser.add_argument("--quick", action="store_true", help="tiny cases only (a few minutes)")
+    args = parser.parse_args(argv)
+    if args.case:
+        print(json.dumps(run_case(BenchCase(**json.loads(args.case)))))
+        return 0
+    started = time.time()
+    peak = matmul_peak_gflops()
+    print(f"fp32 matmul peak (numpy {2048}^3, {THREADS} threads): {peak:.1f} GFLOP/s", flush=True)
+    report = {"machine": machine_description(), "quick": args.quick, "train": run_train_benchmarks(args.quick)}
+    peak_after = matmul_peak_gflops()
+    report["matmul_peak_measurements"] = [peak, peak_after]
+    readings = [peak, peak_after, *all_peak_readings(report["train"])]
+    # The run-wide figure is the highest of every reading (before and after all train steps, and
+    # beside each case's steps), so that a low reading cannot flatter the "% of peak" it yields.
+    report["matmul_peak_gflops"] = run_peak = max(readings)
+    report["matmul_peak_median"] = statistics.median(readings)
+    report["matmul_peak_lowest"] = min(readings)
+    judge_peak(report["train"], report["matmul_peak_median"])
+    print(f"fp32 matmul peak after the train steps: {peak_after:.1f} GFLOP/s; the highest reading of the run: "
+          f"{run_peak:.1f}, the median: {report['matmul_peak_median']:.1f}", flush=True)
+    out_dir = Path(args.out).parent
+    for name, module, quick_args in MODULE_BENCHMARKS:
+        report[name] = _run_module(module, out_dir / f"{name}.json", quick_args if args.quick else [])
+    report["seconds"] = time.time() - started
+    from benchmarks.report import render_markdown, write_json
+
+    write_json(args.out, report)
+    if args.report:
+
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.report).write_text(render_markdown(report))
+        print(f"wrote {args.report}")
+    return 0
+
+
+def machine_description() -> dict:
+    """CPU model, cores, memory and library versions, for the report header."""
+    import platform
+    from importlib.metadata import version
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    meminfo = Path("/proc/meminfo")
+    mem_gib = (int(meminfo.read_text().split()[1]) / 2**20) if meminfo.exists() else None
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem_gib, "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d"),
+            **{name: version(name) for name in ("jax", "jaxlib", "flax", "torch", "transformers", "numpy")},
+            "xla_flags": os.environ.get("XLA_FLAGS", ""), "glibc_tunables": os.environ.get("GLIBC_TUNABLES", "")}
+
+
+if __name__ == "__main__":
+    reexec_with_malloc_tunables("benchmarks.bench", sys.argv[1:])  # as `rankgen-jax` runs; children inherit it
+    sys.exit(main())

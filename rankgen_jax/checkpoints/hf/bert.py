@@ -1,0 +1,579 @@
+"""HuggingFace <-> canonical conversion for BERT-family encoders (BERT/MiniLM, DistilBERT, RoBERTa).
+
+Canonical parameters are nested dicts of float32 numpy arrays named as in
+`rankgen_jax.models.bert` (one tree for all three variants). Folders:
+
+- A plain HF folder (`BertModel`, `DistilBertModel`, `RobertaModel`, or any
+  task model of these types) imports as a bare encoder. Keys may carry the
+  task model's base prefix (`bert.`, `distilbert.`, `roberta.`); task heads
+  (`cls.*`, `lm_head.*`, `vocab_transform/vocab_layer_norm/vocab_projector`,
+  `pre_classifier`, `classifier`, `qa_outputs`) are dropped, as are the
+  `position_ids`/`token_type_ids` buffers. Any other unknown tensor is an error.
+  The pooler is kept when the checkpoint has one (`has_pooler`).
+- A sentence-transformers folder (`modules.json`: Transformer -> Pooling
+  [-> Dense] [-> Normalize]) imports as a dual encoder whose head is the
+  pooling (mean or CLS), the bias-free Dense as `projection_layer/kernel`, and
+  L2 normalisation when Normalize is present. Export writes the same layout.
+- Cross encoders (rankers) use the ranker format of `hf.save_ranker_folder`
+  (the base model's tensors under `backbone.`, plus the score head);
+  save_bert_folder and load_bert_folder hand them to hf.py.
+
+Weights are read and written as safetensors only; pickled `pytorch_model.bin`
+files are refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from typing import Any, Mapping
+
+import numpy as np
+
+from rankgen_jax.checkpoints.hf.t5 import (
+    HFTensor,
+    params_from_tensor_table,
+    state_dict_from_tensor_table,
+    RANKER_MODELING_FILE,
+    SAFETENSORS_FILE,
+    SAFETENSORS_INDEX,
+    first_line,
+    get_path,
+    prepare_out_dir as _prepare_hf_out_dir,
+    read_files,
+    read_json,
+    read_safetensors,
+    safetensors_files,
+    write_json,
+)
+from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig
+from rankgen_jax.errors import RankgenError
+
+BERT_MODEL_TYPES = ("bert", "distilbert", "roberta")
+BASE_ARCHITECTURES = {"bert": "BertModel", "distilbert": "DistilBertModel", "roberta": "RobertaModel"}
+# The tokenizer class of each model type, for folders whose config.json AutoTokenizer cannot map (rankers).
+TOKENIZER_CLASSES = {"bert": "BertTokenizer", "distilbert": "DistilBertTokenizer", "roberta": "RobertaTokenizer"}
+# Tokenizer files carried from an imported folder to an export, whichever exist.
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "merges.txt", "vocab.json", "tokenizer_config.json",
+                   "special_tokens_map.json")
+# Task-model heads that are not part of the encoder (see the module docstring).
+HEAD_PREFIXES = ("cls.", "lm_head.", "vocab_transform.", "vocab_layer_norm.", "vocab_projector.",
+                 "pre_classifier.", "classifier.", "qa_outputs.")
+# Non-persistent buffers that older checkpoints (e.g. all-MiniLM-L6-v2) still store.
+BUFFER_SUFFIXES = (".position_ids", ".token_type_ids")
+
+# sentence-transformers module types and file names.
+ST_TRANSFORMER = "sentence_transformers.models.Transformer"
+ST_POOLING = "sentence_transformers.models.Pooling"
+ST_DENSE = "sentence_transformers.models.Dense"
+ST_NORMALIZE = "sentence_transformers.models.Normalize"
+ST_IDENTITY = "torch.nn.modules.linear.Identity"
+ST_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
+ST_MODULE_DIR = re.compile(r"^\d+_(Pooling|Dense|Normalize)$")
+# Pooling modes sentence-transformers knows; we support cls and mean only.
+ST_POOLING_MODES = ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens",
+                    "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken")
+ST_MODE_OF_POOLING = {"first": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens"}
+# Files a previous export may have left that would shadow or confuse the new one.
+STALE_FILES = (SAFETENSORS_FILE, SAFETENSORS_INDEX, "pytorch_model.bin", "pytorch_model.bin.index.json",
+               "config.json", RANKER_MODELING_FILE, *TOKENIZER_FILES, *ST_FILES)
+
+# HF config defaults per model type, for keys an older config.json leaves out.
+_BERT_DEFAULTS = {
+    "vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+    "intermediate_size": 3072, "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "max_position_embeddings": 512,
+    "type_vocab_size": 2, "layer_norm_eps": 1e-12, "pad_token_id": 0,
+}
+_HF_DEFAULTS = {
+    "bert": _BERT_DEFAULTS,
+    "roberta": {**_BERT_DEFAULTS, "vocab_size": 50265, "pad_token_id": 1},
+    "distilbert": {
+        "vocab_size": 30522, "dim": 768, "n_layers": 6, "n_heads": 12, "hidden_dim": 3072, "activation": "gelu",
+        "dropout": 0.1, "max_position_embeddings": 512, "pad_token_id": 0, "sinusoidal_pos_embds": False,
+    },
+}
+# HF activation names that compute exactly one of ours.
+_ACTIVATION_ALIASES = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "relu": "relu"}
+# DistilBERT's LayerNorms have a hard-coded eps.
+_DISTILBERT_EPS = 1e-12
+
+
+# ---------------------------------------------------------------------------
+# Configs
+
+
+def is_bert_family(hf_config: Mapping[str, Any]) -> bool:
+    """Whether an HF config.json describes a model this module converts."""
+    return hf_config.get("model_type") in BERT_MODEL_TYPES
+
+
+def is_bert_folder(path: str) -> bool:
+    """Whether `path` is an HF or sentence-transformers folder of a BERT-family model (never raises)."""
+    path = os.fspath(path)
+    config_path = os.path.join(path, "config.json")
+    try:
+        if not os.path.isfile(config_path) and os.path.isfile(os.path.join(path, "modules.json")):
+            # Older sentence-transformers folders keep the HF model in the Transformer module's subfolder.
+            subdir = _st_modules(path)[0].get("path") or ""
+            config_path = os.path.join(path, subdir, "config.json")
+        return os.path.isfile(config_path) and is_bert_family(read_json(config_path))
+    except (RankgenError, OSError):
+        return False
+
+
+def _field(hf: Mapping[str, Any], model_type: str, key: str, kind: type, where: str):
+    """One config.json field, defaulted like HF, with a clear error when it has the wrong type."""
+    value = hf.get(key, _HF_DEFAULTS[model_type][key])
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise RankgenError(f"{where}: {key}={value!r} should be of type {kind.__name__}")
+    return value
+
+
+def _activation(name: str, key: str, where: str) -> str:
+    if name not in _ACTIVATION_ALIASES:
+        raise RankgenError(f"{where}: {key}={name!r} is not supported (expected one of {sorted(_ACTIVATION_ALIASES)})")
+    return _ACTIVATION_ALIASES[name]
+
+
+def bert_config_from_hf(hf: Mapping[str, Any], where: str) -> BertConfig:
+    """Our `BertConfig` from an HF BERT / DistilBERT / RoBERTa config.json (`where` names it in errors).
+
+    has_pooler defaults to what the HF base model builds (BERT and RoBERTa yes,
+    DistilBERT no); load_bert_folder corrects it from the checkpoint's tensors.
+    """
+    model_type = hf.get("model_type")
+    if model_type not in BERT_MODEL_TYPES:
+        raise RankgenError(f"{where}: model_type={model_type!r} is not a BERT-family model"
+                           f" (expected one of {BERT_MODEL_TYPES})")
+    if model_type == "distilbert":
+        if _field(hf, model_type, "sinusoidal_pos_embds", bool, where):
+            raise RankgenError(f"{where}: DistilBERT with sinusoidal_pos_embds=true is not supported"
+                               " (only learned absolute positions)")
+        fields = dict(
+            vocab_size=_field(hf, model_type, "vocab_size", int, where),
+            d_model=_field(hf, model_type, "dim", int, where),
+            d_ff=_field(hf, model_type, "hidden_dim", int, where),
+            num_layers=_field(hf, model_type, "n_layers", int, where),
+            num_heads=_field(hf, model_type, "n_heads", int, where),
+            max_position_embeddings=_field(hf, model_type, "max_position_embeddings", int, where),
+            type_vocab_size=0,
+            layer_norm_eps=_DISTILBERT_EPS,
+            hidden_act=_activation(_field(hf, model_type, "activation", str, where), "activation", where),
+            pad_id=_pad_id(hf, model_type, where),
+            position_offset=0,
+            has_pooler=False,
+            dropout_rate=_field(hf, model_type, "dropout", float, where),
+        )
+    else:
+        position_type = hf.get("position_embedding_type", "absolute")
+        if position_type != "absolute":
+            raise RankgenError(f"{where}: position_embedding_type={position_type!r} is not supported"
+                               " (only 'absolute')")
+        if hf.get("is_decoder") or hf.get("add_cross_attention"):
+            raise RankgenError(f"{where}: a {model_type} decoder (is_decoder/add_cross_attention) is not supported;"
+                               " only bidirectional encoders")
+        pad_id = _pad_id(hf, model_type, where)
+        fields = dict(
+            vocab_size=_field(hf, model_type, "vocab_size", int, where),
+            d_model=_field(hf, model_type, "hidden_size", int, where),
+            d_ff=_field(hf, model_type, "intermediate_size", int, where),
+            num_layers=_field(hf, model_type, "num_hidden_layers", int, where),
+            num_heads=_field(hf, model_type, "num_attention_heads", int, where),
+            max_position_embeddings=_field(hf, model_type, "max_position_embeddings", int, where),
+            type_vocab_size=_field(hf, model_type, "type_vocab_size", int, where),
+            layer_norm_eps=_field(hf, model_type, "layer_norm_eps", float, where),
+            hidden_act=_activation(_field(hf, model_type, "hidden_act", str, where), "hidden_act", where),
+            pad_id=pad_id,
+            # RoBERTa counts positions from pad_id + 1 (fairseq's make_positions).
+            position_offset=pad_id + 1 if model_type == "roberta" else 0,
+            has_pooler=True,
+            dropout_rate=_field(hf, model_type, "hidden_dropout_prob", float, where),
+        )
+    try:
+        return BertConfig(variant=model_type, **fields)
+    except RankgenError as e:
+        raise RankgenError(f"{where}: {first_line(e)}") from None
+
+
+def _pad_id(hf: Mapping[str, Any], model_type: str, where: str) -> int:
+    pad_id = hf.get("pad_token_id", _HF_DEFAULTS[model_type]["pad_token_id"])
+    if pad_id is None and model_type != "roberta":
+        return 0  # no padding token declared: HF then has no padding_idx; 0 is BERT's [PAD]
+    if not isinstance(pad_id, int) or isinstance(pad_id, bool) or pad_id < 0:
+        raise RankgenError(f"{where}: pad_token_id={pad_id!r} should be a non-negative integer")
+    return pad_id
+
+
+def bert_config_to_hf(cfg: BertConfig) -> dict[str, Any]:
+    """HF config.json fields (without `architectures`) for our config; RankgenError if HF cannot express it."""
+    if cfg.variant == "distilbert":
+        problems = []
+        if cfg.type_vocab_size:
+            problems.append(f"type_vocab_size={cfg.type_vocab_size} (DistilBERT has no token types)")
+        if cfg.has_pooler:
+            problems.append("has_pooler=True (DistilBertModel has no pooler)")
+        if cfg.layer_norm_eps != _DISTILBERT_EPS:
+            problems.append(f"layer_norm_eps={cfg.layer_norm_eps} (DistilBERT's is fixed at {_DISTILBERT_EPS})")
+        if cfg.position_offset:
+            problems.append(f"position_offset={cfg.position_offset} (DistilBERT positions start at 0)")
+        if problems:
+            raise RankgenError(f"cannot export as HF DistilBERT: {'; '.join(problems)}")
+        return {
+            "model_type": "distilbert", "vocab_size": cfg.vocab_size, "dim": cfg.d_model, "hidden_dim": cfg.d_ff,
+            "n_layers": cfg.num_layers, "n_heads": cfg.num_heads, "activation": cfg.hidden_act,
+            "max_position_embeddings": cfg.max_position_embeddings, "sinusoidal_pos_embds": False,
+            "dropout": cfg.dropout_rate, "attention_dropout": cfg.dropout_rate, "pad_token_id": cfg.pad_id,
+            "initializer_range": 0.02,
+        }
+    want_offset = cfg.pad_id + 1 if cfg.variant == "roberta" else 0
+    if cfg.position_offset != want_offset:
+        raise RankgenError(f"cannot export as HF {cfg.variant}: position_offset={cfg.position_offset},"
+                           f" but HF's {BASE_ARCHITECTURES[cfg.variant]} uses {want_offset}")
+    if cfg.type_vocab_size <= 0:
+        raise RankgenError(f"cannot export as HF {cfg.variant}: type_vocab_size=0, but"
+                           f" {BASE_ARCHITECTURES[cfg.variant]} always has token type embeddings")
+    return {
+        "model_type": cfg.variant, "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+        "hidden_act": cfg.hidden_act, "max_position_embeddings": cfg.max_position_embeddings,
+        "type_vocab_size": cfg.type_vocab_size, "layer_norm_eps": cfg.layer_norm_eps, "pad_token_id": cfg.pad_id,
+        "hidden_dropout_prob": cfg.dropout_rate, "attention_probs_dropout_prob": cfg.dropout_rate,
+        "position_embedding_type": "absolute", "initializer_range": 0.02,
+    }
+
+
+# ---------------------------------------------------------------------------
+# Parameter names
+
+
+def _linear(path: tuple[str, ...], hf_name: str, in_dim: int, out_dim: int) -> list[HFTensor]:
+    """A torch nn.Linear (weight [out, in], bias [out]) as our kernel [in, out] and bias."""
+    return [HFTensor((*path, "kernel"), f"{hf_name}.weight", (out_dim, in_dim), True),
+            HFTensor((*path, "bias"), f"{hf_name}.bias", (out_dim,), False)]
+
+
+def _layer_norm(path: tuple[str, ...], hf_name: str, d: int) -> list[HFTensor]:
+    return [HFTensor((*path, "scale"), f"{hf_name}.weight", (d,), False),
+            HFTensor((*path, "bias"), f"{hf_name}.bias", (d,), False)]
+
+
+def bert_tensor_table(cfg: BertConfig) -> list[HFTensor]:
+    """Name/shape table of an encoder in its HF base-model key names."""
+    d, ff = cfg.d_model, cfg.d_ff
+    emb = ("embeddings",)
+    tensors = [
+        HFTensor((*emb, "word_embeddings", "embedding"), "embeddings.word_embeddings.weight",
+                (cfg.vocab_size, d), False),
+        HFTensor((*emb, "position_embeddings", "embedding"), "embeddings.position_embeddings.weight",
+                (cfg.max_position_embeddings, d), False),
+    ]
+    if cfg.type_vocab_size > 0:
+        tensors.append(HFTensor((*emb, "token_type_embeddings", "embedding"), "embeddings.token_type_embeddings.weight",
+                               (cfg.type_vocab_size, d), False))
+    tensors += _layer_norm((*emb, "layer_norm"), "embeddings.LayerNorm", d)
+    for i in range(cfg.num_layers):
+        ours = ("encoder", f"layers_{i}")
+        if cfg.variant == "distilbert":
+            hf = f"transformer.layer.{i}"
+            names = dict(query=f"{hf}.attention.q_lin", key=f"{hf}.attention.k_lin", value=f"{hf}.attention.v_lin",
+                         out=f"{hf}.attention.out_lin", attention_ln=f"{hf}.sa_layer_norm", wi=f"{hf}.ffn.lin1",
+                         wo=f"{hf}.ffn.lin2", mlp_ln=f"{hf}.output_layer_norm")
+        else:
+            hf = f"encoder.layer.{i}"
+            names = dict(query=f"{hf}.attention.self.query", key=f"{hf}.attention.self.key",
+                         value=f"{hf}.attention.self.value", out=f"{hf}.attention.output.dense",
+                         attention_ln=f"{hf}.attention.output.LayerNorm", wi=f"{hf}.intermediate.dense",
+                         wo=f"{hf}.output.dense", mlp_ln=f"{hf}.output.LayerNorm")
+        for name in ("query", "key", "value", "out"):
+            tensors += _linear((*ours, "attention", name), names[name], d, d)
+        tensors += _layer_norm((*ours, "attention_layer_norm"), names["attention_ln"], d)
+        tensors += _linear((*ours, "mlp", "wi"), names["wi"], d, ff)
+        tensors += _linear((*ours, "mlp", "wo"), names["wo"], ff, d)
+        tensors += _layer_norm((*ours, "mlp_layer_norm"), names["mlp_ln"], d)
+    if cfg.has_pooler:
+        tensors += _linear(("pooler", "dense"), "pooler.dense", d, d)
+    return tensors
+
+
+def _normalize_keys(state_dict: Mapping[str, Any], variant: str) -> dict[str, Any]:
+    """Strip the task model's base prefix (`bert.` ...) and rename legacy LayerNorm gamma/beta."""
+    prefix = f"{variant}."
+    out = {}
+    for key, value in state_dict.items():
+        name = key[len(prefix):] if key.startswith(prefix) else key
+        # TF-converted checkpoints name LayerNorm parameters gamma/beta; HF renames them on load too.
+        name = re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", name))
+        if name in out:
+            raise RankgenError(f"tensor {name} appears twice (with and without the {prefix} prefix)")
+        out[name] = value
+    return out
+
+
+def _ignorable(key: str) -> bool:
+    return key.startswith(HEAD_PREFIXES) or key.endswith(BUFFER_SUFFIXES)
+
+
+def hf_state_dict_to_params(cfg: BertConfig, state_dict: Mapping[str, Any], where: str) -> dict:
+    """HF state dict (base or task model) -> canonical encoder params, checking names and shapes against `cfg`.
+
+    Task heads and position_ids/token_type_ids buffers are dropped (module docstring); any
+    other tensor the config does not describe is an error, so nothing is lost silently.
+    """
+    try:
+        state_dict = _normalize_keys(state_dict, cfg.variant)
+    except RankgenError as e:
+        raise RankgenError(f"{where}: {e}") from None
+    tensors = bert_tensor_table(cfg)
+    params = params_from_tensor_table(tensors, state_dict, where)
+    known = {t.hf_key for t in tensors}
+    for key in state_dict:
+        if key not in known and not _ignorable(key):
+            raise RankgenError(f"{where}: unexpected tensor {key} (not part of the model config.json describes)")
+    return params
+
+
+def params_to_hf_state_dict(cfg: BertConfig, params: Mapping) -> dict[str, np.ndarray]:
+    """Canonical encoder params -> HF base-model state dict (float32 numpy, kernels transposed, contiguous)."""
+    return state_dict_from_tensor_table(bert_tensor_table(cfg), params)
+
+
+# ---------------------------------------------------------------------------
+# sentence-transformers modules
+
+
+def _st_modules(path: str) -> list[dict]:
+    """modules.json in idx order, checked to be Transformer -> Pooling [-> Dense] [-> Normalize]."""
+    modules_path = os.path.join(path, "modules.json")
+    try:
+        with open(modules_path, encoding="utf-8") as f:
+            modules = json.load(f)
+    except (OSError, ValueError) as e:
+        raise RankgenError(f"{modules_path}: cannot read ({e})") from None
+    if not isinstance(modules, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("type"), str) and isinstance(m.get("idx", 0), int)
+            for m in modules):
+        raise RankgenError(f"{modules_path}: expected a list of modules, each with a 'type' and an integer 'idx'")
+    modules = sorted(modules, key=lambda m: m.get("idx", 0))
+    types = [m["type"] for m in modules]
+    if types[:2] != [ST_TRANSFORMER, ST_POOLING] or types[2:] not in (
+            [], [ST_DENSE], [ST_NORMALIZE], [ST_DENSE, ST_NORMALIZE]):
+        chain = " -> ".join(t.rsplit(".", 1)[-1] for t in types) or "empty"
+        raise RankgenError(f"{modules_path}: unsupported module chain {chain}"
+                           " (expected Transformer -> Pooling [-> Dense] [-> Normalize])")
+    return modules
+
+
+def _read_st_head(path: str, modules: list[dict], d_model: int) -> tuple[HeadConfig, np.ndarray | None]:
+    """The head a checked module chain describes -> (head config, projection kernel [d, P] or None)."""
+    types = [m["type"] for m in modules]
+    pooling_dir = os.path.join(path, modules[1].get("path", ""))
+    pooling_path = os.path.join(pooling_dir, "config.json")
+    if not os.path.isfile(pooling_path):
+        raise RankgenError(f"{pooling_path}: missing (the Pooling module's config)")
+    pooling_cfg = read_json(pooling_path)
+    width = pooling_cfg.get("word_embedding_dimension", d_model)
+    if width != d_model:
+        raise RankgenError(f"{pooling_path}: word_embedding_dimension={width}, but the encoder has d_model={d_model}")
+    modes = [m for m in ST_POOLING_MODES if pooling_cfg.get(m)]
+    if modes == ["pooling_mode_mean_tokens"]:
+        pooling = "mean"
+    elif modes == ["pooling_mode_cls_token"]:
+        pooling = "first"
+    else:
+        raise RankgenError(f"{pooling_path}: pooling modes {modes or 'none'} are not supported"
+                           " (exactly one of pooling_mode_mean_tokens or pooling_mode_cls_token)")
+
+    kernel = None
+    if ST_DENSE in types:
+        kernel = _read_st_dense(os.path.join(path, modules[2].get("path", "")), d_model)
+    head = HeadConfig(pooling=pooling, projection_dim=0 if kernel is None else int(kernel.shape[1]),
+                      l2_normalize=ST_NORMALIZE in types)
+    return head, kernel
+
+
+def _read_st_dense(dense_dir: str, d_model: int) -> np.ndarray:
+    """A bias-free, identity-activation sentence-transformers Dense module -> kernel [d, P]."""
+    config_path = os.path.join(dense_dir, "config.json")
+    if not os.path.isfile(config_path):
+        raise RankgenError(f"{config_path}: missing (the Dense module's config)")
+    dense_cfg = read_json(config_path)
+    if dense_cfg.get("bias", True):
+        raise RankgenError(f"{config_path}: a Dense module with a bias is not supported (only bias-free projections)")
+    activation = dense_cfg.get("activation_function", ST_IDENTITY)
+    if str(activation).rsplit(".", 1)[-1] != "Identity":
+        raise RankgenError(f"{config_path}: Dense activation {activation} is not supported (only Identity)")
+    in_features, out_features = dense_cfg.get("in_features"), dense_cfg.get("out_features")
+    if in_features != d_model or not isinstance(out_features, int) or out_features <= 0:
+        raise RankgenError(f"{config_path}: in_features={in_features}, out_features={out_features}"
+                           f" do not fit the encoder (d_model={d_model})")
+    state_dict: dict[str, np.ndarray] = {}
+    for f in safetensors_files(dense_dir):
+        state_dict.update(read_safetensors(f))
+    if "linear.weight" not in state_dict:
+        raise RankgenError(f"{dense_dir}: missing tensor linear.weight")
+    extra = sorted(set(state_dict) - {"linear.weight"})
+    if extra:
+        raise RankgenError(f"{dense_dir}: unexpected tensor {extra[0]} (a bias-free Dense has linear.weight only)")
+    weight = np.asarray(state_dict["linear.weight"], dtype=np.float32)
+    if weight.shape != (out_features, in_features):
+        raise RankgenError(f"{dense_dir}: tensor linear.weight has shape {weight.shape},"
+                           f" but config.json implies {(out_features, in_features)}")
+    return np.ascontiguousarray(weight.T)
+
+
+# ---------------------------------------------------------------------------
+# Folders
+
+
+def load_bert_folder(path: str) -> tuple[ModelConfig, dict, list[str]]:
+    """Read an HF or sentence-transformers BERT-family folder -> (model config, canonical params, tokenizer files).
+
+    A plain HF folder is a bare encoder (kind='encoder'); a folder with
+    modules.json is a dual encoder with the sentence-transformers head; a
+    ranker folder is a cross encoder (hf.load_ranker_folder).
+    """
+    from rankgen_jax.checkpoints.hf.t5 import is_ranker_config, load_ranker_folder
+
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise RankgenError(f"{path}: no such file or directory")
+    if not os.path.isdir(path):
+        raise RankgenError(f"{path}: not a folder (expected an HF model folder with config.json)")
+    root_config = os.path.join(path, "config.json")
+    if os.path.isfile(root_config) and is_ranker_config(read_json(root_config)):
+        return load_ranker_folder(path)
+    head, modules, model_dir = None, None, path
+    if os.path.isfile(os.path.join(path, "modules.json")):
+        modules = _st_modules(path)
+        # Current sentence-transformers keeps the HF model in the root (path ""); older ones in a subfolder.
+        subdir = modules[0].get("path") or ""
+        model_dir = os.path.join(path, subdir) if subdir else path
+    config_path = os.path.join(model_dir, "config.json")
+    if not os.path.isfile(config_path):
+        raise RankgenError(f"{model_dir}: no config.json (not an HF model folder)")
+    hf = read_json(config_path)
+    if not is_bert_family(hf):
+        raise RankgenError(f"{config_path}: model_type={hf.get('model_type')!r} is not a BERT-family model"
+                           f" (expected one of {BERT_MODEL_TYPES})")
+    cfg = bert_config_from_hf(hf, config_path)
+    state_dict: dict[str, np.ndarray] = {}
+    for f in safetensors_files(model_dir):
+        state_dict.update(read_safetensors(f))
+    # HF config.json does not say whether the base model has a pooler; the tensors do.
+    try:
+        has_pooler = any(k.startswith("pooler.") for k in _normalize_keys(state_dict, cfg.variant))
+    except RankgenError as e:
+        raise RankgenError(f"{model_dir}: {e}") from None
+    if cfg.variant != "distilbert":
+        cfg = dataclasses.replace(cfg, has_pooler=has_pooler)
+    params = hf_state_dict_to_params(cfg, state_dict, model_dir)
+    if modules is not None:
+        head, kernel = _read_st_head(path, modules, cfg.d_model)
+        if kernel is not None:
+            params["projection_layer"] = {"kernel": kernel}
+    model_config = ModelConfig(encoder=cfg, head=head)
+    tokenizer_files = [os.path.join(model_dir, name) for name in TOKENIZER_FILES
+                       if os.path.isfile(os.path.join(model_dir, name))]
+    return model_config, params, tokenizer_files
+
+
+def _prepare_out_dir(out_dir: str, overwrite: bool) -> None:
+    _prepare_hf_out_dir(out_dir, overwrite, stale_files=STALE_FILES, stale_dir=ST_MODULE_DIR)
+
+
+def _st_max_seq_length(cfg: BertConfig) -> int:
+    return min(512, cfg.max_position_embeddings - cfg.position_offset)
+
+
+def save_bert_folder(model_config: ModelConfig, params: Mapping, out_dir: str,
+                     tokenizer_files: list[str] | None = None, overwrite: bool = False) -> None:
+    """Write config.json + model.safetensors (HF base-model names) + tokenizer files, and for a dual
+    encoder the sentence-transformers modules (Pooling [, Dense] [, Normalize]).
+
+    A cross encoder writes the ranker format instead (hf.save_ranker_folder).
+    """
+    from safetensors.numpy import save_file
+
+    from rankgen_jax.checkpoints.hf.t5 import save_ranker_folder
+
+    cfg = model_config.encoder
+    out_dir = os.fspath(out_dir)
+    if not isinstance(cfg, BertConfig):
+        raise RankgenError("save_bert_folder needs a BERT-family encoder config (got a T5 config)")
+    if model_config.kind == "cross_encoder":
+        save_ranker_folder(model_config, params, out_dir, tokenizer_files, overwrite)
+        return
+    if not model_config.shared_towers:
+        raise RankgenError("exporting a dual encoder with separate towers (shared_towers=False) to HF is not supported")
+    # Check and gather everything first, so bad input fails before anything is written.
+    hf = {"architectures": [BASE_ARCHITECTURES[cfg.variant]], **bert_config_to_hf(cfg)}
+    state_dict = params_to_hf_state_dict(cfg, params)
+    head = model_config.head
+    write_st = head is not None and head.pooling in ST_MODE_OF_POOLING
+    if head is not None and not write_st:
+        print(f"note: pooling {head.pooling!r} has no sentence-transformers equivalent; wrote the HF encoder only"
+              f" (head not exported)")
+    dense_weight = None
+    if write_st and head.projection_dim != 0:
+        out_features = head.output_dim(cfg.d_model)
+        kernel = np.asarray(get_path(params, ("projection_layer", "kernel")), dtype=np.float32)
+        if kernel.shape != (cfg.d_model, out_features):
+            raise RankgenError(f"parameter projection_layer/kernel has shape {kernel.shape},"
+                               f" but the model config needs {(cfg.d_model, out_features)}")
+        dense_weight = np.ascontiguousarray(kernel.T)
+    tokenizers = read_files(list(tokenizer_files or []))
+    if not cfg.has_pooler and cfg.variant != "distilbert":
+        print(f"note: the encoder has no pooler; HF {BASE_ARCHITECTURES[cfg.variant]} will initialise"
+              " pooler.dense randomly (it does not affect hidden states)")
+
+    _prepare_out_dir(out_dir, overwrite)
+    # HF's loader requires the "format" metadata.
+    save_file(state_dict, os.path.join(out_dir, SAFETENSORS_FILE), metadata={"format": "pt"})
+    write_json(os.path.join(out_dir, "config.json"), hf)
+    for name, data in tokenizers.items():
+        with open(os.path.join(out_dir, name), "wb") as fh:
+            fh.write(data)
+    if write_st:
+        _write_st_modules(cfg, head, dense_weight, out_dir)
+
+
+def _write_st_modules(cfg: BertConfig, head: HeadConfig, dense_weight: np.ndarray | None, out_dir: str) -> None:
+    """modules.json, sentence_bert_config.json, config_sentence_transformers.json and the module folders."""
+    from safetensors.numpy import save_file
+
+    modules = [{"idx": 0, "name": "0", "path": "", "type": ST_TRANSFORMER},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": ST_POOLING}]
+    pooling = {"word_embedding_dimension": cfg.d_model, **{m: False for m in ST_POOLING_MODES},
+               "include_prompt": True}
+    pooling[ST_MODE_OF_POOLING[head.pooling]] = True
+    os.makedirs(os.path.join(out_dir, "1_Pooling"), exist_ok=True)
+    write_json(os.path.join(out_dir, "1_Pooling", "config.json"), pooling)
+    if dense_weight is not None:
+        idx = len(modules)
+        dense_dir = f"{idx}_Dense"
+        modules.append({"idx": idx, "name": str(idx), "path": dense_dir, "type": ST_DENSE})
+        os.makedirs(os.path.join(out_dir, dense_dir), exist_ok=True)
+        write_json(os.path.join(out_dir, dense_dir, "config.json"), {
+            "in_features": cfg.d_model, "out_features": int(dense_weight.shape[0]), "bias": False,
+            "activation_function": ST_IDENTITY})
+        save_file({"linear.weight": dense_weight}, os.path.join(out_dir, dense_dir, SAFETENSORS_FILE),
+                  metadata={"format": "pt"})
+    if head.l2_normalize:
+        idx = len(modules)
+        # Normalize has no files; sentence-transformers still expects its folder to exist.
+        os.makedirs(os.path.join(out_dir, f"{idx}_Normalize"), exist_ok=True)
+        modules.append({"idx": idx, "name": str(idx), "path": f"{idx}_Normalize", "type": ST_NORMALIZE})
+    with open(os.path.join(out_dir, "modules.json"), "w", encoding="utf-8") as f:
+        # A list, which write_json (objects only) does not take.
+        json.dump(modules, f, indent=2)
+        f.write("\n")
+    write_json(os.path.join(out_dir, "sentence_bert_config.json"),
+                {"max_seq_length": _st_max_seq_length(cfg), "do_lower_case": False})
+    # Our score is a raw dot product (equal to cosine when the vectors are L2-normalised).
+    write_json(os.path.join(out_dir, "config_sentence_transformers.json"),
+                {"__version__": {"sentence_transformers": "3.0.0"}, "prompts": {}, "default_prompt_name": None,
+                 "similarity_fn_name": "dot"})

@@ -1,0 +1,286 @@
+"""Simple in-memory triple sources behind the trainer's batch interface.
+
+A source returns the global batch for a step index, deterministically: the
+same (seed, index) always gives the same rows, so resuming only needs the next
+index, and each host can build just its own rows. The seqio pipeline of the
+data issue will plug in behind the same `batch(index, rows)` interface.
+
+Batches are dicts of right-padded int32 ids: `query_ids` [B, Lq] (prefixes,
+"pre " marker), `positive_ids` [B, Lc] (gold continuations, "suffi " marker)
+and, with negatives, `negative_ids` [B, Lc] (another span of the same book).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Protocol
+
+import gin
+import numpy as np
+
+from rankgen_jax.errors import RankgenError, check_field_types
+from rankgen_jax.data.text import load_text_encoder, pad_batch
+from rankgen_jax.data.vocab import BUNDLED_CORPUS, EOS_ID, REPO_ROOT
+
+DEMO_VOCAB = REPO_ROOT / "data" / "vocab" / "demo_spiece_8k.model"
+
+
+class BatchSource(Protocol):
+    batch_size: int
+
+    def batch(self, index: int, rows: slice | None = None) -> dict[str, np.ndarray]: ...
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where training triples come from.
+
+    source: "examples" (RankGen examples: sentence-bounded prefixes of about
+      `prefix_words` words, continuations of min..max words, one InBook
+      negative), "books" (token windows of the documents; quick and crude) or
+      "random" (uniform random ids; for benchmarks and tests); "lists"
+      (candidate lists from JSON lines: rankers and distillation) or "pairs"
+      (labelled passage pairs: multi-perspective matching), read from
+      `train_file` / `eval_file` (see rankgen_jax.data.lists).
+    holdout_documents: the last N documents (by id) form the eval source.
+    prefix_keep: "end" cuts over-long prefixes from the left, keeping the text
+      nearest the continuation; "start" keeps their beginning.
+    """
+
+    source: str = "books"
+    corpus: str = str(BUNDLED_CORPUS)
+    vocab: str = str(DEMO_VOCAB)  # spiece.model, tokenizer.json, or a folder with one
+    batch_size: int = 32
+    prefix_length: int = 256
+    continuation_length: int = 128
+    with_negative: bool = True
+    same_document: bool = True
+    holdout_documents: int = 1
+    vocab_size: int = 8064  # random source only
+    prefix_words: int = 256
+    min_continuation_words: int = 10
+    max_continuation_words: int = 128
+    prefix_keep: str = "end"
+    task: str = ""  # seqio task or mixture name (source "seqio"), e.g. "rankgen_demo"
+    seed: int = 0
+    train_file: str = ""  # sources "lists" / "pairs"
+    eval_file: str = ""
+    list_size: int = 0  # candidates per list (0: the longest list in the file); padded with a mask
+    tfdata_threads: int = 1  # source "seqio": tf.data threads (more where the host has idle cores)
+
+    def __post_init__(self):
+        check_field_types(self)  # gin hands values over unchecked
+
+
+def _row_rng(seed: int, index: int, row: int) -> np.random.Generator:
+    return np.random.default_rng([seed, index, row])
+
+
+def _pad(sequences: list[np.ndarray], length: int) -> np.ndarray:
+    out = np.zeros((len(sequences), length), np.int32)
+    for i, seq in enumerate(sequences):
+        out[i, : len(seq)] = seq[:length]
+    return out
+
+
+class RandomTriples:
+    """Uniform random token ids with random lengths (no text): for throughput and equivalence tests."""
+
+    def __init__(self, config: DataConfig):
+        self.config = config
+        self.batch_size = config.batch_size
+
+    def batch(self, index: int, rows: slice | None = None) -> dict[str, np.ndarray]:
+        cfg = self.config
+        keys = ["query_ids", "positive_ids"] + (["negative_ids"] if cfg.with_negative else [])
+        lengths = [cfg.prefix_length, cfg.continuation_length, cfg.continuation_length]
+        out: dict[str, list[np.ndarray]] = {k: [] for k in keys}
+        for row in range(self.batch_size)[rows or slice(None)]:
+            rng = _row_rng(cfg.seed, index, row)
+            for key, max_len in zip(keys, lengths):
+                n = int(rng.integers(max(2, max_len // 2), max_len + 1))
+                out[key].append(np.append(rng.integers(3, cfg.vocab_size, n - 1), EOS_ID))
+        return {k: _pad(v, dict(zip(keys, lengths))[k]) for k, v in out.items()}
+
+
+def read_documents(folder: str | Path) -> list[tuple[str, str]]:
+    """(name, text) of every readable UTF-8 .txt file under a folder; unreadable files are skipped and reported."""
+    root = Path(folder)
+    if root.exists() and not root.is_dir():
+        raise RankgenError(f"{folder}: not a folder (the corpus is a folder whose .txt files are read)")
+    if not root.is_dir():
+        raise RankgenError(f"{folder}: no such corpus folder")
+    docs, skipped = [], []
+    for path in sorted(root.rglob("*.txt")):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            skipped.append(path.name)
+            continue
+        if text.strip():
+            docs.append((str(path.relative_to(root)), text))
+        else:
+            skipped.append(path.name)
+    if skipped:
+        print(f"note: skipped {len(skipped)} empty or unreadable files under {folder}: {', '.join(skipped[:5])}")
+    if not docs:
+        raise RankgenError(f"{folder}: no usable .txt documents")
+    return docs
+
+
+class BookTriples:
+    """Token windows of whole books: prefix, the tokens that follow it, and a span elsewhere in the same book.
+
+    A stand-in for the sentence-bounded RankGen examples of the data issue:
+    spans here are cut at token boundaries. With same_document, every row of a
+    batch comes from one book (RankGen's InBook setting), so in-batch
+    negatives are in-book too.
+    """
+
+    def __init__(self, config: DataConfig, documents: list[tuple[str, str]]):
+        self.config = config
+        self.batch_size = config.batch_size
+        self.text = load_text_encoder(config.vocab)
+        self.pre = self.text.tokenize("pre")
+        self.suffi = self.text.tokenize("suffi")
+        self.prefix_body = config.prefix_length - len(self.pre) - self.text.num_special
+        self.cont_body = config.continuation_length - len(self.suffi) - self.text.num_special
+        span = self.prefix_body + self.cont_body
+        self.names, self.tokens = [], []
+        for name, text in documents:
+            ids = np.asarray(self.text.tokenize(" ".join(text.split())), np.int32)
+            # Room for a prefix + continuation and a disjoint negative span.
+            if len(ids) >= span + self.cont_body + 1:
+                self.names.append(name)
+                self.tokens.append(ids)
+        if not self.tokens:
+            raise RankgenError(f"{config.corpus}: no document is long enough for one example ({span} tokens)")
+        sizes = np.array([len(t) for t in self.tokens], np.float64)
+        self.doc_weights = sizes / sizes.sum()
+
+    def _example(self, doc: np.ndarray, rng: np.random.Generator):
+        span = self.prefix_body + self.cont_body
+        start = int(rng.integers(0, len(doc) - span + 1))
+        prefix = doc[start : start + self.prefix_body]
+        positive = doc[start + self.prefix_body : start + span]
+        # A negative that does not overlap the prefix or the gold continuation.
+        candidates = [s for s in (int(rng.integers(0, len(doc) - self.cont_body + 1)) for _ in range(8))
+                      if s + self.cont_body <= start or s >= start + span]
+        neg_start = candidates[0] if candidates else (start + span) % (len(doc) - self.cont_body + 1)
+        negative = doc[neg_start : neg_start + self.cont_body]
+        return prefix, positive, negative
+
+    def batch(self, index: int, rows: slice | None = None) -> dict[str, np.ndarray]:
+        cfg = self.config
+        batch_doc = int(np.random.default_rng([cfg.seed, index]).choice(len(self.tokens), p=self.doc_weights))
+        out = {"query_ids": [], "positive_ids": [], "negative_ids": []}
+        for row in range(self.batch_size)[rows or slice(None)]:
+            rng = _row_rng(cfg.seed, index, row)
+            doc = batch_doc if cfg.same_document else int(rng.choice(len(self.tokens), p=self.doc_weights))
+            prefix, positive, negative = self._example(self.tokens[doc], rng)
+            out["query_ids"].append(self.text.add_special(self.pre + prefix.tolist()))
+            out["positive_ids"].append(self.text.add_special(self.suffi + positive.tolist()))
+            out["negative_ids"].append(self.text.add_special(self.suffi + negative.tolist()))
+        lengths = {"query_ids": cfg.prefix_length, "positive_ids": cfg.continuation_length,
+                   "negative_ids": cfg.continuation_length}
+        if not cfg.with_negative:
+            del out["negative_ids"]
+        return {k: pad_batch(v, lengths[k], self.text.pad_id) for k, v in out.items()}
+
+
+def make_sources(config: DataConfig, model_kind: str = "dual_encoder",
+                 loss_name: str = "in_batch_softmax") -> tuple[BatchSource, BatchSource]:
+    """(train source, eval source). Eval uses held-out documents, or another seed for random data.
+
+    model_kind and loss_name pick the batch layout of list and pair sources.
+    """
+    if config.batch_size <= 0:
+        raise RankgenError(f"DataConfig.batch_size must be positive, got {config.batch_size}")
+    if config.source == "random":
+        return RandomTriples(config), RandomTriples(dataclasses.replace(config, seed=config.seed + 10_000))
+    if config.source == "books":
+        docs = read_documents(config.corpus)
+        held = config.holdout_documents
+        if held <= 0 or held >= len(docs):
+            raise RankgenError(
+                f"{config.corpus}: holdout_documents={held} must leave at least one of {len(docs)} documents on each side"
+            )
+        return BookTriples(config, docs[:-held]), BookTriples(dataclasses.replace(config, seed=config.seed + 10_000), docs[-held:])
+    if config.source == "examples":
+        return _example_sources(config)
+    if config.source == "seqio":
+        return _seqio_sources(config)
+    if config.source in ("lists", "pairs"):
+        return _record_sources(config, model_kind, loss_name)
+    raise RankgenError(
+        f"unknown data source {config.source!r}: expected 'examples', 'seqio', 'books', 'random', 'lists' or 'pairs'")
+
+
+def _record_sources(config: DataConfig, model_kind: str, loss_name: str) -> tuple[BatchSource, BatchSource]:
+    """Candidate lists or labelled pairs from JSON-lines files (train_file, eval_file)."""
+    from rankgen_jax.data import lists
+
+    if not config.train_file or not config.eval_file:
+        raise RankgenError(f"DataConfig.source={config.source!r} needs DataConfig.train_file and DataConfig.eval_file")
+    text = load_text_encoder(config.vocab)
+    sources = []
+    for path, seed in ((config.train_file, config.seed), (config.eval_file, config.seed + 10_000)):
+        if config.source == "pairs":
+            records = lists.read_records(path, lists.check_pair_record)
+            sources.append(lists.PairBatches(records, text, config.batch_size, model_kind, config.prefix_length, seed,
+                                             where=path))
+        else:
+            records = lists.read_records(path, lists.check_list_record)
+            sources.append(lists.ListBatches(
+                records, text, config.batch_size, model_kind, config.prefix_length, config.continuation_length,
+                config.list_size, seed, in_batch_layout=loss_name in lists.IN_BATCH_LOSSES,
+                query_keep=config.prefix_keep, where=path))
+    return sources[0], sources[1]
+
+
+def _seqio_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
+    """A registered seqio task or mixture (see tasks/); each host reads only its share."""
+    import jax
+    import seqio
+
+    import tasks  # noqa: F401 - registers the rankgen_* tasks
+    from rankgen_jax.data.seqio.tasks import SeqioTriples
+
+    if not config.task:
+        raise RankgenError("DataConfig.source='seqio' needs DataConfig.task (e.g. 'rankgen_demo')")
+    shard = seqio.ShardInfo(jax.process_index(), jax.process_count()) if jax.process_count() > 1 else None
+    lengths = {"query_ids": config.prefix_length, "positive_ids": config.continuation_length,
+               "negative_ids": config.continuation_length}
+    return tuple(
+        SeqioTriples(config.task, split, config.batch_size, lengths, seed=config.seed + offset, shard_info=shard,
+                     with_negative=config.with_negative, threads=config.tfdata_threads)
+        for split, offset in (("train", 0), ("validation", 10_000))
+    )
+
+
+def _example_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
+    from rankgen_jax.data.documents import require_documents
+    from rankgen_jax.data.example_source import ExampleTriples, build_examples
+    from rankgen_jax.data.examples import ExampleConfig
+
+    docs, stats = require_documents(config.corpus)
+    docs = sorted(docs, key=lambda d: d.id)
+    held = config.holdout_documents
+    if held <= 0 or held >= len(docs):
+        raise RankgenError(f"{config.corpus}: holdout_documents={held} must leave documents on both sides of {len(docs)}")
+    text = load_text_encoder(config.vocab)
+    example_config = ExampleConfig(prefix_words=config.prefix_words, min_continuation_words=config.min_continuation_words,
+                                   max_continuation_words=config.max_continuation_words, seed=config.seed)
+    sources = []
+    for part, mix in ((docs[:-held], not config.same_document), (docs[-held:], True)):
+        examples, too_short = build_examples(part, example_config)
+        if too_short:
+            print(f"note: {too_short} documents too short for an example", flush=True)
+        sources.append(ExampleTriples(examples, text, config.batch_size, config.prefix_length,
+                                      config.continuation_length, config.seed, mix_documents=mix,
+                                      with_negative=config.with_negative, prefix_keep=config.prefix_keep))
+    print(f"{stats.summary()}; {len(sources[0].examples)} training and {len(sources[1].examples)} held-out examples",
+          flush=True)
+    return sources[0], sources[1]

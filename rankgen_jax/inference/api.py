@@ -1,0 +1,289 @@
+"""RankGenEncoder and `rankgen-jax encode`: texts to RankGen vectors, as the released code computes them.
+
+Any folder `inference.load_model` reads works: a rankgen_jax checkpoint or
+training workdir, an exported folder, or any HF folder in the released RankGen
+format (recognised by its config, whatever the folder is called). By default
+inputs follow the released code (DESIGN.md s4): "pre " / "suffi " markers,
+512 / 128 tokens, and a too-long input is sliced after padding so it loses its
+EOS; truncation="clean" keeps the EOS instead. Batches are grouped by length,
+sized from memory unless batch_size is given, and split over all local devices.
+
+This module imports jax only when a model is loaded, so `rankgen-jax --help`
+stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from rankgen_jax.errors import RankgenError
+
+# Kept here rather than read from inference.py so building the CLI parser needs no jax.
+KINDS = ("prefix", "suffix", "raw")
+TRUNCATION_MODES = ("released", "clean")
+# JSONL fields holding the text of each kind, in order of preference.
+JSON_FIELDS = {"prefix": ("prefix", "text"), "suffix": ("suffix", "text"), "raw": ("text",)}
+# Inputs with at least this many texts get a progress bar on stderr.
+PROGRESS_MIN_TEXTS = 1000
+# Line numbers of skipped lines quoted in the CLI's summary line.
+SHOWN_SKIPPED = 5
+
+
+def _positive(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise RankgenError(f"{what} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+class RankGenEncoder:
+    """A dual encoder with the released RankGen conventions: `.encode` vectors, `.score` dot products."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        truncation: str = "released",
+        batch_size: int | None = None,
+        max_length_prefix: int = 512,
+        max_length_suffix: int = 128,
+        devices: Sequence[Any] | None = None,
+        memory_budget_bytes: int | None = None,
+    ):
+        """Load `path`; batch_size None sizes batches from memory; devices default to all local devices."""
+        if truncation not in TRUNCATION_MODES:
+            raise RankgenError(f"truncation must be one of {TRUNCATION_MODES}, got {truncation!r}")
+        self.truncation = truncation
+        self.batch_size = None if batch_size is None else _positive(batch_size, "batch_size")
+        self.memory_budget_bytes = (None if memory_budget_bytes is None
+                                    else _positive(memory_budget_bytes, "memory_budget_bytes"))
+        # "raw" inputs go through the query tower like prefixes, so they share its limit.
+        self.max_lengths = {"prefix": _positive(max_length_prefix, "max_length_prefix"),
+                            "suffix": _positive(max_length_suffix, "max_length_suffix"),
+                            "raw": int(max_length_prefix)}
+
+        import jax
+
+        from rankgen_jax.inference.encoder import load_model
+        from rankgen_jax.runtime.partitioning import make_mesh
+
+        devices = list(jax.local_devices() if devices is None else devices)
+        if not devices:
+            raise RankgenError("RankGenEncoder: devices is empty")
+        self.model = load_model(str(path))
+        self.mesh = None
+        if len(devices) > 1:
+            # A data-only mesh: rows split over the devices, parameters replicated.
+            self.mesh = make_mesh(data=-1, model=1, devices=devices)
+            self.model.place_on(self.mesh)
+        else:
+            self.model.params = jax.device_put(self.model.params, devices[0])
+        self.devices = devices
+
+    @property
+    def dim(self) -> int:
+        """Length of the vectors."""
+        return self.model.dim
+
+    @property
+    def config(self):
+        """The model's ModelConfig."""
+        return self.model.config
+
+    def __repr__(self) -> str:
+        return (f"RankGenEncoder({self.model.source!r}, truncation={self.truncation!r}, dim={self.dim}, "
+                f"devices={len(self.devices)})")
+
+    def _check_texts(self, texts: Sequence[str], what: str) -> list[str]:
+        if isinstance(texts, str):
+            raise RankgenError(f"{what}: expected a list of texts, not a single string")
+        texts = list(texts)
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise RankgenError(f"{what}[{i}]: expected a string, got {type(text).__name__}")
+        return texts
+
+    def _options(self) -> dict[str, Any]:
+        return dict(truncation=self.truncation, mesh=self.mesh, memory_budget_bytes=self.memory_budget_bytes)
+
+    def input_ids(self, texts: Sequence[str], kind: str, max_length: int | None = None) -> list[list[int]]:
+        """The token ids encode() feeds the model for each text (after marker, EOS and truncation)."""
+        texts = self._check_texts(texts, "input_ids")
+        limit = self._limit(kind, max_length)
+        return self.model.input_ids(texts, kind, limit, truncation=self.truncation)
+
+    def _limit(self, kind: str, max_length: int | None) -> int:
+        if kind not in KINDS:
+            raise RankgenError(f"unknown encode kind {kind!r}: expected one of {list(KINDS)}")
+        return self.max_lengths[kind] if max_length is None else _positive(max_length, "max_length")
+
+    def encode(self, texts: Sequence[str], kind: str, max_length: int | None = None,
+               progress: bool = False) -> np.ndarray:
+        """Vectors [N, D] float32 ([N, P, D] with P perspective heads) of texts in input order; kind is "prefix",
+        "suffix" or "raw" (no marker)."""
+        texts = self._check_texts(texts, "encode")
+        limit = self._limit(kind, max_length)
+        if not progress:
+            return self.model.encode(texts, kind, limit, self.batch_size, **self._options())
+        from tqdm import tqdm
+
+        with tqdm(total=len(texts), unit="text", desc=f"encode {kind}", file=sys.stderr, dynamic_ncols=True) as bar:
+            return self.model.encode(texts, kind, limit, self.batch_size, on_batch=bar.update, **self._options())
+
+    def score(self, prefixes: Sequence[str], candidates: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """For each prefix, the raw dot products [C_i] of its vector with its candidates' vectors."""
+        prefixes = self._check_texts(prefixes, "score prefixes")
+        if isinstance(candidates, str):
+            raise RankgenError("score candidates: expected one list of candidates per prefix, not a string")
+        candidates = [[c] if isinstance(c, str) else self._check_texts(c, f"score candidates[{i}]")
+                      for i, c in enumerate(candidates)]
+        return self.model.score(prefixes, candidates, self.batch_size, self.max_lengths["prefix"],
+                                self.max_lengths["suffix"], **self._options())
+
+
+def _decode_line(raw: bytes) -> str | None:
+    try:
+        return raw.decode("utf-8").rstrip("\r")
+    except UnicodeDecodeError:
+        return None
+
+
+def _is_jsonl(path: Path, lines: list[bytes]) -> bool:
+    """JSONL by extension, else when the first non-blank line looks like a JSON object."""
+    if path.suffix.lower() in (".jsonl", ".json"):
+        return True
+    first = next((line for line in lines if line.strip()), b"")
+    return first.lstrip().startswith(b"{")
+
+
+def read_texts(path: str | os.PathLike, kind: str) -> tuple[list[str], list[int], list[int]]:
+    """(texts, their 1-based line numbers, skipped line numbers) of a JSONL or plain-text input file.
+
+    JSONL lines are objects with the kind's field ("prefix" / "suffix") or
+    "text"; plain-text files hold one text per line. Blank lines, lines that
+    are not valid UTF-8 and, in JSONL, lines without a string text field are
+    skipped.
+    """
+    if kind not in KINDS:
+        raise RankgenError(f"unknown encode kind {kind!r}: expected one of {list(KINDS)}")
+    source = Path(path)
+    if not source.is_file():
+        raise RankgenError(f"{path}: no such input file")
+    # Split on "\n" only, so line numbers match what editors and `wc -l` show.
+    lines = source.read_bytes().split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    jsonl = _is_jsonl(source, lines)
+    texts, line_ids, skipped = [], [], []
+    for number, raw in enumerate(lines, start=1):
+        line = _decode_line(raw)
+        text = None
+        if line is not None and line.strip():
+            text = _json_text(line, kind) if jsonl else line
+        if text is None:
+            skipped.append(number)
+        else:
+            texts.append(text)
+            line_ids.append(number)
+    return texts, line_ids, skipped
+
+
+def _json_text(line: str, kind: str) -> str | None:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    for field in JSON_FIELDS[kind]:
+        if field in record:
+            return record[field] if isinstance(record[field], str) else None
+    return None
+
+
+def ids_sidecar_path(output: str | os.PathLike) -> Path:
+    """FILE.ids.json next to FILE.npy (or OUTPUT.ids.json for another name)."""
+    out = Path(output)
+    stem = out.name[: -len(".npy")] if out.name.endswith(".npy") else out.name
+    return out.with_name(stem + ".ids.json")
+
+
+def _write_atomic(path: Path, write) -> None:
+    """Write through a temporary file, so an interrupted run leaves no half-written output."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        write(f)
+    os.replace(tmp, path)
+
+
+def encode_file(encoder: RankGenEncoder, input_path: str, kind: str, output: str,
+                max_length: int | None = None, progress: bool | None = None) -> dict[str, Any]:
+    """Encode an input file into OUTPUT (.npy [N, D] float32, input order); returns counts and paths.
+
+    When lines were skipped, OUTPUT's `.ids.json` sidecar lists the 1-based
+    input line number of each row; otherwise a stale sidecar is removed.
+    """
+    texts, line_ids, skipped = read_texts(input_path, kind)
+    if not texts:
+        raise RankgenError(f"{input_path}: no texts to encode ({len(skipped)} blank or malformed line(s))")
+    out = Path(output)
+    if out.parent and not out.parent.is_dir():
+        out.parent.mkdir(parents=True, exist_ok=True)
+    show = len(texts) >= PROGRESS_MIN_TEXTS if progress is None else progress
+    vectors_NxD = encoder.encode(texts, kind, max_length=max_length, progress=show).astype(np.float32, copy=False)
+    _write_atomic(out, lambda f: np.save(f, vectors_NxD))
+    sidecar = ids_sidecar_path(out)
+    if skipped:
+        _write_atomic(sidecar, lambda f: f.write(json.dumps(line_ids).encode("utf-8")))
+    elif sidecar.exists():
+        # A sidecar from an earlier run would describe other rows.
+        sidecar.unlink()
+    return {"rows": len(texts), "dim": int(vectors_NxD.shape[1]), "skipped": len(skipped),
+            "skipped_lines": skipped, "output": str(out), "ids": str(sidecar) if skipped else None}
+
+
+def add_subparser(subparsers) -> None:
+    """`rankgen-jax encode`: a file of texts to an .npy of RankGen vectors."""
+    p = subparsers.add_parser(
+        "encode",
+        help="encode texts into an .npy of vectors with the released RankGen conventions",
+        description="Encode texts (JSONL with a \"text\" field, or the kind's \"prefix\" / \"suffix\" field; or "
+        "plain text, one per line) with a dual encoder: a rankgen_jax checkpoint or training workdir, an exported "
+        "folder, or any HF folder in the released RankGen format. Writes [N, D] float32 vectors in input order. "
+        "Blank or malformed lines are skipped and counted on stderr; OUTPUT.ids.json then lists each row's "
+        "input line number.",
+    )
+    p.add_argument("--model", required=True, help="checkpoint folder, training workdir or HF folder (dual encoder)")
+    p.add_argument("--input", required=True, help="JSONL or plain-text file of texts")
+    p.add_argument("--kind", required=True, choices=KINDS,
+                   help='prefix ("pre " marker, 512 tokens), suffix ("suffi ", 128) or raw (no marker, 512)')
+    p.add_argument("--output", required=True, help=".npy file to write")
+    p.add_argument("--truncation", choices=TRUNCATION_MODES, default="released",
+                   help="released: slice to max length like the released code (a cut text loses EOS; default); "
+                   "clean: cut but keep EOS")
+    p.add_argument("--batch_size", type=int, help="rows per batch (default: chosen from device memory)")
+    p.add_argument("--max_length", type=int, help="tokens per text (default: the kind's)")
+    p.set_defaults(run=run_encode)
+
+
+def run_encode(args) -> None:
+    """What `rankgen-jax encode` does."""
+    # Cheap checks first, before the model is loaded.
+    if args.batch_size is not None:
+        _positive(args.batch_size, "--batch_size")
+    if args.max_length is not None:
+        _positive(args.max_length, "--max_length")
+    if not Path(args.input).is_file():
+        raise RankgenError(f"{args.input}: no such input file")
+    encoder = RankGenEncoder(args.model, truncation=args.truncation, batch_size=args.batch_size)
+    result = encode_file(encoder, args.input, args.kind, args.output, max_length=args.max_length)
+    if result["skipped"]:
+        shown = ", ".join(str(n) for n in result["skipped_lines"][:SHOWN_SKIPPED])
+        more = ", ..." if result["skipped"] > SHOWN_SKIPPED else ""
+        print(f"note: skipped {result['skipped']} blank or malformed line(s) of {args.input} (line {shown}{more}); "
+              f"row line numbers in {result['ids']}", file=sys.stderr)
+    print(f"wrote {result['rows']} vectors of dim {result['dim']} to {result['output']}")

@@ -1,0 +1,499 @@
+"""Load a trained or imported dual encoder and turn texts into vectors and scores.
+
+`load_model` accepts a rankgen_jax checkpoint folder (or a training workdir:
+the latest step), or an HF folder in any format `convert.read_source("hf", ...)`
+reads (T5, the released RankGen format, BERT / MiniLM / sentence-transformers),
+including the `query_encoder/` + `document_encoder/` pair a two-tower export
+writes. Nothing is written to disk.
+
+RankGen conventions (DESIGN.md s4): prefixes are `"pre " + text` through the
+query tower, continuations `"suffi " + text` through the document tower, and
+the score is the raw dot product of the two vectors.
+
+Truncation: by default ("clean") inputs longer than the limit are cut so that
+they keep their final special token (EOS / [SEP]), as everywhere else in this
+project. truncation="released" reproduces the released RankGen encoder, which
+pads the batch and then slices it to the limit, so an over-long input loses its
+EOS; use it to match scores of the released checkpoints exactly.
+
+Batches: `batch_size=None` picks the rows of each batch from a memory budget
+(see rows_for_memory); with a `mesh` of several devices the rows of every
+batch are split over its data axis and the parameters are replicated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from pathlib import Path
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from rankgen_jax.checkpoints import native
+from rankgen_jax.models.configs import BertConfig, ModelConfig
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.models.factory import build_model, check_params_match, to_model_layout
+from rankgen_jax.runtime.partitioning import batch_sharding, replicated
+from rankgen_jax.data.text import TextEncoder, encode_pair_truncated, encode_truncated, load_text_encoder, pad_batch
+
+# kind -> (text marker, tower, default max_length in tokens)
+ENCODE_KINDS: dict[str, tuple[str, str, int]] = {
+    "prefix": ("pre ", "query", 512),
+    "suffix": ("suffi ", "document", 128),
+    "raw": ("", "query", 512),
+}
+# Smallest padded length; shorter batches share this one compiled shape.
+MIN_BUCKET = 16
+# Up to this length buckets are powers of two, beyond it multiples of it: few
+# shapes for short texts, at most ~50% padding waste for long ones.
+POW2_LIMIT = 128
+TRUNCATIONS = ("clean", "released")
+
+# Memory-based batch size (rows_for_memory). Bytes per row are estimated as
+#   ACTIVATION_FACTOR x num_layers x length x d_model x activation bytes.
+# A T5 / BERT layer holds about 8 [L, d_model]-sized activations at once
+# (residual, q, k, v, attention output, the gated FFN's ~2.5 d_model wide
+# hidden pair) plus the [heads, L, L] attention scores, which at L = 512 are
+# another ~8 [L, d_model] worth for T5 sizes; 16 covers both. Multiplying by
+# every layer over-counts for inference (XLA frees a layer's buffers before
+# the next), which leaves room for compiler temporaries and fragmentation.
+ACTIVATION_FACTOR = 16
+MAX_AUTO_BATCH = 1024
+# Shares of free memory one batch may use: on CPU the host also runs the
+# tokenizer and holds the results; on accelerators the parameters are already
+# counted in bytes_in_use.
+CPU_MEMORY_FRACTION = 0.25
+ACCELERATOR_MEMORY_FRACTION = 0.5
+# When a device reports no memory statistics nor the host its free memory.
+FALLBACK_MEMORY_BYTES = 4 << 30
+# Encoded batches still running on the device while the host reads back older ones.
+IN_FLIGHT_BATCHES = 4
+
+
+def bucket_length(length: int, max_length: int, step: int | None = None) -> int:
+    """The padded length for a batch whose longest row has `length` tokens (never above max_length).
+
+    Up to POW2_LIMIT: the next power of two (step None), or the next multiple
+    of `step` (more compiled shapes, less padding); beyond: multiples of POW2_LIMIT.
+    """
+    if length <= POW2_LIMIT:
+        if step is None:
+            bucket = max(MIN_BUCKET, 1 << max(0, length - 1).bit_length())
+        else:
+            bucket = max(MIN_BUCKET, -(-length // step) * step)
+    else:
+        bucket = -(-length // POW2_LIMIT) * POW2_LIMIT
+    return min(bucket, max_length)
+
+
+def bucket_rows(rows: int, batch_size: int) -> int:
+    """The padded number of rows of a batch: the next power of two, capped at batch_size."""
+    return min(batch_size, 1 << max(0, rows - 1).bit_length())
+
+
+def max_positions(config: ModelConfig) -> int | None:
+    """The longest input the encoder can take (BERT family: absolute positions), or None (T5: unlimited)."""
+    encoder = config.encoder
+    if isinstance(encoder, BertConfig):
+        return encoder.max_position_embeddings - encoder.position_offset
+    return None
+
+
+def _activation_bytes(config: ModelConfig) -> int:
+    return 2 if config.encoder.dtype in ("bfloat16", "float16") else 4
+
+
+def bytes_per_row(config: ModelConfig, length: int) -> int:
+    """Estimated activation bytes of one encoded row of `length` tokens (see ACTIVATION_FACTOR)."""
+    encoder = config.encoder
+    return ACTIVATION_FACTOR * encoder.num_layers * int(length) * encoder.d_model * _activation_bytes(config)
+
+
+def rows_for_memory(config: ModelConfig, length: int, budget_bytes: int, cap: int = MAX_AUTO_BATCH) -> int:
+    """Rows per batch of `length` tokens that fit budget_bytes: a power of two in [1, cap]."""
+    rows = max(1, min(int(cap), int(budget_bytes) // max(1, bytes_per_row(config, length))))
+    # Powers of two keep the number of compiled shapes small (see bucket_rows).
+    return 1 << (rows.bit_length() - 1)
+
+
+def host_available_bytes() -> int:
+    """Free host memory in bytes (psutil when installed, else sysconf; a fixed guess if neither works)."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return FALLBACK_MEMORY_BYTES
+
+
+def default_memory_budget(devices: Sequence[jax.Device] | None = None) -> int:
+    """Bytes one encode batch may use across `devices` (default: the local devices' first).
+
+    Accelerators: ACCELERATOR_MEMORY_FRACTION of each device's free memory
+    (bytes_limit - bytes_in_use), times the number of devices, as the rows are
+    split over them. CPU: CPU_MEMORY_FRACTION of the host's free memory, which
+    all (possibly fake) CPU devices share.
+    """
+    devices = list(devices) if devices else jax.local_devices()[:1]
+    if devices[0].platform == "cpu":
+        return int(CPU_MEMORY_FRACTION * host_available_bytes())
+    try:
+        stats = devices[0].memory_stats() or {}
+    except Exception:  # some runtimes raise instead of returning None
+        stats = {}
+    if "bytes_limit" in stats:
+        free = int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+        return int(ACCELERATOR_MEMORY_FRACTION * max(free, 0)) * len(devices)
+    return FALLBACK_MEMORY_BYTES * len(devices)
+
+
+def _check_truncation(truncation: str, keep: str) -> None:
+    if truncation not in TRUNCATIONS:
+        raise RankgenError(f"truncation must be one of {TRUNCATIONS}, got {truncation!r}")
+    if keep not in ("start", "end"):
+        raise RankgenError(f"keep must be 'start' or 'end', got {keep!r}")
+    if truncation == "released" and keep == "end":
+        raise RankgenError("keep='end' needs truncation='clean' (the released encoder always cuts the end)")
+
+
+@functools.lru_cache(maxsize=32)
+def _tower_fn(config: ModelConfig, tower: str, mesh: Mesh | None = None) -> Callable:
+    """The jitted vectors function of one tower; cached on the (hashable) config, so models with
+    the same config (a checkpoint and its HF export, a model loaded twice) share compiled code.
+
+    With a mesh, rows are split over its data axes and the parameters replicated.
+    """
+    model = build_model(config)
+
+    def apply(params, ids_BxL, mask_BxL):
+        return model.apply({"params": params}, ids_BxL, mask_BxL, tower=tower)
+
+    if mesh is None:
+        return jax.jit(apply)
+    rows = batch_sharding(mesh)
+    return jax.jit(apply, in_shardings=(replicated(mesh), rows, rows), out_shardings=rows)
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    """A dual encoder ready for inference: its config, parameters (on device) and tokenizer.
+
+    One jitted function per tower is kept (per config, see _tower_fn); jax
+    compiles it once per padded (rows, length) shape, and `compiled_shapes`
+    records the (tower, rows, length) shapes this model has run.
+    """
+
+    config: ModelConfig
+    params: dict
+    text: TextEncoder
+    source: str = ""
+    compiled_shapes: set = dataclasses.field(default_factory=set)
+
+    @property
+    def dim(self) -> int:
+        """Length of the vectors `encode` returns."""
+        return self.config.head.output_dim(self.config.encoder.d_model)
+
+    @property
+    def vector_shape(self) -> tuple[int, ...]:
+        """Shape of one text's vectors: (D,), or (P, D) for a model with P perspective heads."""
+        return (self.config.num_scores, self.dim) if self.config.num_scores > 1 else (self.dim,)
+
+    def _max_length(self, kind: str, max_length: int | None) -> int:
+        limit = ENCODE_KINDS[kind][2] if max_length is None else int(max_length)
+        if limit < 1 + self.text.num_special:
+            raise RankgenError(f"max_length={limit} leaves no room for text "
+                               f"(the tokenizer adds {self.text.num_special} special tokens)")
+        cap = max_positions(self.config)
+        return limit if cap is None else min(limit, cap)
+
+    def tokenize(self, texts: Sequence[str], kind: str = "raw", keep_end_over: int | None = None) -> list[list[int]]:
+        """Token ids (with the kind's marker and the special tokens) of each text.
+
+        Not truncated, unless keep_end_over is set: then texts longer than that
+        many ids lose their beginning instead of their end.
+        """
+        if kind not in ENCODE_KINDS:
+            raise RankgenError(f"unknown encode kind {kind!r}: expected one of {sorted(ENCODE_KINDS)}")
+        marker = ENCODE_KINDS[kind][0]
+        if keep_end_over is not None:
+            return [encode_truncated(self.text, marker, text, keep_end_over, keep="end") for text in texts]
+        return [self.text.add_special(self.text.tokenize(marker + text)) for text in texts]
+
+    def input_ids(
+        self, texts: Sequence[str], kind: str = "raw", max_length: int | None = None, truncation: str = "clean",
+        keep: str = "start",
+    ) -> list[list[int]]:
+        """The token ids `encode` feeds the model for each text (marker, text, special tokens, cut to the limit)."""
+        _check_truncation(truncation, keep)
+        limit = self._max_length(kind, max_length)
+        if truncation == "clean" and keep == "end":
+            return self.tokenize(texts, kind, keep_end_over=limit)
+        sequences = self.tokenize(texts, kind)
+        if truncation == "released":
+            # Padding then slicing the batch, as the released encoder does, cuts each row alone.
+            return [ids[:limit] for ids in sequences]
+        return [ids if len(ids) <= limit else ids[: limit - 1] + ids[-1:] for ids in sequences]
+
+    def place_on(self, mesh: Mesh) -> None:
+        """Replicate the parameters over `mesh` (once; the single-device copy is then released).
+
+        Later calls without a mesh still give the same vectors, computed on every device of the mesh.
+        """
+        want = replicated(mesh)
+        leaf = jax.tree_util.tree_leaves(self.params)[0]
+        if not (isinstance(leaf, jax.Array) and leaf.sharding.is_equivalent_to(want, leaf.ndim)):
+            self.params = jax.device_put(self.params, want)
+
+    def encode(
+        self, texts: Sequence[str], kind: str = "raw", max_length: int | None = None, batch_size: int | None = 64,
+        keep: str = "start", truncation: str = "clean", mesh: Mesh | None = None,
+        memory_budget_bytes: int | None = None, on_batch: Callable[[int], None] | None = None,
+        bucket_step: int | None = None,
+    ) -> np.ndarray:
+        """Vectors [N, D] (float32) of `texts`, in input order ([N, P, D] with P perspective heads).
+
+        kind: "prefix" ("pre " marker, query tower, default 512 tokens),
+          "suffix" ("suffi " marker, document tower, default 128 tokens) or
+          "raw" (no marker, query tower, default 512 tokens). max_length is
+          capped by a BERT-family encoder's position table.
+        truncation: "clean" cuts long texts but keeps their final special token;
+          "released" cuts them at the limit like the released RankGen code
+          (their EOS is lost). See input_ids.
+        keep (clean only): "start" truncates long texts at the end; "end" drops
+          their beginning instead (for prefixes: the text nearest the
+          continuation stays).
+        batch_size: rows per batch, or None to choose them per padded length
+          from memory_budget_bytes (default: default_memory_budget).
+        mesh: split every batch's rows over this mesh's data axes (rows padded
+          to a multiple of its size); the parameters are replicated onto it.
+        on_batch: called with the number of texts of each batch once its
+          vectors are back on the host (progress bars).
+        bucket_step: None pads batches of up to POW2_LIMIT tokens to powers of
+          two; k to multiples of k (see bucket_length): less padding for more
+          compiled shapes, which pays off when many texts are encoded.
+        Texts are sorted by length and batched so that each batch pads only to
+        its own bucket length (see bucket_length), which keeps padding and the
+        number of compiled shapes small.
+        """
+        if isinstance(texts, str):
+            raise RankgenError("encode takes a list of texts, not a single string")
+        if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
+            raise RankgenError(f"batch_size must be >= 1 or None (from memory), got {batch_size}")
+        if kind not in ENCODE_KINDS:
+            raise RankgenError(f"unknown encode kind {kind!r}: expected one of {sorted(ENCODE_KINDS)}")
+        if bucket_step is not None and (isinstance(bucket_step, bool) or not isinstance(bucket_step, int)
+                                        or bucket_step < 1):
+            raise RankgenError(f"bucket_step must be a positive integer or None, got {bucket_step!r}")
+        limit = self._max_length(kind, max_length)
+        sequences = self.input_ids(texts, kind, limit, truncation, keep)
+        # Shared towers are one encoder: both kinds then use (and compile) one function.
+        tower = ENCODE_KINDS[kind][1] if not self.config.shared_towers else "query"
+        if mesh is not None and mesh.size == 1:
+            mesh = None
+        if mesh is not None:
+            self.place_on(mesh)
+        fn = _tower_fn(self.config, tower, mesh)
+        num_devices = 1 if mesh is None else mesh.size
+        if batch_size is None and memory_budget_bytes is None:
+            devices = None if mesh is None else list(mesh.devices.flat)
+            memory_budget_bytes = default_memory_budget(devices)
+        vectors_NxD = np.zeros((len(sequences), *self.vector_shape), np.float32)
+        lengths_N = np.array([len(s) for s in sequences], np.int64)
+        # Stable sort, longest first: the first (largest) shape is compiled first.
+        order = np.argsort(-lengths_N, kind="stable")
+        pending = []  # (rows, device vectors): dispatched, not yet read back
+
+        def read_back(rows, out_BxD):
+            vectors_NxD[rows] = np.asarray(out_BxD, np.float32)[: len(rows)]
+            if on_batch is not None:
+                on_batch(len(rows))
+
+        start = 0
+        while start < len(order):
+            # Sorted longest first: this batch's first row sets its padded length.
+            length = bucket_length(int(lengths_N[order[start]]), limit, bucket_step)
+            size = batch_size or rows_for_memory(self.config, length, memory_budget_bytes)
+            rows = order[start : start + size]
+            start += len(rows)
+            num_rows = bucket_rows(len(rows), size)
+            # Each device gets the same number of rows.
+            num_rows = -(-num_rows // num_devices) * num_devices
+            # Filler rows are all padding; their vectors are computed and dropped.
+            ids_BxL = pad_batch([sequences[i] for i in rows], length, self.text.pad_id)
+            ids_BxL = np.concatenate([ids_BxL, np.full((num_rows - len(rows), length), self.text.pad_id, np.int32)])
+            # The mask comes from the lengths, not from `ids != pad_id`, so a real
+            # token that happens to share the pad id is still attended to.
+            mask_BxL = np.arange(length)[None, :] < np.concatenate(
+                [lengths_N[rows], np.zeros(num_rows - len(rows), np.int64)])[:, None]
+            self.compiled_shapes.add((tower, num_rows, length))
+            pending.append((rows, fn(self.params, ids_BxL, mask_BxL)))
+            # Reading back the oldest batch overlaps with the device running the newer ones.
+            if len(pending) > IN_FLIGHT_BATCHES:
+                read_back(*pending.pop(0))
+        for rows, out_BxD in pending:
+            read_back(rows, out_BxD)
+        return vectors_NxD
+
+    def score(
+        self,
+        prefixes: Sequence[str],
+        candidates: Sequence[Sequence[str]],
+        batch_size: int | None = 64,
+        prefix_length: int | None = None,
+        suffix_length: int | None = None,
+        prefix_keep: str = "start",
+        truncation: str = "clean",
+        mesh: Mesh | None = None,
+        memory_budget_bytes: int | None = None,
+    ) -> list[np.ndarray]:
+        """For each prefix, the dot products [C_i] of its vector with each of its candidates' vectors.
+
+        With P perspective heads: [C_i, P], one dot product per perspective.
+
+        prefix_keep: "end" truncates long prefixes from the left (clean truncation only, see encode).
+        """
+        if len(prefixes) != len(candidates):
+            raise RankgenError(f"score: {len(prefixes)} prefixes but {len(candidates)} candidate lists")
+        candidates = [[c] if isinstance(c, str) else list(c) for c in candidates]
+        options = dict(truncation=truncation, mesh=mesh, memory_budget_bytes=memory_budget_bytes)
+        prefix_NxD = self.encode(prefixes, "prefix", prefix_length, batch_size, keep=prefix_keep, **options)
+        # All candidates in one call, so length bucketing works across lists.
+        flat = [c for cands in candidates for c in cands]
+        cand_MxD = self.encode(flat, "suffix", suffix_length, batch_size, **options)
+        bounds = np.cumsum([0] + [len(c) for c in candidates])
+        # Summed over the last axis, so [C, D] x [D] and [C, P, D] x [P, D] (per perspective) alike.
+        return [(cand_MxD[bounds[i] : bounds[i + 1]] * prefix_NxD[i]).sum(-1) for i in range(len(candidates))]
+
+    def score_pairs(
+        self, queries: Sequence[str], candidates: Sequence[Sequence[str]], query_length: int = 128,
+        candidate_length: int = 128, batch_size: int = 64,
+    ) -> list[np.ndarray]:
+        """Cross encoder: for each query, the scores [C_i] (or [C_i, N]) of `query + candidate` read together.
+
+        The query keeps its last query_length tokens, each candidate its first
+        candidate_length (the layout the list trainer uses).
+        """
+        _require_kind(self.config, self.source, "cross_encoder")
+        if len(queries) != len(candidates):
+            raise RankgenError(f"score_pairs: {len(queries)} queries but {len(candidates)} candidate lists")
+        pairs = [encode_pair_truncated(self.text, q, c, query_length, candidate_length)
+                 for q, cands in zip(queries, candidates) for c in cands]
+        limit = query_length + candidate_length
+        cap = max_positions(self.config)
+        if cap is not None and limit > cap:
+            raise RankgenError(f"query_length + candidate_length = {limit} exceeds the encoder's {cap} positions")
+        fn = _ranker_fn(self.config)
+        lengths_N = np.array([len(ids) for ids, _ in pairs], np.int64)
+        order = np.argsort(-lengths_N, kind="stable")
+        pending = []
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            length = bucket_length(int(lengths_N[rows].max()), limit)
+            num_rows = bucket_rows(len(rows), batch_size)
+            fill = num_rows - len(rows)
+            ids_BxL = np.concatenate([pad_batch([pairs[i][0] for i in rows], length, self.text.pad_id),
+                                      np.full((fill, length), self.text.pad_id, np.int32)])
+            types_BxL = np.concatenate([pad_batch([pairs[i][1] for i in rows], length, 0),
+                                        np.zeros((fill, length), np.int32)])
+            mask_BxL = np.arange(length)[None, :] < np.concatenate([lengths_N[rows], np.zeros(fill, np.int64)])[:, None]
+            self.compiled_shapes.add(("pairs", num_rows, length))
+            pending.append((rows, fn(self.params, ids_BxL, mask_BxL, types_BxL)))
+        flat = [None] * len(pairs)
+        for rows, scores in pending:
+            scores = np.asarray(scores, np.float32)[: len(rows)]
+            for row, value in zip(rows, scores):
+                flat[row] = value
+        bounds = np.cumsum([0] + [len(c) for c in candidates])
+        return [np.asarray(flat[bounds[i] : bounds[i + 1]], np.float32) for i in range(len(candidates))]
+
+
+@functools.lru_cache(maxsize=32)
+def _ranker_fn(config: ModelConfig) -> Callable:
+    """The jitted cross-encoder scores function (cached on the config, like _tower_fn)."""
+    model = build_model(config)
+    return jax.jit(lambda params, ids, mask, types: model.apply({"params": params}, ids, mask, types))
+
+
+def _describe_kind(config: ModelConfig) -> str:
+    if config.kind == "dual_encoder":
+        return "a dual encoder (prefix and candidate vectors)"
+    if config.kind == "cross_encoder":
+        return "a cross encoder (it scores a prefix and a candidate read together, not vectors)"
+    return "a bare encoder without a vector head"
+
+
+def _require_kind(config: ModelConfig, path: str, kind: str = "dual_encoder") -> None:
+    if config.kind != kind:
+        what = "a dual encoder" if kind == "dual_encoder" else "a cross encoder"
+        raise RankgenError(f"{path}: holds {_describe_kind(config)}; this needs {what} (kind {kind!r})")
+
+
+def _text_encoder_from_files(tokenizer, path: str) -> TextEncoder:
+    """A TextEncoder from what read_source returns: a spiece.model path, tokenizer files, or None."""
+    files = [tokenizer] if isinstance(tokenizer, (str, Path)) else list(tokenizer or [])
+    for name in ("tokenizer.json", "spiece.model"):
+        for f in files:
+            if Path(f).name == name:
+                return load_text_encoder(f)
+    raise RankgenError(f"{path}: no tokenizer in this folder (expected spiece.model or tokenizer.json)")
+
+
+def _read_hf(path: str, kind: str = "dual_encoder") -> tuple[ModelConfig, dict, TextEncoder]:
+    from rankgen_jax.checkpoints.convert import read_source
+
+    config, params, tokenizer = read_source("hf", path)
+    _require_kind(config, path, kind)
+    return config, params, _text_encoder_from_files(tokenizer, path)
+
+
+def _read_two_tower_hf(path: Path) -> tuple[ModelConfig, dict, TextEncoder]:
+    """The query_encoder/ + document_encoder/ folders a two-tower export writes, as one model."""
+    query_config, query_params, text = _read_hf(str(path / "query_encoder"))
+    document_config, document_params, _ = _read_hf(str(path / "document_encoder"))
+    if document_config != query_config:
+        raise RankgenError(f"{path}: query_encoder/ and document_encoder/ have different model configs")
+    config = dataclasses.replace(query_config, shared_towers=False)
+    return config, {"query_tower": query_params, "document_tower": document_params}, text
+
+
+def load_model(path: str, kind: str = "dual_encoder") -> LoadedModel:
+    """A dual encoder (or, with kind="cross_encoder", a ranker) from a checkpoint folder /
+    training workdir (latest step) or an HF folder."""
+    folder = Path(path)
+    if not folder.exists():
+        raise RankgenError(f"{path}: no such model folder")
+    if not folder.is_dir():
+        raise RankgenError(f"{path}: not a folder (expected a rankgen_jax checkpoint or an HF model folder)")
+    if native.is_checkpoint_dir(folder):
+        # Check the kind and the tokenizer before reading possibly large parameters.
+        config = native.load_model_config(folder)
+        _require_kind(config, str(path), kind)
+        vocab = native.vocab_path(folder)
+        if vocab is None:
+            raise RankgenError(f"{path}: checkpoint has no tokenizer (no files under {native.VOCAB_DIR}/)")
+        text = load_text_encoder(vocab)
+        config, params = native.restore_params(folder)
+    elif (folder / "config.json").is_file() or (folder / "modules.json").is_file():
+        config, params, text = _read_hf(str(folder), kind)
+    elif (folder / "query_encoder").is_dir() and (folder / "document_encoder").is_dir():
+        config, params, text = _read_two_tower_hf(folder)
+    else:
+        raise RankgenError(
+            f"{path}: neither a rankgen_jax checkpoint ({native.MODEL_CONFIG_FILE}) "
+            "nor an HF model folder (config.json)")
+    check_params_match(params, config, where=str(path))
+    if text.size > config.encoder.vocab_size:
+        # Out-of-range ids would be clamped silently by the embedding lookup.
+        raise RankgenError(f"{path}: the tokenizer has {text.size} ids "
+                           f"but the model's vocab_size is {config.encoder.vocab_size}")
+    params = jax.device_put(to_model_layout(params, config))
+    return LoadedModel(config=config, params=params, text=text, source=str(path))

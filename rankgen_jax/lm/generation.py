@@ -1,0 +1,607 @@
+"""Decode from a HuggingFace causal LM (PyTorch) with RankGen beam search, re-ranking, or plain sampling.
+
+Strategies (`generate --strategy`):
+
+- `nucleus`, `greedy`, `ancestral`, `top_k`, `typical`: one continuation per
+  prefix, token by token, nothing re-ranked (the paper's baselines).
+- `rerank`: over-generate `num_samples` continuations of `max_new_tokens`
+  and keep the best by the re-ranker (beam search with B=1, L=max).
+- `beam`: RankGen beam search (DESIGN.md section 4). For every unfinished
+  beam sample N continuations of L more tokens from the LM given prefix +
+  beam; score every candidate's whole generated text (not only its last L
+  tokens) against the prefix; keep the top B of these candidates and of the
+  beams already finished; stop when every kept beam has hit EOS or the
+  budget. The first round starts from one empty beam.
+
+The token budget (`max_new_tokens`) belongs to each prefix: a beam counts its
+own new tokens, so prefixes decoded together never share or reset a budget.
+Work is batched across prefixes and beams; `max_batch_rows` caps how many
+sequences the LM samples at once (the memory knob for small GPUs) and does
+not change the result.
+
+Seeding: every sampled row (one continuation of one beam in one round) gets
+its own `torch.Generator`, seeded from a hash of (seed, prefix index, round,
+beam rank, sample index), and draws all its uniforms up front, one per token,
+on the CPU. Tokens are picked by inverse-CDF sampling from those uniforms, so
+a row's text depends only on its own key and context, never on which rows
+share its batch: results are identical whatever `max_batch_rows` or the
+number of prefixes per call (up to float noise of differently padded
+batches, which would have to land exactly on a CDF boundary to matter).
+Plain sampling is the row (seed, i, 0, 0, 0), so `beam` with N=1, B=1,
+L=max equals `nucleus` under the same seed. The prefix index is the record's
+position among the good input lines (or `prefix_indices` in the API).
+
+Re-rankers are callables `(prefix_text, candidate_texts) -> scores`; an
+optional `score_many(prefixes, candidate_lists)` method batches across
+prefixes. Provided: RankGen (dual encoder, JAX: "pre " / "suffi " markers,
+dot product), LM perplexity (mean token log-probability of the candidate
+given the prefix) and unigram overlap (F1 of word sets with the prefix).
+
+Timing: batched work is split among the prefixes in it in proportion to
+their rows (sampling) or candidates (re-ranking); `seconds_generate` and
+`seconds_rerank` of an output are its share. The first calls of a RankGen
+re-ranker include JAX compilation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import numpy as np
+
+from rankgen_jax.errors import RankgenError
+
+if TYPE_CHECKING:
+    from rankgen_jax.inference.encoder import LoadedModel
+    from rankgen_jax.lm.scoring import CausalLM
+
+SAMPLERS = ("nucleus", "greedy", "ancestral", "top_k", "typical")
+STRATEGIES = SAMPLERS + ("rerank", "beam")
+RERANKERS = ("rankgen", "perplexity", "unigram")
+Reranker = Callable[[str, Sequence[str]], np.ndarray]
+
+
+# ---------------------------------------------------------------------------
+# Token sampling
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How a token is picked from the next-token distribution."""
+
+    kind: str = "nucleus"
+    top_p: float = 0.9
+    top_k: int = 40
+    typical_p: float = 0.95
+
+    def check(self) -> None:
+        """Raise RankgenError naming the first bad setting."""
+        if self.kind not in SAMPLERS:
+            raise RankgenError(f"unknown sampling {self.kind!r}: expected one of {SAMPLERS}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise RankgenError(f"--top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 1:
+            raise RankgenError(f"--top_k must be at least 1, got {self.top_k}")
+        if not 0.0 < self.typical_p <= 1.0:
+            raise RankgenError(f"--typical_p must be in (0, 1], got {self.typical_p}")
+
+
+def pick_tokens(logits_RxV, uniform_R, decoding: Decoding):
+    """One token per row: inverse-CDF sampling of the truncated distribution with the given uniforms.
+
+    Each row is computed on its own (no reduction across rows), so a row's
+    token does not depend on the other rows of the batch.
+    """
+    import torch
+
+    if decoding.kind == "greedy":
+        return logits_RxV.argmax(dim=-1)
+    logp_RxV = torch.log_softmax(logits_RxV.float(), dim=-1)
+    p_RxV = logp_RxV.exp()
+    if decoding.kind == "typical":
+        # Meister et al. 2022: rank tokens by how close their surprisal is to the entropy.
+        entropy_Rx1 = -(p_RxV * logp_RxV).nan_to_num(0.0).sum(-1, keepdim=True)
+        key_RxV = -(-logp_RxV - entropy_Rx1).abs()
+    else:
+        key_RxV = logp_RxV
+    # Stable sort: equal keys keep vocabulary order, so ties never depend on the batch.
+    _, order_RxV = torch.sort(key_RxV, dim=-1, descending=True, stable=True)
+    sorted_RxV = p_RxV.gather(-1, order_RxV)
+    vocab = sorted_RxV.shape[-1]
+    if decoding.kind == "top_k":
+        keep_RxV = (torch.arange(vocab, device=sorted_RxV.device) < decoding.top_k).expand_as(sorted_RxV)
+    elif decoding.kind in ("nucleus", "typical"):
+        mass = decoding.top_p if decoding.kind == "nucleus" else decoding.typical_p
+        # Keep the smallest head whose mass reaches p: a token stays while the mass before it is below p.
+        before_RxV = sorted_RxV.cumsum(-1) - sorted_RxV
+        keep_RxV = before_RxV < mass
+        keep_RxV[:, 0] = True
+    else:  # ancestral
+        keep_RxV = torch.ones_like(sorted_RxV, dtype=torch.bool)
+    cdf_RxV = (sorted_RxV * keep_RxV).cumsum(-1)
+    target_Rx1 = uniform_R.to(cdf_RxV.device, cdf_RxV.dtype)[:, None] * cdf_RxV[:, -1:]
+    index_R = torch.searchsorted(cdf_RxV, target_Rx1, right=True).squeeze(-1)
+    # Rounding can put the target on the total mass: fall back to the last kept token.
+    index_R = torch.minimum(index_R, keep_RxV.sum(-1) - 1)
+    return order_RxV.gather(-1, index_R[:, None]).squeeze(-1)
+
+
+def row_seed(seed: int, prefix_index: int, round_index: int, beam_index: int, sample_index: int) -> int:
+    """The generator seed of one sampled row: a hash, so nearby keys give unrelated streams."""
+    key = f"{seed}:{prefix_index}:{round_index}:{beam_index}:{sample_index}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") & (2**63 - 1)
+
+
+@dataclass
+class SampleRow:
+    """One continuation to sample: its context ids, how many tokens at most, and its seed."""
+
+    context: list[int]
+    steps: int
+    seed: int
+    owner: int = 0  # the prefix it belongs to (for timing shares)
+
+
+def sample_rows(lm: CausalLM, rows: Sequence[SampleRow], decoding: Decoding, max_batch_rows: int = 64,
+                ) -> tuple[list[list[int]], list[float]]:
+    """New token ids of every row (up to and including EOS) and each row's share of the seconds spent.
+
+    Rows are sorted by context length (little padding) and sampled at most
+    `max_batch_rows` at a time; neither choice changes a row's tokens.
+    """
+    import torch
+
+    if max_batch_rows < 1:
+        raise RankgenError(f"--max_batch_rows must be at least 1, got {max_batch_rows}")
+    order = sorted(range(len(rows)), key=lambda r: -len(rows[r].context))
+    tokens: list[list[int]] = [[] for _ in rows]
+    seconds = [0.0] * len(rows)
+    for start in range(0, len(order), max_batch_rows):
+        chunk = order[start : start + max_batch_rows]
+        began = time.perf_counter()
+        for r, new in zip(chunk, _decode_chunk(lm, [rows[r] for r in chunk], decoding)):
+            tokens[r] = new
+        if lm.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        spent = (time.perf_counter() - began) / len(chunk)
+        for r in chunk:
+            seconds[r] = spent
+    return tokens, seconds
+
+
+def _decode_chunk(lm: CausalLM, rows: Sequence[SampleRow], decoding: Decoding) -> list[list[int]]:
+    """Sample the rows together with a KV cache; each row stops at EOS or after its own step count."""
+    import torch
+
+    from rankgen_jax.lm.scoring import pad_batch
+
+    steps = max(row.steps for row in rows)
+    uniform_RxS = torch.zeros((len(rows), steps), dtype=torch.float64)
+    for r, row in enumerate(rows):
+        generator = torch.Generator().manual_seed(row.seed)
+        uniform_RxS[r, : row.steps] = torch.rand(row.steps, generator=generator, dtype=torch.float64)
+    ids, mask, positions = pad_batch([row.context for row in rows], lm.pad_id, "left")
+    ids, mask, positions = ids.to(lm.device), mask.to(lm.device), positions.to(lm.device)
+    logits_RxV, cache = lm.forward(ids, mask, positions, keep=1)
+    eos = lm.eos_id
+    out: list[list[int]] = [[] for _ in rows]
+    active = [row.steps > 0 for row in rows]
+    position_Rx1 = positions[:, -1:]
+    for t in range(steps):
+        picked = pick_tokens(logits_RxV[:, -1], uniform_RxS[:, t], decoding).tolist()
+        for r, token in enumerate(picked):
+            if active[r]:
+                out[r].append(token)
+                if token == eos or len(out[r]) >= rows[r].steps:
+                    active[r] = False
+        if not any(active):
+            break
+        # Finished rows keep running (their tokens are ignored) so the batch keeps one shape.
+        feed_Rx1 = torch.tensor([[token] for token in picked], dtype=torch.long, device=lm.device)
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        position_Rx1 = position_Rx1 + 1
+        logits_RxV, cache = lm.forward(feed_Rx1, mask, position_Rx1, cache=cache, keep=1)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Re-rankers
+
+
+def _score_many(reranker, prefixes: Sequence[str], candidate_lists: Sequence[Sequence[str]]) -> list[np.ndarray]:
+    """Scores of every candidate list, batched across prefixes when the re-ranker can."""
+    many = getattr(reranker, "score_many", None)
+    if many is not None:
+        return [np.asarray(s, np.float64) for s in many(prefixes, candidate_lists)]
+    return [np.asarray(reranker(p, c), np.float64) for p, c in zip(prefixes, candidate_lists)]
+
+
+class RankGenReranker:
+    """RankGen scores: "pre " + prefix vector . "suffi " + candidate vector (JAX dual encoder).
+
+    Long prefixes keep their end (the text the continuation follows). Prefix
+    vectors are cached between calls for the prefixes of the latest call, so
+    beam search encodes each prefix once.
+    """
+
+    def __init__(self, model: LoadedModel, batch_size: int = 64):
+        self.model = model
+        self.batch_size = batch_size
+        self._prefix_vectors: dict[str, np.ndarray] = {}
+
+    def __call__(self, prefix: str, candidates: Sequence[str]) -> np.ndarray:
+        return self.score_many([prefix], [candidates])[0]
+
+    def score_many(self, prefixes: Sequence[str], candidate_lists: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        missing = sorted({p for p in prefixes if p not in self._prefix_vectors})
+        vectors = {p: self._prefix_vectors[p] for p in prefixes if p in self._prefix_vectors}
+        if missing:
+            encoded_NxD = self.model.encode(missing, kind="prefix", batch_size=self.batch_size, keep="end")
+            vectors.update(zip(missing, encoded_NxD))
+        self._prefix_vectors = vectors
+        flat = [c for cands in candidate_lists for c in cands]
+        cand_MxD = self.model.encode(flat, kind="suffix", batch_size=self.batch_size) if flat else None
+        out, k = [], 0
+        for prefix, cands in zip(prefixes, candidate_lists):
+            out.append(cand_MxD[k : k + len(cands)] @ vectors[prefix] if cands else np.zeros(0, np.float32))
+            k += len(cands)
+        return out
+
+
+class PerplexityReranker:
+    """LM scores: mean log-probability of the candidate's tokens given the prefix (higher = lower perplexity)."""
+
+    def __init__(self, lm: CausalLM, batch_size: int = 16):
+        self.lm = lm
+        self.batch_size = batch_size
+
+    def __call__(self, prefix: str, candidates: Sequence[str]) -> np.ndarray:
+        return self.score_many([prefix], [candidates])[0]
+
+    def score_many(self, prefixes: Sequence[str], candidate_lists: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        from rankgen_jax.lm.scoring import score_lists
+
+        return score_lists(self.lm, prefixes, candidate_lists, "lm_loglik", "mean", self.batch_size)
+
+
+def unigram_reranker(prefix: str, candidates: Sequence[str]) -> np.ndarray:
+    """Unigram-overlap F1 of each candidate's word set with the prefix's (evaluation.unigram_overlap_scores)."""
+    from rankgen_jax.eval.ranking import unigram_overlap_scores
+
+    return unigram_overlap_scores(prefix, candidates)
+
+
+# ---------------------------------------------------------------------------
+# Search
+
+
+@dataclass
+class _Beam:
+    ids: list[int]
+    finished: bool
+    score: float | None = None
+    text: str | None = None
+
+
+@dataclass
+class Generation:
+    """The result for one prefix; `beams` are the final beams, best first ({"text", "score", "new_tokens", "eos"})."""
+
+    prefix: str
+    text: str
+    new_tokens: int
+    beams: list[dict] = field(default_factory=list)
+    seconds_generate: float = 0.0
+    seconds_rerank: float = 0.0
+
+
+def _prompt_ids(lm: CausalLM, prefix: str, max_new_tokens: int, max_prompt_tokens: int | None) -> list[int]:
+    """The prefix's ids, cut from the left so that prompt + budget fits the LM's context."""
+    ids = lm.prefix_ids(prefix)
+    limit = max_prompt_tokens
+    if limit is None and lm.max_positions is not None:
+        limit = lm.max_positions - max_new_tokens
+    if limit is not None:
+        if limit < 1:
+            raise RankgenError(f"no room for a prompt: --max_new_tokens {max_new_tokens} fills the LM's "
+                               f"{lm.max_positions}-token context; lower it or set --max_prompt_tokens")
+        ids = ids[-limit:]
+    return ids
+
+
+def _rank_key(beam: _Beam) -> float:
+    """Sort key: NaN scores rank last."""
+    return -math.inf if beam.score is None or math.isnan(beam.score) else beam.score
+
+
+def search(
+    lm: CausalLM,
+    prefixes: Sequence[str],
+    *,
+    beam_size: int = 2,
+    num_samples: int = 10,
+    rerank_length: int | None = 20,
+    max_new_tokens: int = 115,
+    decoding: Decoding = Decoding(),
+    reranker: Reranker | None = None,
+    seed: int = 0,
+    max_batch_rows: int = 64,
+    prefix_indices: Sequence[int] | None = None,
+    max_prompt_tokens: int | None = None,
+) -> list[Generation]:
+    """RankGen beam search over a group of prefixes (see the module docstring); rerank_length None = max_new_tokens.
+
+    Without a re-ranker every candidate scores 0 and the first ones are kept
+    (used by the plain sampling strategies, where B = N = 1).
+    """
+    for name, value in (("beam_size", beam_size), ("num_samples", num_samples), ("max_new_tokens", max_new_tokens)):
+        if value < 1:
+            raise RankgenError(f"--{name} must be at least 1, got {value}")
+    if rerank_length is not None and rerank_length < 1:
+        raise RankgenError(f"--rerank_length must be at least 1, got {rerank_length}")
+    decoding.check()
+    keys = list(range(len(prefixes))) if prefix_indices is None else list(prefix_indices)
+    if len(keys) != len(prefixes):
+        raise RankgenError(f"search: {len(prefixes)} prefixes but {len(keys)} prefix indices")
+    step = max_new_tokens if rerank_length is None else min(rerank_length, max_new_tokens)
+    prompts = [_prompt_ids(lm, p, max_new_tokens, max_prompt_tokens) for p in prefixes]
+    beams = [[_Beam([], False)] for _ in prefixes]
+    seconds_generate = [0.0] * len(prefixes)
+    seconds_rerank = [0.0] * len(prefixes)
+    round_index = 0
+    while True:
+        rows, parents = [], []
+        for i, prefix_beams in enumerate(beams):
+            for b, beam in enumerate(prefix_beams):
+                if beam.finished:
+                    continue
+                steps = min(step, max_new_tokens - len(beam.ids))
+                for j in range(num_samples):
+                    rows.append(SampleRow(prompts[i] + beam.ids, steps, row_seed(seed, keys[i], round_index, b, j), i))
+                    parents.append(beam)
+        if not rows:
+            break
+        new_ids, row_seconds = sample_rows(lm, rows, decoding, max_batch_rows)
+        # Finished beams compete again with the new candidates (their scores are kept).
+        candidates = [[beam for beam in prefix_beams if beam.finished] for prefix_beams in beams]
+        for row, parent, ids, spent in zip(rows, parents, new_ids, row_seconds):
+            full = parent.ids + ids
+            done = (lm.eos_id is not None and lm.eos_id in ids) or len(full) >= max_new_tokens
+            candidates[row.owner].append(_Beam(full, done))
+            seconds_generate[row.owner] += spent
+        for prefix_candidates in candidates:
+            for beam in prefix_candidates:
+                if beam.text is None:
+                    beam.text = lm.decode(beam.ids)
+        _score_candidates(reranker, prefixes, candidates, seconds_rerank)
+        for i, prefix_candidates in enumerate(candidates):
+            # Stable sort: equal scores keep candidate order (finished beams first, then by beam and sample).
+            beams[i] = sorted(prefix_candidates, key=_rank_key, reverse=True)[:beam_size]
+        round_index += 1
+    results = []
+    for i, prefix in enumerate(prefixes):
+        best = beams[i][0]
+        results.append(Generation(
+            prefix=prefix, text=best.text or "", new_tokens=len(best.ids),
+            beams=[{"text": b.text, "score": _json_score(b.score), "new_tokens": len(b.ids),
+                    "eos": bool(b.ids) and b.ids[-1] == lm.eos_id} for b in beams[i]],
+            seconds_generate=seconds_generate[i], seconds_rerank=seconds_rerank[i],
+        ))
+    return results
+
+
+def _json_score(score: float | None) -> float | None:
+    """The score as written to JSON: None when missing or not finite (an empty text under the LM scores -inf)."""
+    return float(score) if score is not None and math.isfinite(score) else None
+
+
+def _score_candidates(reranker, prefixes, candidates, seconds_rerank) -> None:
+    """Score the candidates that have no score yet, in one batched call; charge each prefix its share."""
+    todo = [i for i, cands in enumerate(candidates) if any(c.score is None for c in cands)]
+    if reranker is None:
+        for i in todo:
+            for c in candidates[i]:
+                c.score = 0.0 if c.score is None else c.score
+        return
+    if not todo:
+        return
+    texts = [[c.text for c in candidates[i] if c.score is None] for i in todo]
+    began = time.perf_counter()
+    scores = _score_many(reranker, [prefixes[i] for i in todo], texts)
+    spent = time.perf_counter() - began
+    total = sum(len(t) for t in texts)
+    for i, t, scores_C in zip(todo, texts, scores):
+        if len(scores_C) != len(t):
+            raise RankgenError(f"re-ranker returned {len(scores_C)} scores for {len(t)} candidates")
+        unscored = (c for c in candidates[i] if c.score is None)
+        for c, s in zip(unscored, scores_C.tolist()):
+            c.score = s
+        seconds_rerank[i] += spent * len(t) / total
+
+
+def generate(
+    lm: CausalLM,
+    prefixes: Sequence[str],
+    strategy: str = "beam",
+    *,
+    reranker: Reranker | None = None,
+    beam_size: int = 2,
+    num_samples: int = 10,
+    rerank_length: int = 20,
+    max_new_tokens: int = 115,
+    decoding: Decoding = Decoding(),
+    seed: int = 0,
+    max_batch_rows: int = 64,
+    prefix_indices: Sequence[int] | None = None,
+    max_prompt_tokens: int | None = None,
+) -> list[Generation]:
+    """Continue every prefix with `strategy` (see STRATEGIES); `decoding` is the token sampler of rerank / beam.
+
+    The plain strategies ignore beam_size, num_samples, rerank_length and
+    reranker, and take their sampler's kind from the strategy name (its
+    top_p / top_k / typical_p from `decoding`).
+    """
+    if strategy not in STRATEGIES:
+        raise RankgenError(f"unknown strategy {strategy!r}: expected one of {STRATEGIES}")
+    common = dict(max_new_tokens=max_new_tokens, seed=seed, max_batch_rows=max_batch_rows,
+                  prefix_indices=prefix_indices, max_prompt_tokens=max_prompt_tokens)
+    if strategy in SAMPLERS:
+        plain = Decoding(strategy, decoding.top_p, decoding.top_k, decoding.typical_p)
+        return search(lm, prefixes, beam_size=1, num_samples=1, rerank_length=None, decoding=plain, reranker=None,
+                      **common)
+    if reranker is None:
+        raise RankgenError(f"strategy {strategy!r} needs a re-ranker (--reranker)")
+    if decoding.kind == "greedy":
+        raise RankgenError(f"strategy {strategy!r} needs a random sampler: greedy would give N identical samples")
+    if strategy == "rerank":
+        return search(lm, prefixes, beam_size=1, num_samples=num_samples, rerank_length=None, decoding=decoding,
+                      reranker=reranker, **common)
+    return search(lm, prefixes, beam_size=beam_size, num_samples=num_samples, rerank_length=rerank_length,
+                  decoding=decoding, reranker=reranker, **common)
+
+
+# ---------------------------------------------------------------------------
+# JSONL in, JSONL out
+
+
+def read_prefix_records(path: str) -> tuple[list[dict], int]:
+    """The objects of a JSONL file that have a non-empty string "prefix", and the number of other (bad) lines."""
+    source = Path(path)
+    if not source.is_file():
+        raise RankgenError(f"--input {path} does not exist or is not a file")
+    records, bad = [], 0
+    with open(source, "rb") as f:
+        for raw in f:
+            if not raw.strip():
+                continue  # blank lines (e.g. a trailing newline) are not records
+            try:
+                obj = json.loads(raw.decode("utf-8"))
+            except ValueError:
+                obj = None
+            if isinstance(obj, dict) and isinstance(obj.get("prefix"), str) and obj["prefix"].strip():
+                records.append(obj)
+            else:
+                bad += 1
+    return records, bad
+
+
+def make_reranker(name: str, lm: CausalLM, model_path: str | None, batch_size: int = 64):
+    """The named re-ranker; "rankgen" loads the dual encoder at model_path."""
+    if name == "rankgen":
+        if not model_path:
+            raise RankgenError("--reranker rankgen needs --model DIR (a RankGen dual encoder)")
+        from rankgen_jax.inference.encoder import load_model
+
+        return RankGenReranker(load_model(model_path), batch_size=batch_size)
+    if name == "perplexity":
+        return PerplexityReranker(lm)
+    if name == "unigram":
+        return unigram_reranker
+    raise RankgenError(f"unknown re-ranker {name!r}: expected one of {RERANKERS}")
+
+
+def generate_file(args) -> dict:
+    """What `rankgen-jax generate` does; returns summary stats."""
+    from tqdm import tqdm
+
+    from rankgen_jax.lm.scoring import load_causal_lm
+
+    if args.prefix_batch < 1:
+        raise RankgenError(f"--prefix_batch must be at least 1, got {args.prefix_batch}")
+    output = Path(args.output)
+    if not output.parent.is_dir():
+        raise RankgenError(f"--output folder {output.parent} does not exist")
+    if output.exists() and output.resolve() == Path(args.input).resolve():
+        raise RankgenError("--output must differ from --input")
+    decoding = Decoding(args.sampling, args.top_p, args.top_k, args.typical_p)
+    decoding.check()
+    reranker_name = args.reranker if args.strategy in ("rerank", "beam") else None
+    # Check everything cheap before loading models, which can take minutes.
+    if reranker_name == "rankgen" and not args.model:
+        raise RankgenError("--reranker rankgen needs --model DIR (a RankGen dual encoder)")
+    if args.model and reranker_name != "rankgen":
+        print(f"note: --model is not used with --strategy {args.strategy}"
+              + (f" --reranker {reranker_name}" if reranker_name else ""), file=sys.stderr)
+    records, bad = read_prefix_records(args.input)
+    lm = load_causal_lm(args.lm, args.device)
+    reranker = make_reranker(reranker_name, lm, args.model, args.rankgen_batch_size) if reranker_name else None
+    settings = dict(reranker=reranker, beam_size=args.beam_size, num_samples=args.num_samples,
+                    rerank_length=args.rerank_length, max_new_tokens=args.max_new_tokens, decoding=decoding,
+                    seed=args.seed, max_batch_rows=args.max_batch_rows, max_prompt_tokens=args.max_prompt_tokens)
+    totals = {"seconds_generate": 0.0, "seconds_rerank": 0.0, "new_tokens": 0}
+    bar = tqdm(total=len(records), unit="prefix", desc=f"generate ({args.strategy})", dynamic_ncols=True,
+               disable=args.no_progress, file=sys.stderr)
+    try:
+        with open(output, "w", encoding="utf-8") as out:
+            for start in range(0, len(records), args.prefix_batch):
+                group = records[start : start + args.prefix_batch]
+                results = generate(lm, [r["prefix"] for r in group], args.strategy,
+                                   prefix_indices=range(start, start + len(group)), **settings)
+                lines = []
+                for record, result in zip(group, results):
+                    row = {**record, "generation": result.text, "strategy": args.strategy}
+                    if reranker_name is not None:
+                        row["reranker"] = reranker_name
+                        row["beams"] = result.beams
+                    row.update(seconds_generate=result.seconds_generate, seconds_rerank=result.seconds_rerank,
+                               new_tokens=result.new_tokens)
+                    lines.append(json.dumps(row, ensure_ascii=False) + "\n")
+                    for key in totals:
+                        totals[key] += getattr(result, key)
+                out.write("".join(lines))
+                out.flush()
+                bar.update(len(group))
+    finally:
+        bar.close()
+    spent = totals["seconds_generate"] + totals["seconds_rerank"]
+    stats = {"generated": len(records), "bad_lines": bad, **totals,
+             "rerank_share": totals["seconds_rerank"] / spent if spent > 0 else 0.0}
+    print(f"generate: {len(records)} prefixes with {args.strategy}, {bad} bad lines skipped; "
+          f"{totals['seconds_generate']:.1f}s generating, {totals['seconds_rerank']:.1f}s re-ranking "
+          f"({stats['rerank_share']:.1%}) -> {args.output}")
+    return stats
+
+
+def add_subparser(subparsers) -> None:
+    """Register `rankgen-jax generate`."""
+    p = subparsers.add_parser(
+        "generate",
+        help="continue prefixes with a causal LM: RankGen beam search, re-ranking, or plain sampling",
+        description='Read JSONL objects with a "prefix" and write them back with a "generation", the strategy, '
+        'the final "beams" (rerank / beam), "new_tokens" and the seconds spent generating and re-ranking. '
+        "beam: RankGen beam search (B beams, N samples per beam, re-rank every L tokens); rerank: N samples "
+        "re-ranked once; nucleus / greedy / ancestral / top_k / typical: one plain sample. Lines without a "
+        "non-empty string prefix are skipped and counted.",
+    )
+    p.add_argument("--lm", required=True, help="local HuggingFace causal LM folder (model + tokenizer)")
+    p.add_argument("--model", help="RankGen dual encoder (checkpoint, workdir or HF folder) for --reranker rankgen")
+    p.add_argument("--input", required=True, help='JSONL file with a "prefix" string per line')
+    p.add_argument("--output", required=True, help="JSONL file to write (replaced)")
+    p.add_argument("--strategy", choices=STRATEGIES, default="beam", help="default: beam")
+    p.add_argument("--reranker", choices=RERANKERS, default="rankgen",
+                   help="re-ranker of rerank / beam (default rankgen)")
+    p.add_argument("--sampling", choices=[s for s in SAMPLERS if s != "greedy"], default="nucleus",
+                   help="token sampler of rerank / beam (default nucleus)")
+    p.add_argument("--beam_size", type=int, default=2, help="B, beams kept per prefix (default 2)")
+    p.add_argument("--num_samples", type=int, default=10, help="N, samples per beam (default 10)")
+    p.add_argument("--rerank_length", type=int, default=20, help="L, tokens sampled between re-rankings (default 20)")
+    p.add_argument("--max_new_tokens", type=int, default=115, help="token budget of each prefix (default 115)")
+    p.add_argument("--top_p", type=float, default=0.9, help="nucleus p (default 0.9)")
+    p.add_argument("--top_k", type=int, default=40, help="k of top-k sampling (default 40)")
+    p.add_argument("--typical_p", type=float, default=0.95, help="mass of typical sampling (default 0.95)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--max_batch_rows", type=int, default=64,
+                   help="sequences the LM samples at once: lower it on a small GPU; results do not change (default 64)")
+    p.add_argument("--prefix_batch", type=int, default=8, help="prefixes decoded together (default 8)")
+    p.add_argument("--max_prompt_tokens", type=int, help="keep the last N prefix tokens (default: LM context - budget)")
+    p.add_argument("--rankgen_batch_size", type=int, default=64, help="texts per RankGen encoder call (default 64)")
+    p.add_argument("--device", default="cpu", help="torch device of the LM, e.g. cpu or cuda (default cpu)")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=generate_file)

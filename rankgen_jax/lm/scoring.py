@@ -1,0 +1,235 @@
+"""LM-likelihood baselines of the RankGen paper for any local HuggingFace causal LM (PyTorch).
+
+Two scores of a continuation c (a candidate suffix) given a prefix x:
+
+- `lm_loglik`: the mean over c's tokens of log p(c_t | x, c_<t), i.e. the
+  average conditional log-likelihood (minus log-perplexity) of the suffix
+  given the prefix, the LM baseline of the paper's suffix identification
+  table (its table 1).
+- `pmi`: pointwise mutual information, log p(c | x) - log p(c), with the
+  unconditional term computed after the LM's start token (BOS, or EOS for
+  GPT-2 style models that use it as the document separator). With the
+  default `reduce="mean"` both terms are divided by c's token count, i.e.
+  the mean per-token PMI, which keeps long and short candidates comparable;
+  `reduce="sum"` gives the unnormalised log-ratio (Holtzman et al. 2021).
+
+`reduce="sum"` turns `lm_loglik` into the total log-probability log p(c | x).
+An empty continuation has no tokens to judge and scores -inf.
+
+Batching: sequences (context + continuation tokens) are sorted by length and
+padded per batch, on the left (default) or on the right, with an attention
+mask and position ids counted from the first real token, so a padded batch
+gives the same numbers as one sequence at a time. Sequences longer than the
+LM's context keep the continuation (its first max_positions - 1 tokens) and
+drop the beginning of the prefix.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from rankgen_jax.errors import RankgenError
+
+LM_METHODS = ("lm_loglik", "pmi")
+REDUCTIONS = ("mean", "sum")
+
+
+@dataclass
+class CausalLM:
+    """A loaded HF causal LM and its tokenizer, with the few calls scoring and sampling need."""
+
+    model: Any
+    tokenizer: Any
+    device: str
+    max_positions: int | None
+    source: str = ""
+
+    def __post_init__(self):
+        params = inspect.signature(self.model.forward).parameters
+        # transformers 5 renamed past_key_values to cache; accept either.
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        # logits_to_keep avoids materialising [rows, length, vocab] logits when only a few positions are needed.
+        self._keeps_logits = "logits_to_keep" in params
+
+    @property
+    def eos_id(self) -> int | None:
+        return self.tokenizer.eos_token_id
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_token_id
+
+    @property
+    def start_id(self) -> int:
+        """The token unconditional text follows: BOS, else EOS (GPT-2 separates documents with it)."""
+        for token_id in (self.tokenizer.bos_token_id, self.tokenizer.eos_token_id):
+            if token_id is not None:
+                return token_id
+        raise RankgenError(f"--lm {self.source}: the tokenizer has neither a bos nor an eos token to start from")
+
+    def prefix_ids(self, text: str) -> list[int]:
+        """Token ids of a prefix, with the tokenizer's own special tokens (e.g. a BOS)."""
+        ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
+        return list(ids) if ids else [self.start_id]
+
+    def text_ids(self, text: str) -> list[int]:
+        """Token ids of a continuation, without special tokens."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def forward(self, ids_RxT, mask_RxT, position_RxT, cache=None, keep: int = 0):
+        """Logits [R, keep or T, V] (float32) and the updated KV cache of one forward pass."""
+        import torch
+
+        kwargs = {self._cache_arg: cache} if cache is not None else {}
+        if keep and self._keeps_logits:
+            kwargs["logits_to_keep"] = keep
+        with torch.no_grad():
+            out = self.model(input_ids=ids_RxT, attention_mask=mask_RxT, position_ids=position_RxT,
+                             use_cache=True, **kwargs)
+        logits = out.logits if not keep or self._keeps_logits else out.logits[:, -keep:]
+        new_cache = getattr(out, "cache", None)
+        if new_cache is None:
+            new_cache = getattr(out, "past_key_values", None)
+        return logits.float(), new_cache
+
+
+def load_causal_lm(lm_dir: str, device: str = "cpu") -> CausalLM:
+    """Load a local HF causal LM folder (model + tokenizer) for scoring or sampling."""
+    from rankgen_jax.lm.generative_negatives import load_lm_and_tokenizer, lm_max_positions
+
+    config, model, tokenizer = load_lm_and_tokenizer(lm_dir, device)
+    return CausalLM(model, tokenizer, device, lm_max_positions(config), source=lm_dir)
+
+
+def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, side: str = "left"):
+    """(ids [R, T], mask [R, T], positions [R, T]) torch tensors; positions count from each row's first real token."""
+    import torch
+
+    if side not in ("left", "right"):
+        raise RankgenError(f"padding side must be 'left' or 'right', got {side!r}")
+    length = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), length), dtype=torch.long)
+    for r, seq in enumerate(seqs):
+        if not seq:
+            continue
+        span = slice(length - len(seq), length) if side == "left" else slice(0, len(seq))
+        ids[r, span] = torch.tensor(list(seq), dtype=torch.long)
+        mask[r, span] = 1
+    # Padded positions get 0; they are masked, so their value only has to be a valid index.
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids, mask, positions
+
+
+def _fit(context: Sequence[int], target: Sequence[int], max_positions: int | None) -> tuple[list[int], list[int]]:
+    """Cut (context, target) to the LM's context: the target keeps its start, the context its end."""
+    context, target = list(context), list(target)
+    if max_positions is None or len(context) + len(target) <= max_positions:
+        return context, target
+    target = target[: max_positions - 1]
+    return context[len(context) - (max_positions - len(target)) :], target
+
+
+def token_logprobs(
+    lm: CausalLM, contexts: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], batch_size: int = 16,
+    padding_side: str = "left",
+) -> list[np.ndarray]:
+    """log p(target_t | context, target_<t) for every target token: one float64 array per pair.
+
+    Every context needs at least one token (the first target token is
+    predicted from the last context position).
+    """
+    import torch
+
+    if len(contexts) != len(targets):
+        raise RankgenError(f"token_logprobs: {len(contexts)} contexts but {len(targets)} targets")
+    if batch_size < 1:
+        raise RankgenError(f"batch_size must be >= 1, got {batch_size}")
+    pairs = [_fit(c, t, lm.max_positions) for c, t in zip(contexts, targets)]
+    if any(not c for c, _ in pairs):
+        raise RankgenError("token_logprobs: every context needs at least one token")
+    out: list[np.ndarray] = [np.zeros(len(t), np.float64) for _, t in pairs]
+    # Longest first, so similar lengths share a batch (little padding) and a memory error shows up at once.
+    order = sorted((i for i, (_, t) in enumerate(pairs) if t), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        seqs = [pairs[i][0] + pairs[i][1] for i in rows]
+        ids, mask, positions = pad_batch(seqs, lm.pad_id, padding_side)
+        length = ids.shape[1]
+        # First position whose logits are needed in any row: the last context token of the row that starts earliest.
+        starts = [(length - len(s) if padding_side == "left" else 0) + len(pairs[i][0]) - 1 for i, s in zip(rows, seqs)]
+        keep = length - min(starts)
+        logits, _ = lm.forward(ids.to(lm.device), mask.to(lm.device), positions.to(lm.device), keep=keep)
+        logprobs = torch.log_softmax(logits, dim=-1).cpu()
+        offset = length - keep
+        for r, (i, first) in enumerate(zip(rows, starts)):
+            target = pairs[i][1]
+            where = torch.arange(first, first + len(target)) - offset
+            picked = logprobs[r, where, torch.tensor(target, dtype=torch.long)]
+            out[i] = picked.double().numpy()
+    return out
+
+
+def _reduce(values: np.ndarray, reduce: str) -> float:
+    if values.size == 0:
+        return -math.inf
+    return float(values.mean() if reduce == "mean" else values.sum())
+
+
+def score_lists(
+    lm: CausalLM, prefixes: Sequence[str], candidate_lists: Sequence[Sequence[str]], method: str = "lm_loglik",
+    reduce: str = "mean", batch_size: int = 16,
+) -> list[np.ndarray]:
+    """For each prefix, the `method` scores [C_i] (float64) of its candidates; all pairs batched together."""
+    if method not in LM_METHODS:
+        raise RankgenError(f"unknown LM scoring method {method!r}: expected one of {LM_METHODS}")
+    if reduce not in REDUCTIONS:
+        raise RankgenError(f"unknown reduction {reduce!r}: expected one of {REDUCTIONS}")
+    if len(prefixes) != len(candidate_lists):
+        raise RankgenError(f"score_lists: {len(prefixes)} prefixes but {len(candidate_lists)} candidate lists")
+    contexts, targets = [], []
+    for prefix, candidates in zip(prefixes, candidate_lists):
+        context = lm.prefix_ids(prefix)
+        for candidate in candidates:
+            contexts.append(context)
+            targets.append(lm.text_ids(candidate))
+    conditional = token_logprobs(lm, contexts, targets, batch_size)
+    if method == "pmi":
+        # Each distinct candidate's unconditional log-probability is computed once.
+        unique = sorted({tuple(t) for t in targets})
+        marginal = dict(zip(unique, token_logprobs(lm, [[lm.start_id]] * len(unique), unique, batch_size)))
+    out, k = [], 0
+    for candidates in candidate_lists:
+        scores_C = np.empty(len(candidates), np.float64)
+        for j in range(len(candidates)):
+            values = conditional[k]
+            if method == "pmi":
+                # _fit may have shortened the target of either call; compare the tokens both saw.
+                prior = marginal[tuple(targets[k])]
+                n = min(len(values), len(prior))
+                values = values[:n] - prior[:n]
+            scores_C[j] = _reduce(values, reduce)
+            k += 1
+        out.append(scores_C)
+    return out
+
+
+def lm_loglik_scores(lm: CausalLM, prefix: str, candidates: Sequence[str], reduce: str = "mean",
+                     batch_size: int = 16) -> np.ndarray:
+    """Mean (or summed) log p(candidate | prefix) per candidate."""
+    return score_lists(lm, [prefix], [candidates], "lm_loglik", reduce, batch_size)[0]
+
+
+def pmi_scores(lm: CausalLM, prefix: str, candidates: Sequence[str], reduce: str = "mean",
+               batch_size: int = 16) -> np.ndarray:
+    """Mean per-token (or total) log p(candidate | prefix) - log p(candidate) per candidate."""
+    return score_lists(lm, [prefix], [candidates], "pmi", reduce, batch_size)[0]
+

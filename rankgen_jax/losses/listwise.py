@@ -1,0 +1,522 @@
+"""Listwise, pairwise and distillation losses over per-query candidate lists (ranking models).
+
+Same signature as `rankgen_jax.losses.contrastive`:
+
+    loss_fn(outputs, batch, loss_params, **options) -> (loss, metrics)
+
+- `outputs`: `"scores"` [B, L] (cross encoder), or `"query"` [B, D] with
+  `"candidates"` [B, L, D] (dual encoder; scores are dot products), see
+  `list_scores`. The multi-perspective loss reads `"query"` / `"positive"`
+  [B, N, D] instead.
+- `batch`: `"labels"` [B, L] (metric values, graded relevance or 0/1),
+  `"teacher_scores"` [B, L], optional `"candidate_mask"` [B, L] (bool or int,
+  default all valid) and, for ListMLE, optional `"tie_break"` [B, L] noise.
+
+Padding is marked by `candidate_mask` only, never by a label value: padded
+scores / labels / teacher scores never reach the loss, the metrics or the
+gradient (their gradient is exactly 0). A row with fewer than 2 valid
+candidates, or with nothing to learn (see each loss), contributes 0 and is
+left out of the mean; a batch of only such rows has loss 0 and zero
+gradients. Every loss is a sum of per-query terms, so gradient accumulation
+is exact up to the normaliser (the number of counted rows / pairs / entries
+of each micro-batch).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.losses.contrastive import exact_einsum
+
+Array = jax.Array
+LossFn = Callable[..., tuple[Array, dict[str, Array]]]
+
+# CL-DRD curriculum (Zeng et al. 2022): (k, (group 1, group 2, group 3 sizes)) per stage.
+CL_DRD_STAGES: tuple[tuple[int, tuple[int, int, int]], ...] = (
+    (5, (5, 12, 13)),
+    (10, (10, 10, 10)),
+    (30, (30, 0, 0)),
+)
+# Labels of the two lower CL-DRD groups (group 1 gets 1/r in (0, 1]).
+CL_DRD_HARD_NEGATIVE_LABEL = 0.0
+CL_DRD_SAMPLED_NEGATIVE_LABEL = -1.0
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def list_scores(outputs: dict[str, Array]) -> Array:
+    """The [B, L] float32 scores of each query's candidate list (cross or dual encoder)."""
+    if "scores" in outputs:
+        scores_BxL = jnp.asarray(outputs["scores"], jnp.float32)
+        if scores_BxL.ndim != 2:
+            raise RankgenError(f"outputs['scores'] must be [B, L], got shape {scores_BxL.shape}")
+        return scores_BxL
+    if "query" not in outputs or "candidates" not in outputs:
+        raise RankgenError(
+            "list losses need outputs['scores'] [B, L] or outputs['query'] [B, D] with outputs['candidates'] [B, L, D]"
+        )
+    query_BxD = jnp.asarray(outputs["query"], jnp.float32)
+    candidates_BxLxD = jnp.asarray(outputs["candidates"], jnp.float32)
+    if query_BxD.ndim != 2 or candidates_BxLxD.ndim != 3 or candidates_BxLxD.shape[::2] != query_BxD.shape:
+        raise RankgenError(
+            f"outputs['query'] must be [B, D] and outputs['candidates'] [B, L, D], "
+            f"got shapes {query_BxD.shape} and {candidates_BxLxD.shape}"
+        )
+    return exact_einsum(query_BxD, candidates_BxLxD, "bd,bld->bl")
+
+
+def _batch_array(batch: dict[str, Array], key: str, shape: tuple[int, ...]) -> Array:
+    """`batch[key]` as float32, checked to have `shape`."""
+    if key not in batch:
+        raise RankgenError(f"this loss needs batch[{key!r}] of shape {shape}")
+    value = jnp.asarray(batch[key], jnp.float32)
+    if value.shape != shape:
+        raise RankgenError(f"batch[{key!r}] must have shape {shape}, got {value.shape}")
+    return value
+
+
+def _mask(batch: dict[str, Array], key: str, shape: tuple[int, ...]) -> Array:
+    """The bool validity mask `batch[key]` (default all valid), checked to have `shape`."""
+    if key not in batch:
+        return jnp.ones(shape, bool)
+    mask = jnp.asarray(batch[key]).astype(bool)
+    if mask.shape != shape:
+        raise RankgenError(f"batch[{key!r}] must have shape {shape}, got {mask.shape}")
+    return mask
+
+
+def _masked_log_softmax(logits_BxL: Array, mask_BxL: Array) -> Array:
+    """Row-wise log softmax over valid entries; 0 at masked entries and in rows without any."""
+    shifted_BxL = jnp.where(mask_BxL, logits_BxL, -jnp.inf)
+    # The max only stabilises; its gradient cancels. Empty rows would give -inf - -inf.
+    max_Bx1 = jax.lax.stop_gradient(jnp.max(shifted_BxL, axis=-1, keepdims=True))
+    max_Bx1 = jnp.where(jnp.isfinite(max_Bx1), max_Bx1, 0.0)
+    shifted_BxL = shifted_BxL - max_Bx1
+    sum_Bx1 = jnp.sum(jnp.exp(shifted_BxL), axis=-1, keepdims=True)
+    # The max term contributes 1, so only empty rows have sum 0 (log would be -inf).
+    sum_Bx1 = jnp.where(sum_Bx1 > 0, sum_Bx1, 1.0)
+    return jnp.where(mask_BxL, shifted_BxL - jnp.log(sum_Bx1), 0.0)
+
+
+def _top1_hit(scores_BxL: Array, labels_BxL: Array, mask_BxL: Array) -> Array:
+    """[B] bool: the top-scored valid candidate has the row's highest valid label."""
+    best_B = jnp.argmax(jnp.where(mask_BxL, scores_BxL, -jnp.inf), axis=-1)
+    top_label_B = jnp.take_along_axis(labels_BxL, best_B[:, None], axis=-1)[:, 0]
+    return top_label_B == jnp.max(jnp.where(mask_BxL, labels_BxL, -jnp.inf), axis=-1)
+
+
+def _row_mean(values_B: Array, counted_B: Array) -> Array:
+    """Mean of `values_B` over counted rows (0 when none is counted)."""
+    return jnp.sum(jnp.where(counted_B, values_B, 0.0)) / jnp.maximum(jnp.sum(counted_B), 1)
+
+
+def _has_distinct_labels(labels_BxL: Array, mask_BxL: Array) -> Array:
+    """[B] bool: the row has two valid candidates with different labels (implies >= 2 valid)."""
+    high_B = jnp.max(jnp.where(mask_BxL, labels_BxL, -jnp.inf), axis=-1)
+    low_B = jnp.min(jnp.where(mask_BxL, labels_BxL, jnp.inf), axis=-1)
+    # high > low already needs two valid entries (a lone or absent one gives high <= low).
+    return high_B > low_B
+
+
+def _reverse_cumulative_logsumexp(logits_BxL: Array, mask_BxL: Array) -> Array:
+    """out[b, i] = logsumexp over valid j >= i of logits[b, j]; -inf where no such j.
+
+    Masked entries are -inf and each suffix subtracts its own max (a
+    (max, sum of exp) pair per element, combined by an associative scan), so
+    padding adds exactly nothing and suffixes far below the row's max do not
+    underflow to log(0).
+    """
+    # Masked logits are already sanitised by the caller; exp(x - stop_gradient(x)) is 1 with gradient 1.
+    max_BxL = jnp.where(mask_BxL, jax.lax.stop_gradient(logits_BxL), -jnp.inf)
+    sum_BxL = jnp.where(mask_BxL, jnp.exp(logits_BxL - jax.lax.stop_gradient(logits_BxL)), 0.0)
+
+    def combine(left, right):
+        max_a, sum_a = left
+        max_b, sum_b = right
+        max_ab = jnp.maximum(max_a, max_b)
+        # An empty side (max -inf) contributes 0; the guard avoids exp(-inf - -inf) = nan.
+        # The maxima carry no gradient, so these factors never feed nan into the backward pass.
+        scale_a = jnp.where(max_a == -jnp.inf, 0.0, jnp.exp(max_a - max_ab))
+        scale_b = jnp.where(max_b == -jnp.inf, 0.0, jnp.exp(max_b - max_ab))
+        return max_ab, sum_a * scale_a + sum_b * scale_b
+
+    suffix_max_BxL, suffix_sum_BxL = jax.lax.associative_scan(combine, (max_BxL, sum_BxL), reverse=True, axis=1)
+    # A valid position's suffix holds its own max term (exp(0) = 1), so its sum is >= 1.
+    safe_sum_BxL = jnp.where(mask_BxL, suffix_sum_BxL, 1.0)
+    return jnp.where(mask_BxL, suffix_max_BxL + jnp.log(safe_sum_BxL), -jnp.inf)
+
+
+def _plistmle_weights(num_valid_B: Array, num_candidates: int) -> Array:
+    """[B, L] PListMLE weights (2^(n-i+1) - 1) / (2^n - 1) of sorted position i = 1..n; 0 beyond n.
+
+    Computed as 2^(1-i) (1 - 2^-(n-i+1)) / (1 - 2^-n), which is the same
+    number but never overflows for long lists.
+    """
+    position_L = jnp.arange(1, num_candidates + 1, dtype=jnp.float32)
+    n_Bx1 = num_valid_B.astype(jnp.float32)[:, None]
+    numerator_BxL = jnp.exp2(1.0 - position_L) * (1.0 - jnp.exp2(position_L - n_Bx1 - 1.0))
+    denominator_Bx1 = jnp.maximum(1.0 - jnp.exp2(-n_Bx1), 0.5)  # n = 0 rows are masked out anyway
+    return jnp.where(position_L <= n_Bx1, numerator_BxL / denominator_Bx1, 0.0)
+
+
+def _l2_normalize(x: Array, eps: float = 1e-6) -> Array:
+    """x / ||x|| along the last axis."""
+    # Clamping the squared norm (not adding eps) keeps unit vectors exact and a zero vector's gradient finite.
+    return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), eps**2))
+
+
+def _bce_loss_and_metrics(logits: Array, labels: Array, mask: Array) -> tuple[Array, dict[str, Array]]:
+    """Masked mean of binary cross entropy with logits, plus the sign accuracy."""
+    # log_sigmoid stays finite for any logit (no log(1 - sigmoid(x)) cancellation).
+    per_entry = -(labels * jax.nn.log_sigmoid(logits) + (1.0 - labels) * jax.nn.log_sigmoid(-logits))
+    num_valid = jnp.maximum(jnp.sum(mask), 1)
+    loss = jnp.sum(jnp.where(mask, per_entry, 0.0)) / num_valid
+    agree = (logits > 0) == (labels >= 0.5)
+    metrics = {
+        "loss": loss,
+        "accuracy": jnp.sum(jnp.where(mask, agree, False)) / num_valid,
+        "mean_score": jnp.sum(jnp.where(mask, logits, 0.0)) / num_valid,
+    }
+    return loss, metrics
+
+
+# ----------------------------------------------------------------------------- losses
+
+
+def listmle_loss(
+    outputs: dict[str, Array],
+    batch: dict[str, Array],
+    loss_params: dict[str, Array],
+    *,
+    temperature: float = 1.0,
+    position_weighting: bool = False,
+) -> tuple[Array, dict[str, Array]]:
+    """ListMLE: negative log Plackett-Luce likelihood of each list's label ordering.
+
+    Each row's valid candidates are sorted by label descending; tied labels
+    by `batch["tie_break"]` descending when given (pass fresh uniform noise
+    per step for random tie breaking), and remaining ties by candidate index
+    ascending. Padded candidates sort to the end and are left out. With
+    s = score / temperature and s_(i) the i-th valid score in that order,
+
+        row loss = -sum_{i=1..n} w_i [ s_(i) - logsumexp_{j >= i} s_(j) ],
+
+    w_i = 1 (plain ListMLE) or, with `position_weighting`, the PListMLE
+    weights (Lan et al. 2014) w_i = (2^(n-i+1) - 1) / (2^n - 1) (w_1 = 1,
+    decreasing), where n is the row's number of valid candidates. The loss is
+    the mean over rows with two valid candidates of different labels: rows
+    whose labels are all tied carry no ordering to learn.
+    """
+    del loss_params
+    scores_BxL = list_scores(outputs)
+    shape = scores_BxL.shape
+    mask_BxL = _mask(batch, "candidate_mask", shape)
+    # Sanitise padding first so garbage there (even inf / nan) reaches neither sort keys nor gradients.
+    labels_BxL = jnp.where(mask_BxL, _batch_array(batch, "labels", shape), 0.0)
+    logits_BxL = jnp.where(mask_BxL, scores_BxL, 0.0) / temperature
+    tie_break_BxL = jnp.zeros(shape, jnp.float32)
+    if "tie_break" in batch:
+        tie_break_BxL = jnp.where(mask_BxL, _batch_array(batch, "tie_break", shape), 0.0)
+
+    # Keys, primary first: valid before padding, label desc, tie_break desc, index asc.
+    index_BxL = jnp.broadcast_to(jnp.arange(shape[1], dtype=jnp.int32), shape)
+    *_, order_BxL = jax.lax.sort(
+        ((~mask_BxL).astype(jnp.int32), -labels_BxL, -tie_break_BxL, index_BxL), dimension=-1, num_keys=4
+    )
+    sorted_logits_BxL = jnp.take_along_axis(logits_BxL, order_BxL, axis=-1)
+    num_valid_B = jnp.sum(mask_BxL, axis=-1)
+    sorted_mask_BxL = jnp.arange(shape[1])[None, :] < num_valid_B[:, None]
+
+    log_denominator_BxL = _reverse_cumulative_logsumexp(sorted_logits_BxL, sorted_mask_BxL)
+    log_prob_BxL = jnp.where(sorted_mask_BxL, sorted_logits_BxL - log_denominator_BxL, 0.0)
+    if position_weighting:
+        log_prob_BxL = log_prob_BxL * _plistmle_weights(num_valid_B, shape[1])
+    row_loss_B = -jnp.sum(log_prob_BxL, axis=-1)
+
+    counted_B = _has_distinct_labels(labels_BxL, mask_BxL)
+    loss = _row_mean(row_loss_B, counted_B)
+    metrics = {"loss": loss, "accuracy": _row_mean(_top1_hit(scores_BxL, labels_BxL, mask_BxL), counted_B)}
+    return loss, metrics
+
+
+def kl_distillation_loss(
+    outputs: dict[str, Array],
+    batch: dict[str, Array],
+    loss_params: dict[str, Array],
+    *,
+    temperature: float = 1.0,
+    t_squared: bool = False,
+) -> tuple[Array, dict[str, Array]]:
+    """KL(softmax(teacher / T) || softmax(student / T)) over each query's valid candidates.
+
+    Teacher scores are `batch["teacher_scores"]` and get no gradient. Rows
+    with fewer than 2 valid candidates (KL identically 0) are left out of the
+    mean. `t_squared` multiplies by T^2, which keeps gradient magnitudes
+    comparable across temperatures (Hinton et al.); conventions differ.
+    """
+    del loss_params
+    scores_BxL = list_scores(outputs)
+    shape = scores_BxL.shape
+    mask_BxL = _mask(batch, "candidate_mask", shape)
+    teacher_BxL = jax.lax.stop_gradient(jnp.where(mask_BxL, _batch_array(batch, "teacher_scores", shape), 0.0))
+    student_log_probs_BxL = _masked_log_softmax(jnp.where(mask_BxL, scores_BxL, 0.0) / temperature, mask_BxL)
+    teacher_log_probs_BxL = _masked_log_softmax(teacher_BxL / temperature, mask_BxL)
+    teacher_probs_BxL = jnp.where(mask_BxL, jnp.exp(teacher_log_probs_BxL), 0.0)
+    row_loss_B = jnp.sum(teacher_probs_BxL * (teacher_log_probs_BxL - student_log_probs_BxL), axis=-1)
+    if t_squared:
+        row_loss_B = row_loss_B * temperature**2
+
+    counted_B = jnp.sum(mask_BxL, axis=-1) >= 2
+    loss = _row_mean(row_loss_B, counted_B)
+    metrics = {
+        "loss": loss,
+        # The student's top candidate is (one of) the teacher's top.
+        "accuracy": _row_mean(_top1_hit(scores_BxL, teacher_BxL, mask_BxL), counted_B),
+    }
+    return loss, metrics
+
+
+def lambdarank_mrr_loss(
+    outputs: dict[str, Array],
+    batch: dict[str, Array],
+    loss_params: dict[str, Array],
+) -> tuple[Array, dict[str, Array]]:
+    """CL-DRD LambdaRank with MRR deltas: weighted pairwise logistic loss over label-ordered pairs.
+
+    Pairs (i, j) of valid candidates with label_i > label_j; weight
+    |1/pi_i - 1/pi_j| with pi the 1-based rank in the student's own ordering
+    of the row's valid candidates (score desc, ties by index asc; no
+    gradient); pair loss softplus(s_j - s_i). The loss is the sum of weighted
+    pair losses divided by the number of such pairs in the whole batch (a
+    per-batch mean over valid pairs, so lists with more pairs weigh more).
+    """
+    del loss_params
+    scores_BxL = list_scores(outputs)
+    shape = scores_BxL.shape
+    mask_BxL = _mask(batch, "candidate_mask", shape)
+    labels_BxL = jnp.where(mask_BxL, _batch_array(batch, "labels", shape), 0.0)
+    scores_BxL = jnp.where(mask_BxL, scores_BxL, 0.0)
+
+    # Student ranks: 1 + number of valid candidates ahead (higher score, or equal score and lower index).
+    ranking_BxL = jax.lax.stop_gradient(scores_BxL)
+    index_L = jnp.arange(shape[1])
+    ahead_BxLxL = (ranking_BxL[:, None, :] > ranking_BxL[:, :, None]) | (
+        (ranking_BxL[:, None, :] == ranking_BxL[:, :, None]) & (index_L[None, :] < index_L[:, None])
+    )
+    rank_BxL = 1 + jnp.sum(ahead_BxLxL & mask_BxL[:, None, :], axis=-1)
+    reciprocal_BxL = 1.0 / rank_BxL.astype(jnp.float32)
+
+    # pair [b, i, j]: i should be above j.
+    pair_BxLxL = (labels_BxL[:, :, None] > labels_BxL[:, None, :]) & mask_BxL[:, :, None] & mask_BxL[:, None, :]
+    weight_BxLxL = jnp.abs(reciprocal_BxL[:, :, None] - reciprocal_BxL[:, None, :])
+    pair_loss_BxLxL = jax.nn.softplus(scores_BxL[:, None, :] - scores_BxL[:, :, None])
+    num_pairs = jnp.sum(pair_BxLxL)
+    loss = jnp.sum(jnp.where(pair_BxLxL, weight_BxLxL * pair_loss_BxLxL, 0.0)) / jnp.maximum(num_pairs, 1)
+
+    counted_B = jnp.any(pair_BxLxL, axis=(1, 2))
+    correct_pairs = jnp.sum(pair_BxLxL & (scores_BxL[:, :, None] > scores_BxL[:, None, :]))
+    metrics = {
+        "loss": loss,
+        "accuracy": _row_mean(_top1_hit(scores_BxL, labels_BxL, mask_BxL), counted_B),
+        "pair_accuracy": correct_pairs / jnp.maximum(num_pairs, 1),
+    }
+    return loss, metrics
+
+
+def sigmoid_bce_loss(
+    outputs: dict[str, Array],
+    batch: dict[str, Array],
+    loss_params: dict[str, Array],
+    *,
+    temperature: float = 1.0,
+) -> tuple[Array, dict[str, Array]]:
+    """Binary cross entropy with logits scores / temperature, averaged over valid entries.
+
+    `outputs["scores"]` is any [B, L] candidate list (pointwise ranker
+    baseline) or [B, N] perspective outputs of a multi-perspective cross
+    encoder; `batch["labels"]` in [0, 1] and the optional
+    `batch["candidate_mask"]` have the same shape.
+    """
+    del loss_params
+    if "scores" not in outputs:
+        raise RankgenError("sigmoid_bce needs outputs['scores'] (logits)")
+    scores = jnp.asarray(outputs["scores"], jnp.float32)
+    mask = _mask(batch, "candidate_mask", scores.shape)
+    labels = jnp.where(mask, _batch_array(batch, "labels", scores.shape), 0.0)
+    logits = jnp.where(mask, scores, 0.0) / temperature
+    return _bce_loss_and_metrics(logits, labels, mask)
+
+
+def margin_mse_loss(
+    outputs: dict[str, Array],
+    batch: dict[str, Array],
+    loss_params: dict[str, Array],
+) -> tuple[Array, dict[str, Array]]:
+    """Margin-MSE distillation: ((s_0 - s_j) - (t_0 - t_j))^2 with candidate 0 the positive.
+
+    Averaged over valid (row, j >= 1) pairs; a row whose candidate 0 is
+    masked has no pairs. Teacher scores get no gradient.
+    """
+    del loss_params
+    scores_BxL = list_scores(outputs)
+    shape = scores_BxL.shape
+    mask_BxL = _mask(batch, "candidate_mask", shape)
+    teacher_BxL = jax.lax.stop_gradient(jnp.where(mask_BxL, _batch_array(batch, "teacher_scores", shape), 0.0))
+    scores_BxL = jnp.where(mask_BxL, scores_BxL, 0.0)
+    is_negative_L = jnp.arange(shape[1]) >= 1
+    pair_BxL = mask_BxL & mask_BxL[:, :1] & is_negative_L[None, :]
+    student_margin_BxL = scores_BxL[:, :1] - scores_BxL
+    teacher_margin_BxL = teacher_BxL[:, :1] - teacher_BxL
+    squared_BxL = jnp.square(student_margin_BxL - teacher_margin_BxL)
+    num_pairs = jnp.maximum(jnp.sum(pair_BxL), 1)
+    loss = jnp.sum(jnp.where(pair_BxL, squared_BxL, 0.0)) / num_pairs
+
+    counted_B = jnp.any(pair_BxL, axis=-1)
+    best_negative_B = jnp.max(jnp.where(pair_BxL, scores_BxL, -jnp.inf), axis=-1)
+    metrics = {
+        "loss": loss,
+        # The positive outscores every valid negative of its row.
+        "accuracy": _row_mean(scores_BxL[:, 0] > best_negative_B, counted_B),
+    }
+    return loss, metrics
+
+
+def multi_perspective_bce_loss(
+    outputs: dict[str, Array],
+    batch: dict[str, Array],
+    loss_params: dict[str, Array],
+    *,
+    tau: float = 0.5,
+) -> tuple[Array, dict[str, Array]]:
+    """MPTS bi-encoder: BCE of sigmoid(2 cos(a_n, b_n) / tau) against each perspective's label.
+
+    `outputs["query"]` and `outputs["positive"]` are [B, N, D] (passage a and
+    b, one vector per perspective); `batch["labels"]` [B, N] in [0, 1];
+    optional `batch["perspective_mask"]` [B, N]. Mean over valid (b, n).
+    """
+    del loss_params
+    if "query" not in outputs or "positive" not in outputs:
+        raise RankgenError("multi_perspective_bce needs outputs['query'] and outputs['positive'] of shape [B, N, D]")
+    a_BxNxD = jnp.asarray(outputs["query"], jnp.float32)
+    b_BxNxD = jnp.asarray(outputs["positive"], jnp.float32)
+    if a_BxNxD.ndim != 3 or a_BxNxD.shape != b_BxNxD.shape:
+        raise RankgenError(
+            f"outputs['query'] and outputs['positive'] must both be [B, N, D], got {a_BxNxD.shape} and {b_BxNxD.shape}"
+        )
+    shape = a_BxNxD.shape[:2]
+    mask_BxN = _mask(batch, "perspective_mask", shape)
+    labels_BxN = jnp.where(mask_BxN, _batch_array(batch, "labels", shape), 0.0)
+    cosine_BxN = exact_einsum(_l2_normalize(a_BxNxD), _l2_normalize(b_BxNxD), "bnd,bnd->bn")
+    # DESIGN: s = cos / tau, p = sigmoid(2 s).
+    logits_BxN = jnp.where(mask_BxN, 2.0 * cosine_BxN / tau, 0.0)
+    loss, metrics = _bce_loss_and_metrics(logits_BxN, labels_BxN, mask_BxN)
+    metrics["mean_cosine"] = jnp.sum(jnp.where(mask_BxN, cosine_BxN, 0.0)) / jnp.maximum(jnp.sum(mask_BxN), 1)
+    return loss, metrics
+
+
+# ----------------------------------------------------------------------------- CL-DRD labels
+
+
+def curriculum_group_labels(
+    teacher_scores_N: np.ndarray,
+    k: int,
+    group_sizes: tuple[int, int, int],
+    rng: np.random.Generator | int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The CL-DRD list of one query: L = sum(group_sizes) pool indices [L] and their labels [L].
+
+    The pool is ranked by teacher score (desc, ties by index asc). Group 1 is
+    the teacher's top k in rank order with label 1/r (r = 1..k); group 2 the
+    next group_sizes[1] ranks (hard negatives, label 0.0); group 3
+    group_sizes[2] candidates drawn without replacement from the rest of the
+    pool (label -1.0). Labels decrease strictly across groups; padding is
+    marked by `candidate_mask`, never by a label. `rng` is a Generator or a
+    seed; None draws from fresh OS entropy (not reproducible).
+    """
+    scores_N = np.asarray(teacher_scores_N, dtype=np.float64)
+    if scores_N.ndim != 1:
+        raise RankgenError(f"teacher_scores_N must be 1-D, got shape {scores_N.shape}")
+    if not np.all(np.isfinite(scores_N)):
+        raise RankgenError("teacher_scores_N must be finite")
+    sizes = tuple(group_sizes)
+    if len(sizes) != 3 or not all(isinstance(s, (int, np.integer)) and s >= 0 for s in sizes):
+        raise RankgenError(f"group_sizes must be three non-negative ints, got {group_sizes!r}")
+    if not isinstance(k, (int, np.integer)) or k < 1 or k != sizes[0]:
+        raise RankgenError(f"k must be a positive int equal to group_sizes[0], got k={k!r}, group_sizes={sizes}")
+    top, hard, sampled = sizes
+    list_size = top + hard + sampled
+    if scores_N.shape[0] < list_size:
+        raise RankgenError(f"candidate pool of {scores_N.shape[0]} is smaller than the list size {list_size}")
+    rng = np.random.default_rng(rng)
+
+    # A stable sort of the negated scores keeps equal scores in index order.
+    ranked_N = np.argsort(-scores_N, kind="stable")
+    rest = ranked_N[top + hard :]
+    drawn = rng.choice(rest, size=sampled, replace=False) if sampled else rest[:0]
+    indices_L = np.concatenate([ranked_N[: top + hard], drawn]).astype(np.int64)
+    labels_L = np.concatenate(
+        [
+            1.0 / np.arange(1, top + 1),
+            np.full(hard, CL_DRD_HARD_NEGATIVE_LABEL),
+            np.full(sampled, CL_DRD_SAMPLED_NEGATIVE_LABEL),
+        ]
+    ).astype(np.float32)
+    return indices_L, labels_L
+
+
+def listwise_softmax_loss(
+    outputs: dict[str, Array],
+    batch: dict[str, Array],
+    loss_params: dict[str, Array],
+    *,
+    temperature: float = 1.0,
+) -> tuple[Array, dict[str, Array]]:
+    """Cross entropy of a candidate list's softmax against its normalised labels (cross encoders).
+
+    `outputs["scores"]` [B, C]; `batch["labels"]` [B, C] (graded relevance >= 0,
+    e.g. one-hot gold); optional `batch["candidate_mask"]` [B, C] marks real
+    candidates (padding gets -inf before the logsumexp). Rows without any
+    positive label are left out of the mean. Per-query terms only: gradient
+    accumulation is exact when every microbatch has as many such rows.
+    """
+    del loss_params
+    scores_BxC = jnp.asarray(outputs["scores"], jnp.float32)
+    labels_BxC = jnp.maximum(jnp.asarray(batch["labels"], jnp.float32), 0.0)
+    mask_BxC = batch["candidate_mask"].astype(bool) if "candidate_mask" in batch else jnp.ones_like(scores_BxC, bool)
+    labels_BxC = jnp.where(mask_BxC, labels_BxC, 0.0)
+    label_sum_B = jnp.sum(labels_BxC, axis=-1)
+    has_positive_B = label_sum_B > 0
+    target_BxC = labels_BxC / jnp.maximum(label_sum_B, 1e-12)[:, None]
+    logits_BxC = jnp.where(mask_BxC, scores_BxC / temperature, -jnp.inf)
+    log_probs_BxC = jax.nn.log_softmax(logits_BxC, axis=-1)
+    row_loss_B = -jnp.sum(jnp.where(mask_BxC, target_BxC * log_probs_BxC, 0.0), axis=-1)
+    num_rows = jnp.maximum(jnp.sum(has_positive_B), 1)
+    loss = jnp.sum(jnp.where(has_positive_B, row_loss_B, 0.0)) / num_rows
+    best_B = jnp.argmax(jnp.where(mask_BxC, scores_BxC, -jnp.inf), axis=-1)
+    top_label_B = jnp.take_along_axis(labels_BxC, best_B[:, None], axis=-1)[:, 0]
+    hit_B = top_label_B == jnp.max(labels_BxC, axis=-1)
+    metrics = {
+        "loss": loss,
+        # The top-scored candidate has the list's highest label.
+        "accuracy": jnp.sum(jnp.where(has_positive_B, hit_B, False)) / num_rows,
+        "mean_score": jnp.sum(jnp.where(mask_BxC, scores_BxC, 0.0)) / jnp.maximum(jnp.sum(mask_BxC), 1),
+    }
+    return loss, metrics
+
+
+LIST_LOSSES: dict[str, LossFn] = {
+    "listwise_softmax": listwise_softmax_loss,
+    "listmle": listmle_loss,
+    "kl_distillation": kl_distillation_loss,
+    "lambdarank_mrr": lambdarank_mrr_loss,
+    "sigmoid_bce": sigmoid_bce_loss,
+    "margin_mse": margin_mse_loss,
+    "multi_perspective_bce": multi_perspective_bce_loss,
+}
+

@@ -1,0 +1,64 @@
+"""Every loss by name: the function, whether it compares examples across the batch, its options and parameters.
+
+All losses share one signature, `loss_fn(outputs, batch, loss_params, **options)
+-> (loss, metrics)`, so the train step picks one by name and never knows which.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.losses.contrastive import Array, LossFn, in_batch_softmax_loss, per_example_softmax_loss
+from rankgen_jax.losses.listwise import LIST_LOSSES
+
+LOSSES: dict[str, LossFn] = {
+    "in_batch_softmax": in_batch_softmax_loss,
+    "per_example_softmax": per_example_softmax_loss,
+    **LIST_LOSSES,
+}
+
+# Losses with cross-example terms: a micro-batch sees fewer negatives, so the
+# step refuses gradient accumulation for these (GradCache is exact). Every list
+# loss is a sum of per-query terms.
+LOSS_NEEDS_FULL_BATCH: dict[str, bool] = {name: name == "in_batch_softmax" for name in LOSSES}
+
+
+def get_loss(name: str) -> LossFn:
+    """The loss function registered under `name`."""
+    if name not in LOSSES:
+        raise RankgenError(f"unknown loss {name!r}: expected one of {sorted(LOSSES)}")
+    return LOSSES[name]
+
+
+def needs_full_batch(name: str) -> bool:
+    """Whether the loss compares examples across the batch (unknown names count as yes)."""
+    return LOSS_NEEDS_FULL_BATCH.get(name, True)
+
+
+def loss_option_names(name: str) -> list[str]:
+    """The keyword options the named loss accepts."""
+    signature = inspect.signature(get_loss(name))
+    return [p.name for p in signature.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+
+
+def check_loss_options(name: str, options: dict) -> None:
+    """Raise a RankgenError naming any option the loss does not accept (catches config typos)."""
+    unknown = sorted(set(options) - set(loss_option_names(name)))
+    if unknown:
+        raise RankgenError(f"loss {name!r} got unknown options {unknown}: expected some of {loss_option_names(name)}")
+
+
+def init_loss_params(name: str, **options) -> dict[str, Array]:
+    """Initial learnable parameters of a loss: `log_logit_scale` when learning the scale, else empty."""
+    check_loss_options(name, options)
+    if not options.get("learn_logit_scale", False):
+        return {}
+    scale = float(options.get("logit_scale", 1.0))
+    if not scale > 0 or not math.isfinite(scale):
+        raise RankgenError(f"logit_scale must be a positive finite number to learn its log, got {scale}")
+    return {"log_logit_scale": jnp.asarray(np.log(scale), jnp.float32)}

@@ -1,0 +1,93 @@
+"""Tiny randomly initialised models (a GPT-2 causal LM, a T5 RankGen dual encoder) for tests and benchmarks.
+
+They are built on the fly from the bundled Botchan text, so tests and
+`bench_generation` need no downloads. The scores they give are meaningless;
+only shapes, plumbing and speed are exercised.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from rankgen_jax.data.vocab import REPO_ROOT
+
+BOTCHAN = REPO_ROOT / "data" / "corpus" / "botchan" / "botchan.txt"
+GPT2_EOS = "<|endoftext|>"
+
+
+def botchan_prefixes(n: int, words: int = 20) -> list[str]:
+    """n distinct Botchan passages of `words` to `words + 20` words."""
+    tokens = BOTCHAN.read_text(encoding="utf-8").split()
+    return [" ".join(tokens[1000 + 60 * i : 1000 + 60 * i + words + i % 3 * 10]) for i in range(n)]
+
+
+def build_tiny_gpt2(out_dir: str | os.PathLike, seed: int = 0, vocab_size: int = 400, n_positions: int = 256) -> str:
+    """Save a random 2-layer GPT-2 with a byte-level BPE trained on Botchan as an HF folder; returns its path.
+
+    The tokenizer has no pad token on purpose: the code under test must cope (GPT-2's own has none either).
+    """
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    lines = [line for line in BOTCHAN.read_text(encoding="utf-8").splitlines() if line.strip()][:3000]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[GPT2_EOS],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(lines, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=GPT2_EOS)
+    eos_id = tokenizer.convert_tokens_to_ids(GPT2_EOS)
+    torch.manual_seed(seed)
+    config = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=n_positions, vocab_size=len(tokenizer),
+                        bos_token_id=eos_id, eos_token_id=eos_id)
+    out = Path(out_dir)
+    GPT2LMHeadModel(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
+def tiny_rankgen_config():
+    """A 1-layer, d_model 32 T5 RankGen dual encoder config (shared towers, RankGen head)."""
+    from rankgen_jax.models.configs import RANKGEN_HEAD, ModelConfig, T5Config
+
+    encoder = T5Config(vocab_size=1000, d_model=32, d_ff=64, num_layers=1, num_heads=2, d_kv=16)
+    return ModelConfig(encoder=encoder, head=RANKGEN_HEAD)
+
+
+def random_params(config, seed: int):
+    """Random parameters of the config's shapes (numpy; no jitted init to compile)."""
+    import flax.linen as nn
+    import jax
+
+    from rankgen_jax.models.factory import abstract_variables
+
+    rng = np.random.default_rng(seed)
+    shapes = nn.unbox(abstract_variables(config))["params"]
+
+    def draw(path, leaf):
+        noise = rng.normal(0.0, 0.3, leaf.shape).astype(np.float32)
+        # Layer-norm scales near 1, as after init, so activations stay in range.
+        return noise + 1.0 if "scale" in jax.tree_util.keystr(path) else noise
+
+    return jax.tree_util.tree_map_with_path(draw, shapes)
+
+
+def build_tiny_rankgen(out_dir: str | os.PathLike, spiece_model: str, seed: int = 1) -> str:
+    """Save a random tiny RankGen dual encoder checkpoint using `spiece_model`; returns its path."""
+    from rankgen_jax.checkpoints import native
+
+    config = tiny_rankgen_config()
+    native.save_params(Path(out_dir), config, random_params(config, seed), vocab=spiece_model)
+    return str(out_dir)
+
+
+def train_tiny_vocab(out_path: str | os.PathLike) -> str:
+    """A 1000-piece SentencePiece model trained on the bundled corpus (what tests get from `spiece_model`)."""
+    from rankgen_jax.data.vocab import corpus_lines, train_vocab
+
+    return train_vocab(corpus_lines(max_lines=20000), out_path, vocab_size=1000)

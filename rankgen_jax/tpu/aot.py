@@ -1,0 +1,467 @@
+"""Ahead-of-time compilation of the real train step for a TPU topology, from a CPU machine.
+
+`rankgen-jax compile --topology v3-128 --gin_file tpu/rankgen_xl_v3_128.gin`
+builds the trainer's mesh, shardings and jitted train step on libtpu's
+compile-only devices for that topology, compiles it with abstract inputs and
+reports per-device memory (argument + output - alias + temp) against the
+chip's HBM, FLOPs per step per device and the step time they imply. A config
+that does not fit fails here in seconds to minutes with the compiler's
+RESOURCE_EXHAUSTED message instead of on the reserved slice.
+
+Needs `libtpu` (tpu_scripts/aot_venv.sh makes .venv-aot with it); nothing here
+touches a real TPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import importlib.util
+import json
+import math
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from rankgen_jax.errors import RankgenError
+
+GIB = 1024**3
+AOT_VENV_HINT = "run tpu_scripts/aot_venv.sh and use .venv-aot/bin/rankgen-jax"
+DEFAULT_UTILIZATIONS = (0.4, 0.6)
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuGeneration:
+    """Per-chip facts of one TPU generation (public Cloud TPU spec sheets)."""
+
+    name: str
+    dims: int  # 2: a 2-D torus of chips; 3: a 3-D one
+    counts: str  # what N in an accelerator type `vX-N` counts: "cores" (2 TensorCores per chip) or "chips"
+    hbm_gib_per_chip: float
+    peak_tflops_per_chip: float  # bf16 dense matmul
+    device_kind: str
+    # libtpu's chip configuration: "megacore" makes a chip's two TensorCores one device, as on real v4 / v5p VMs.
+    chip_config: str = "default"
+
+
+GENERATIONS: dict[str, TpuGeneration] = {
+    "v2": TpuGeneration("v2", 2, "cores", 16, 45, "TPU v2"),
+    "v3": TpuGeneration("v3", 2, "cores", 32, 123, "TPU v3"),
+    "v4": TpuGeneration("v4", 3, "cores", 32, 275, "TPU v4", "megacore"),
+    "v5e": TpuGeneration("v5e", 2, "chips", 16, 197, "TPU v5 lite"),
+    "v5p": TpuGeneration("v5p", 3, "cores", 95, 459, "TPU v5", "megacore"),
+    "v6e": TpuGeneration("v6e", 2, "chips", 32, 918, "TPU v6 lite"),
+}
+# Other spellings of generation names (Cloud accelerator types and libtpu topology names).
+GENERATION_ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6": "v6e"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """A TPU slice: its generation and chip grid, and the name libtpu takes (`v3:8x8`)."""
+
+    generation: TpuGeneration
+    chip_grid: tuple[int, ...]
+    requested: str
+
+    @property
+    def chips(self) -> int:
+        return math.prod(self.chip_grid)
+
+    @property
+    def libtpu_name(self) -> str:
+        return f"{self.generation.name}:{'x'.join(map(str, self.chip_grid))}"
+
+    @property
+    def accelerator_type(self) -> str:
+        """The Cloud accelerator type of this slice (`v3-128`, `v5litepod-8`)."""
+        g = self.generation
+        n = self.chips * (2 if g.counts == "cores" else 1)
+        return f"{'v5litepod' if g.name == 'v5e' else g.name}-{n}"
+
+
+def _generation(name: str, topology: str) -> TpuGeneration:
+    key = GENERATION_ALIASES.get(name.lower(), name.lower())
+    if key not in GENERATIONS:
+        raise RankgenError(f"topology {topology!r}: unknown TPU generation {name!r}; "
+                           f"expected one of {sorted(GENERATIONS) + sorted(GENERATION_ALIASES)}")
+    return GENERATIONS[key]
+
+
+def _default_grid(chips: int, dims: int) -> tuple[int, ...]:
+    """The usual chip grid of a slice: powers of two split as evenly as possible, smaller axes first."""
+    exponent = chips.bit_length() - 1
+    if dims == 3 and chips < 8:
+        # The smallest 3-D slices are flat: v4-8 is 2x2x1.
+        return (2, 2, 1) if chips == 4 else (chips, 1, 1)
+    shares = [exponent // dims + (1 if i >= dims - exponent % dims else 0) for i in range(dims)]
+    return tuple(2**s for s in shares)
+
+
+def parse_topology(name: str) -> Topology:
+    """`v3-128` (an accelerator type) or `v3:8x8` (libtpu's chip grid) -> Topology."""
+    text = name.strip()
+    grid = re.fullmatch(r"([a-zA-Z0-9]+):(\d+(?:x\d+){1,2})", text)
+    if grid:
+        generation = _generation(grid.group(1), name)
+        shape = tuple(int(s) for s in grid.group(2).split("x"))
+        if any(s <= 0 for s in shape):
+            raise RankgenError(f"topology {name!r}: every grid size must be positive")
+        return Topology(generation, shape, name)
+    accel = re.fullmatch(r"([a-zA-Z0-9]+)-(\d+)", text)
+    if not accel:
+        raise RankgenError(f"topology {name!r}: expected an accelerator type such as v3-128 or v5litepod-16, "
+                           "or a chip grid such as v3:8x8, v4:4x4x4 or v5e:16x16")
+    generation = _generation(accel.group(1), name)
+    n = int(accel.group(2))
+    per_chip = 2 if generation.counts == "cores" else 1
+    chips = n // per_chip
+    if n <= 0 or n % per_chip or chips & (chips - 1):
+        unit = "TensorCores (2 per chip)" if per_chip == 2 else "chips"
+        raise RankgenError(f"topology {name!r}: N counts {unit}, so it must be {per_chip} x a power of two; "
+                           f"give the chip grid instead (e.g. {generation.name}:4x4) for other shapes")
+    return Topology(generation, _default_grid(chips, generation.dims), name)
+
+
+def device_specs(topology: Topology, num_devices: int) -> tuple[float, float, int]:
+    """(HBM bytes, peak bf16 FLOP/s, devices per chip) of one jax device of the slice."""
+    # jax shows one device per TensorCore on v2 / v3 (two per chip) and one per chip on
+    # v4 / v5p (megacore) and v5e / v6e; a chip's HBM and FLOP/s split evenly over its devices.
+    if num_devices % topology.chips:
+        raise RankgenError(f"{num_devices} devices do not split evenly over {topology.chips} chips")
+    per_chip = num_devices // topology.chips
+    g = topology.generation
+    return g.hbm_gib_per_chip * GIB / per_chip, g.peak_tflops_per_chip * 1e12 / per_chip, per_chip
+
+
+def step_time_seconds(flops_per_device: float, peak_flops_per_device: float, utilization: float) -> float:
+    """Seconds per step when a device sustains `utilization` of its peak."""
+    if not 0 < utilization <= 1:
+        raise RankgenError(f"utilization must be in (0, 1], got {utilization}")
+    return flops_per_device / (peak_flops_per_device * utilization)
+
+
+def days_for_steps(step_seconds: float, num_steps: int) -> float:
+    return step_seconds * num_steps / 86400.0
+
+
+# --- FLOPs --------------------------------------------------------------------------------
+# XLA's cost analysis counts the body of a while loop once, whatever its trip
+# count, so with scanned layers and GradCache's chunk loops it reports a small
+# fraction of the real work. These count matmul FLOPs in the step's jaxpr
+# instead, multiplying scan bodies by their length; remat's recomputation is
+# in the jaxpr, so it is counted.
+
+
+def _dot_flops(eqn) -> int:
+    (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+    lhs = eqn.invars[0].aval
+    contracted = math.prod(lhs.shape[d] for d in lhs_contract)
+    return 2 * math.prod(eqn.outvars[0].aval.shape) * contracted
+
+
+def _sub_jaxprs(value) -> list:
+    """Jaxprs held in one equation parameter (a jaxpr, a closed jaxpr, or a tuple of them)."""
+    import jax.extend.core as jex
+
+    if isinstance(value, jex.ClosedJaxpr):
+        return [value.jaxpr]
+    if isinstance(value, jex.Jaxpr):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [j for v in value for j in _sub_jaxprs(v)]
+    return []
+
+
+def jaxpr_matmul_flops(jaxpr) -> int:
+    """FLOPs of every dot_general in a jaxpr (global shapes), scan bodies times their length."""
+    # cond counts its costliest branch; a while loop (trip count unknown here) counts once.
+    total = 0
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name == "dot_general":
+            total += _dot_flops(eqn)
+            continue
+        if name == "cond":
+            total += max((jaxpr_matmul_flops(b) for b in _sub_jaxprs(eqn.params["branches"])), default=0)
+            continue
+        repeat = eqn.params["length"] if name == "scan" else 1
+        for value in eqn.params.values():
+            for sub in _sub_jaxprs(value):
+                total += repeat * jaxpr_matmul_flops(sub)
+    return total
+
+
+# --- building and compiling the step -------------------------------------------------------
+
+
+def _libtpu_env_without_tpu(topology: Topology) -> None:
+    """On a machine without TPUs, set what libtpu would otherwise look for and complain about."""
+    # libtpu asks the GCE metadata server for the accelerator type and worker hostnames
+    # (printing INVALID_ARGUMENT lines that look like a failure but are not) and takes a
+    # machine-wide lock file, so a second compile (or a test run) beside a first one fails.
+    # Compile-only devices need neither. A TPU VM (accelerator device files) is left alone.
+    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+        return
+    if "TPU_ACCELERATOR_TYPE" not in os.environ and "TPU_WORKER_HOSTNAMES" not in os.environ:
+        os.environ["TPU_ACCELERATOR_TYPE"] = topology.accelerator_type
+        os.environ["TPU_WORKER_HOSTNAMES"] = "localhost"
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+
+def libtpu_available() -> bool:
+    return importlib.util.find_spec("libtpu") is not None
+
+
+def topology_devices(topology: Topology) -> list:
+    """libtpu's compile-only devices for a topology (no TPU needed)."""
+    if not libtpu_available():
+        raise RankgenError(f"libtpu is not installed, so TPU programs cannot be compiled here: {AOT_VENV_HINT}")
+    _libtpu_env_without_tpu(topology)
+    import jax
+
+    # Compile-only work needs no local accelerator; keep jax off a TPU a training run may hold.
+    if os.environ.get("JAX_PLATFORMS") is None and not jax._src.xla_bridge.backends_are_initialized():  # noqa: SLF001
+        jax.config.update("jax_platforms", "cpu")
+    from jax.experimental import topologies
+
+    try:
+        devices = topologies.get_topology_desc(topology_name=topology.libtpu_name, platform="tpu",
+                                               chip_config_name=topology.generation.chip_config).devices
+    except Exception as e:  # noqa: BLE001 - libtpu reports bad names as assorted runtime errors
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RankgenError(f"libtpu rejected topology {topology.libtpu_name!r} ({topology.requested}): "
+                           f"{first}") from None
+    kind = devices[0].device_kind
+    if kind != topology.generation.device_kind:
+        raise RankgenError(f"topology {topology.libtpu_name!r} gave {kind!r} devices, expected "
+                           f"{topology.generation.device_kind!r}")
+    return list(devices)
+
+
+def batch_shapes(data, model_kind: str) -> dict[str, tuple[int, ...]]:
+    """Global shapes of the int32 arrays of one training batch (triple sources)."""
+    if model_kind != "dual_encoder" or data.source in ("lists", "pairs"):
+        raise RankgenError(f"compile supports dual encoders trained on triples (DataConfig.source 'books', "
+                           f"'examples', 'seqio' or 'random'), not kind {model_kind!r} with source {data.source!r}")
+    shapes = {"query_ids": (data.batch_size, data.prefix_length),
+              "positive_ids": (data.batch_size, data.continuation_length)}
+    if data.with_negative:
+        shapes["negative_ids"] = (data.batch_size, data.continuation_length)
+    return shapes
+
+
+def _model_config(trainer, gin_model):
+    """The model config training would use (as trainer.resolve_model_config), without reading weights."""
+    # An init checkpoint readable here supplies its saved encoder config; otherwise (gs://)
+    # gin's encoder stands in for it. Either way the trainer's encoder_overrides apply.
+    from rankgen_jax.checkpoints import native
+
+    if not trainer.init_checkpoint:
+        return gin_model
+    path = trainer.init_checkpoint
+    if not native.is_remote(path) and native.is_checkpoint_dir(path):
+        source = native.load_model_config(path)
+    else:
+        print(f"note: {path} is not readable here; compiling gin's ModelConfig with TrainerConfig.encoder_overrides",
+              file=sys.stderr)
+        source = gin_model
+    try:
+        encoder = dataclasses.replace(source.encoder, **dict(trainer.encoder_overrides))
+    except TypeError as e:
+        raise RankgenError(f"TrainerConfig.encoder_overrides: {e}") from None
+    if source.kind == "encoder" or trainer.init_encoder_only or gin_model.kind != source.kind:
+        return dataclasses.replace(gin_model, encoder=encoder)
+    return dataclasses.replace(source, encoder=encoder)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    for line in text.splitlines():
+        if "RESOURCE_EXHAUSTED" in line:
+            return line.strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _memory_report(stats, hbm_bytes: float) -> dict[str, Any]:
+    total = (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
+             + stats.temp_size_in_bytes)
+    return {
+        "argument_bytes": int(stats.argument_size_in_bytes),
+        "output_bytes": int(stats.output_size_in_bytes),
+        "alias_bytes": int(stats.alias_size_in_bytes),
+        "temp_bytes": int(stats.temp_size_in_bytes),
+        "generated_code_bytes": int(stats.generated_code_size_in_bytes),
+        "total_bytes": int(total),
+        "hbm_bytes": int(hbm_bytes),
+        "fits": bool(total + stats.generated_code_size_in_bytes <= hbm_bytes),
+    }
+
+
+def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAULT_UTILIZATIONS,
+                       hlo_out: str | None = None) -> dict[str, Any]:
+    """Compile the train step of the parsed gin config (as `train` reads it) for a TPU topology; returns the report."""
+    topology = parse_topology(topology_name)
+    for u in utilizations:
+        step_time_seconds(1.0, 1.0, u)  # validates before minutes of compiling
+    devices = topology_devices(topology)
+
+    import flax.linen as nn
+    import jax
+
+    from rankgen_jax.losses import registry as losses
+    from rankgen_jax.runtime import partitioning
+    from rankgen_jax.models.configs import ModelConfig
+    from rankgen_jax.data.sources import DataConfig
+    from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer
+    from rankgen_jax.train.step import StepOptions
+    from rankgen_jax.train.loop import LossConfig, TrainerConfig, check_divisible, build_step_functions
+
+    trainer, data, loss, optimizer = TrainerConfig(), DataConfig(), LossConfig(), OptimizerConfig()
+    model_config = _model_config(trainer, ModelConfig())
+    shapes = batch_shapes(data, model_config.kind)
+
+    # The same mesh, options and step functions as trainer.train, on the topology's devices.
+    mesh = partitioning.make_mesh(trainer.mesh_data, trainer.mesh_model, devices=devices, replica=trainer.mesh_replica)
+    rules = partitioning.rules_by_name(trainer.axis_rules)
+    check_divisible(data.batch_size, partitioning.data_parallel_size(mesh), trainer)
+    options = StepOptions(loss.name, tuple(sorted(loss.options().items())), trainer.num_chunks, trainer.accum_steps,
+                          model_kind=model_config.kind)
+    tx, schedule = make_optimizer(optimizer)
+    loss_params = losses.init_loss_params(loss.name, **loss.options())
+    setup = build_step_functions(model_config, options, tx, schedule, loss_params, mesh, rules, trainer.seed)
+
+    state = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                   setup.abstract_state, setup.shardings)
+    batch = {k: jax.ShapeDtypeStruct(s, "int32", sharding=setup.batch_sharding) for k, s in shapes.items()}
+    started = time.time()
+    with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
+        traced = setup.train_step.trace(state, batch)
+        lowered = traced.lower()
+        try:
+            compiled = lowered.compile()
+        except jax.errors.JaxRuntimeError as e:
+            if "RESOURCE_EXHAUSTED" in str(e):
+                raise RankgenError(f"does not fit {topology.libtpu_name}: {_first_line(e)}") from None
+            raise
+    compile_seconds = time.time() - started
+    if hlo_out:
+        Path(hlo_out).write_text(compiled.as_text(), encoding="utf-8")
+
+    n = len(devices)
+    hbm, peak, per_chip = device_specs(topology, n)
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    flops = jaxpr_matmul_flops(traced.jaxpr.jaxpr) / n
+    params = sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(setup.abstract_state.params))
+    encoder = model_config.encoder
+    steps = trainer.num_steps
+    timings = {}
+    for u in utilizations:
+        seconds = step_time_seconds(flops, peak, u)
+        timings[f"{u:g}"] = {"step_seconds": seconds, "days": days_for_steps(seconds, steps)}
+    return {
+        "topology": topology.libtpu_name,
+        "requested": topology.requested,
+        "accelerator_type": topology.accelerator_type,
+        "device_kind": devices[0].device_kind,
+        "devices": n,
+        "chips": topology.chips,
+        "devices_per_chip": per_chip,
+        "hosts": len({d.process_index for d in devices}),
+        "mesh": dict(mesh.shape),
+        "axis_rules": trainer.axis_rules,
+        "num_chunks": trainer.num_chunks,
+        "accum_steps": trainer.accum_steps,
+        "encoder": {k: getattr(encoder, k) for k in ("d_model", "num_layers", "dtype", "remat", "scan_layers")},
+        "params": int(params),
+        "batch": {k: list(s) for k, s in shapes.items()},
+        "loss": loss.name,
+        "optimizer": optimizer.name,
+        "memory": _memory_report(compiled.memory_analysis(), hbm),
+        "flops_per_device": float(flops),
+        "compiler_flops_per_device": float(cost.get("flops", 0.0)),
+        "peak_flops_per_device": peak,
+        "num_steps": steps,
+        "timing": timings,
+        "compile_seconds": compile_seconds,
+    }
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def format_report(r: dict[str, Any]) -> str:
+    """The report as a few readable lines."""
+    m = r["memory"]
+    mesh = " x ".join(f"{k} {v}" for k, v in r["mesh"].items())
+    e = r["encoder"]
+    lines = [
+        f"topology {r['topology']} ({r['accelerator_type']}): {r['devices']} {r['device_kind']} devices, "
+        f"{r['chips']} chips, {r['hosts']} hosts",
+        f"mesh {mesh}, rules {r['axis_rules']}, num_chunks {r['num_chunks']}, accum_steps {r['accum_steps']}; "
+        f"encoder d_model {e['d_model']} x {e['num_layers']} layers, {e['dtype']}, remat {e['remat']}, "
+        f"scan_layers {e['scan_layers']}; {r['params'] / 1e6:.0f}M params",
+        "batch " + ", ".join(f"{k} {'x'.join(map(str, s))}" for k, s in r["batch"].items()),
+        f"memory per device: argument {_gib(m['argument_bytes'])} + output {_gib(m['output_bytes'])} "
+        f"- alias {_gib(m['alias_bytes'])} + temp {_gib(m['temp_bytes'])} = {_gib(m['total_bytes'])} "
+        f"(+ code {_gib(m['generated_code_bytes'])}) of {_gib(m['hbm_bytes'])} HBM: "
+        + ("fits" if m["fits"] else "DOES NOT FIT"),
+        f"FLOPs per step per device: {r['flops_per_device']:.4g} (matmuls, loops counted; XLA's cost analysis, "
+        f"loop bodies once: {r['compiler_flops_per_device']:.4g}); peak {r['peak_flops_per_device'] / 1e12:.1f} "
+        "TFLOP/s per device",
+    ]
+    for u, t in r["timing"].items():
+        lines.append(f"at {float(u):.0%} of peak: {t['step_seconds']:.4g} s/step, {t['days']:.3g} days for "
+                     f"{r['num_steps']} steps")
+    lines.append(f"compiled in {r['compile_seconds']:.0f} s")
+    return "\n".join(lines)
+
+
+def add_subparser(subparsers) -> None:
+    """`rankgen-jax compile`: ahead-of-time compile the train step for a TPU topology."""
+    p = subparsers.add_parser(
+        "compile",
+        help="compile the train step for a TPU topology on this machine; report memory and FLOPs per device",
+        description="Lower and compile the gin-configured train step (the trainer's mesh, shardings and step) "
+        "for a TPU topology with libtpu's compile-only devices, on a CPU machine. Reports per-device memory "
+        "(argument + output - alias + temp) against the chip's HBM, FLOPs per step per device and the step "
+        "time they imply; exits 2 with the compiler's RESOURCE_EXHAUSTED line when the config does not fit. "
+        f"Needs libtpu: {AOT_VENV_HINT}.",
+    )
+    p.add_argument("--topology", required=True,
+                   help="accelerator type (v3-128, v4-64, v5litepod-16) or chip grid (v3:8x8, v4:4x4x4, v5e:16x16)")
+    p.add_argument("--gin_file", action="append", default=[], required=True,
+                   help="gin file (repeatable; also looked up in gin_configs/); --gin.Name.param=value bindings apply")
+    p.add_argument("--json", help="also write the report to this JSON file")
+    p.add_argument("--utilization", type=float, nargs="+", default=list(DEFAULT_UTILIZATIONS),
+                   help="fractions of peak FLOP/s to convert FLOPs into step times (default: 0.4 0.6)")
+    p.add_argument("--hlo_out", help="write the compiled (optimized, per-device) HLO text here")
+    p.set_defaults(run=run_compile)
+
+
+def run_compile(args) -> None:
+    """What `rankgen-jax compile` does."""
+    import gin
+
+    from rankgen_jax.train.gin_parsing import parse_gin
+
+    parse_gin(args.gin_file, getattr(args, "gin_bindings", []))
+    try:
+        report = compile_train_step(args.topology, args.utilization, hlo_out=args.hlo_out)
+    finally:
+        # Bindings are process-global: a caller using main() in-process must not inherit them.
+        gin.clear_config()
+    print(format_report(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    memory = report["memory"]
+    if not memory["fits"]:
+        # The compiler checks its own peak estimate; the sum of every buffer can still exceed the chip.
+        need = memory["total_bytes"] + memory["generated_code_bytes"]
+        raise RankgenError(f"per-device memory {_gib(need)} (argument + output - alias + temp + code) exceeds the "
+                           f"{_gib(memory['hbm_bytes'])} of HBM of a {report['device_kind']} device")
