@@ -22,7 +22,9 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
-from rankgen_jax.checkpoints import hf, hf_bert, native  # noqa: E402
+from rankgen_jax.checkpoints import native  # noqa: E402
+from rankgen_jax.checkpoints.hf import bert as hf_bert  # noqa: E402
+from rankgen_jax.checkpoints.hf import t5 as hf  # noqa: E402
 from rankgen_jax.checkpoints.convert import export_hf, import_checkpoint, read_source  # noqa: E402
 from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig, T5Config  # noqa: E402
 from rankgen_jax.errors import RankgenError  # noqa: E402
