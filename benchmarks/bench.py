@@ -163,10 +163,10 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-# JAX against the PyTorch peer: the issue's two reference points, each run as (jax, torch)
+# JAX against the PyTorch peer at the two reference points (tiny and small T5 1.1), each run as (jax, torch)
 # pairs in interleaved rounds; the reported ratio is the median of the rounds' ratios.
 PEER_CASES = [BenchCase("tiny", 32, steps=10), BenchCase("small", 16, steps=4)]
-PEER_ROUNDS = {"tiny": 3, "small": 5}  # small: its steps vary most (4.8-6.9 s in one process, session 12)
+PEER_ROUNDS = {"tiny": 3, "small": 5}  # small: its steps vary most (4.8-6.9 s in one process, docs/performance.md)
 # GradCache memory: peak RSS at batch 1536 against batch 64, both in chunks of 32 (tiny model).
 GRADCACHE_CASES = [
     BenchCase("tiny", 64, steps=3),

@@ -2,8 +2,10 @@
 
 A source returns the global batch for a step index, deterministically: the
 same (seed, index) always gives the same rows, so resuming only needs the next
-index, and each host can build just its own rows. The seqio pipeline of the
-data issue will plug in behind the same `batch(index, rows)` interface.
+index, and each host can build just its own rows. The sentence-bounded
+examples (`data/example_source.py`), the seqio tasks (`data/seqio/tasks.py`,
+`SeqioTriples`) and the list / pair files (`data/lists.py`) serve the same
+`batch(index, rows)` interface; `make_sources` picks one by `DataConfig.source`.
 
 Batches are dicts of right-padded int32 ids: `query_ids` [B, Lq] (prefixes,
 "pre " marker), `positive_ids` [B, Lc] (gold continuations, "suffi " marker)
@@ -133,8 +135,8 @@ def read_documents(folder: str | Path) -> list[tuple[str, str]]:
 class BookTriples:
     """Token windows of whole books: prefix, the tokens that follow it, and a span elsewhere in the same book.
 
-    A stand-in for the sentence-bounded RankGen examples of the data issue:
-    spans here are cut at token boundaries. With same_document, every row of a
+    A simpler source than the sentence-bounded RankGen examples
+    (`data/examples.py`): spans here are cut at token boundaries. With same_document, every row of a
     batch comes from one book (RankGen's InBook setting), so in-batch
     negatives are in-book too.
     """

@@ -1,6 +1,6 @@
 """Ranking metrics over ranked id lists (MRR, recall, graded nDCG, MAP) and BLEU / ROUGE text scores.
 
-Conventions (DESIGN.md s5):
+Conventions (docs/design.md, 'Retrieval metrics'):
 - ranks are 1-based; `k` cuts the ranking to its first k entries (None: no cut);
 - an id that appears more than once in a ranking counts at its first position
   only (later copies are dropped before ranks are assigned), so a run cannot

@@ -1,4 +1,4 @@
-"""Smoke run of the model core (what `make demo` runs until the training demo exists).
+"""Smoke run of the model core (`make smoke`; `make demo` runs the training job, `experiments/demo.py`).
 
 Trains a small SentencePiece vocabulary on the bundled books, builds a random
 tiny T5 1.1 RankGen dual encoder, saves it as a rankgen_jax checkpoint, exports

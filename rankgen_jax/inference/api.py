@@ -3,7 +3,7 @@
 Any folder `inference.load_model` reads works: a rankgen_jax checkpoint or
 training workdir, an exported folder, or any HF folder in the released RankGen
 format (recognised by its config, whatever the folder is called). By default
-inputs follow the released code (DESIGN.md s4): "pre " / "suffi " markers,
+inputs follow the released code (docs/design.md, 'RankGen format'): "pre " / "suffi " markers,
 512 / 128 tokens, and a too-long input is sliced after padding so it loses its
 EOS; truncation="clean" keeps the EOS instead. Batches are grouped by length,
 sized from memory unless batch_size is given, and split over all local devices.

@@ -6,7 +6,7 @@ reads (T5, the released RankGen format, BERT / MiniLM / sentence-transformers),
 including the `query_encoder/` + `document_encoder/` pair a two-tower export
 writes. Nothing is written to disk.
 
-RankGen conventions (DESIGN.md s4): prefixes are `"pre " + text` through the
+RankGen conventions (docs/design.md, 'RankGen format'): prefixes are `"pre " + text` through the
 query tower, continuations `"suffi " + text` through the document tower, and
 the score is the raw dot product of the two vectors.
 

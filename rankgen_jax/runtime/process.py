@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-# YNNPACK fusions slow XLA:CPU training steps of these models (DESIGN.md s7);
+# YNNPACK fusions slow XLA:CPU training steps of these models (docs/design.md, 'CPU performance');
 # the flag is harmless on TPU and GPU.
 CPU_XLA_FLAGS = ("--xla_cpu_experimental_ynn_fusion_type=",)
 

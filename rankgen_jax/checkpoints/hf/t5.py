@@ -1,7 +1,7 @@
 """HuggingFace <-> canonical parameter conversion for T5 encoders and RankGen dual encoders.
 
 Canonical parameters are nested dicts of float32 numpy arrays with T5X names
-(DESIGN.md s3). Two HF folder formats are supported (DESIGN.md s4):
+(docs/design.md, 'HF T5 names'). Two HF folder formats are supported (docs/design.md, 'RankGen format'):
 
 - `t5-encoder`: a plain `T5EncoderModel` (`shared.weight`, `encoder.block...`).
   Reading also accepts `T5Model` / `T5ForConditionalGeneration` folders, whose
