@@ -517,24 +517,20 @@ def generate_file(
     *,
     reranker: str = "rankgen",
     model_path: str | None = None,
-    beam_size: int = 2,
-    num_samples: int = 10,
-    rerank_length: int = 20,
-    max_new_tokens: int = 115,
     decoding: Decoding = Decoding(),
-    seed: int = 0,
-    max_batch_rows: int = 64,
     prefix_batch: int = 8,
-    max_prompt_tokens: int | None = None,
     rankgen_batch_size: int = 64,
     device: str = "cpu",
     progress: bool = True,
+    **search_settings,
 ) -> dict:
     """What `rankgen-jax generate` does: continue every prefix of a JSONL file into output_path; returns summary stats.
 
     reranker names the re-ranker of rerank / beam (one of RERANKERS); "rankgen"
     loads the dual encoder at model_path. The LM at lm_path runs on the torch
-    device.
+    device. search_settings are generate()'s other keyword arguments
+    (beam_size, num_samples, rerank_length, max_new_tokens, seed,
+    max_batch_rows, max_prompt_tokens), with its defaults.
     """
     if prefix_batch < 1:
         raise RankgenError(f"--prefix_batch must be at least 1, got {prefix_batch}")
@@ -554,9 +550,7 @@ def generate_file(
     records, bad = read_prefix_records(input_path)
     lm = load_causal_lm(lm_path, device)
     scorer = make_reranker(reranker_name, lm, model_path, rankgen_batch_size) if reranker_name else None
-    settings = dict(reranker=scorer, beam_size=beam_size, num_samples=num_samples,
-                    rerank_length=rerank_length, max_new_tokens=max_new_tokens, decoding=decoding,
-                    seed=seed, max_batch_rows=max_batch_rows, max_prompt_tokens=max_prompt_tokens)
+    settings = dict(reranker=scorer, decoding=decoding, **search_settings)
     totals = {"seconds_generate": 0.0, "seconds_rerank": 0.0, "new_tokens": 0}
     bar = tqdm(total=len(records), unit="prefix", desc=f"generate ({strategy})", dynamic_ncols=True,
                disable=not progress, file=sys.stderr)
