@@ -4,8 +4,8 @@ The library parses gin (train/gin_parsing.py) knowing only its own
 configurables; this module adds the experiments' and, when a config names
 them, the seqio task options of tasks/ (which the library must not import).
 
-It imports jax only when a run starts (train_from_gin), so the `rankgen-jax`
-command can import it before it sets XLA's flags.
+Importing it starts no jax (parsing a config and training do), so the
+`rankgen-jax` command can import it before it sets XLA's flags.
 """
 
 from __future__ import annotations
