@@ -4,7 +4,6 @@ The compile tests need libtpu (tpu_scripts/aot_venv.sh makes .venv-aot with
 it); they catch sharding regressions that only show with TPU layouts.
 """
 
-import argparse
 import importlib.util
 import json
 
@@ -14,6 +13,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec
 
+from rankgen_jax.cli.main import build_parser, main
 from rankgen_jax.tpu import aot
 from rankgen_jax.runtime import partitioning
 from rankgen_jax.data.sources import DataConfig
@@ -196,31 +196,30 @@ def test_format_report_lines():
     assert "DOES NOT FIT" in aot.format_report(_report(fits=False))
 
 
-def _compile_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser()
-    aot.add_subparser(parser.add_subparsers(dest="command"))
-    return parser
-
-
 def test_compile_subcommand_flags():
-    args = _compile_parser().parse_args(["compile", "--topology", "v3-128", "--gin_file", "a.gin",
-                                         "--gin_file", "b.gin", "--json", "out.json", "--utilization", "0.5"])
+    args = build_parser().parse_args(["compile", "--topology", "v3-128", "--gin_file", "a.gin",
+                                      "--gin_file", "b.gin", "--json", "out.json", "--utilization", "0.5"])
     assert (args.topology, args.gin_file, args.json) == ("v3-128", ["a.gin", "b.gin"], "out.json")
-    assert args.utilization == [0.5]
-    assert args.run is aot.run_compile
+    assert args.utilization == [0.5] and args.hlo_out is None
+    assert build_parser().parse_args(["compile", "--topology", "v3-8", "--gin_file", "a.gin"]).utilization == [0.4, 0.6]
     with pytest.raises(SystemExit):
-        _compile_parser().parse_args(["compile", "--gin_file", "a.gin"])  # --topology is required
+        build_parser().parse_args(["compile", "--gin_file", "a.gin"])  # --topology is required
 
 
 def test_compile_exits_with_an_error_when_buffers_exceed_hbm(monkeypatch, tmp_path, capsys):
     # The compiler accepted the program, but argument + output - alias + temp + code is more than the chip has.
     monkeypatch.setattr(aot, "compile_train_step", lambda *a, **k: _report(total_bytes=17 * GIB, fits=False))
     out = tmp_path / "report.json"
-    args = _compile_parser().parse_args(["compile", "--topology", "v3-128", "--gin_file", "models/t5_1_1_tiny.gin",
-                                         "--json", str(out)])
     with pytest.raises(RankgenError, match="17.00 GiB .* exceeds the 16.00 GiB of HBM of a TPU v3 device"):
-        aot.run_compile(args)
+        aot.run_compile("v3-128", json_out=str(out))
     assert "DOES NOT FIT" in capsys.readouterr().out
+    assert json.loads(out.read_text())["memory"]["fits"] is False
+    # Through the command line: the same report, then the error as one line and exit status 2.
+    out.unlink()
+    assert main(["compile", "--topology", "v3-128", "--gin_file", "models/t5_1_1_tiny.gin", "--json", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert "DOES NOT FIT" in captured.out
+    assert captured.err.startswith("error: per-device memory 17.00 GiB") and captured.err.count("\n") == 1
     assert json.loads(out.read_text())["memory"]["fits"] is False
 
 
@@ -230,10 +229,8 @@ def test_compile_exits_with_an_error_when_buffers_exceed_hbm(monkeypatch, tmp_pa
 @needs_libtpu
 def test_tiny_config_compiles_for_v3_8(tmp_path, capsys):
     out = tmp_path / "report.json"
-    args = _compile_parser().parse_args(["compile", "--topology", "v3-8", "--json", str(out)]
-                                        + [f"--gin_file={f}" for f in TINY_GIN])
-    args.gin_bindings = TINY_BINDINGS
-    aot.run_compile(args)
+    assert main(["compile", "--topology", "v3-8", "--json", str(out)] + [f"--gin_file={f}" for f in TINY_GIN]
+                + [f"--gin.{b}" for b in TINY_BINDINGS]) == 0
     assert "fits" in capsys.readouterr().out
     report = json.loads(out.read_text())
     assert (report["topology"], report["devices"], report["devices_per_chip"]) == ("v3:2x2", 8, 2)

@@ -1,6 +1,7 @@
 """`rankgen-jax import` / `export-hf` end to end: bit-exact round trips, the T5X fixture in PyTorch, clear errors."""
 
 import json
+import os
 import shutil
 import stat
 import subprocess
@@ -20,6 +21,7 @@ from rankgen_jax.cli.main import main
 from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig, t5_config
 from rankgen_jax.models.factory import build_model, init_params
 from rankgen_jax.models.t5 import T5Encoder
+from rankgen_jax.runtime.process import CPU_XLA_FLAGS
 
 TOL = 1e-4
 
@@ -66,6 +68,15 @@ def test_help_lists_subcommands(capsys):
         with pytest.raises(SystemExit) as e:
             main([sub, "--help"])
         assert e.value.code == 0 and "--out" in capsys.readouterr().out
+
+
+def test_help_lists_every_command_in_order(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    commands = [line.split()[0] for line in capsys.readouterr().out.splitlines()
+                if line.startswith("    ") and not line.startswith("     ")]
+    assert commands == ["import", "export-hf", "train", "score", "generate-negatives", "pipeline", "index", "search",
+                        "encode", "generate", "generation-metrics", "sweep", "report", "perspectives", "compile"]
 
 
 def test_hf_import_export_is_bit_exact(tmp_path, capsys, hf_t5_folder):
@@ -219,3 +230,17 @@ def test_console_script_exit_code(tmp_path):
                            str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("error:") and "missing" in proc.stderr
+
+
+def test_importing_the_cli_leaves_process_flags_alone():
+    # main() sets XLA's flags before a subcommand starts jax; importing the module does neither.
+    code = ("import os, sys\n"
+            "import rankgen_jax.cli.main as cli\n"
+            "print(os.environ.get('XLA_FLAGS'), 'jax' in sys.modules)\n"
+            "cli.main(['report', 'no_such_workdir'])\n"
+            "print(os.environ.get('XLA_FLAGS'))\n")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["None False", " ".join(CPU_XLA_FLAGS)]
+    assert proc.stderr.startswith("error: no_such_workdir: no results.json or metrics.jsonl")

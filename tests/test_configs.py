@@ -46,8 +46,9 @@ def test_json_round_trip_and_errors():
 @pytest.mark.parametrize("name", ["demo_minilm.gin", "demo_t5_scratch.gin", "rankgen_t5_tiny_books.gin", "rankgen_t5_xl_paper.gin"])
 def test_shipped_gin_configs_parse(name):
     from rankgen_jax.data.sources import DataConfig
+    from rankgen_jax.experiments.gin_runs import experiment_configurables
     from rankgen_jax.train.gin_parsing import parse_gin
     from rankgen_jax.train.loop import TrainerConfig
 
-    parse_gin([name], [])
+    parse_gin([name], [], experiment_configurables)
     assert TrainerConfig().num_steps > 0 and DataConfig().batch_size > 0

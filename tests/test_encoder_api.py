@@ -1,6 +1,5 @@
 """RankGenEncoder and `rankgen-jax encode`: released-RankGen vectors from any folder, sharded, sized from memory."""
 
-import argparse
 import json
 import shutil
 
@@ -12,8 +11,9 @@ from test_inference import SHARED, WORDS, random_params
 import rankgen_jax
 from rankgen_jax.checkpoints import native
 from rankgen_jax.checkpoints.convert import export_hf
+from rankgen_jax.cli.main import run_command
 from rankgen_jax.models.configs import ModelConfig, T5Config
-from rankgen_jax.inference.api import RankGenEncoder, add_subparser, ids_sidecar_path, read_texts
+from rankgen_jax.inference.api import RankGenEncoder, ids_sidecar_path, read_texts
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.inference.encoder import bytes_per_row, default_memory_budget, rows_for_memory
 from rankgen_jax.models.factory import build_model
@@ -158,10 +158,7 @@ def test_sharded_encode_equals_single_device(folders):
 
 
 def _run_cli(argv):
-    parser = argparse.ArgumentParser(prog="rankgen-jax")
-    add_subparser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["encode", *argv])
-    args.run(args)
+    return run_command(["encode", *argv])
 
 
 def test_cli_writes_npy_in_input_order_and_skips_bad_lines(folders, tmp_path, capsys):

@@ -1,6 +1,5 @@
 """Metrics with ties, the unigram-overlap baseline, JSONL scoring with a model or the baseline, and `score`."""
 
-import argparse
 import json
 
 import numpy as np
@@ -8,8 +7,9 @@ import pytest
 from test_inference import SHARED, TEXTS, random_params
 
 from rankgen_jax.checkpoints import native
+from rankgen_jax.cli.main import build_parser, main, run_command
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.eval.ranking import (accuracy, add_subparser, mrr, reciprocal_rank, score_file, top1,
+from rankgen_jax.eval.ranking import (accuracy, mrr, reciprocal_rank, score_file, top1,
                                     unigram_overlap_scores, unigrams)
 from rankgen_jax.inference.encoder import load_model
 
@@ -128,37 +128,26 @@ def test_score_file_with_model(tmp_path, model_dir):
         score_file(model, str(tmp_path / "in.jsonl"), str(tmp_path / "in.jsonl"))
 
 
-def run_score_cli(argv):
-    """Parse and run `score` with a parser holding only this subcommand (cli.py wires the same function)."""
-    parser = argparse.ArgumentParser(prog="rankgen-jax")
-    add_subparser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    args.run(args)
-
-
 def test_score_cli_last_line_is_json(tmp_path, model_dir, capsys):
     path = write_jsonl(tmp_path / "in.jsonl", [*GOOD, MALFORMED[0]])
-    run_score_cli(["score", "--input", path, "--method", "unigram"])
+    run_command(["score", "--input", path, "--method", "unigram"])
     out, err = capsys.readouterr()
     summary = json.loads(out.strip().splitlines()[-1])
     assert set(summary) == {"n", "accuracy", "mrr"} and summary["n"] == 3
     assert summary["accuracy"] == pytest.approx(2 / 3) and "skipped 1 malformed line" in err
 
-    run_score_cli(["score", "--model", model_dir, "--input", path, "--output", str(tmp_path / "o.jsonl"),
-                   "--batch_size", "4"])
+    run_command(["score", "--model", model_dir, "--input", path, "--output", str(tmp_path / "o.jsonl"),
+                 "--batch_size", "4"])
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(summary) == {"n", "accuracy", "mrr"} and summary["n"] == 3 and 0 <= summary["accuracy"] <= 1
     assert len((tmp_path / "o.jsonl").read_text().splitlines()) == 4
 
     with pytest.raises(RankgenError, match="--model is required"):
-        run_score_cli(["score", "--input", path])
+        run_command(["score", "--input", path])
 
 
 def test_score_through_rankgen_jax_main(tmp_path, capsys):
-    from rankgen_jax.cli.main import build_parser, main
-
-    if "score" not in build_parser().format_help():
-        pytest.skip("`score` is not wired into cli.py yet")
+    assert "score" in build_parser().format_help()
     path = write_jsonl(tmp_path / "in.jsonl", GOOD)
     assert main(["score", "--input", path, "--method", "unigram"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["n"] == 3

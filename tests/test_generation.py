@@ -1,6 +1,5 @@
 """`generate`: token samplers, RankGen beam search, re-rankers, seeding, memory cap, CLI; generation metrics."""
 
-import argparse
 import json
 import math
 import sys
@@ -9,11 +8,12 @@ import types
 import numpy as np
 import pytest
 
+from rankgen_jax.cli.main import run_command
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.lm.generation import (Decoding, PerplexityReranker, RankGenReranker, add_subparser, generate,
-                                    pick_tokens, unigram_reranker)
-from rankgen_jax.eval.generation_metrics import (add_subparser as add_metrics_subparser, generation_metrics,
-                                            last_token_features, mauve_score, repeated_tokens, repetition)
+from rankgen_jax.lm.generation import (Decoding, PerplexityReranker, RankGenReranker, generate, pick_tokens,
+                                    unigram_reranker)
+from rankgen_jax.eval.generation_metrics import (generation_metrics, last_token_features, mauve_score,
+                                            repeated_tokens, repetition)
 from rankgen_jax.testing import botchan_prefixes, build_tiny_gpt2, build_tiny_rankgen
 
 # Small budgets keep every search to a fraction of a second on the 2-layer GPT-2.
@@ -210,13 +210,6 @@ def test_baseline_strategies(lm):
 # Command line
 
 
-def run_cli(add, argv):
-    parser = argparse.ArgumentParser(prog="rankgen-jax")
-    add(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.run(args)
-
-
 def test_generate_cli_writes_jsonl_and_skips_bad_lines(lm_dir, rankgen_dir, tmp_path, capsys):
     prefixes = botchan_prefixes(3)
     source = tmp_path / "in.jsonl"
@@ -226,10 +219,10 @@ def test_generate_cli_writes_jsonl_and_skips_bad_lines(lm_dir, rankgen_dir, tmp_
     outputs = []
     for batch in ("1", "2"):
         out = tmp_path / f"out{batch}.jsonl"
-        stats = run_cli(add_subparser, ["generate", "--lm", lm_dir, "--model", rankgen_dir, "--input", str(source),
-                                        "--output", str(out), "--beam_size", "2", "--num_samples", "2",
-                                        "--rerank_length", "4", "--max_new_tokens", "8", "--prefix_batch", batch,
-                                        "--max_batch_rows", "3", "--no_progress"])
+        stats = run_command(["generate", "--lm", lm_dir, "--model", rankgen_dir, "--input", str(source),
+                             "--output", str(out), "--beam_size", "2", "--num_samples", "2",
+                             "--rerank_length", "4", "--max_new_tokens", "8", "--prefix_batch", batch,
+                             "--max_batch_rows", "3", "--no_progress"])
         assert stats["generated"] == 3 and stats["bad_lines"] == 2 and 0 < stats["rerank_share"] < 1
         outputs.append([json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()])
     rows = outputs[0]
@@ -245,15 +238,15 @@ def test_generate_cli_writes_jsonl_and_skips_bad_lines(lm_dir, rankgen_dir, tmp_
     assert "3 prefixes with beam, 2 bad lines skipped" in capsys.readouterr().out
 
     plain = tmp_path / "plain.jsonl"
-    run_cli(add_subparser, ["generate", "--lm", lm_dir, "--input", str(source), "--output", str(plain),
-                            "--strategy", "top_k", "--max_new_tokens", "5", "--no_progress"])
+    run_command(["generate", "--lm", lm_dir, "--input", str(source), "--output", str(plain),
+                 "--strategy", "top_k", "--max_new_tokens", "5", "--no_progress"])
     row = json.loads(plain.read_text(encoding="utf-8").splitlines()[0])
     assert row["strategy"] == "top_k" and "beams" not in row and row["seconds_rerank"] == 0.0
     with pytest.raises(RankgenError, match="needs --model"):
-        run_cli(add_subparser, ["generate", "--lm", lm_dir, "--input", str(source), "--output", str(plain)])
+        run_command(["generate", "--lm", lm_dir, "--input", str(source), "--output", str(plain)])
     with pytest.raises(RankgenError, match="missing.jsonl does not exist"):
-        run_cli(add_subparser, ["generate", "--lm", lm_dir, "--input", str(tmp_path / "missing.jsonl"),
-                                "--output", str(plain), "--strategy", "greedy"])
+        run_command(["generate", "--lm", lm_dir, "--input", str(tmp_path / "missing.jsonl"),
+                     "--output", str(plain), "--strategy", "greedy"])
 
 
 # ---------------------------------------------------------------------------
@@ -283,8 +276,8 @@ def test_generation_metrics_and_cli(tmp_path, capsys):
     assert generation_metrics(records)["rep"] == pytest.approx(5 / 8)
     source = tmp_path / "gens.jsonl"
     source.write_text("\n".join(json.dumps(r) for r in records) + "\nnot json\n", encoding="utf-8")
-    out = run_cli(add_metrics_subparser, ["generation-metrics", "--input", str(source), "--rep_no_prefix",
-                                          "--output", str(tmp_path / "m.json")])
+    out = run_command(["generation-metrics", "--input", str(source), "--rep_no_prefix",
+                       "--output", str(tmp_path / "m.json")])
     assert out["bad_lines"] == 1 and json.loads(capsys.readouterr().out.splitlines()[-1])["rep"] == pytest.approx(0.25)
     assert json.loads((tmp_path / "m.json").read_text())["n"] == 2
 
@@ -305,8 +298,8 @@ def test_mauve_features_and_optional_dependency(lm, lm_dir, monkeypatch, tmp_pat
     source = tmp_path / "g.jsonl"
     source.write_text(json.dumps({"prefix": "p", "generation": "g", "continuation": "c"}) + "\n")
     with pytest.raises(RankgenError, match="mauve-text"):
-        run_cli(add_metrics_subparser, ["generation-metrics", "--input", str(source), "--mauve_model", lm_dir,
-                                        "--reference_field", "continuation"])
+        run_command(["generation-metrics", "--input", str(source), "--mauve_model", lm_dir,
+                     "--reference_field", "continuation"])
     seen = {}
 
     def compute_mauve(p_features, q_features, **kwargs):

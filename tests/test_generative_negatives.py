@@ -1,11 +1,11 @@
 """`generate-negatives`: nucleus samples from a tiny local GPT-2, word limits, determinism, resume, bad input, errors."""
 
-import argparse
 import json
 
 import pytest
 
-from rankgen_jax.lm.generative_negatives import add_subparser, generate_negatives, trim_continuation
+from rankgen_jax.cli.main import build_parser
+from rankgen_jax.lm.generative_negatives import generate_negatives, trim_continuation
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.data.vocab import REPO_ROOT
 
@@ -256,8 +256,7 @@ def test_clear_errors(lm_dir, records, tmp_path):
 
 def test_subparser_runs_and_reports_errors(lm_dir, records, tmp_path, capsys):
     path, _ = records
-    parser = argparse.ArgumentParser(prog="rankgen-jax")
-    add_subparser(parser.add_subparsers(dest="command", required=True))
+    parser = build_parser()
     out = tmp_path / "cli.jsonl"
     args = parser.parse_args(["generate-negatives", "--lm", lm_dir, "--input", str(path), "--out", str(out),
                               "--batch_size", "5", "--max_new_tokens", "16", "--min_words", "2",

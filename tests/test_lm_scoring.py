@@ -1,14 +1,14 @@
 """LM baselines: token log-probs independent of padding, lm_loglik / PMI, and `score --method lm_loglik|pmi`."""
 
-import argparse
 import json
 import math
 
 import numpy as np
 import pytest
 
+from rankgen_jax.cli.main import build_parser
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.eval.ranking import add_subparser, score_file
+from rankgen_jax.eval.ranking import score_file
 from rankgen_jax.lm.scoring import lm_loglik_scores, load_causal_lm, pmi_scores, score_lists, token_logprobs
 from rankgen_jax.testing import botchan_prefixes, build_tiny_gpt2
 
@@ -93,8 +93,7 @@ def test_score_command_lm_methods(lm, lm_dir, tmp_path, capsys):
     records = [{"prefix": texts[i], "candidates": [" " + texts[i + 1], " " + texts[5 - i]], "label": i % 2}
                for i in range(3)]
     path = write_jsonl(tmp_path / "in.jsonl", records + [{"prefix": "no candidates"}])
-    parser = argparse.ArgumentParser(prog="rankgen-jax")
-    add_subparser(parser.add_subparsers(dest="command", required=True))
+    parser = build_parser()
     for method in ("lm_loglik", "pmi"):
         out = tmp_path / f"{method}.jsonl"
         args = parser.parse_args(["score", "--method", method, "--lm", lm_dir, "--input", path,

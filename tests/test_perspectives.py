@@ -1,6 +1,5 @@
 """The multi-perspective demo: passages, labelled pairs, AUC, and a tiny end-to-end run with a random BERT."""
 
-import argparse
 import json
 from collections import Counter
 
@@ -9,12 +8,13 @@ import numpy as np
 import pytest
 
 from rankgen_jax.checkpoints import native
+from rankgen_jax.cli.main import run_command
 from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig
 from rankgen_jax.data.lists import PairBatches
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.factory import build_model, init_params
 from rankgen_jax.experiments.perspectives import (
-    PERSPECTIVES, ROWS, PerspectivesConfig, Work, add_subparser, build_passages, format_table, initial_params,
+    PERSPECTIVES, ROWS, PerspectivesConfig, Work, build_passages, format_table, initial_params,
     load_works, pair_labels, pair_scores, passages_of_text, roc_auc, sample_pairs, strip_gutenberg,
 )
 from rankgen_jax.data.text import load_text_encoder
@@ -202,11 +202,8 @@ def test_tiny_end_to_end_run_and_resume(tmp_path, tiny_init, capsys):
         "PerspectivesConfig.max_steps = 2",
         "PerspectivesConfig.train_eval_every = 0",
     ]) + "\n")
-    parser = argparse.ArgumentParser()
-    add_subparser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["perspectives", "--gin_file", str(gin_file), "--workdir", str(tmp_path / "run")])
-    args.gin_bindings = []
-    results = args.run(args)
+    argv = ["perspectives", "--gin_file", str(gin_file), "--workdir", str(tmp_path / "run")]
+    results = run_command(argv)
     table = results["table"]
     assert list(table) == list(ROWS)
     for name, row in table.items():
@@ -226,7 +223,7 @@ def test_tiny_end_to_end_run_and_resume(tmp_path, tiny_init, capsys):
     assert saved["table"] == json.loads(json.dumps(table)) and saved["data"]["eval_pairs"] == 16
     assert "cross_encoder_step0" in capsys.readouterr().out
     # A second run resumes: no stage runs again and the table is read back.
-    again = args.run(args)
+    again = run_command(argv)
     assert again["table"] == table and set(again["seconds"]) == set(results["seconds"])
 
 

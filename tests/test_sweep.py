@@ -8,6 +8,8 @@ import pytest
 
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.train.gin_parsing import GIN_SEARCH_PATH, parse_gin
+from rankgen_jax.experiments.gin_runs import experiment_configurables
+from rankgen_jax.train.metric_writers import read_jsonl
 from rankgen_jax.experiments.sweep import expand_grid, read_grid, report, run_sweep, train_command
 
 ABLATIONS = GIN_SEARCH_PATH / "ablations"
@@ -72,7 +74,7 @@ def test_report_table_and_plot(tmp_path):
 @pytest.mark.parametrize("name", sorted(p.name for p in ABLATIONS.glob("*.gin")))
 def test_ablation_gin_files_parse(name):
     base = "pipelines/demo_minilm.gin" if name.startswith(("distill", "curriculum")) else "rankgen_t5_tiny_books.gin"
-    parse_gin([base, f"ablations/{name}"], [])
+    parse_gin([base, f"ablations/{name}"], [], experiment_configurables)
     # Every binding the ablation file makes is what gin now holds (the file wins over the base).
     bindings = [line.split("=", 1) for line in (ABLATIONS / name).read_text().splitlines()
                 if "=" in line and not line.startswith(("#", "include"))]
@@ -80,3 +82,27 @@ def test_ablation_gin_files_parse(name):
         bindings = [("t5_config.size", repr(name.removeprefix("model_").removesuffix(".gin")))]
     for key, value in bindings:
         assert gin.query_parameter(key.strip()) == ast.literal_eval(value.strip()), key
+
+
+def test_local_sweep_trains_in_process_and_names_the_failed_run(tmp_path, capsys):
+    grid = {"gin_files": ["models/t5_1_1_tiny.gin"],
+            "bindings": ["t5_config.vocab_size = 128", "DataConfig.source = 'random'", "DataConfig.vocab_size = 128",
+                         "DataConfig.batch_size = 8", "DataConfig.prefix_length = 16",
+                         "DataConfig.continuation_length = 8", "TrainerConfig.num_steps = 2"],
+            "axes": {"LossConfig.name": ["in_batch_softmax", "no_such_loss"]}}
+    path = tmp_path / "grid.json"
+    path.write_text(json.dumps(grid))
+    for attempt in range(2):
+        with pytest.raises(RankgenError) as error:
+            run_sweep(str(path), str(tmp_path / "runs"))
+        message = str(error.value)
+        assert message.startswith("run name-no_such_loss failed: ") and "no_such_loss" in message[30:]
+        assert message.endswith("; rerun the sweep to resume it") and "\n" not in message
+        err = capsys.readouterr().err
+        # The first run trains once; the rerun finds it done and goes on to the failed one.
+        assert ("name-in_batch_softmax: done earlier" in err) == (attempt == 1)
+    done = tmp_path / "runs" / "name-in_batch_softmax" / "sweep_done"
+    assert done.read_text().startswith("rankgen-jax train --workdir ")
+    assert max(r["step"] for r in read_jsonl(done.parent / "metrics.jsonl")) == 2
+    assert not (tmp_path / "runs" / "name-no_such_loss" / "sweep_done").exists()
+    assert gin.config_str() == ""  # no run's bindings outlive it

@@ -27,6 +27,7 @@ import numpy as np
 
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.eval.ranking import unigram_overlap_scores
+from rankgen_jax.lm.scoring import load_causal_lm
 
 REP_WINDOW = 20
 
@@ -169,49 +170,33 @@ def generation_metrics(records: Sequence[dict], tokenize: Callable[[str], list] 
     return result
 
 
-def add_subparser(subparsers) -> None:
-    """Register `rankgen-jax generation-metrics`."""
-    p = subparsers.add_parser(
-        "generation-metrics",
-        help="rep, unigram overlap and (with mauve-text) MAUVE of `generate` output",
-        description='Read `rankgen-jax generate` output (JSONL with "prefix" and "generation") and print one JSON '
-        "object: rep (share of generated tokens repeated from the previous --rep_window tokens), unigram overlap "
-        "with the prefix, mean new tokens and seconds, and MAUVE against --reference_field when --mauve_model "
-        "is given (needs the optional mauve-text package).",
-    )
-    p.add_argument("--input", required=True, help="JSONL output of `rankgen-jax generate`")
-    p.add_argument("--tokenizer", help="HF tokenizer folder for rep, e.g. the LM's (default: whitespace words)")
-    p.add_argument("--rep_window", type=int, default=REP_WINDOW, help="tokens looked back over (default 20)")
-    p.add_argument("--rep_no_prefix", action="store_true", help="rep looks at the generation only, not the prefix")
-    p.add_argument("--reference_field", help='field holding the human continuation (e.g. "continuation"), for MAUVE')
-    p.add_argument("--mauve_model", help="HF causal LM folder whose features MAUVE compares (e.g. gpt2-large)")
-    p.add_argument("--mauve_max_length", type=int, default=1024, help="tokens per text for MAUVE (default 1024)")
-    p.add_argument("--device", default="cpu", help="torch device of the MAUVE feature model (default cpu)")
-    p.add_argument("--output", help="also write the metrics to this JSON file")
-    p.set_defaults(run=run_generation_metrics)
+def run_generation_metrics(input_path: str, *, tokenizer: str | None = None, rep_window: int = REP_WINDOW,
+                           with_prefix: bool = True, reference_field: str | None = None,
+                           mauve_model: str | None = None, mauve_max_length: int = 1024, device: str = "cpu",
+                           output_path: str | None = None) -> dict:
+    """What `rankgen-jax generation-metrics` does: the metrics of a `generate` output file, printed as JSON.
 
-
-def run_generation_metrics(args) -> dict:
-    """What `rankgen-jax generation-metrics` does."""
-    if args.mauve_model:
-        if not args.reference_field:
+    tokenizer: an HF tokenizer folder for rep (default: whitespace words).
+    MAUVE against each record's reference_field when mauve_model (an HF
+    causal LM folder, run on the torch device) is given.
+    """
+    if mauve_model:
+        if not reference_field:
             raise RankgenError("--mauve_model needs --reference_field (the human continuations to compare with)")
         require_mauve()  # fail before loading the feature model
-    records, bad = read_generations(args.input, args.reference_field)
+    records, bad = read_generations(input_path, reference_field)
     if not records:
-        raise RankgenError(f"--input {args.input}: no line with string \"prefix\" and \"generation\" fields")
-    tokenize = hf_tokens(args.tokenizer) if args.tokenizer else word_tokens
-    result = generation_metrics(records, tokenize, args.rep_window, with_prefix=not args.rep_no_prefix)
-    if args.mauve_model:
-        from rankgen_jax.lm.scoring import load_causal_lm
-
-        feature_lm = load_causal_lm(args.mauve_model, args.device)
-        result["mauve"] = mauve_score([r[args.reference_field] for r in records], [r["generation"] for r in records],
-                                      feature_lm, args.mauve_max_length, progress=True)
+        raise RankgenError(f"--input {input_path}: no line with string \"prefix\" and \"generation\" fields")
+    tokenize = hf_tokens(tokenizer) if tokenizer else word_tokens
+    result = generation_metrics(records, tokenize, rep_window, with_prefix=with_prefix)
+    if mauve_model:
+        feature_lm = load_causal_lm(mauve_model, device)
+        result["mauve"] = mauve_score([r[reference_field] for r in records], [r["generation"] for r in records],
+                                      feature_lm, mauve_max_length, progress=True)
     result["bad_lines"] = bad
     if bad:
-        print(f"note: skipped {bad} line(s) of {args.input} without string prefix / generation fields", file=sys.stderr)
-    if args.output:
-        Path(args.output).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        print(f"note: skipped {bad} line(s) of {input_path} without string prefix / generation fields", file=sys.stderr)
+    if output_path:
+        Path(output_path).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(result))
     return result

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.lm.scoring import LM_METHODS
+from rankgen_jax.lm.scoring import LM_METHODS, load_causal_lm
 
 if TYPE_CHECKING:
     from rankgen_jax.inference.encoder import LoadedModel
@@ -242,78 +242,56 @@ def score_file(
 
 
 # ---------------------------------------------------------------------------
-# Command line
+# Files of lists, models named by path
 
 
-def add_subparser(subparsers) -> None:
-    """`rankgen-jax score`: score a JSONL file of prefixes and candidate lists."""
-    p = subparsers.add_parser(
-        "score",
-        help="score prefix / candidate lists from a JSONL file; accuracy@1 and MRR when labelled",
-        description='Score JSONL lines {"prefix": str, "candidates": [str, ...], "label": int (optional)} with a '
-        'dual encoder (prefix vector . candidate vector, RankGen\'s "pre " / "suffi " markers), the '
-        "unigram-overlap baseline, or a causal LM's mean log-likelihood of the candidate given the prefix "
-        "(lm_loglik) or PMI, log p(c|prefix) - log p(c) (pmi). With labels, the last stdout line is a JSON object "
-        '{"n": ..., "accuracy": ..., "mrr": ...}. Malformed lines are skipped and counted on stderr; a file '
-        "with no well-formed line is an error (exit status 2).",
-    )
-    p.add_argument("--model", help="rankgen_jax checkpoint folder, training workdir, or HF folder (dual encoder)")
-    p.add_argument("--input", required=True, help="JSONL file to score")
-    p.add_argument("--output", help="JSONL file to write: each well-formed input line plus its \"scores\"")
-    p.add_argument("--method", choices=METHODS, default="model", help="default: model")
-    p.add_argument("--batch_size", type=int, default=64, help="texts per encoder call (default 64)")
-    lm = p.add_argument_group("LM baselines (--method lm_loglik / pmi)")
-    lm.add_argument("--lm", help="local HuggingFace causal LM folder (model + tokenizer)")
-    lm.add_argument("--lm_reduce", choices=("mean", "sum"), default="mean",
-                    help="per-token mean (default, as the paper) or sum of token log-probabilities")
-    lm.add_argument("--lm_batch_size", type=int, default=16, help="sequences per LM forward pass (default 16)")
-    lm.add_argument("--device", default="cpu", help="torch device of the LM, e.g. cpu or cuda (default cpu)")
-    p.add_argument("--no_progress", action="store_true", help="no progress bar")
-    p.set_defaults(run=run_score)
+def run_score(input_path: str, output_path: str | None = None, *, method: str = "model",
+              model_path: str | None = None, batch_size: int = 64, lm_path: str | None = None,
+              lm_reduce: str = "mean", lm_batch_size: int = 16, device: str = "cpu", progress: bool = True) -> dict:
+    """What `rankgen-jax score` does: load the model or LM a method needs, score_file, print a summary.
 
-
-def run_score(args) -> None:
-    """What `rankgen-jax score` does."""
-    if args.batch_size < 1:
-        raise RankgenError(f"--batch_size must be >= 1, got {args.batch_size}")
-    if args.lm_batch_size < 1:
-        raise RankgenError(f"--lm_batch_size must be >= 1, got {args.lm_batch_size}")
+    Returns score_file's result. A file with no well-formed line is an
+    error (and leaves no output behind).
+    """
+    if batch_size < 1:
+        raise RankgenError(f"--batch_size must be >= 1, got {batch_size}")
+    if lm_batch_size < 1:
+        raise RankgenError(f"--lm_batch_size must be >= 1, got {lm_batch_size}")
     model = lm = None
-    if args.method == "model":
-        if not args.model:
+    if method == "model":
+        if not model_path:
             raise RankgenError("--model is required with --method model")
+        # Imports jax: not at the top, so that the CLI imports this module before it sets XLA's flags.
         from rankgen_jax.inference.encoder import load_model
 
-        model = load_model(args.model)
-    elif args.model:
-        print(f"note: --model is not used with --method {args.method}", file=sys.stderr)
-    if args.method in LM_METHODS:
-        if not args.lm:
-            raise RankgenError(f"--lm is required with --method {args.method}")
-        if not Path(args.input).is_file():
-            raise RankgenError(f"{args.input}: no such input file")  # before loading a possibly large LM
-        from rankgen_jax.lm.scoring import load_causal_lm
-
-        lm = load_causal_lm(args.lm, args.device)
-    elif args.lm:
-        print(f"note: --lm is not used with --method {args.method}", file=sys.stderr)
-    progress = args.method != "unigram" and not args.no_progress
-    result = score_file(model, args.input, args.output, method=args.method, batch_size=args.batch_size, lm=lm,
-                        lm_reduce=args.lm_reduce, lm_batch_size=args.lm_batch_size, progress=progress)
+        model = load_model(model_path)
+    elif model_path:
+        print(f"note: --model is not used with --method {method}", file=sys.stderr)
+    if method in LM_METHODS:
+        if not lm_path:
+            raise RankgenError(f"--lm is required with --method {method}")
+        if not Path(input_path).is_file():
+            raise RankgenError(f"{input_path}: no such input file")  # before loading a possibly large LM
+        lm = load_causal_lm(lm_path, device)
+    elif lm_path:
+        print(f"note: --lm is not used with --method {method}", file=sys.stderr)
+    result = score_file(model, input_path, output_path, method=method, batch_size=batch_size, lm=lm,
+                        lm_reduce=lm_reduce, lm_batch_size=lm_batch_size, progress=progress and method != "unigram")
     if result["skipped"]:
         first = ", ".join(str(n) for n in result["skipped_lines"][:5])
-        print(f"note: skipped {result['skipped']} malformed line(s) of {args.input} (line {first}"
+        print(f"note: skipped {result['skipped']} malformed line(s) of {input_path} (line {first}"
               f"{', ...' if result['skipped'] > 5 else ''})", file=sys.stderr)
     if not result["scored"]:
         # Nothing to show for the run: fail (exit 2) rather than report success over an empty output.
-        if args.output:
-            Path(args.output).unlink(missing_ok=True)
+        if output_path:
+            Path(output_path).unlink(missing_ok=True)
         why = f"all {result['skipped']} line(s) are malformed" if result["skipped"] else "the file has no lines"
-        raise RankgenError(f"{args.input}: nothing to score ({why}); expected JSONL lines "
+        raise RankgenError(f"{input_path}: nothing to score ({why}); expected JSONL lines "
                            '{"prefix": str, "candidates": [str, ...], "label": int (optional)}')
-    where = f" to {args.output}" if args.output else ""
+    where = f" to {output_path}" if output_path else ""
     print(f"scored {result['scored']} line(s){where}")
     if result["n"]:
         print(json.dumps({"n": result["n"], "accuracy": result["accuracy"], "mrr": result["mrr"]}))
     else:
         print("no labelled lines: no metrics", file=sys.stderr)
+    return result

@@ -622,33 +622,3 @@ def run_perspectives(workdir: str, cfg: PerspectivesConfig | None = None) -> dic
     save()
     print(format_table(results["table"]))
     return results
-
-
-def add_subparser(subparsers) -> None:
-    """Register `rankgen-jax perspectives`."""
-    p = subparsers.add_parser(
-        "perspectives",
-        help="multi-perspective demo: do two passages share an author, a work, a form? (bi- and cross encoder)",
-        description="Cut the works of data/perspectives/works.json (Shakespeare, Milton, Austen, Soseki) into "
-        "passages, pair them with labels [same_author, same_work, same_form], fine-tune MiniLM as a "
-        "multi-perspective bi-encoder and as a cross encoder, and evaluate both on held-out passages against "
-        "the majority class, zero-shot MiniLM and their untrained selves. Configure with gin "
-        "(PerspectivesConfig); resumes stage by stage.",
-    )
-    p.add_argument("--gin_file", action="append", default=[],
-                   help="gin file (repeatable; also looked up in gin_configs/), e.g. perspectives_minilm.gin")
-    p.add_argument("--workdir", default=DEFAULT_WORKDIR,
-                   help=f"folder for the pairs, checkpoints and results.json (default {DEFAULT_WORKDIR})")
-    p.set_defaults(run=run_perspectives_command)
-
-
-def run_perspectives_command(args) -> dict:
-    """What `rankgen-jax perspectives` does."""
-    from rankgen_jax.train.gin_parsing import parse_gin
-
-    parse_gin(args.gin_file, getattr(args, "gin_bindings", []))
-    try:
-        return run_perspectives(args.workdir)
-    finally:
-        # Bindings are process-global: a caller using main() in-process must not inherit them.
-        gin.clear_config()

@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 
 from rankgen_jax.errors import RankgenError
+from rankgen_jax.experiments.gin_runs import train_from_gin
+from rankgen_jax.train.metric_writers import read_jsonl
 
 GRID_KEYS = {"gin_files", "bindings", "axes", "per_run", "job"}
 
@@ -70,9 +72,14 @@ def expand_grid(grid: dict) -> list[dict]:
     return runs
 
 
+def run_workdir(workdir: str, run: dict) -> str:
+    """The folder of one run under the sweep's workdir (which may be a gs:// URL: joined as a string)."""
+    return f"{str(workdir).rstrip('/')}/{run['name']}"
+
+
 def train_command(grid: dict, run: dict, workdir: str) -> list[str]:
-    """The `rankgen-jax train` argv of one run (workdir may be a gs:// URL: joined as a string)."""
-    argv = ["rankgen-jax", "train", "--workdir", f"{str(workdir).rstrip('/')}/{run['name']}"]
+    """The `rankgen-jax train` argv of one run."""
+    argv = ["rankgen-jax", "train", "--workdir", run_workdir(workdir, run)]
     argv += [f"--gin_file={f}" for f in grid.get("gin_files", [])]
     argv += [f"--gin.{b.replace(' = ', '=')}" for b in run["bindings"]]
     return argv + (["--job"] if grid.get("job") else [])
@@ -96,10 +103,13 @@ def run_sweep(grid_path: str, workdir: str, tpu_name: str = "", tpu_args: list[s
             print(f"[sweep] {run['name']}: done earlier", file=sys.stderr)
             continue
         print(f"[sweep] {run['name']}: {shlex.join(argv)}", file=sys.stderr, flush=True)
-        from rankgen_jax.cli.main import main
-
-        if main(argv[1:]) != 0:
-            raise RankgenError(f"run {run['name']} failed (see above); rerun the sweep to resume it")
+        try:
+            train_from_gin(grid.get("gin_files", []), run["bindings"], run_workdir(workdir, run),
+                           job=bool(grid.get("job")))
+        except RankgenError as e:
+            # gin appends "In call to configurable ..." lines to errors raised inside configurables.
+            reason = str(e).strip().splitlines()[0]
+            raise RankgenError(f"run {run['name']} failed: {reason}; rerun the sweep to resume it") from None
         done.parent.mkdir(parents=True, exist_ok=True)
         done.write_text(shlex.join(argv) + "\n")
     return runs
@@ -115,8 +125,6 @@ def _last(records: list[dict], prefix: str) -> dict:
 
 def collect(workdir: str) -> dict:
     """A run's final numbers: held-out suffix identification (main job) if present, else the last eval metrics."""
-    from rankgen_jax.train.metric_writers import read_jsonl
-
     root = Path(workdir)
     results = root / "results.json"
     if results.is_file():
@@ -179,21 +187,3 @@ def _plot(rows: dict[str, dict], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def add_subparsers(subparsers) -> None:
-    p = subparsers.add_parser("sweep", help="expand a grid of gin overrides into training runs",
-                              description="Run every combination of a JSON grid of gin overrides (see "
-                              "rankgen_jax/experiments/sweep.py), locally one after another, or print TPU launch commands.")
-    p.add_argument("--grid", required=True, help="grid JSON file (e.g. gin_configs/ablations/grid_demo_cpu.json)")
-    p.add_argument("--workdir", required=True, help="root folder; each run gets WORKDIR/<run name>")
-    p.add_argument("--tpu_name", default="", help="print `tpu_scripts/tpu.py launch --dry_run` commands for this slice")
-    p.add_argument("--tpu_arg", action="append", default=[], help="extra launch argument (repeatable), e.g. --zone=...")
-    p.set_defaults(run=lambda a: run_sweep(a.grid, a.workdir, a.tpu_name, a.tpu_arg))
-    r = subparsers.add_parser("report", help="one markdown table (and plot) of several runs' final metrics",
-                              description="Gather held-out results (results.json of --job runs) or the last eval "
-                              "metrics (metrics.jsonl) of training workdirs into one markdown table.")
-    r.add_argument("workdirs", nargs="+", help="training workdirs")
-    r.add_argument("--out", default="", help="also write the table to this file")
-    r.add_argument("--plot", default="", help="PNG bar plot of the accuracy columns")
-    r.set_defaults(run=lambda a: print(report(a.workdirs, a.out, a.plot)))

@@ -246,44 +246,25 @@ def encode_file(encoder: RankGenEncoder, input_path: str, kind: str, output: str
             "skipped_lines": skipped, "output": str(out), "ids": str(sidecar) if skipped else None}
 
 
-def add_subparser(subparsers) -> None:
-    """`rankgen-jax encode`: a file of texts to an .npy of RankGen vectors."""
-    p = subparsers.add_parser(
-        "encode",
-        help="encode texts into an .npy of vectors with the released RankGen conventions",
-        description="Encode texts (JSONL with a \"text\" field, or the kind's \"prefix\" / \"suffix\" field; or "
-        "plain text, one per line) with a dual encoder: a rankgen_jax checkpoint or training workdir, an exported "
-        "folder, or any HF folder in the released RankGen format. Writes [N, D] float32 vectors in input order. "
-        "Blank or malformed lines are skipped and counted on stderr; OUTPUT.ids.json then lists each row's "
-        "input line number.",
-    )
-    p.add_argument("--model", required=True, help="checkpoint folder, training workdir or HF folder (dual encoder)")
-    p.add_argument("--input", required=True, help="JSONL or plain-text file of texts")
-    p.add_argument("--kind", required=True, choices=KINDS,
-                   help='prefix ("pre " marker, 512 tokens), suffix ("suffi ", 128) or raw (no marker, 512)')
-    p.add_argument("--output", required=True, help=".npy file to write")
-    p.add_argument("--truncation", choices=TRUNCATION_MODES, default="released",
-                   help="released: slice to max length like the released code (a cut text loses EOS; default); "
-                   "clean: cut but keep EOS")
-    p.add_argument("--batch_size", type=int, help="rows per batch (default: chosen from device memory)")
-    p.add_argument("--max_length", type=int, help="tokens per text (default: the kind's)")
-    p.set_defaults(run=run_encode)
+def run_encode(model_path: str | os.PathLike, input_path: str, kind: str, output_path: str, *,
+               truncation: str = "released", batch_size: int | None = None, max_length: int | None = None) -> dict:
+    """What `rankgen-jax encode` does: encode_file with the model at model_path, and a summary on stdout.
 
-
-def run_encode(args) -> None:
-    """What `rankgen-jax encode` does."""
+    Returns encode_file's counts and paths.
+    """
     # Cheap checks first, before the model is loaded.
-    if args.batch_size is not None:
-        _positive(args.batch_size, "--batch_size")
-    if args.max_length is not None:
-        _positive(args.max_length, "--max_length")
-    if not Path(args.input).is_file():
-        raise RankgenError(f"{args.input}: no such input file")
-    encoder = RankGenEncoder(args.model, truncation=args.truncation, batch_size=args.batch_size)
-    result = encode_file(encoder, args.input, args.kind, args.output, max_length=args.max_length)
+    if batch_size is not None:
+        _positive(batch_size, "--batch_size")
+    if max_length is not None:
+        _positive(max_length, "--max_length")
+    if not Path(input_path).is_file():
+        raise RankgenError(f"{input_path}: no such input file")
+    encoder = RankGenEncoder(model_path, truncation=truncation, batch_size=batch_size)
+    result = encode_file(encoder, input_path, kind, output_path, max_length=max_length)
     if result["skipped"]:
         shown = ", ".join(str(n) for n in result["skipped_lines"][:SHOWN_SKIPPED])
         more = ", ..." if result["skipped"] > SHOWN_SKIPPED else ""
-        print(f"note: skipped {result['skipped']} blank or malformed line(s) of {args.input} (line {shown}{more}); "
+        print(f"note: skipped {result['skipped']} blank or malformed line(s) of {input_path} (line {shown}{more}); "
               f"row line numbers in {result['ids']}", file=sys.stderr)
     print(f"wrote {result['rows']} vectors of dim {result['dim']} to {result['output']}")
+    return result

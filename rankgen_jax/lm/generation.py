@@ -55,8 +55,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
+from tqdm import tqdm
 
 from rankgen_jax.errors import RankgenError
+from rankgen_jax.lm.scoring import load_causal_lm
 
 if TYPE_CHECKING:
     from rankgen_jax.inference.encoder import LoadedModel
@@ -507,46 +509,60 @@ def make_reranker(name: str, lm: CausalLM, model_path: str | None, batch_size: i
     raise RankgenError(f"unknown re-ranker {name!r}: expected one of {RERANKERS}")
 
 
-def generate_file(args) -> dict:
-    """What `rankgen-jax generate` does; returns summary stats."""
-    from tqdm import tqdm
+def generate_file(
+    lm_path: str,
+    input_path: str,
+    output_path: str,
+    strategy: str = "beam",
+    *,
+    reranker: str = "rankgen",
+    model_path: str | None = None,
+    decoding: Decoding = Decoding(),
+    prefix_batch: int = 8,
+    rankgen_batch_size: int = 64,
+    device: str = "cpu",
+    progress: bool = True,
+    **search_settings,
+) -> dict:
+    """What `rankgen-jax generate` does: continue every prefix of a JSONL file into output_path; returns summary stats.
 
-    from rankgen_jax.lm.scoring import load_causal_lm
-
-    if args.prefix_batch < 1:
-        raise RankgenError(f"--prefix_batch must be at least 1, got {args.prefix_batch}")
-    output = Path(args.output)
+    reranker names the re-ranker of rerank / beam (one of RERANKERS); "rankgen"
+    loads the dual encoder at model_path. The LM at lm_path runs on the torch
+    device. search_settings are generate()'s other keyword arguments
+    (beam_size, num_samples, rerank_length, max_new_tokens, seed,
+    max_batch_rows, max_prompt_tokens), with its defaults.
+    """
+    if prefix_batch < 1:
+        raise RankgenError(f"--prefix_batch must be at least 1, got {prefix_batch}")
+    output = Path(output_path)
     if not output.parent.is_dir():
         raise RankgenError(f"--output folder {output.parent} does not exist")
-    if output.exists() and output.resolve() == Path(args.input).resolve():
+    if output.exists() and output.resolve() == Path(input_path).resolve():
         raise RankgenError("--output must differ from --input")
-    decoding = Decoding(args.sampling, args.top_p, args.top_k, args.typical_p)
     decoding.check()
-    reranker_name = args.reranker if args.strategy in ("rerank", "beam") else None
+    reranker_name = reranker if strategy in ("rerank", "beam") else None
     # Check everything cheap before loading models, which can take minutes.
-    if reranker_name == "rankgen" and not args.model:
+    if reranker_name == "rankgen" and not model_path:
         raise RankgenError("--reranker rankgen needs --model DIR (a RankGen dual encoder)")
-    if args.model and reranker_name != "rankgen":
-        print(f"note: --model is not used with --strategy {args.strategy}"
+    if model_path and reranker_name != "rankgen":
+        print(f"note: --model is not used with --strategy {strategy}"
               + (f" --reranker {reranker_name}" if reranker_name else ""), file=sys.stderr)
-    records, bad = read_prefix_records(args.input)
-    lm = load_causal_lm(args.lm, args.device)
-    reranker = make_reranker(reranker_name, lm, args.model, args.rankgen_batch_size) if reranker_name else None
-    settings = dict(reranker=reranker, beam_size=args.beam_size, num_samples=args.num_samples,
-                    rerank_length=args.rerank_length, max_new_tokens=args.max_new_tokens, decoding=decoding,
-                    seed=args.seed, max_batch_rows=args.max_batch_rows, max_prompt_tokens=args.max_prompt_tokens)
+    records, bad = read_prefix_records(input_path)
+    lm = load_causal_lm(lm_path, device)
+    scorer = make_reranker(reranker_name, lm, model_path, rankgen_batch_size) if reranker_name else None
+    settings = dict(reranker=scorer, decoding=decoding, **search_settings)
     totals = {"seconds_generate": 0.0, "seconds_rerank": 0.0, "new_tokens": 0}
-    bar = tqdm(total=len(records), unit="prefix", desc=f"generate ({args.strategy})", dynamic_ncols=True,
-               disable=args.no_progress, file=sys.stderr)
+    bar = tqdm(total=len(records), unit="prefix", desc=f"generate ({strategy})", dynamic_ncols=True,
+               disable=not progress, file=sys.stderr)
     try:
         with open(output, "w", encoding="utf-8") as out:
-            for start in range(0, len(records), args.prefix_batch):
-                group = records[start : start + args.prefix_batch]
-                results = generate(lm, [r["prefix"] for r in group], args.strategy,
+            for start in range(0, len(records), prefix_batch):
+                group = records[start : start + prefix_batch]
+                results = generate(lm, [r["prefix"] for r in group], strategy,
                                    prefix_indices=range(start, start + len(group)), **settings)
                 lines = []
                 for record, result in zip(group, results):
-                    row = {**record, "generation": result.text, "strategy": args.strategy}
+                    row = {**record, "generation": result.text, "strategy": strategy}
                     if reranker_name is not None:
                         row["reranker"] = reranker_name
                         row["beams"] = result.beams
@@ -563,45 +579,7 @@ def generate_file(args) -> dict:
     spent = totals["seconds_generate"] + totals["seconds_rerank"]
     stats = {"generated": len(records), "bad_lines": bad, **totals,
              "rerank_share": totals["seconds_rerank"] / spent if spent > 0 else 0.0}
-    print(f"generate: {len(records)} prefixes with {args.strategy}, {bad} bad lines skipped; "
+    print(f"generate: {len(records)} prefixes with {strategy}, {bad} bad lines skipped; "
           f"{totals['seconds_generate']:.1f}s generating, {totals['seconds_rerank']:.1f}s re-ranking "
-          f"({stats['rerank_share']:.1%}) -> {args.output}")
+          f"({stats['rerank_share']:.1%}) -> {output_path}")
     return stats
-
-
-def add_subparser(subparsers) -> None:
-    """Register `rankgen-jax generate`."""
-    p = subparsers.add_parser(
-        "generate",
-        help="continue prefixes with a causal LM: RankGen beam search, re-ranking, or plain sampling",
-        description='Read JSONL objects with a "prefix" and write them back with a "generation", the strategy, '
-        'the final "beams" (rerank / beam), "new_tokens" and the seconds spent generating and re-ranking. '
-        "beam: RankGen beam search (B beams, N samples per beam, re-rank every L tokens); rerank: N samples "
-        "re-ranked once; nucleus / greedy / ancestral / top_k / typical: one plain sample. Lines without a "
-        "non-empty string prefix are skipped and counted.",
-    )
-    p.add_argument("--lm", required=True, help="local HuggingFace causal LM folder (model + tokenizer)")
-    p.add_argument("--model", help="RankGen dual encoder (checkpoint, workdir or HF folder) for --reranker rankgen")
-    p.add_argument("--input", required=True, help='JSONL file with a "prefix" string per line')
-    p.add_argument("--output", required=True, help="JSONL file to write (replaced)")
-    p.add_argument("--strategy", choices=STRATEGIES, default="beam", help="default: beam")
-    p.add_argument("--reranker", choices=RERANKERS, default="rankgen",
-                   help="re-ranker of rerank / beam (default rankgen)")
-    p.add_argument("--sampling", choices=[s for s in SAMPLERS if s != "greedy"], default="nucleus",
-                   help="token sampler of rerank / beam (default nucleus)")
-    p.add_argument("--beam_size", type=int, default=2, help="B, beams kept per prefix (default 2)")
-    p.add_argument("--num_samples", type=int, default=10, help="N, samples per beam (default 10)")
-    p.add_argument("--rerank_length", type=int, default=20, help="L, tokens sampled between re-rankings (default 20)")
-    p.add_argument("--max_new_tokens", type=int, default=115, help="token budget of each prefix (default 115)")
-    p.add_argument("--top_p", type=float, default=0.9, help="nucleus p (default 0.9)")
-    p.add_argument("--top_k", type=int, default=40, help="k of top-k sampling (default 40)")
-    p.add_argument("--typical_p", type=float, default=0.95, help="mass of typical sampling (default 0.95)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--max_batch_rows", type=int, default=64,
-                   help="sequences the LM samples at once: lower it on a small GPU; results do not change (default 64)")
-    p.add_argument("--prefix_batch", type=int, default=8, help="prefixes decoded together (default 8)")
-    p.add_argument("--max_prompt_tokens", type=int, help="keep the last N prefix tokens (default: LM context - budget)")
-    p.add_argument("--rankgen_batch_size", type=int, default=64, help="texts per RankGen encoder call (default 64)")
-    p.add_argument("--device", default="cpu", help="torch device of the LM, e.g. cpu or cuda (default cpu)")
-    p.add_argument("--no_progress", action="store_true", help="no progress bar")
-    p.set_defaults(run=generate_file)

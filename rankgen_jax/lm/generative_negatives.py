@@ -389,36 +389,3 @@ def generate_negatives(lm_dir: str, input_path: str, output_path: str, *, batch_
         f"({result['tokens_per_second']:.0f} tokens/s) -> {output}"
     )
     return result
-
-
-def add_subparser(subparsers) -> None:
-    """Register `rankgen-jax generate-negatives`."""
-    p = subparsers.add_parser(
-        "generate-negatives",
-        help="sample a generative negative for every prefix with a causal LM (resumable)",
-        description="Read JSONL objects with a \"prefix\" and write them back with a \"generative_negative\": "
-        "a nucleus sample (top-p, as RankGen) from a local HuggingFace causal LM folder, cut to "
-        "--min_words..--max_words words at a sentence end. Rerun with the same arguments to resume: "
-        "records already in --out are skipped.",
-    )
-    p.add_argument("--lm", required=True, help="local HuggingFace causal LM folder (model + tokenizer)")
-    p.add_argument("--input", required=True, help="JSONL file with a \"prefix\" string per line")
-    p.add_argument("--out", required=True, help="JSONL file to write (appended to when it exists: resume)")
-    p.add_argument("--batch_size", type=int, default=8, help="prompts per generate call (default 8)")
-    p.add_argument("--top_p", type=float, default=0.9, help="nucleus sampling p (default 0.9, as RankGen)")
-    p.add_argument("--min_words", type=int, default=10, help="shortest continuation; shorter ones are resampled (default 10)")
-    p.add_argument("--max_words", type=int, default=128, help="longest continuation in words (default 128)")
-    p.add_argument("--max_new_tokens", type=int, default=192, help="tokens sampled per prompt (default 192)")
-    p.add_argument("--max_prompt_tokens", type=int, help="keep the last N prompt tokens (default: context size - max_new_tokens)")
-    p.add_argument("--seed", type=int, default=0, help="batch k samples under seed + k (default 0)")
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
-    p.add_argument("--no_progress", action="store_true", help="no progress bar")
-    p.set_defaults(run=_run_generate_negatives)
-
-
-def _run_generate_negatives(args) -> None:
-    generate_negatives(
-        args.lm, args.input, args.out, batch_size=args.batch_size, top_p=args.top_p, min_words=args.min_words,
-        max_words=args.max_words, max_new_tokens=args.max_new_tokens, seed=args.seed, device=args.device,
-        max_prompt_tokens=args.max_prompt_tokens, progress=not args.no_progress,
-    )

@@ -422,46 +422,21 @@ def format_report(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def add_subparser(subparsers) -> None:
-    """`rankgen-jax compile`: ahead-of-time compile the train step for a TPU topology."""
-    p = subparsers.add_parser(
-        "compile",
-        help="compile the train step for a TPU topology on this machine; report memory and FLOPs per device",
-        description="Lower and compile the gin-configured train step (the trainer's mesh, shardings and step) "
-        "for a TPU topology with libtpu's compile-only devices, on a CPU machine. Reports per-device memory "
-        "(argument + output - alias + temp) against the chip's HBM, FLOPs per step per device and the step "
-        "time they imply; exits 2 with the compiler's RESOURCE_EXHAUSTED line when the config does not fit. "
-        f"Needs libtpu: {AOT_VENV_HINT}.",
-    )
-    p.add_argument("--topology", required=True,
-                   help="accelerator type (v3-128, v4-64, v5litepod-16) or chip grid (v3:8x8, v4:4x4x4, v5e:16x16)")
-    p.add_argument("--gin_file", action="append", default=[], required=True,
-                   help="gin file (repeatable; also looked up in gin_configs/); --gin.Name.param=value bindings apply")
-    p.add_argument("--json", help="also write the report to this JSON file")
-    p.add_argument("--utilization", type=float, nargs="+", default=list(DEFAULT_UTILIZATIONS),
-                   help="fractions of peak FLOP/s to convert FLOPs into step times (default: 0.4 0.6)")
-    p.add_argument("--hlo_out", help="write the compiled (optimized, per-device) HLO text here")
-    p.set_defaults(run=run_compile)
+def run_compile(topology: str, utilizations: Sequence[float] = DEFAULT_UTILIZATIONS, *,
+                hlo_out: str | None = None, json_out: str | None = None) -> dict:
+    """What `rankgen-jax compile` does with the gin config parsed: compile_train_step, print the report.
 
-
-def run_compile(args) -> None:
-    """What `rankgen-jax compile` does."""
-    import gin
-
-    from rankgen_jax.train.gin_parsing import parse_gin
-
-    parse_gin(args.gin_file, getattr(args, "gin_bindings", []))
-    try:
-        report = compile_train_step(args.topology, args.utilization, hlo_out=args.hlo_out)
-    finally:
-        # Bindings are process-global: a caller using main() in-process must not inherit them.
-        gin.clear_config()
+    json_out: also write the report there. Raises RankgenError when the
+    step's buffers exceed the chip's HBM; returns the report otherwise.
+    """
+    report = compile_train_step(topology, utilizations, hlo_out=hlo_out)
     print(format_report(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    if json_out:
+        Path(json_out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     memory = report["memory"]
     if not memory["fits"]:
         # The compiler checks its own peak estimate; the sum of every buffer can still exceed the chip.
         need = memory["total_bytes"] + memory["generated_code_bytes"]
         raise RankgenError(f"per-device memory {_gib(need)} (argument + output - alias + temp + code) exceeds the "
                            f"{_gib(memory['hbm_bytes'])} of HBM of a {report['device_kind']} device")
+    return report

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 import logging
 import re
 import tokenize
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Iterable, Sequence
 
 import gin
 
@@ -17,24 +18,19 @@ from rankgen_jax.data.vocab import REPO_ROOT
 GIN_SEARCH_PATH = REPO_ROOT / "gin_configs"
 
 
-SEQIO_NAMES = ("rankgen_task_options", "rankgen_data_paths", "rankgen_mixture_rates", "'seqio'", '"seqio"')
+# The library's modules that define gin configurables. Gin knows a configurable only once its module is
+# imported, and an unknown name must fail at parse time, not when a run is half set up.
+CONFIGURABLE_MODULES = (
+    "rankgen_jax.models.configs",
+    "rankgen_jax.data.sources",
+    "rankgen_jax.train.optimizers",
+    "rankgen_jax.train.loop",
+)
 
 
-def register_configurables(with_seqio_tasks: bool = False) -> None:
-    """Import every module that defines gin configurables, so bindings can be checked at parse time.
-
-    The seqio task options live in tasks/, whose import brings TensorFlow
-    (seconds): only when the config mentions them.
-    """
-    import rankgen_jax.models.configs  # noqa: F401
-    import rankgen_jax.data.sources  # noqa: F401
-    import rankgen_jax.experiments.demo  # noqa: F401
-
-    if with_seqio_tasks:
-        import tasks.rankgen_tasks  # noqa: F401
-    import rankgen_jax.train.optimizers  # noqa: F401
-    import rankgen_jax.experiments.pipeline  # noqa: F401
-    import rankgen_jax.train.loop  # noqa: F401
+def library_configurables(config_text: str) -> Sequence[str]:
+    """The modules parse_gin imports by default, whatever the config says: the library's own."""
+    return CONFIGURABLE_MODULES
 
 
 def resolve_gin_file(name: str) -> str:
@@ -45,8 +41,13 @@ def resolve_gin_file(name: str) -> str:
     raise RankgenError(f"gin file {name!r} not found (looked in the current folder and {GIN_SEARCH_PATH})")
 
 
-def parse_gin(files: Sequence[str], bindings: Sequence[str]) -> None:
-    """Parse gin files and `Name.param=value` bindings; a typo is a one-line RankgenError naming where it is."""
+def parse_gin(files: Sequence[str], bindings: Sequence[str],
+              configurables: Callable[[str], Iterable[str]] = library_configurables) -> None:
+    """Parse gin files and `Name.param=value` bindings; a typo is a one-line RankgenError naming where it is.
+
+    configurables(text), given the text of the files and bindings, names the modules to import first so
+    that gin knows every configurable the config may bind; the default names the library's.
+    """
     paths = [resolve_gin_file(f) for f in files]
     texts = {}
     for path in paths:
@@ -55,7 +56,8 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str]) -> None:
         except (OSError, UnicodeDecodeError) as e:
             raise RankgenError(f"gin file {path}: cannot read it as UTF-8 text ({e})") from None
     text = "\n".join(list(texts.values()) + list(bindings))
-    register_configurables(with_seqio_tasks=any(name in text for name in SEQIO_NAMES))
+    for module in configurables(text):
+        importlib.import_module(module)
     gin.clear_config()
     gin.add_config_file_search_path(str(GIN_SEARCH_PATH))
     # gin logs an error for every search-path miss of an `include`, even when a later one hits.

@@ -1,0 +1,64 @@
+"""`rankgen-jax import` and `export-hf`: checkpoints in and out of the rankgen_jax format."""
+
+from __future__ import annotations
+
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.models.configs import POOLINGS, HeadConfig
+
+
+def add_import(subparsers) -> None:
+    p = subparsers.add_parser(
+        "import",
+        help="convert an HF folder or a T5X checkpoint into a rankgen_jax checkpoint",
+        description="Convert a HuggingFace T5 folder (plain T5 or the RankGen T5EncoderWithProjection format) "
+        "or a T5X checkpoint (local, or gs:// through tensorstore) into a rankgen_jax checkpoint folder.",
+    )
+    p.add_argument("--from", dest="source", required=True, choices=["hf", "t5x"], help="source format")
+    p.add_argument("--path", required=True, help="HF folder or T5X checkpoint folder (checkpoint_N/)")
+    p.add_argument("--out", required=True, help="new checkpoint folder to write")
+    p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out")
+    p.add_argument("--vocab", help="SentencePiece model to store with the checkpoint (default: the source's spiece.model)")
+    t5x = p.add_argument_group("T5X only (its checkpoints store no model config)")
+    t5x.add_argument("--pooling", choices=POOLINGS, default="first", help="dual-encoder pooling (default: first, as RankGen)")
+    t5x.add_argument("--l2_normalize", action="store_true", help="L2-normalise vectors (Sentence-T5 / t5x_retrieval)")
+    t5x.add_argument("--no_head", action="store_true", help="import the encoder only, without a dual-encoder head")
+    t5x.add_argument("--relpos_max_distance", type=int, default=128, help="relative position max distance (default 128)")
+    p.set_defaults(run=_run_import)
+
+
+def _run_import(args) -> None:
+    # Imports jax, which must start after main() sets XLA's flags.
+    from rankgen_jax.checkpoints.convert import describe_model, import_checkpoint
+
+    head = None if args.no_head else HeadConfig(pooling=args.pooling, l2_normalize=args.l2_normalize)
+    if args.source == "hf" and (args.no_head or args.pooling != "first" or args.l2_normalize):
+        raise RankgenError("--pooling / --l2_normalize / --no_head apply to --from t5x only (HF folders carry their config)")
+    config = import_checkpoint(
+        args.source, args.path, args.out, overwrite=args.overwrite, vocab=args.vocab,
+        head=head, relpos_max_distance=args.relpos_max_distance,
+    )
+    print(f"imported a {describe_model(config)} to {args.out}")
+
+
+def add_export(subparsers) -> None:
+    p = subparsers.add_parser(
+        "export-hf",
+        help="write a checkpoint as a HuggingFace folder (safetensors)",
+        description="Export a rankgen_jax checkpoint as a HuggingFace folder: the released RankGen format "
+        "(T5EncoderWithProjection, load with AutoModel.from_pretrained(dir, trust_remote_code=True)) "
+        "or a plain T5EncoderModel.",
+    )
+    p.add_argument("--checkpoint", required=True, help="rankgen_jax checkpoint folder (import output or train workdir)")
+    p.add_argument("--out", required=True, help="HF folder to write")
+    p.add_argument("--format", choices=["rankgen", "t5-encoder"], default="rankgen", help="default: rankgen")
+    p.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
+    p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out")
+    p.set_defaults(run=_run_export)
+
+
+def _run_export(args) -> None:
+    # Imports jax, which must start after main() sets XLA's flags.
+    from rankgen_jax.checkpoints.convert import describe_model, export_hf, export_layout
+
+    config = export_hf(args.checkpoint, args.out, fmt=args.format, overwrite=args.overwrite, step=args.step)
+    print(f"exported the {describe_model(config)} in {args.checkpoint} to {args.out} ({export_layout(config, args.format)})")

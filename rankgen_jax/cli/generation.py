@@ -1,0 +1,116 @@
+"""`rankgen-jax generate-negatives`, `generate` and `generation-metrics`: text from a causal LM, and its metrics."""
+
+from __future__ import annotations
+
+from rankgen_jax.eval.generation_metrics import REP_WINDOW, run_generation_metrics
+from rankgen_jax.lm.generation import RERANKERS, SAMPLERS, STRATEGIES, Decoding, generate_file
+from rankgen_jax.lm.generative_negatives import generate_negatives
+
+
+def add_generate_negatives(subparsers) -> None:
+    p = subparsers.add_parser(
+        "generate-negatives",
+        help="sample a generative negative for every prefix with a causal LM (resumable)",
+        description="Read JSONL objects with a \"prefix\" and write them back with a \"generative_negative\": "
+        "a nucleus sample (top-p, as RankGen) from a local HuggingFace causal LM folder, cut to "
+        "--min_words..--max_words words at a sentence end. Rerun with the same arguments to resume: "
+        "records already in --out are skipped.",
+    )
+    p.add_argument("--lm", required=True, help="local HuggingFace causal LM folder (model + tokenizer)")
+    p.add_argument("--input", required=True, help="JSONL file with a \"prefix\" string per line")
+    p.add_argument("--out", required=True, help="JSONL file to write (appended to when it exists: resume)")
+    p.add_argument("--batch_size", type=int, default=8, help="prompts per generate call (default 8)")
+    p.add_argument("--top_p", type=float, default=0.9, help="nucleus sampling p (default 0.9, as RankGen)")
+    p.add_argument("--min_words", type=int, default=10, help="shortest continuation; shorter ones are resampled (default 10)")
+    p.add_argument("--max_words", type=int, default=128, help="longest continuation in words (default 128)")
+    p.add_argument("--max_new_tokens", type=int, default=192, help="tokens sampled per prompt (default 192)")
+    p.add_argument("--max_prompt_tokens", type=int, help="keep the last N prompt tokens (default: context size - max_new_tokens)")
+    p.add_argument("--seed", type=int, default=0, help="batch k samples under seed + k (default 0)")
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=_run_generate_negatives)
+
+
+def _run_generate_negatives(args) -> dict:
+    return generate_negatives(
+        args.lm, args.input, args.out, batch_size=args.batch_size, top_p=args.top_p, min_words=args.min_words,
+        max_words=args.max_words, max_new_tokens=args.max_new_tokens, seed=args.seed, device=args.device,
+        max_prompt_tokens=args.max_prompt_tokens, progress=not args.no_progress,
+    )
+
+
+def add_generate(subparsers) -> None:
+    p = subparsers.add_parser(
+        "generate",
+        help="continue prefixes with a causal LM: RankGen beam search, re-ranking, or plain sampling",
+        description='Read JSONL objects with a "prefix" and write them back with a "generation", the strategy, '
+        'the final "beams" (rerank / beam), "new_tokens" and the seconds spent generating and re-ranking. '
+        "beam: RankGen beam search (B beams, N samples per beam, re-rank every L tokens); rerank: N samples "
+        "re-ranked once; nucleus / greedy / ancestral / top_k / typical: one plain sample. Lines without a "
+        "non-empty string prefix are skipped and counted.",
+    )
+    p.add_argument("--lm", required=True, help="local HuggingFace causal LM folder (model + tokenizer)")
+    p.add_argument("--model", help="RankGen dual encoder (checkpoint, workdir or HF folder) for --reranker rankgen")
+    p.add_argument("--input", required=True, help='JSONL file with a "prefix" string per line')
+    p.add_argument("--output", required=True, help="JSONL file to write (replaced)")
+    p.add_argument("--strategy", choices=STRATEGIES, default="beam", help="default: beam")
+    p.add_argument("--reranker", choices=RERANKERS, default="rankgen",
+                   help="re-ranker of rerank / beam (default rankgen)")
+    p.add_argument("--sampling", choices=[s for s in SAMPLERS if s != "greedy"], default="nucleus",
+                   help="token sampler of rerank / beam (default nucleus)")
+    p.add_argument("--beam_size", type=int, default=2, help="B, beams kept per prefix (default 2)")
+    p.add_argument("--num_samples", type=int, default=10, help="N, samples per beam (default 10)")
+    p.add_argument("--rerank_length", type=int, default=20, help="L, tokens sampled between re-rankings (default 20)")
+    p.add_argument("--max_new_tokens", type=int, default=115, help="token budget of each prefix (default 115)")
+    p.add_argument("--top_p", type=float, default=0.9, help="nucleus p (default 0.9)")
+    p.add_argument("--top_k", type=int, default=40, help="k of top-k sampling (default 40)")
+    p.add_argument("--typical_p", type=float, default=0.95, help="mass of typical sampling (default 0.95)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--max_batch_rows", type=int, default=64,
+                   help="sequences the LM samples at once: lower it on a small GPU; results do not change (default 64)")
+    p.add_argument("--prefix_batch", type=int, default=8, help="prefixes decoded together (default 8)")
+    p.add_argument("--max_prompt_tokens", type=int, help="keep the last N prefix tokens (default: LM context - budget)")
+    p.add_argument("--rankgen_batch_size", type=int, default=64, help="texts per RankGen encoder call (default 64)")
+    p.add_argument("--device", default="cpu", help="torch device of the LM, e.g. cpu or cuda (default cpu)")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=_run_generate)
+
+
+def _run_generate(args) -> dict:
+    return generate_file(
+        args.lm, args.input, args.output, args.strategy, reranker=args.reranker, model_path=args.model,
+        beam_size=args.beam_size, num_samples=args.num_samples, rerank_length=args.rerank_length,
+        max_new_tokens=args.max_new_tokens, decoding=Decoding(args.sampling, args.top_p, args.top_k, args.typical_p),
+        seed=args.seed, max_batch_rows=args.max_batch_rows, prefix_batch=args.prefix_batch,
+        max_prompt_tokens=args.max_prompt_tokens, rankgen_batch_size=args.rankgen_batch_size, device=args.device,
+        progress=not args.no_progress,
+    )
+
+
+def add_generation_metrics(subparsers) -> None:
+    p = subparsers.add_parser(
+        "generation-metrics",
+        help="rep, unigram overlap and (with mauve-text) MAUVE of `generate` output",
+        description='Read `rankgen-jax generate` output (JSONL with "prefix" and "generation") and print one JSON '
+        "object: rep (share of generated tokens repeated from the previous --rep_window tokens), unigram overlap "
+        "with the prefix, mean new tokens and seconds, and MAUVE against --reference_field when --mauve_model "
+        "is given (needs the optional mauve-text package).",
+    )
+    p.add_argument("--input", required=True, help="JSONL output of `rankgen-jax generate`")
+    p.add_argument("--tokenizer", help="HF tokenizer folder for rep, e.g. the LM's (default: whitespace words)")
+    p.add_argument("--rep_window", type=int, default=REP_WINDOW, help="tokens looked back over (default 20)")
+    p.add_argument("--rep_no_prefix", action="store_true", help="rep looks at the generation only, not the prefix")
+    p.add_argument("--reference_field", help='field holding the human continuation (e.g. "continuation"), for MAUVE')
+    p.add_argument("--mauve_model", help="HF causal LM folder whose features MAUVE compares (e.g. gpt2-large)")
+    p.add_argument("--mauve_max_length", type=int, default=1024, help="tokens per text for MAUVE (default 1024)")
+    p.add_argument("--device", default="cpu", help="torch device of the MAUVE feature model (default cpu)")
+    p.add_argument("--output", help="also write the metrics to this JSON file")
+    p.set_defaults(run=_run_generation_metrics)
+
+
+def _run_generation_metrics(args) -> dict:
+    return run_generation_metrics(
+        args.input, tokenizer=args.tokenizer, rep_window=args.rep_window, with_prefix=not args.rep_no_prefix,
+        reference_field=args.reference_field, mauve_model=args.mauve_model, mauve_max_length=args.mauve_max_length,
+        device=args.device, output_path=args.output,
+    )

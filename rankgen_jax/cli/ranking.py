@@ -1,0 +1,113 @@
+"""`rankgen-jax score`, `encode`, `index` and `search`: a trained model's scores and vectors."""
+
+from __future__ import annotations
+
+import json
+
+from rankgen_jax.eval.ranking import METHODS, run_score
+from rankgen_jax.inference.api import KINDS, TRUNCATION_MODES, run_encode
+from rankgen_jax.retrieval.dense_index import index_corpus, search_queries
+
+
+def add_score(subparsers) -> None:
+    p = subparsers.add_parser(
+        "score",
+        help="score prefix / candidate lists from a JSONL file; accuracy@1 and MRR when labelled",
+        description='Score JSONL lines {"prefix": str, "candidates": [str, ...], "label": int (optional)} with a '
+        'dual encoder (prefix vector . candidate vector, RankGen\'s "pre " / "suffi " markers), the '
+        "unigram-overlap baseline, or a causal LM's mean log-likelihood of the candidate given the prefix "
+        "(lm_loglik) or PMI, log p(c|prefix) - log p(c) (pmi). With labels, the last stdout line is a JSON object "
+        '{"n": ..., "accuracy": ..., "mrr": ...}. Malformed lines are skipped and counted on stderr; a file '
+        "with no well-formed line is an error (exit status 2).",
+    )
+    p.add_argument("--model", help="rankgen_jax checkpoint folder, training workdir, or HF folder (dual encoder)")
+    p.add_argument("--input", required=True, help="JSONL file to score")
+    p.add_argument("--output", help="JSONL file to write: each well-formed input line plus its \"scores\"")
+    p.add_argument("--method", choices=METHODS, default="model", help="default: model")
+    p.add_argument("--batch_size", type=int, default=64, help="texts per encoder call (default 64)")
+    lm = p.add_argument_group("LM baselines (--method lm_loglik / pmi)")
+    lm.add_argument("--lm", help="local HuggingFace causal LM folder (model + tokenizer)")
+    lm.add_argument("--lm_reduce", choices=("mean", "sum"), default="mean",
+                    help="per-token mean (default, as the paper) or sum of token log-probabilities")
+    lm.add_argument("--lm_batch_size", type=int, default=16, help="sequences per LM forward pass (default 16)")
+    lm.add_argument("--device", default="cpu", help="torch device of the LM, e.g. cpu or cuda (default cpu)")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=_run_score)
+
+
+def _run_score(args) -> dict:
+    return run_score(args.input, args.output, method=args.method, model_path=args.model, batch_size=args.batch_size,
+                     lm_path=args.lm, lm_reduce=args.lm_reduce, lm_batch_size=args.lm_batch_size,
+                     device=args.device, progress=not args.no_progress)
+
+
+def add_index(subparsers) -> None:
+    p = subparsers.add_parser("index", help="encode a corpus into a FAISS index",
+                              description="Encode passages (JSONL {id, text} or one passage per line) with a dual "
+                              "encoder's document tower into a FAISS inner-product index.")
+    p.add_argument("--model", required=True, help="dual-encoder checkpoint, training workdir or HF folder")
+    p.add_argument("--corpus", required=True, help="passages: JSONL {\"id\", \"text\"} or plain text, one per line")
+    p.add_argument("--out", required=True, help="index folder to write")
+    p.add_argument("--kind", choices=["flat", "ivf", "hnsw"], default="flat",
+                   help="flat: exact inner product (default); ivf / hnsw: approximate, for millions of vectors")
+    p.add_argument("--encode_kind", choices=["suffix", "prefix", "raw"], default="suffix",
+                   help="text marker and tower of the passages (default: suffix)")
+    p.add_argument("--max_length", type=int, help="tokens per passage (default: the encode kind's)")
+    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out")
+    p.set_defaults(run=_run_index)
+
+
+def _run_index(args) -> None:
+    index_corpus(args.model, args.corpus, args.out, kind=args.kind, batch_size=args.batch_size,
+                 encode_kind=args.encode_kind, max_length=args.max_length, overwrite=args.overwrite)
+    print(f"wrote the {args.kind} index of {args.corpus} to {args.out}")
+
+
+def add_search(subparsers) -> None:
+    p = subparsers.add_parser("search", help="top-K passages of each query from a FAISS index",
+                              description="Encode queries with the model's query tower and search an index "
+                              "made by `rankgen-jax index`; writes JSONL {query_id, query, ids, scores}.")
+    p.add_argument("--model", required=True, help="the model the index was built with")
+    p.add_argument("--index", required=True, help="index folder")
+    p.add_argument("--queries", required=True, help="queries: JSONL {id, text} or plain text, one per line")
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--output", help="JSONL file to write (default: stdout)")
+    p.add_argument("--encode_kind", choices=["prefix", "suffix", "raw"], default="prefix")
+    p.set_defaults(run=_run_search)
+
+
+def _run_search(args) -> None:
+    results = search_queries(args.model, args.index, args.queries, args.k, out_path=args.output,
+                             encode_kind=args.encode_kind)
+    if not args.output:
+        for r in results:
+            print(json.dumps(r))
+
+
+def add_encode(subparsers) -> None:
+    p = subparsers.add_parser(
+        "encode",
+        help="encode texts into an .npy of vectors with the released RankGen conventions",
+        description="Encode texts (JSONL with a \"text\" field, or the kind's \"prefix\" / \"suffix\" field; or "
+        "plain text, one per line) with a dual encoder: a rankgen_jax checkpoint or training workdir, an exported "
+        "folder, or any HF folder in the released RankGen format. Writes [N, D] float32 vectors in input order. "
+        "Blank or malformed lines are skipped and counted on stderr; OUTPUT.ids.json then lists each row's "
+        "input line number.",
+    )
+    p.add_argument("--model", required=True, help="checkpoint folder, training workdir or HF folder (dual encoder)")
+    p.add_argument("--input", required=True, help="JSONL or plain-text file of texts")
+    p.add_argument("--kind", required=True, choices=KINDS,
+                   help='prefix ("pre " marker, 512 tokens), suffix ("suffi ", 128) or raw (no marker, 512)')
+    p.add_argument("--output", required=True, help=".npy file to write")
+    p.add_argument("--truncation", choices=TRUNCATION_MODES, default="released",
+                   help="released: slice to max length like the released code (a cut text loses EOS; default); "
+                   "clean: cut but keep EOS")
+    p.add_argument("--batch_size", type=int, help="rows per batch (default: chosen from device memory)")
+    p.add_argument("--max_length", type=int, help="tokens per text (default: the kind's)")
+    p.set_defaults(run=_run_encode)
+
+
+def _run_encode(args) -> dict:
+    return run_encode(args.model, args.input, args.kind, args.output, truncation=args.truncation,
+                      batch_size=args.batch_size, max_length=args.max_length)

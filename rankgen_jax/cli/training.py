@@ -1,0 +1,136 @@
+"""`rankgen-jax train`, `pipeline`, `perspectives`, `compile` (configured with gin), `sweep` and `report`."""
+
+from __future__ import annotations
+
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.experiments.gin_runs import DEMO_GIN, gin_config, train_from_gin
+from rankgen_jax.experiments.perspectives import DEFAULT_WORKDIR as PERSPECTIVES_WORKDIR, run_perspectives
+from rankgen_jax.experiments.sweep import report, run_sweep
+from rankgen_jax.tpu.aot import AOT_VENV_HINT, DEFAULT_UTILIZATIONS, run_compile
+
+# The commands whose run is configured with gin: they take --gin.Name.param=value bindings (args.gin_bindings).
+GIN_COMMANDS = ("train", "pipeline", "perspectives", "compile")
+DEMO_WORKDIR = "runs/demo"
+
+
+def add_train(subparsers) -> None:
+    p = subparsers.add_parser(
+        "train",
+        help="train (or resume) a dual encoder, ranker or distilled retriever configured with gin",
+        description="Train a model with the sharded train step. Configure with gin files and bindings, e.g. "
+        "--gin_file=rankgen_t5_tiny_books.gin --gin.TrainerConfig.num_steps=200. Resumes from the workdir's "
+        "latest checkpoint; SIGTERM saves and exits 0.",
+    )
+    p.add_argument("--gin_file", action="append", default=[],
+                   help=f"gin file (repeatable; also looked up in gin_configs/); none: the demo, {DEMO_GIN}")
+    p.add_argument("--workdir", help="checkpoints, metrics.jsonl, TensorBoard events, operative config "
+                   f"(default with the demo: {DEMO_WORKDIR})")
+    p.add_argument("--job", action="store_true",
+                   help="also evaluate held-out suffix identification before and after, plot and export "
+                   "(on by default for the demo)")
+    p.set_defaults(run=_run_train)
+
+
+def _run_train(args) -> dict:
+    workdir = args.workdir or (None if args.gin_file else DEMO_WORKDIR)
+    if workdir is None:
+        raise RankgenError("--workdir is required with --gin_file")
+    return train_from_gin(args.gin_file, args.gin_bindings, workdir, job=args.job)
+
+
+def add_pipeline(subparsers) -> None:
+    p = subparsers.add_parser(
+        "pipeline",
+        help="run the metric -> ranker -> retriever distillation pipeline (DKMR^2, CL-DRD)",
+        description="Warm up Retriever0, build metric-scored candidate pools with FAISS, train rankers "
+        "(ListMLE, BCE), distill Retriever1 (KL, CL-DRD, direct from the metric) and evaluate every stage. "
+        "Configure with gin (PipelineConfig); resumes stage by stage.",
+    )
+    p.add_argument("--gin_file", action="append", default=[], help="gin file (repeatable; also looked up in gin_configs/)")
+    p.add_argument("--workdir", required=True, help="folder for every stage's data, checkpoints and results.json")
+    p.set_defaults(run=_run_pipeline)
+
+
+def _run_pipeline(args) -> dict:
+    # Imports jax, which must start after main() sets XLA's flags.
+    from rankgen_jax.experiments.pipeline import run_pipeline
+
+    with gin_config(args.gin_file, args.gin_bindings):
+        return run_pipeline(args.workdir)
+
+
+def add_sweep(subparsers) -> None:
+    p = subparsers.add_parser("sweep", help="expand a grid of gin overrides into training runs",
+                              description="Run every combination of a JSON grid of gin overrides (see "
+                              "rankgen_jax/experiments/sweep.py), locally one after another, or print TPU launch commands.")
+    p.add_argument("--grid", required=True, help="grid JSON file (e.g. gin_configs/ablations/grid_demo_cpu.json)")
+    p.add_argument("--workdir", required=True, help="root folder; each run gets WORKDIR/<run name>")
+    p.add_argument("--tpu_name", default="", help="print `tpu_scripts/tpu.py launch --dry_run` commands for this slice")
+    p.add_argument("--tpu_arg", action="append", default=[], help="extra launch argument (repeatable), e.g. --zone=...")
+    p.set_defaults(run=_run_sweep)
+
+
+def _run_sweep(args) -> list[dict]:
+    return run_sweep(args.grid, args.workdir, args.tpu_name, args.tpu_arg)
+
+
+def add_report(subparsers) -> None:
+    r = subparsers.add_parser("report", help="one markdown table (and plot) of several runs' final metrics",
+                              description="Gather held-out results (results.json of --job runs) or the last eval "
+                              "metrics (metrics.jsonl) of training workdirs into one markdown table.")
+    r.add_argument("workdirs", nargs="+", help="training workdirs")
+    r.add_argument("--out", default="", help="also write the table to this file")
+    r.add_argument("--plot", default="", help="PNG bar plot of the accuracy columns")
+    r.set_defaults(run=_run_report)
+
+
+def _run_report(args) -> None:
+    print(report(args.workdirs, args.out, args.plot))
+
+
+def add_perspectives(subparsers) -> None:
+    p = subparsers.add_parser(
+        "perspectives",
+        help="multi-perspective demo: do two passages share an author, a work, a form? (bi- and cross encoder)",
+        description="Cut the works of data/perspectives/works.json (Shakespeare, Milton, Austen, Soseki) into "
+        "passages, pair them with labels [same_author, same_work, same_form], fine-tune MiniLM as a "
+        "multi-perspective bi-encoder and as a cross encoder, and evaluate both on held-out passages against "
+        "the majority class, zero-shot MiniLM and their untrained selves. Configure with gin "
+        "(PerspectivesConfig); resumes stage by stage.",
+    )
+    p.add_argument("--gin_file", action="append", default=[],
+                   help="gin file (repeatable; also looked up in gin_configs/), e.g. perspectives_minilm.gin")
+    p.add_argument("--workdir", default=PERSPECTIVES_WORKDIR,
+                   help=f"folder for the pairs, checkpoints and results.json (default {PERSPECTIVES_WORKDIR})")
+    p.set_defaults(run=_run_perspectives)
+
+
+def _run_perspectives(args) -> dict:
+    with gin_config(args.gin_file, args.gin_bindings):
+        return run_perspectives(args.workdir)
+
+
+def add_compile(subparsers) -> None:
+    p = subparsers.add_parser(
+        "compile",
+        help="compile the train step for a TPU topology on this machine; report memory and FLOPs per device",
+        description="Lower and compile the gin-configured train step (the trainer's mesh, shardings and step) "
+        "for a TPU topology with libtpu's compile-only devices, on a CPU machine. Reports per-device memory "
+        "(argument + output - alias + temp) against the chip's HBM, FLOPs per step per device and the step "
+        "time they imply; exits 2 with the compiler's RESOURCE_EXHAUSTED line when the config does not fit. "
+        f"Needs libtpu: {AOT_VENV_HINT}.",
+    )
+    p.add_argument("--topology", required=True,
+                   help="accelerator type (v3-128, v4-64, v5litepod-16) or chip grid (v3:8x8, v4:4x4x4, v5e:16x16)")
+    p.add_argument("--gin_file", action="append", default=[], required=True,
+                   help="gin file (repeatable; also looked up in gin_configs/); --gin.Name.param=value bindings apply")
+    p.add_argument("--json", help="also write the report to this JSON file")
+    p.add_argument("--utilization", type=float, nargs="+", default=list(DEFAULT_UTILIZATIONS),
+                   help="fractions of peak FLOP/s to convert FLOPs into step times (default: 0.4 0.6)")
+    p.add_argument("--hlo_out", help="write the compiled (optimized, per-device) HLO text here")
+    p.set_defaults(run=_run_compile)
+
+
+def _run_compile(args) -> dict:
+    with gin_config(args.gin_file, args.gin_bindings):
+        return run_compile(args.topology, args.utilization, hlo_out=args.hlo_out, json_out=args.json)
