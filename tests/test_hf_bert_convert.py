@@ -19,7 +19,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
-from rankgen_jax.checkpoints import hf_bert  # noqa: E402
+from rankgen_jax.checkpoints.hf import bert as hf_bert  # noqa: E402
 from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig  # noqa: E402
 from rankgen_jax.errors import RankgenError  # noqa: E402
 
