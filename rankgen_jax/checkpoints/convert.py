@@ -131,12 +131,12 @@ def hf_layout(config: ModelConfig, fmt: str) -> str:
 
 def export_layout(config: ModelConfig, fmt: str) -> str:
     """What export_hf writes for this model and `fmt`, in words (the CLI prints it)."""
-    layout = hf_layout(config, fmt)
-    if layout == "ranker":
+    kind = hf_layout(config, fmt)
+    if kind == "ranker":
         layout = "ranker format, modeling_ranker.py"
-    elif layout == "bert":
+    elif kind == "bert":
         layout = "BERT-family model" + (" with sentence-transformers files" if config.kind == "dual_encoder" else "")
-    elif layout == "t5-encoder":
+    elif kind == "t5-encoder":
         layout = "T5EncoderModel" + (", the encoder alone" if config.head is not None else "")
     else:
         layout = "RankGen format, modeling_rankgen.py"
