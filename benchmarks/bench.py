@@ -13,40 +13,23 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import resource
 import os
+import platform
+import resource
 import statistics
 import subprocess
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 
+from benchmarks.report import render_markdown, write_json
+from benchmarks.step_timing import BenchCase, matmul_peak_gflops, step_flops, step_tokens, time_steps
+from benchmarks.torch_peer import run_torch_case
 from rankgen_jax.models.configs import t5_config
 from rankgen_jax.runtime.process import configure_xla_flags, reexec_with_malloc_tunables
 
 configure_xla_flags()
-
-
-@dataclasses.dataclass(frozen=True)
-class BenchCase:
-    size: str = "tiny"
-    batch: int = 32
-    prefix_length: int = 256
-    continuation_length: int = 128
-    with_negative: bool = True
-    num_chunks: int = 1
-    steps: int = 5
-    framework: str = "jax"  # or "torch": the HF peer step
-
-
-def forward_flops(cfg, length: int, head_dim_out: int) -> float:
-    """Matmul FLOPs of one encoder forward over one sequence of `length` tokens (plus the head)."""
-    d, inner, ff = cfg.d_model, cfg.num_heads * cfg.d_kv, cfg.d_ff
-    mlp_in = 2 if cfg.mlp_activation == "gated-gelu" else 1
-    per_token_dense = 2 * (3 * d * inner + inner * d + mlp_in * d * ff + ff * d)
-    per_token_attention = 2 * 2 * length * inner
-    return cfg.num_layers * length * (per_token_dense + per_token_attention) + 2 * d * head_dim_out
-
 
 LEARNING_RATE = 1e-4
 THREADS = 2  # XLA:CPU uses every core it may run on; torch is told the same number
@@ -55,30 +38,23 @@ THREADS = 2  # XLA:CPU uses every core it may run on; torch is told the same num
 def run_case(case: BenchCase) -> dict:
     """One case's timings and analytical FLOP/s, in this (fresh) process."""
     if case.framework == "torch":
-        from benchmarks.torch_peer import run_torch_case
-
         timing = run_torch_case(case, THREADS, LEARNING_RATE, weight_decay=0.0)
     else:
         timing = _run_jax_case(case)
-    towers = 3 if case.with_negative else 2
-    tokens = case.batch * (case.prefix_length + (towers - 1) * case.continuation_length)
-    cfg = t5_config(case.size)
-    flops = 3 * case.batch * (
-        forward_flops(cfg, case.prefix_length, cfg.d_model)
-        + (towers - 1) * forward_flops(cfg, case.continuation_length, cfg.d_model)
-    )
     seconds = timing["step_seconds"]
     return {
         **dataclasses.asdict(case),
         **timing,
         "examples_per_second": case.batch / seconds,
-        "tokens_per_second": tokens / seconds,
-        "train_gflops_per_second": flops / seconds / 1e9,
+        "tokens_per_second": step_tokens(case) / seconds,
+        "train_gflops_per_second": step_flops(case) / seconds / 1e9,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
 
 def _run_jax_case(case: BenchCase) -> dict:
+    # Imported here: a PyTorch case runs in a process of its own whose peak RSS is measured,
+    # and JAX's training stack must not count in it.
     import flax.linen as nn
     import jax
 
@@ -112,61 +88,11 @@ def _run_jax_case(case: BenchCase) -> dict:
         return time_steps(step, case.steps)
 
 
-def time_steps(step, steps: int) -> dict:
-    """Run step(0) (compile / warm-up) then `steps` timed steps; median and best seconds per step.
-
-    The matmul peak is read right before and right after the timed steps, in the same
-    process: the machine's speed drifts within a run (numpy's peak read 391 and then 332
-    GFLOP/s in one `make bench`), so a step's % of peak is taken against readings from
-    the same minute, not from the run's start or end.
-    """
-    start = time.perf_counter()
-    step(0)
-    first = time.perf_counter() - start
-    peak_before = _peak_between_steps()
-    seconds = []
-    for i in range(1, steps + 1):
-        start = time.perf_counter()
-        loss = step(i)
-        seconds.append(time.perf_counter() - start)
-    peak_after = _peak_between_steps()
-    return {"step_seconds": statistics.median(seconds), "best_step_seconds": min(seconds),
-            "first_step_seconds": first, "loss": loss, "peak_readings": [peak_before, peak_after]}
-
-
-# Idle thread pools (torch's OpenMP, numpy's OpenBLAS) spin for up to ~0.2 s after their
-# last call; the pauses keep either side's spinning out of the other's measurement.
-THREAD_SPIN_SECONDS = 0.5
-
-
-def _peak_between_steps() -> float:
-    time.sleep(THREAD_SPIN_SECONDS)
-    peak = matmul_peak_gflops()
-    time.sleep(THREAD_SPIN_SECONDS)
-    return peak
-
-
-def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
-    """Best fp32 GFLOP/s of an n^3 numpy matmul on this machine."""
-    import numpy as np
-
-    a = np.random.rand(n, n).astype(np.float32)
-    b = np.random.rand(n, n).astype(np.float32)
-    a @ b
-    best = min(_timed(lambda: a @ b) for _ in range(repeats))
-    return 2 * n**3 / best / 1e9
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-# JAX against the PyTorch peer at the two reference points (tiny and small T5 1.1), each run as (jax, torch)
-# pairs in interleaved rounds; the reported ratio is the median of the rounds' ratios.
+# JAX against the PyTorch peer at the two reference points the speed targets are set at
+# (benchmarks.report.TARGETS), each run as (jax, torch) pairs in interleaved rounds; the
+# reported ratio is the median of the rounds' ratios.
 PEER_CASES = [BenchCase("tiny", 32, steps=10), BenchCase("small", 16, steps=4)]
-PEER_ROUNDS = {"tiny": 3, "small": 5}  # small: its steps vary most (4.8-6.9 s in one process, docs/performance.md)
+PEER_ROUNDS = {"tiny": 3, "small": 5}  # small: its steps vary most (4.8-6.9 s within one process)
 # GradCache memory: peak RSS at batch 1536 against batch 64, both in chunks of 32 (tiny model).
 GRADCACHE_CASES = [
     BenchCase("tiny", 64, steps=3),
@@ -323,11 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, module, quick_args in MODULE_BENCHMARKS:
         report[name] = _run_module(module, out_dir / f"{name}.json", quick_args if args.quick else [])
     report["seconds"] = time.time() - started
-    from benchmarks.report import render_markdown, write_json
-
     write_json(args.out, report)
     if args.report:
-
         Path(args.report).parent.mkdir(parents=True, exist_ok=True)
         Path(args.report).write_text(render_markdown(report))
         print(f"wrote {args.report}")
@@ -336,9 +259,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def machine_description() -> dict:
     """CPU model, cores, memory and library versions, for the report header."""
-    import platform
-    from importlib.metadata import version
-
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
     meminfo = Path("/proc/meminfo")

@@ -11,15 +11,17 @@ kernel), `zero_grad(set_to_none=True)`, no autocast (fp32 on CPU).
 
 from __future__ import annotations
 
-def run_torch_case(case, threads: int, learning_rate: float, weight_decay: float) -> dict:
+from benchmarks.step_timing import BenchCase, time_steps
+from rankgen_jax.checkpoints.hf.t5 import t5_config_to_hf
+from rankgen_jax.models.configs import t5_config
+
+
+def run_torch_case(case: BenchCase, threads: int, learning_rate: float, weight_decay: float) -> dict:
     """Seconds per step of the PyTorch RankGen step for one BenchCase (call in a fresh process)."""
+    # Imported here: torch and transformers are optional, and a JAX case's process must not load them.
     import torch
     from transformers import T5Config as HFT5Config
     from transformers import T5EncoderModel
-
-    from benchmarks.bench import time_steps
-    from rankgen_jax.checkpoints.hf.t5 import t5_config_to_hf
-    from rankgen_jax.models.configs import t5_config
 
     torch.set_num_threads(threads)
     # XLA:CPU flushes denormals to zero; without this, torch slows ~10x once gradients get tiny.

@@ -117,8 +117,8 @@ def test_t5_encoder_same_with_and_without_the_fused_kernels(monkeypatch):
     """Attention, gated GELU, RMS norm and the dense layers' matmuls go through the kernels; outputs and gradients equal XLA's."""
     _fused_or_skip()
     from rankgen_jax.models.configs import t5_config
-    from rankgen_jax.models import layers
     from rankgen_jax.models.t5 import T5EncoderStack
+    from rankgen_jax.ops import dispatch
 
     cfg = t5_config("tiny", vocab_size=64)
     model = T5EncoderStack(cfg)
@@ -134,16 +134,16 @@ def test_t5_encoder_same_with_and_without_the_fused_kernels(monkeypatch):
         return jnp.sum(model.apply({"params": params}, x, mask).last_hidden_state * cotangent)
 
     calls = []
-    from rankgen_jax.models import t5
 
-    # T5 1.1's MLP is the fused gated-GELU MLP (t5.MlpBlock); the rest come through `layers`.
-    kernels = {"fused_attention": layers, "fused_rms_norm": layers, "fused_dense": layers, "fused_gated_gelu_mlp": t5}
+    # T5 1.1's MLP is the fused gated-GELU MLP (t5.MlpBlock); all of them are reached through `ops.dispatch`.
+    kernels = {"fused_attention": dispatch, "fused_rms_norm": dispatch, "fused_dense": dispatch,
+               "fused_gated_gelu_mlp": dispatch}
     for name, module in kernels.items():
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
     value_fused, grads_fused = jax.value_and_grad(loss)(params)
     assert set(calls) == set(kernels), calls
-    monkeypatch.setattr(layers.cpu_kernels, "available", lambda: False)
+    monkeypatch.setattr(dispatch.cpu_kernels, "available", lambda: False)
     value_xla, grads_xla = jax.value_and_grad(loss)(params)
     np.testing.assert_allclose(value_fused, value_xla, rtol=1e-5)
     for g, g_ref in zip(jax.tree_util.tree_leaves(grads_fused), jax.tree_util.tree_leaves(grads_xla)):

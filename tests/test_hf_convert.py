@@ -63,7 +63,7 @@ def assert_same_params(a, b):
 
 
 def random_params(cfg: T5Config, head: HeadConfig | None, seed: int = 0) -> dict:
-    """Canonical params written out by hand from the documented tree (independent of hf.py)."""
+    """Canonical params written out by hand from the documented tree (independent of hf/t5.py)."""
     rng = np.random.default_rng(seed)
 
     def rand(*shape):

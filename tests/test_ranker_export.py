@@ -23,8 +23,7 @@ import transformers  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from rankgen_jax.checkpoints import native  # noqa: E402
-from rankgen_jax.checkpoints.hf import bert as hf_bert  # noqa: E402
-from rankgen_jax.checkpoints.hf import t5 as hf  # noqa: E402
+from rankgen_jax.checkpoints.hf import bert as hf_bert, ranker, t5 as hf  # noqa: E402
 from rankgen_jax.checkpoints.convert import export_hf, import_checkpoint, read_source  # noqa: E402
 from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig, T5Config  # noqa: E402
 from rankgen_jax.errors import RankgenError  # noqa: E402
@@ -136,7 +135,7 @@ def test_t5_ranker_checkpoint_exports_loads_and_round_trips(tmp_path, make_param
                                    "AutoModel": "modeling_ranker.RankerModel"}
     assert (written["pooling"], written["projection_dim"], written["num_scores"]) == ("first", -1, 1)
     assert written["backbone"]["model_type"] == "t5" and written["backbone"]["feed_forward_proj"] == "gated-gelu"
-    source = os.path.join(os.path.dirname(hf.__file__), "modeling_ranker.py")
+    source = os.path.join(os.path.dirname(ranker.__file__), "modeling_ranker.py")
     assert (out / "modeling_ranker.py").read_bytes() == Path(source).read_bytes()
     tensors = load_file(str(out / "model.safetensors"))
     assert tensors["projection.weight"].shape == (32, 32)
@@ -162,7 +161,7 @@ def test_t5_ranker_checkpoint_exports_loads_and_round_trips(tmp_path, make_param
 
     # A folder re-saved by transformers (e.g. after PyTorch fine-tuning) reads back unchanged.
     model.save_pretrained(str(tmp_path / "resaved"))
-    again_config, again_params, _ = hf.load_hf_folder(str(tmp_path / "resaved"))
+    again_config, again_params, _ = ranker.load_ranker_folder(str(tmp_path / "resaved"))
     assert again_config == config
     assert_same_params(again_params, restored)
 
@@ -197,7 +196,7 @@ def test_bert_ranker_checkpoint_exports_imports_and_round_trips(tmp_path, make_p
     assert tokenizer("the quick foxes").input_ids == [2, 5, 6, 7, 8, 3]
 
     _, restored = native.restore_params(tmp_path / "ckpt")
-    for loader in (lambda p: read_source("hf", p), hf.load_hf_folder, hf_bert.load_bert_folder):
+    for loader in (lambda p: read_source("hf", p), ranker.load_ranker_folder):
         loaded_config, loaded_params, tokenizer_files = loader(str(out))
         assert loaded_config == config
         assert_same_params(loaded_params, restored)
@@ -220,17 +219,13 @@ def test_bert_ranker_checkpoint_exports_imports_and_round_trips(tmp_path, make_p
 def test_ranker_scores_match_jax(tmp_path, make_params, encoder, pooling, projection_dim, num_scores):
     config = ranker_config(encoder, pooling, projection_dim, num_scores)
     params = make_params(config, seed=1)
-    # The savers each backbone's export goes through hand cross encoders to the ranker format.
-    if encoder == "t5":
-        hf.save_hf_folder(config, params, str(tmp_path))
-    else:
-        hf_bert.save_bert_folder(config, params, str(tmp_path))
+    ranker.save_ranker_folder(config, params, str(tmp_path))
     tensors = load_file(str(tmp_path / "model.safetensors"))
     assert ("projection.weight" in tensors) == (projection_dim != 0)
     if encoder in ("roberta", "distilbert"):
         assert not any(k.startswith("backbone.pooler.") for k in tensors)
     assert_scores_match(config, params, tmp_path, seed=1)
-    loaded_config, loaded_params, _ = hf.load_hf_folder(str(tmp_path))
+    loaded_config, loaded_params, _ = ranker.load_ranker_folder(str(tmp_path))
     assert loaded_config == config
     assert_same_params(loaded_params, params)
 
@@ -245,7 +240,7 @@ def bert_ranker(tmp_path_factory, make_params):
     config = ranker_config("bert", "mean", 8, 3)
     params = make_params(config)
     folder = tmp_path_factory.mktemp("bert_ranker")
-    hf.save_ranker_folder(config, params, str(folder), overwrite=True)
+    ranker.save_ranker_folder(config, params, str(folder), overwrite=True)
     return folder, config, params
 
 
@@ -274,7 +269,7 @@ def test_broken_ranker_weights_are_refused(tmp_path, bert_ranker, name):
     edit(tensors)
     save_file(tensors, str(tmp_path / "f" / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(RankgenError, match=match) as info:
-        hf.load_hf_folder(str(tmp_path / "f"))
+        ranker.load_ranker_folder(str(tmp_path / "f"))
     assert str(tmp_path / "f") in str(info.value) and "\n" not in str(info.value)
 
 
@@ -296,27 +291,41 @@ def test_broken_ranker_configs_are_refused(tmp_path, bert_ranker, name):
     path = tmp_path / "f" / "config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
     with pytest.raises(RankgenError, match=match) as info:
-        hf.load_hf_folder(str(tmp_path / "f"))
+        ranker.load_ranker_folder(str(tmp_path / "f"))
     assert str(path) in str(info.value) and "\n" not in str(info.value)
 
 
 def test_bad_ranker_export_requests(tmp_path, bert_ranker, make_params, spiece_model):
     _, config, params = bert_ranker
     with pytest.raises(RankgenError, match="needs a cross encoder, got kind='dual_encoder'"):
-        hf.save_ranker_folder(ModelConfig(encoder=config.encoder, head=config.head), params, str(tmp_path / "a"))
+        ranker.save_ranker_folder(ModelConfig(encoder=config.encoder, head=config.head), params, str(tmp_path / "a"))
     without_score = {k: v for k, v in params.items() if k != "score_head"}
     with pytest.raises(RankgenError, match="parameters have no score_head"):
-        hf.save_ranker_folder(config, without_score, str(tmp_path / "b"))
+        ranker.save_ranker_folder(config, without_score, str(tmp_path / "b"))
     t5_config = ranker_config("t5", "first", 0, 1)
     with pytest.raises(RankgenError, match="one SentencePiece model, got 2 files"):
-        hf.save_ranker_folder(t5_config, make_params(t5_config), str(tmp_path / "c"),
-                              tokenizer_files=[spiece_model, spiece_model])
+        ranker.save_ranker_folder(t5_config, make_params(t5_config), str(tmp_path / "c"),
+                                  tokenizer_files=[spiece_model, spiece_model])
     assert not any((tmp_path / name).exists() for name in "abc")  # nothing written for a bad request
     # A ranker export replaces an older export's files (here a sentence-transformers layout) with --overwrite.
     hf_bert.save_bert_folder(ModelConfig(encoder=config.encoder, head=HeadConfig("mean", 0, True)),
                              params, str(tmp_path / "d"))
     with pytest.raises(RankgenError, match="not empty"):
-        hf.save_ranker_folder(config, params, str(tmp_path / "d"))
-    hf.save_ranker_folder(config, params, str(tmp_path / "d"), overwrite=True)
+        ranker.save_ranker_folder(config, params, str(tmp_path / "d"))
+    ranker.save_ranker_folder(config, params, str(tmp_path / "d"), overwrite=True)
     assert not (tmp_path / "d" / "modules.json").exists() and not (tmp_path / "d" / "1_Pooling").exists()
-    assert hf.load_hf_folder(str(tmp_path / "d"))[0] == config
+    assert ranker.load_ranker_folder(str(tmp_path / "d"))[0] == config
+
+
+def test_one_format_readers_and_writers_send_rankers_to_the_ranker_format(tmp_path, bert_ranker, make_params):
+    """hf.t5 and hf.bert handle their own layouts only; a ranker gets a pointer to hf.ranker, nothing is written."""
+    folder, config, params = bert_ranker
+    for loader in (hf.load_hf_folder, hf_bert.load_bert_folder):
+        with pytest.raises(RankgenError, match=r"a ranker \(cross encoder\) folder.*hf.ranker.load_ranker_folder"):
+            loader(str(folder))
+    with pytest.raises(RankgenError, match="hf.ranker.save_ranker_folder"):
+        hf_bert.save_bert_folder(config, params, str(tmp_path / "a"))
+    t5_config = ranker_config("t5", "first", 0, 1)
+    with pytest.raises(RankgenError, match="hf.ranker.save_ranker_folder"):
+        hf.save_hf_folder(t5_config, make_params(t5_config), str(tmp_path / "b"))
+    assert not any((tmp_path / name).exists() for name in "ab")

@@ -1,14 +1,26 @@
-"""`import` and `export-hf`: move parameters between T5X / HF folders and our checkpoint format."""
+"""`import` and `export-hf`: move parameters between T5X / HF folders and our checkpoint format.
+
+This module is where a format is chosen: which reader an HF folder needs
+(`read_hf_folder`) and which layout a model is exported in (`hf_layout`).
+The readers and writers themselves (`hf.t5`, `hf.bert`, `hf.ranker`, `t5x`)
+each handle one format.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
 from rankgen_jax.checkpoints import native
-from rankgen_jax.models.configs import HeadConfig, ModelConfig
+from rankgen_jax.checkpoints.hf import bert as hf_bert
+from rankgen_jax.checkpoints.hf import ranker as hf_ranker
+from rankgen_jax.checkpoints.hf import t5 as hf_t5
+from rankgen_jax.checkpoints.hf.common import is_ranker_config, read_json
+from rankgen_jax.checkpoints.t5x import load_t5x_checkpoint
 from rankgen_jax.errors import RankgenError
+from rankgen_jax.models.configs import HeadConfig, ModelConfig
 from rankgen_jax.models.factory import check_params_match, to_canonical_layout
 
 SOURCES = ("hf", "t5x")
@@ -43,15 +55,8 @@ def read_source(
     if not Path(path).exists() and not str(path).startswith("gs://"):
         raise RankgenError(f"{path}: no such file or folder")
     if source == "hf":
-        from rankgen_jax.checkpoints.hf import bert as hf_bert
-        from rankgen_jax.checkpoints.hf.t5 import load_hf_folder
-
-        if hf_bert.is_bert_folder(path):
-            return hf_bert.load_bert_folder(path)
-        return load_hf_folder(path)
+        return read_hf_folder(path)
     if source == "t5x":
-        from rankgen_jax.checkpoints.t5x import load_t5x_checkpoint
-
         head = head if head is not None else HeadConfig()
         model_config, params = load_t5x_checkpoint(path, head=head, relpos_max_distance=relpos_max_distance)
         head_note = (
@@ -66,6 +71,20 @@ def read_source(
         )
         return model_config, params, None
     raise RankgenError(f"unknown import source {source!r}: expected one of {SOURCES}")
+
+
+def read_hf_folder(path: str) -> tuple[ModelConfig, dict, str | list[str] | None]:
+    """An HF folder with the reader its format needs: ranker, BERT family (plain or sentence-transformers), or T5.
+
+    The tokenizer is a T5 folder's spiece.model path (or None), or the tokenizer
+    files of a BERT-family backbone.
+    """
+    config_path = os.path.join(path, "config.json")
+    if os.path.isfile(config_path) and is_ranker_config(read_json(config_path)):
+        return hf_ranker.load_ranker_folder(path)
+    if hf_bert.is_bert_folder(path):
+        return hf_bert.load_bert_folder(path)
+    return hf_t5.load_hf_folder(path)
 
 
 def import_checkpoint(
@@ -97,13 +116,27 @@ def describe_model(config: ModelConfig) -> str:
     return f"{backbone} {kind} ({config.encoder.num_layers} layers, d_model {config.encoder.d_model}{towers})"
 
 
+def hf_layout(config: ModelConfig, fmt: str) -> str:
+    """The HF layout export_hf writes for this model and `fmt`: 'ranker', 'bert', 't5-encoder' or 'rankgen'.
+
+    Cross encoders are rankers, except that `t5-encoder` writes a T5 ranker's
+    encoder alone; BERT-family models have one layout whatever `fmt` says.
+    """
+    if config.kind == "cross_encoder" and not (fmt == "t5-encoder" and config.encoder_type == "t5"):
+        return "ranker"
+    if config.encoder_type == "bert":
+        return "bert"
+    return fmt
+
+
 def export_layout(config: ModelConfig, fmt: str) -> str:
     """What export_hf writes for this model and `fmt`, in words (the CLI prints it)."""
-    if config.kind == "cross_encoder" and not (fmt == "t5-encoder" and config.encoder_type == "t5"):
+    kind = hf_layout(config, fmt)
+    if kind == "ranker":
         layout = "ranker format, modeling_ranker.py"
-    elif config.encoder_type == "bert":
+    elif kind == "bert":
         layout = "BERT-family model" + (" with sentence-transformers files" if config.kind == "dual_encoder" else "")
-    elif fmt == "t5-encoder":
+    elif kind == "t5-encoder":
         layout = "T5EncoderModel" + (", the encoder alone" if config.head is not None else "")
     else:
         layout = "RankGen format, modeling_rankgen.py"
@@ -141,15 +174,21 @@ def export_hf(checkpoint: str, out: str, fmt: str = "rankgen", overwrite: bool =
 
 
 def _export_one(checkpoint: str, model_config: ModelConfig, params: dict, out: str, fmt: str, overwrite: bool) -> None:
-    from rankgen_jax.checkpoints.hf.t5 import save_hf_folder
-
-    if model_config.encoder_type == "bert":
-        from rankgen_jax.checkpoints.hf.bert import save_bert_folder
-
-        save_bert_folder(model_config, params, out, native.tokenizer_files(native.vocab_path(checkpoint)), overwrite)
-        return
-    if fmt == "rankgen" and model_config.head is None:
+    layout = hf_layout(model_config, fmt)
+    if layout == "ranker":
+        if model_config.encoder_type == "t5":
+            spiece = native.spiece_path(checkpoint)
+            tokenizer = [spiece] if spiece else None
+        else:
+            tokenizer = native.tokenizer_files(native.vocab_path(checkpoint))
+        hf_ranker.save_ranker_folder(model_config, params, out, tokenizer, overwrite)
+    elif layout == "bert":
+        hf_bert.save_bert_folder(model_config, params, out, native.tokenizer_files(native.vocab_path(checkpoint)),
+                                 overwrite)
+    elif fmt == "rankgen" and model_config.head is None:
         raise RankgenError(
             f"{checkpoint}: holds a bare encoder without a head; export it with --format t5-encoder"
         )
-    save_hf_folder(model_config, params, out, fmt=fmt, spiece_model=native.spiece_path(checkpoint), overwrite=overwrite)
+    else:
+        hf_t5.save_hf_folder(model_config, params, out, fmt=fmt, spiece_model=native.spiece_path(checkpoint),
+                             overwrite=overwrite)

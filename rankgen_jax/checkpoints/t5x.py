@@ -45,6 +45,7 @@ import re
 from typing import Any
 
 import numpy as np
+from flax import serialization
 from flax.traverse_util import unflatten_dict
 import tensorstore as ts
 
@@ -212,9 +213,6 @@ def _step_hint(location: _Location) -> str:
 
 def _parse_checkpoint(raw: bytes, where: str) -> tuple[int, dict]:
     """Decode the msgpack file and check it has the T5X shape."""
-    # Imported here: flax pulls in JAX, which callers of this module may not need yet.
-    from flax import serialization
-
     if raw.startswith(b"model_checkpoint_path"):
         raise RankgenError(f"{where}: this is a TensorFlow checkpoint, not a T5X checkpoint")
     try:

@@ -34,6 +34,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from rankgen_jax.checkpoints import native
+from rankgen_jax.checkpoints.convert import read_source
 from rankgen_jax.models.configs import BertConfig, ModelConfig
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.factory import build_model, check_params_match, to_model_layout
@@ -448,8 +449,6 @@ def _text_encoder_from_files(tokenizer, path: str) -> TextEncoder:
 
 
 def _read_hf(path: str, kind: str = "dual_encoder") -> tuple[ModelConfig, dict, TextEncoder]:
-    from rankgen_jax.checkpoints.convert import read_source
-
     config, params, tokenizer = read_source("hf", path)
     _require_kind(config, path, kind)
     return config, params, _text_encoder_from_files(tokenizer, path)

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig
+from rankgen_jax.models.bert import BertEncoder
 from rankgen_jax.models.layers import DenseKernel
 from rankgen_jax.models.t5 import EncoderOutput, T5Encoder
 
@@ -82,8 +83,6 @@ def flatten_leading(input_ids, attention_mask, token_type_ids, pad_id: int):
 def build_backbone(encoder_config) -> nn.Module:
     """The encoder module for an encoder config: T5 or BERT family."""
     if isinstance(encoder_config, BertConfig):
-        from rankgen_jax.models.bert import BertEncoder
-
         return BertEncoder(encoder_config)
     return T5Encoder(encoder_config)
 

@@ -1,8 +1,9 @@
-"""Building blocks shared by the encoders: dense kernels, RMS norm, embedding.
+"""Building blocks shared by the encoders: dense kernels, RMS norm, embedding, attention.
 
 Every parameter carries logical axis names (T5X vocabulary: `embed`, `mlp`,
 `heads`, `kv`, `joined_kv`, `vocab`, `relpos_buckets`) so one rules table maps
-any model onto any mesh.
+any model onto any mesh. The computations go through `ops.dispatch`, which
+picks XLA or the CPU kernels.
 """
 
 from __future__ import annotations
@@ -13,12 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from rankgen_jax.kernels import build as cpu_kernels
-from rankgen_jax.kernels.dense import fused_dense
-from rankgen_jax.kernels.fused_attention import fused_attention
-from rankgen_jax.kernels.gated_gelu import fused_gated_gelu
-from rankgen_jax.kernels.rms_norm import fused_rms_norm
-from rankgen_jax.ops.attention import softmax_attention_autodiff, softmax_attention_cpu
+from rankgen_jax.ops import dispatch
 
 Initializer = Callable[..., jax.Array]
 
@@ -43,8 +39,8 @@ class DenseKernel(nn.Module):
 
     Inputs are kept 2-D ([tokens, features]) by the callers: on XLA:CPU a 3-D
     dot makes the weight gradient pay for large transposes. Where the CPU kernels
-    apply, x w and d_x come from them, and the gradient of weights up to 512 x 512
-    (`kernels.dense`).
+    apply (`ops.dispatch.dense`), x w and d_x come from them, and the gradient of
+    weights up to 512 x 512 (`kernels.dense`).
     """
 
     features: int
@@ -55,10 +51,7 @@ class DenseKernel(nn.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         kernel, bias = self.weights(x.shape[-1])
-        if fused_kernels_apply(x, self.dtype):
-            y = fused_dense(x, kernel)
-        else:
-            y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+        y = dispatch.dense(x, kernel, self.dtype)
         if bias is not None:
             y = y + bias.astype(self.dtype)
         return y
@@ -91,11 +84,7 @@ class RMSNorm(nn.Module):
         scale = self.param(
             "scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)), (x.shape[-1],), jnp.float32
         )
-        if fused_kernels_apply(x, self.dtype):
-            return fused_rms_norm(x, scale, self.eps)
-        x32 = x.astype(jnp.float32)
-        variance = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
-        return (x32 * jax.lax.rsqrt(variance + self.eps) * scale).astype(self.dtype)
+        return dispatch.rms_norm(x, scale, self.eps, self.dtype)
 
 
 class Embed(nn.Module):
@@ -117,30 +106,6 @@ class Embed(nn.Module):
         return jnp.take(embedding, ids, axis=0).astype(self.dtype)
 
 
-def _compiling_for_cpu() -> bool:
-    """Whether the computation being traced targets CPU: the mesh's platform, else the default backend.
-
-    The mesh decides when they differ: an AOT compile for a TPU topology runs on a CPU host.
-    """
-    mesh = jax.sharding.get_abstract_mesh()
-    device = None if mesh.empty else mesh.abstract_device
-    return (device.platform if device is not None else jax.default_backend()) == "cpu"
-
-
-def fused_kernels_apply(x: jax.Array, dtype) -> bool:
-    """CPU, float32 throughout, and at most one device in the mesh (the kernels have no sharding rule)."""
-    if not _compiling_for_cpu() or jnp.dtype(dtype) != jnp.float32 or x.dtype != jnp.float32:
-        return False
-    return jax.sharding.get_abstract_mesh().size <= 1 and cpu_kernels.available()
-
-
-def gated_gelu(gate: jax.Array, linear: jax.Array, dtype) -> jax.Array:
-    """gelu(gate) * linear with the tanh GELU (T5 1.1); the fused CPU kernel where it applies."""
-    if fused_kernels_apply(gate, dtype) and linear.dtype == jnp.float32:
-        return fused_gated_gelu(gate, linear)
-    return jax.nn.gelu(gate, approximate=True) * linear
-
-
 def dropout_active(module: nn.Module, rate: float) -> bool:
     """Whether dropout at `rate` changes anything in this call: a rate above 0 and a `dropout` rng (training)."""
     return rate > 0.0 and module.has_rng("dropout")
@@ -160,19 +125,14 @@ def attend(module: nn.Module, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, position_bias, ma
     position_bias: [1, H, L, L] added to the logits (T5's relative positions), or None;
     mask_bias_Bx1x1xL: additive key mask. Any logit scaling is folded into q by the caller.
 
-    Where it applies (CPU, float32, no dropout, one device), the fused C++ kernel
-    (`kernels.fused_attention`) runs; otherwise XLA, with the VJP hand-written for
-    XLA:CPU's matmuls on CPU (`attention.softmax_attention_cpu`). All compute one function.
+    The dropout keep mask is drawn here (from the module's `dropout` rng);
+    `ops.dispatch.attention` picks the implementation.
     """
     batch, length, heads, head_dim = q_BxLxHxK.shape
     keep_BxHxLxL = None
     if dropout_active(module, dropout_rate):
         ones_BxHxLxL = jnp.ones((batch, heads, length, k_BxLxHxK.shape[1]), dtype)
         keep_BxHxLxL = dropout(module, ones_BxHxLxL, dropout_rate)
-    if keep_BxHxLxL is None and fused_kernels_apply(q_BxLxHxK, dtype):
-        out_BxLxHxK = fused_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, position_bias, mask_bias_Bx1x1xL)
-        return out_BxLxHxK.reshape(batch * length, heads * head_dim)
-    bias = mask_bias_Bx1x1xL if position_bias is None else position_bias.astype(jnp.float32) + mask_bias_Bx1x1xL
-    attention = softmax_attention_cpu if _compiling_for_cpu() else softmax_attention_autodiff
-    out_BxLxHxK = attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias, keep_BxHxLxL, dtype)
+    out_BxLxHxK = dispatch.attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, position_bias, mask_bias_Bx1x1xL,
+                                     keep_BxHxLxL, dtype)
     return out_BxLxHxK.reshape(batch * length, heads * head_dim)

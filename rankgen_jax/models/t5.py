@@ -26,10 +26,8 @@ from rankgen_jax.models.layers import (
     constrain,
     dropout,
     dropout_active,
-    fused_kernels_apply,
-    gated_gelu,
 )
-from rankgen_jax.kernels.gated_gelu import fused_gated_gelu_mlp
+from rankgen_jax.ops import dispatch
 
 # Added to attention logits of padded keys; large but finite so that fully
 # padded rows (padding queries) stay NaN-free.
@@ -140,14 +138,15 @@ class MlpBlock(nn.Module):
         dtype = activation_dtype(cfg.dtype)
         wo = DenseKernel(cfg.d_model, ("mlp", "embed"), dtype, name="wo")
         if cfg.mlp_activation == "gated-gelu":
-            wi_0 = DenseKernel(cfg.d_ff, ("embed", "mlp"), dtype, name="wi_0")
-            wi_1 = DenseKernel(cfg.d_ff, ("embed", "mlp"), dtype, name="wi_1")
-            if fused_kernels_apply(x_TxD, dtype) and not dropout_active(self, cfg.dropout_rate):
-                d = x_TxD.shape[-1]
-                return fused_gated_gelu_mlp(x_TxD, wi_0.weights(d)[0], wi_1.weights(d)[0], wo.weights(cfg.d_ff)[0])
-            h_TxF = gated_gelu(wi_0(x_TxD), wi_1(x_TxD), dtype)
-        else:
-            h_TxF = jax.nn.relu(DenseKernel(cfg.d_ff, ("embed", "mlp"), dtype, name="wi")(x_TxD))
+            # The weights alone: `ops.dispatch` may run the whole block as one fused kernel.
+            d = x_TxD.shape[-1]
+            wi_0 = DenseKernel(cfg.d_ff, ("embed", "mlp"), dtype, name="wi_0").weights(d)[0]
+            wi_1 = DenseKernel(cfg.d_ff, ("embed", "mlp"), dtype, name="wi_1").weights(d)[0]
+            hidden_dropout = None
+            if dropout_active(self, cfg.dropout_rate):
+                hidden_dropout = lambda h_TxF: dropout(self, h_TxF, cfg.dropout_rate)  # noqa: E731
+            return dispatch.gated_gelu_mlp(x_TxD, wi_0, wi_1, wo.weights(cfg.d_ff)[0], dtype, hidden_dropout)
+        h_TxF = jax.nn.relu(DenseKernel(cfg.d_ff, ("embed", "mlp"), dtype, name="wi")(x_TxD))
         h_TxF = dropout(self, h_TxF, cfg.dropout_rate)
         return wo(h_TxF)
 

@@ -14,9 +14,9 @@ Canonical parameters are nested dicts of float32 numpy arrays named as in
   [-> Dense] [-> Normalize]) imports as a dual encoder whose head is the
   pooling (mean or CLS), the bias-free Dense as `projection_layer/kernel`, and
   L2 normalisation when Normalize is present. Export writes the same layout.
-- Cross encoders (rankers) use the ranker format of `hf.save_ranker_folder`
-  (the base model's tensors under `backbone.`, plus the score head);
-  save_bert_folder and load_bert_folder hand them to hf.py.
+- Cross encoders (rankers) have their own format, written and read by
+  `hf.ranker` from this module's tensor table; `checkpoints.convert` picks the
+  format of a folder or a model.
 
 Weights are read and written as safetensors only; pickled `pytorch_model.bin`
 files are refused.
@@ -32,24 +32,27 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from rankgen_jax.checkpoints.hf.t5 import (
-    HFTensor,
-    params_from_tensor_table,
-    state_dict_from_tensor_table,
+from rankgen_jax.checkpoints.hf.common import (
     RANKER_MODELING_FILE,
     SAFETENSORS_FILE,
-    SAFETENSORS_INDEX,
+    WEIGHT_FILES,
+    HFTensor,
+    check_folder,
     first_line,
     get_path,
-    prepare_out_dir as _prepare_hf_out_dir,
+    is_ranker_config,
+    params_from_tensor_table,
+    prepare_out_dir,
     read_files,
     read_json,
-    read_safetensors,
-    safetensors_files,
+    read_state_dict,
+    state_dict_from_tensor_table,
+    write_files,
     write_json,
+    write_safetensors,
 )
-from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig
 from rankgen_jax.errors import RankgenError
+from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig
 
 BERT_MODEL_TYPES = ("bert", "distilbert", "roberta")
 BASE_ARCHITECTURES = {"bert": "BertModel", "distilbert": "DistilBertModel", "roberta": "RobertaModel"}
@@ -77,8 +80,7 @@ ST_POOLING_MODES = ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooli
                     "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken")
 ST_MODE_OF_POOLING = {"first": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens"}
 # Files a previous export may have left that would shadow or confuse the new one.
-STALE_FILES = (SAFETENSORS_FILE, SAFETENSORS_INDEX, "pytorch_model.bin", "pytorch_model.bin.index.json",
-               "config.json", RANKER_MODELING_FILE, *TOKENIZER_FILES, *ST_FILES)
+STALE_FILES = (*WEIGHT_FILES, "config.json", RANKER_MODELING_FILE, *TOKENIZER_FILES, *ST_FILES)
 
 # HF config defaults per model type, for keys an older config.json leaves out.
 _BERT_DEFAULTS = {
@@ -410,9 +412,7 @@ def _read_st_dense(dense_dir: str, d_model: int) -> np.ndarray:
     if in_features != d_model or not isinstance(out_features, int) or out_features <= 0:
         raise RankgenError(f"{config_path}: in_features={in_features}, out_features={out_features}"
                            f" do not fit the encoder (d_model={d_model})")
-    state_dict: dict[str, np.ndarray] = {}
-    for f in safetensors_files(dense_dir):
-        state_dict.update(read_safetensors(f))
+    state_dict = read_state_dict(dense_dir)
     if "linear.weight" not in state_dict:
         raise RankgenError(f"{dense_dir}: missing tensor linear.weight")
     extra = sorted(set(state_dict) - {"linear.weight"})
@@ -433,19 +433,16 @@ def load_bert_folder(path: str) -> tuple[ModelConfig, dict, list[str]]:
     """Read an HF or sentence-transformers BERT-family folder -> (model config, canonical params, tokenizer files).
 
     A plain HF folder is a bare encoder (kind='encoder'); a folder with
-    modules.json is a dual encoder with the sentence-transformers head; a
-    ranker folder is a cross encoder (hf.load_ranker_folder).
+    modules.json is a dual encoder with the sentence-transformers head. A ranker
+    folder is refused: `hf.ranker.load_ranker_folder` reads it
+    (`checkpoints.convert.read_source` picks the reader of any folder).
     """
-    from rankgen_jax.checkpoints.hf.t5 import is_ranker_config, load_ranker_folder
-
     path = os.fspath(path)
-    if not os.path.exists(path):
-        raise RankgenError(f"{path}: no such file or directory")
-    if not os.path.isdir(path):
-        raise RankgenError(f"{path}: not a folder (expected an HF model folder with config.json)")
+    check_folder(path)
     root_config = os.path.join(path, "config.json")
     if os.path.isfile(root_config) and is_ranker_config(read_json(root_config)):
-        return load_ranker_folder(path)
+        raise RankgenError(f"{root_config}: a ranker (cross encoder) folder, not a BERT-family one;"
+                           " read it with hf.ranker.load_ranker_folder (or `rankgen-jax import --from hf`)")
     head, modules, model_dir = None, None, path
     if os.path.isfile(os.path.join(path, "modules.json")):
         modules = _st_modules(path)
@@ -460,9 +457,7 @@ def load_bert_folder(path: str) -> tuple[ModelConfig, dict, list[str]]:
         raise RankgenError(f"{config_path}: model_type={hf.get('model_type')!r} is not a BERT-family model"
                            f" (expected one of {BERT_MODEL_TYPES})")
     cfg = bert_config_from_hf(hf, config_path)
-    state_dict: dict[str, np.ndarray] = {}
-    for f in safetensors_files(model_dir):
-        state_dict.update(read_safetensors(f))
+    state_dict = read_state_dict(model_dir)
     # HF config.json does not say whether the base model has a pooler; the tensors do.
     try:
         has_pooler = any(k.startswith("pooler.") for k in _normalize_keys(state_dict, cfg.variant))
@@ -481,10 +476,6 @@ def load_bert_folder(path: str) -> tuple[ModelConfig, dict, list[str]]:
     return model_config, params, tokenizer_files
 
 
-def _prepare_out_dir(out_dir: str, overwrite: bool) -> None:
-    _prepare_hf_out_dir(out_dir, overwrite, stale_files=STALE_FILES, stale_dir=ST_MODULE_DIR)
-
-
 def _st_max_seq_length(cfg: BertConfig) -> int:
     return min(512, cfg.max_position_embeddings - cfg.position_offset)
 
@@ -494,19 +485,15 @@ def save_bert_folder(model_config: ModelConfig, params: Mapping, out_dir: str,
     """Write config.json + model.safetensors (HF base-model names) + tokenizer files, and for a dual
     encoder the sentence-transformers modules (Pooling [, Dense] [, Normalize]).
 
-    A cross encoder writes the ranker format instead (hf.save_ranker_folder).
+    A cross encoder is refused: `hf.ranker.save_ranker_folder` writes rankers.
     """
-    from safetensors.numpy import save_file
-
-    from rankgen_jax.checkpoints.hf.t5 import save_ranker_folder
-
     cfg = model_config.encoder
     out_dir = os.fspath(out_dir)
     if not isinstance(cfg, BertConfig):
         raise RankgenError("save_bert_folder needs a BERT-family encoder config (got a T5 config)")
     if model_config.kind == "cross_encoder":
-        save_ranker_folder(model_config, params, out_dir, tokenizer_files, overwrite)
-        return
+        raise RankgenError("a cross encoder has no BERT or sentence-transformers layout; write rankers with"
+                           " hf.ranker.save_ranker_folder (or `rankgen-jax export-hf`)")
     if not model_config.shared_towers:
         raise RankgenError("exporting a dual encoder with separate towers (shared_towers=False) to HF is not supported")
     # Check and gather everything first, so bad input fails before anything is written.
@@ -530,21 +517,16 @@ def save_bert_folder(model_config: ModelConfig, params: Mapping, out_dir: str,
         print(f"note: the encoder has no pooler; HF {BASE_ARCHITECTURES[cfg.variant]} will initialise"
               " pooler.dense randomly (it does not affect hidden states)")
 
-    _prepare_out_dir(out_dir, overwrite)
-    # HF's loader requires the "format" metadata.
-    save_file(state_dict, os.path.join(out_dir, SAFETENSORS_FILE), metadata={"format": "pt"})
+    prepare_out_dir(out_dir, overwrite, STALE_FILES, ST_MODULE_DIR)
+    write_safetensors(os.path.join(out_dir, SAFETENSORS_FILE), state_dict)
     write_json(os.path.join(out_dir, "config.json"), hf)
-    for name, data in tokenizers.items():
-        with open(os.path.join(out_dir, name), "wb") as fh:
-            fh.write(data)
+    write_files(out_dir, tokenizers)
     if write_st:
         _write_st_modules(cfg, head, dense_weight, out_dir)
 
 
 def _write_st_modules(cfg: BertConfig, head: HeadConfig, dense_weight: np.ndarray | None, out_dir: str) -> None:
     """modules.json, sentence_bert_config.json, config_sentence_transformers.json and the module folders."""
-    from safetensors.numpy import save_file
-
     modules = [{"idx": 0, "name": "0", "path": "", "type": ST_TRANSFORMER},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": ST_POOLING}]
     pooling = {"word_embedding_dimension": cfg.d_model, **{m: False for m in ST_POOLING_MODES},
@@ -560,8 +542,7 @@ def _write_st_modules(cfg: BertConfig, head: HeadConfig, dense_weight: np.ndarra
         write_json(os.path.join(out_dir, dense_dir, "config.json"), {
             "in_features": cfg.d_model, "out_features": int(dense_weight.shape[0]), "bias": False,
             "activation_function": ST_IDENTITY})
-        save_file({"linear.weight": dense_weight}, os.path.join(out_dir, dense_dir, SAFETENSORS_FILE),
-                  metadata={"format": "pt"})
+        write_safetensors(os.path.join(out_dir, dense_dir, SAFETENSORS_FILE), {"linear.weight": dense_weight})
     if head.l2_normalize:
         idx = len(modules)
         # Normalize has no files; sentence-transformers still expects its folder to exist.

@@ -1,7 +1,8 @@
 """HuggingFace <-> canonical parameter conversion for T5 encoders and RankGen dual encoders.
 
 Canonical parameters are nested dicts of float32 numpy arrays with T5X names
-(docs/design.md, 'HF T5 names'). Two HF folder formats are supported (docs/design.md, 'RankGen format'):
+(`rankgen_jax.models.t5`; the name mapping is in docs/design.md, 'HF T5 names'). Two HF folder formats are
+supported (docs/design.md, 'RankGen format'):
 
 - `t5-encoder`: a plain `T5EncoderModel` (`shared.weight`, `encoder.block...`).
   Reading also accepts `T5Model` / `T5ForConditionalGeneration` folders, whose
@@ -11,10 +12,9 @@ Canonical parameters are nested dicts of float32 numpy arrays with T5X names
   Heads other than RankGen's (pooling, projection width, L2) are stored under
   the `rankgen_jax` key of config.json; absent fields mean released behaviour.
 
-Cross encoders (rankers, T5 or BERT-family backbone) have their own format,
-`rankgen_ranker`: the backbone's tensors under `backbone.`, the head as
-`projection.weight` / `score.weight` / `score.bias`, and `modeling_ranker.py`
-for `trust_remote_code` (see the Rankers section below and that file).
+Cross encoders (rankers) have their own format, written and read by
+`hf.ranker` from this module's tensor table; `checkpoints.convert` picks the
+format of a folder or a model.
 
 Weights are read and written as safetensors only; pickled `pytorch_model.bin`
 files are refused.
@@ -23,16 +23,35 @@ files are refused.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
-import shutil
 from typing import Any, Mapping
 
 import numpy as np
+import sentencepiece
 
-from rankgen_jax.models.configs import RANKGEN_HEAD, HeadConfig, ModelConfig, T5Config
+from rankgen_jax.checkpoints.hf.common import (
+    RANKER_MODELING_FILE,
+    RANKGEN_MODELING_FILE,
+    SAFETENSORS_FILE,
+    WEIGHT_FILES,
+    HFTensor,
+    check_folder,
+    copy_modeling_file,
+    first_line,
+    is_ranker_config,
+    params_from_tensor_table,
+    prefixed,
+    prepare_out_dir,
+    projection_tensors,
+    read_json,
+    read_state_dict,
+    state_dict_from_tensor_table,
+    write_json,
+    write_safetensors,
+)
 from rankgen_jax.errors import RankgenError
+from rankgen_jax.models.configs import RANKGEN_HEAD, HeadConfig, ModelConfig, T5Config
 
 logger = logging.getLogger(__name__)
 
@@ -42,17 +61,9 @@ RANKGEN_ARCHITECTURE = "T5EncoderWithProjection"
 T5_ARCHITECTURES = ("T5EncoderModel", "T5Model", "T5ForConditionalGeneration", RANKGEN_ARCHITECTURE)
 HEAD_CONFIG_KEY = "rankgen_jax"
 RANKGEN_PREFIX = "t5_encoder."
-MODELING_FILE = "modeling_rankgen.py"
-RANKER_MODELING_FILE = "modeling_ranker.py"
-RANKER_MODEL_TYPE = "rankgen_ranker"
-RANKER_ARCHITECTURE = "RankerModel"
-RANKER_PREFIX = "backbone."
-SAFETENSORS_FILE = "model.safetensors"
-SAFETENSORS_INDEX = "model.safetensors.index.json"
 # Files a previous export may have left that would shadow or confuse the new one.
-STALE_FILES = (SAFETENSORS_FILE, SAFETENSORS_INDEX, "pytorch_model.bin", "pytorch_model.bin.index.json",
-               "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "spiece.model",
-               "config.json", MODELING_FILE, RANKER_MODELING_FILE)
+STALE_FILES = (*WEIGHT_FILES, "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "spiece.model",
+               "config.json", RANKGEN_MODELING_FILE, RANKER_MODELING_FILE)
 
 # HF T5Config defaults, used for keys an (older) config.json leaves out.
 _HF_DEFAULTS = {
@@ -138,12 +149,6 @@ def t5_config_from_hf(hf: Mapping[str, Any], where: str) -> T5Config:
         raise RankgenError(f"{where}: {first_line(e)}") from None
 
 
-def first_line(error: Exception) -> str:
-    """The first line of an error's message (its type name if the message is empty)."""
-    # gin appends "In call to configurable ..." on a second line; errors here stay one line.
-    return str(error).splitlines()[0] if str(error) else type(error).__name__
-
-
 def head_to_hf(head: HeadConfig) -> dict[str, Any]:
     """The `rankgen_jax` config.json block that `modeling_rankgen.py` reads."""
     return dataclasses.asdict(head)
@@ -166,17 +171,7 @@ def head_from_hf(hf: Mapping[str, Any], where: str) -> HeadConfig:
 # Parameter names
 
 
-@dataclasses.dataclass(frozen=True)
-class HFTensor:
-    """One tensor: its canonical path, HF key, HF shape, and whether HF stores it transposed."""
-
-    path: tuple[str, ...]
-    hf_key: str
-    hf_shape: tuple[int, ...]
-    transpose: bool
-
-
-def _encoder_tensors(cfg: T5Config) -> list[HFTensor]:
+def t5_tensor_table(cfg: T5Config) -> list[HFTensor]:
     """Name/shape table of a T5 encoder, in HF `T5EncoderModel` key names."""
     d, inner = cfg.d_model, cfg.num_heads * cfg.d_kv
     tensors = [
@@ -206,47 +201,18 @@ def _encoder_tensors(cfg: T5Config) -> list[HFTensor]:
     return tensors
 
 
-def _projection_tensors(model_config: ModelConfig) -> list[HFTensor]:
-    """The head's bias-free projection as a torch nn.Linear weight [P, d] (none when projection_dim is 0)."""
-    if model_config.head is None or model_config.head.projection_dim == 0:
-        return []
-    d = model_config.encoder.d_model
-    return [HFTensor(("projection_layer", "kernel"), "projection.weight", (model_config.head.output_dim(d), d), True)]
-
-
-def _prefixed(tensors: list[HFTensor], prefix: str) -> list[HFTensor]:
-    return [dataclasses.replace(t, hf_key=prefix + t.hf_key) for t in tensors]
-
-
 def _tensor_table(model_config: ModelConfig, fmt: str) -> list[HFTensor]:
     """All tensors of `model_config` in format `fmt` (RankGen prefixes keys and adds the projection)."""
     _check_format(fmt)
-    tensors = _encoder_tensors(model_config.encoder)
+    tensors = t5_tensor_table(model_config.encoder)
     if fmt == "t5-encoder":
         return tensors
-    return _prefixed(tensors, RANKGEN_PREFIX) + _projection_tensors(model_config)
+    return prefixed(tensors, RANKGEN_PREFIX) + projection_tensors(model_config)
 
 
 def _check_format(fmt: str) -> None:
     if fmt not in FORMATS:
         raise RankgenError(f"unknown HF format {fmt!r}: expected one of {FORMATS}")
-
-
-def get_path(params: Mapping, path: tuple[str, ...]):
-    """params[path[0]][path[1]]...; a RankgenError naming the path when absent."""
-    node = params
-    for i, key in enumerate(path):
-        if not isinstance(node, Mapping) or key not in node:
-            raise RankgenError(f"parameters have no {'/'.join(path[:i + 1])} (needed for {'/'.join(path)})")
-        node = node[key]
-    return node
-
-
-def _set_path(params: dict, path: tuple[str, ...], value) -> None:
-    node = params
-    for key in path[:-1]:
-        node = node.setdefault(key, {})
-    node[path[-1]] = value
 
 
 # ---------------------------------------------------------------------------
@@ -261,19 +227,6 @@ def params_to_hf_state_dict(model_config: ModelConfig, params: Mapping, fmt: str
         logger.warning("format 't5-encoder' stores the encoder only: the %s head (%s) is not exported",
                        model_config.kind.replace("_", "-"), _describe_head(model_config))
     return state_dict_from_tensor_table(_tensor_table(model_config, fmt), params)
-
-
-def state_dict_from_tensor_table(tensors, params: Mapping) -> dict[str, np.ndarray]:
-    """HF state dict (float32 numpy, contiguous) from canonical params, one table row per tensor."""
-    state_dict = {}
-    for t in tensors:
-        value = np.asarray(get_path(params, t.path), dtype=np.float32)
-        expected = t.hf_shape[::-1] if t.transpose else t.hf_shape
-        if value.shape != expected:
-            raise RankgenError(f"parameter {'/'.join(t.path)} has shape {value.shape},"
-                               f" but the model config needs {expected}")
-        state_dict[t.hf_key] = np.ascontiguousarray(value.T if t.transpose else value)
-    return state_dict
 
 
 def _describe_head(model_config: ModelConfig) -> str:
@@ -299,31 +252,16 @@ def hf_state_dict_to_params(model_config: ModelConfig, state_dict: Mapping[str, 
     return params
 
 
-def params_from_tensor_table(tensors, state_dict: Mapping[str, Any], where: str) -> dict:
-    """Canonical params from an HF state dict, one table row (hf_key, hf_shape, path, transpose) per tensor."""
-    params: dict = {}
-    for t in tensors:
-        if t.hf_key not in state_dict:
-            raise RankgenError(f"{where}: missing tensor {t.hf_key}")
-        value = np.asarray(state_dict[t.hf_key])
-        if tuple(value.shape) != t.hf_shape:
-            raise RankgenError(f"{where}: tensor {t.hf_key} has shape {tuple(value.shape)},"
-                               f" but config.json implies {t.hf_shape}")
-        value = value.astype(np.float32)
-        _set_path(params, t.path, np.ascontiguousarray(value.T if t.transpose else value))
-    return params
-
-
 def _check_extra_keys(state_dict: Mapping[str, Any], known: set[str], fmt: str, where: str) -> None:
     """Refuse tensors we would silently drop, except the decoder/LM head and the tied embedding copy."""
     prefix = RANKGEN_PREFIX if fmt == "rankgen" else ""
     for key in state_dict:
-        if key in known or _droppable(key, fmt) or _is_tied_copy(state_dict, key, prefix, where):
+        if key in known or _droppable(key, fmt) or is_tied_copy(state_dict, key, prefix, where):
             continue
         raise RankgenError(f"{where}: unexpected tensor {key} (not part of the model config.json describes)")
 
 
-def _is_tied_copy(state_dict: Mapping[str, Any], key: str, prefix: str, where: str) -> bool:
+def is_tied_copy(state_dict: Mapping[str, Any], key: str, prefix: str, where: str) -> bool:
     """Whether `key` is T5's tied embedding copy (prefix + encoder.embed_tokens.weight); an error when it differs."""
     shared, tied = prefix + "shared.weight", prefix + "encoder.embed_tokens.weight"
     if key != tied:
@@ -336,18 +274,6 @@ def _is_tied_copy(state_dict: Mapping[str, Any], key: str, prefix: str, where: s
 
 # ---------------------------------------------------------------------------
 # Folders
-
-
-def read_json(path: str) -> dict:
-    """A JSON object from a file; RankgenError naming the file if it is not valid JSON or not an object."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise RankgenError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise RankgenError(f"{path}: expected a JSON object")
-    return data
 
 
 def _folder_format(hf: Mapping[str, Any], where: str) -> str:
@@ -364,104 +290,31 @@ def _folder_format(hf: Mapping[str, Any], where: str) -> str:
     return "rankgen" if RANKGEN_ARCHITECTURE in architectures else "t5-encoder"
 
 
-def safetensors_files(folder: str) -> list[str]:
-    """The safetensors files holding the weights (one file, or the shards of an index)."""
-    single = os.path.join(folder, SAFETENSORS_FILE)
-    index = os.path.join(folder, SAFETENSORS_INDEX)
-    if os.path.isfile(single):
-        return [single]
-    if os.path.isfile(index):
-        weight_map = read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise RankgenError(f"{index}: no weight_map")
-        files = [os.path.join(folder, name) for name in sorted(set(weight_map.values()))]
-        for f in files:
-            if not os.path.isfile(f):
-                raise RankgenError(f"{index}: shard {os.path.basename(f)} is missing")
-        return files
-    if any(name.startswith("pytorch_model") and ".bin" in name for name in os.listdir(folder)):
-        raise RankgenError(
-            f"{folder}: has only pytorch_model.bin (pickle), which is not read for safety; re-save it with"
-            " safetensors: model.save_pretrained(out_dir, safe_serialization=True)")
-    raise RankgenError(f"{folder}: no {SAFETENSORS_FILE} or {SAFETENSORS_INDEX}")
-
-
-def read_safetensors(path: str) -> dict[str, np.ndarray]:
-    """All tensors of one safetensors file as float32 numpy (bf16/fp16 files are upcast)."""
-    from safetensors import SafetensorError, safe_open
-
-    out = {}
-    try:
-        with safe_open(path, framework="numpy") as f:
-            for key in f.keys():
-                out[key] = f.get_tensor(key)
-        return out
-    except (SafetensorError, TypeError, ValueError) as numpy_error:
-        # numpy has no bfloat16; torch reads every dtype safetensors can hold.
-        try:
-            import torch
-        except ImportError:
-            raise RankgenError(f"{path}: cannot read ({numpy_error})") from None
-    try:
-        with safe_open(path, framework="pt") as f:
-            return {key: f.get_tensor(key).to(torch.float32).numpy() for key in f.keys()}
-    except Exception as e:  # noqa: BLE001 - any read failure is a bad file for the user
-        raise RankgenError(f"{path}: cannot read safetensors ({e})") from None
-
-
 def load_hf_folder(path: str) -> tuple[ModelConfig, dict, str | list[str] | None]:
     """Read an HF T5 folder (plain T5 encoder/encoder-decoder, or the RankGen `T5EncoderWithProjection` format) -> (model config, canonical params, path to spiece.model or None).
 
-    A ranker folder (`rankgen_ranker`, T5 or BERT-family backbone) reads as a
-    cross encoder; see load_ranker_folder for what it returns.
+    A ranker folder is refused: `hf.ranker.load_ranker_folder` reads it
+    (`checkpoints.convert.read_source` picks the reader of any folder).
     """
-    if not os.path.exists(path):
-        raise RankgenError(f"{path}: no such file or directory")
-    if not os.path.isdir(path):
-        raise RankgenError(f"{path}: not a folder (expected an HF model folder with config.json)")
+    check_folder(path)
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
         raise RankgenError(f"{path}: no config.json (not an HF model folder)")
     hf = read_json(config_path)
     if is_ranker_config(hf):
-        return load_ranker_folder(path)
+        raise RankgenError(f"{config_path}: a ranker (cross encoder) folder, not a T5 or RankGen one;"
+                           " read it with hf.ranker.load_ranker_folder (or `rankgen-jax import --from hf`)")
     fmt = _folder_format(hf, config_path)
     encoder = t5_config_from_hf(hf, config_path)
     head = head_from_hf(hf, config_path) if fmt == "rankgen" else None
     model_config = ModelConfig(encoder=encoder, head=head)
-    state_dict: dict[str, np.ndarray] = {}
-    for f in safetensors_files(path):
-        state_dict.update(read_safetensors(f))
-    params = hf_state_dict_to_params(model_config, state_dict, fmt, path)
+    params = hf_state_dict_to_params(model_config, read_state_dict(path), fmt, path)
     spiece = os.path.join(path, "spiece.model")
     return model_config, params, spiece if os.path.isfile(spiece) else None
 
 
-def prepare_out_dir(out_dir: str, overwrite: bool, stale_files=STALE_FILES, stale_dir=None) -> None:
-    """Create out_dir; refuse a non-empty one unless overwrite, then clear only files we would write.
-
-    Stale weights / tokenizer files (and folders whose name matches the
-    stale_dir pattern, e.g. sentence-transformers modules) would shadow or
-    contradict the new export; anything else the user keeps there stays.
-    """
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise RankgenError(f"{out_dir}: exists and is not a folder")
-    if os.path.isdir(out_dir) and os.listdir(out_dir):
-        if not overwrite:
-            raise RankgenError(f"{out_dir}: exists and is not empty (pass --overwrite to replace its contents)")
-        for name in os.listdir(out_dir):
-            full = os.path.join(out_dir, name)
-            if name in stale_files or (name.startswith("model-") and name.endswith(".safetensors")):
-                os.remove(full)
-            elif stale_dir is not None and stale_dir.match(name) and os.path.isdir(full):
-                shutil.rmtree(full)
-    os.makedirs(out_dir, exist_ok=True)
-
-
 def _sentencepiece_size(spiece_model: str, cfg: T5Config) -> int:
     """Number of pieces; checks the special pieces sit at the ids T5's tokenizer and cfg use."""
-    import sentencepiece
-
     try:
         sp = sentencepiece.SentencePieceProcessor(model_file=spiece_model)
     except (OSError, RuntimeError) as e:
@@ -475,7 +328,7 @@ def _sentencepiece_size(spiece_model: str, cfg: T5Config) -> int:
     return sp.get_piece_size()
 
 
-def _tokenizer_extra_ids(cfg: T5Config, spiece_model: str) -> int:
+def tokenizer_extra_ids(cfg: T5Config, spiece_model: str) -> int:
     """Check spiece_model fits the model; the number of T5 sentinel ids its tokenizer gets."""
     if not os.path.isfile(spiece_model):
         raise RankgenError(f"{spiece_model}: no such SentencePiece model file")
@@ -487,7 +340,7 @@ def _tokenizer_extra_ids(cfg: T5Config, spiece_model: str) -> int:
     return _T5_EXTRA_IDS if pieces + _T5_EXTRA_IDS <= cfg.vocab_size else 0
 
 
-def _write_tokenizer(spiece_bytes: bytes, extra_ids: int, out_dir: str) -> None:
+def write_tokenizer(spiece_bytes: bytes, extra_ids: int, out_dir: str) -> None:
     """Write spiece.model and the configs that make AutoTokenizer load a T5 tokenizer."""
     with open(os.path.join(out_dir, "spiece.model"), "wb") as f:
         f.write(spiece_bytes)
@@ -498,27 +351,18 @@ def _write_tokenizer(spiece_bytes: bytes, extra_ids: int, out_dir: str) -> None:
     write_json(os.path.join(out_dir, "special_tokens_map.json"), special)
 
 
-def write_json(path: str, data: Mapping[str, Any]) -> None:
-    """A dict as indented JSON with sorted keys and a final newline, as HF folders have it."""
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-
-
 def save_hf_folder(model_config: ModelConfig, params: Mapping, out_dir: str, fmt: str = "rankgen",
                    spiece_model: str | None = None, overwrite: bool = False) -> None:
     """Write safetensors + config.json (+ modeling_rankgen.py for fmt='rankgen') + tokenizer files.
 
-    A cross encoder with fmt='rankgen' writes the ranker format (save_ranker_folder);
-    fmt='t5-encoder' writes its encoder alone.
+    A cross encoder has no RankGen layout (it has a score layer): fmt='rankgen'
+    refuses it (`hf.ranker.save_ranker_folder` writes rankers), fmt='t5-encoder'
+    writes its encoder alone.
     """
-    from safetensors.numpy import save_file
-
     _check_format(fmt)
     if fmt == "rankgen" and model_config.kind == "cross_encoder":
-        # A RankGen folder has no score layer; rankers have their own format.
-        save_ranker_folder(model_config, params, out_dir, [spiece_model] if spiece_model else None, overwrite)
-        return
+        raise RankgenError("format 'rankgen' has no score layer for a cross encoder; write rankers with"
+                           " hf.ranker.save_ranker_folder (or `rankgen-jax export-hf`)")
     if fmt == "rankgen" and model_config.head is None:
         raise RankgenError("format 'rankgen' needs a dual-encoder head (ModelConfig.head is None);"
                            " export the bare encoder with fmt='t5-encoder'")
@@ -526,226 +370,20 @@ def save_hf_folder(model_config: ModelConfig, params: Mapping, out_dir: str, fmt
     state_dict = params_to_hf_state_dict(model_config, params, fmt)
     extra_ids, spiece_bytes = None, None
     if spiece_model is not None:
-        extra_ids = _tokenizer_extra_ids(model_config.encoder, spiece_model)
+        extra_ids = tokenizer_extra_ids(model_config.encoder, spiece_model)
         # Read now: spiece_model may be out_dir/spiece.model, which overwrite clears.
         with open(spiece_model, "rb") as f:
             spiece_bytes = f.read()
-    prepare_out_dir(out_dir, overwrite)
-    # HF's loader requires the "format" metadata.
-    save_file(state_dict, os.path.join(out_dir, SAFETENSORS_FILE), metadata={"format": "pt"})
+    prepare_out_dir(out_dir, overwrite, STALE_FILES)
+    write_safetensors(os.path.join(out_dir, SAFETENSORS_FILE), state_dict)
     hf = t5_config_to_hf(model_config.encoder)
     if fmt == "rankgen":
         hf["architectures"] = [RANKGEN_ARCHITECTURE]
-        hf["auto_map"] = {"AutoModel": f"{MODELING_FILE[:-3]}.{RANKGEN_ARCHITECTURE}"}
+        hf["auto_map"] = {"AutoModel": f"{RANKGEN_MODELING_FILE[:-3]}.{RANKGEN_ARCHITECTURE}"}
         hf[HEAD_CONFIG_KEY] = head_to_hf(model_config.head)
-        shutil.copyfile(os.path.join(os.path.dirname(os.path.abspath(__file__)), MODELING_FILE),
-                        os.path.join(out_dir, MODELING_FILE))
+        copy_modeling_file(RANKGEN_MODELING_FILE, out_dir)
     else:
         hf["architectures"] = ["T5EncoderModel"]
     write_json(os.path.join(out_dir, "config.json"), hf)
     if spiece_model is not None:
-        _write_tokenizer(spiece_bytes, extra_ids, out_dir)
-
-
-# ---------------------------------------------------------------------------
-# Rankers (cross encoders)
-#
-# config.json: model_type `rankgen_ranker`, `backbone` (the encoder's own HF
-# config: T5, BERT, RoBERTa or DistilBERT), `backbone_pooler`, `pooling`,
-# `projection_dim`, `num_scores`, and an `auto_map` to modeling_ranker.py.
-# Tensors: the backbone's HF names under `backbone.`, then `projection.weight`
-# [P, d] (absent when projection_dim is 0), `score.weight` [N, P], `score.bias` [N].
-
-# What modeling_ranker.RankerConfig assumes for a key config.json leaves out.
-_RANKER_DEFAULTS = {"pooling": "first", "projection_dim": -1, "num_scores": 1, "backbone_pooler": True}
-
-
-def is_ranker_config(hf: Mapping[str, Any]) -> bool:
-    """Whether an HF config.json describes a ranker exported by rankgen_jax."""
-    return hf.get("model_type") == RANKER_MODEL_TYPE
-
-
-def ranker_head_tensors(model_config: ModelConfig) -> list[HFTensor]:
-    """The cross-encoder head (whatever the backbone): optional projection, then the score layer with its bias."""
-    width = model_config.head.output_dim(model_config.encoder.d_model)
-    n = model_config.num_scores
-    return _projection_tensors(model_config) + [
-        HFTensor(("score_head", "kernel"), "score.weight", (n, width), True),
-        HFTensor(("score_head", "bias"), "score.bias", (n,), False),
-    ]
-
-
-def _ranker_tensor_table(model_config: ModelConfig) -> list[HFTensor]:
-    """Backbone tensors (its own HF names under `backbone.`) followed by the head tensors."""
-    if isinstance(model_config.encoder, T5Config):
-        backbone = _encoder_tensors(model_config.encoder)
-    else:
-        from rankgen_jax.checkpoints.hf.bert import bert_tensor_table
-
-        backbone = bert_tensor_table(model_config.encoder)
-    return _prefixed(backbone, RANKER_PREFIX) + ranker_head_tensors(model_config)
-
-
-def ranker_config_to_hf(model_config: ModelConfig) -> dict[str, Any]:
-    """The config.json of a ranker folder; RankgenError if HF cannot express the backbone."""
-    encoder = model_config.encoder
-    if isinstance(encoder, T5Config):
-        backbone = t5_config_to_hf(encoder)
-    else:
-        from rankgen_jax.checkpoints.hf.bert import bert_config_to_hf
-
-        backbone = bert_config_to_hf(encoder)
-    module = RANKER_MODELING_FILE[:-3]
-    return {
-        "model_type": RANKER_MODEL_TYPE,
-        "architectures": [RANKER_ARCHITECTURE],
-        "auto_map": {"AutoConfig": f"{module}.RankerConfig", "AutoModel": f"{module}.{RANKER_ARCHITECTURE}"},
-        "backbone": backbone,
-        # T5 and DistilBERT have no pooler; HF BERT / RoBERTa build one unless told otherwise.
-        "backbone_pooler": bool(getattr(encoder, "has_pooler", False)),
-        "pooling": model_config.head.pooling,
-        "projection_dim": model_config.head.projection_dim,
-        "num_scores": model_config.num_scores,
-    }
-
-
-def _ranker_field(hf: Mapping[str, Any], key: str, kind: type, where: str):
-    """One ranker setting of config.json, defaulted like modeling_ranker.py, type-checked."""
-    value = hf.get(key, _RANKER_DEFAULTS[key])
-    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise RankgenError(f"{where}: {key}={value!r} should be of type {kind.__name__}")
-    return value
-
-
-def ranker_config_from_hf(hf: Mapping[str, Any], where: str) -> ModelConfig:
-    """The cross-encoder ModelConfig of a ranker config.json (`where` names it in errors)."""
-    from rankgen_jax.checkpoints.hf import bert as hf_bert
-
-    backbone = hf.get("backbone")
-    if not isinstance(backbone, Mapping) or not isinstance(backbone.get("model_type"), str):
-        raise RankgenError(f"{where}: a ranker config needs a `backbone` object with a model_type, got {backbone!r}")
-    backbone_type, backbone_where = backbone["model_type"], f"{where} (backbone)"
-    if backbone_type == "t5":
-        encoder = t5_config_from_hf(backbone, backbone_where)
-    elif backbone_type in hf_bert.BERT_MODEL_TYPES:
-        encoder = hf_bert.bert_config_from_hf(backbone, backbone_where)
-        if encoder.variant != "distilbert":
-            encoder = dataclasses.replace(encoder, has_pooler=_ranker_field(hf, "backbone_pooler", bool, where))
-    else:
-        raise RankgenError(f"{where}: unsupported ranker backbone model_type={backbone_type!r}"
-                           f" (expected 't5' or one of {hf_bert.BERT_MODEL_TYPES})")
-    try:
-        # Cross encoders never normalise their pooled vector.
-        head = HeadConfig(pooling=_ranker_field(hf, "pooling", str, where),
-                          projection_dim=_ranker_field(hf, "projection_dim", int, where), l2_normalize=False)
-        return ModelConfig(encoder=encoder, head=head, kind="cross_encoder",
-                           num_scores=_ranker_field(hf, "num_scores", int, where))
-    except RankgenError as e:
-        raise RankgenError(f"{where}: {first_line(e)}") from None
-
-
-def read_files(files: list[str]) -> dict[str, bytes]:
-    """{file name: contents}; read before an overwrite clears the folder they may sit in."""
-    out = {}
-    for f in files:
-        if not os.path.isfile(f):
-            raise RankgenError(f"{f}: tokenizer file not found")
-        with open(f, "rb") as fh:
-            out[os.path.basename(f)] = fh.read()
-    return out
-
-
-def _with_tokenizer_class(files: dict[str, bytes], tokenizer_class: str) -> dict[str, bytes]:
-    """Tokenizer files whose tokenizer_config.json names its class (added when missing).
-
-    AutoTokenizer falls back to config.json's model_type, which in a ranker
-    folder is not a model transformers knows.
-    """
-    if not files:
-        return files
-    name = "tokenizer_config.json"
-    try:
-        tokenizer_config = json.loads(files.get(name, b"{}"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RankgenError(f"the tokenizer's {name} is not valid JSON ({e})") from None
-    if not isinstance(tokenizer_config, dict):
-        raise RankgenError(f"the tokenizer's {name} is not a JSON object")
-    if tokenizer_config.get("tokenizer_class"):
-        return files
-    text = json.dumps({**tokenizer_config, "tokenizer_class": tokenizer_class}, indent=2, sort_keys=True) + "\n"
-    return {**files, name: text.encode("utf-8")}
-
-
-def save_ranker_folder(model_config: ModelConfig, params: Mapping, out_dir: str,
-                       tokenizer_files: list[str] | None = None, overwrite: bool = False) -> None:
-    """Write a cross encoder as config.json + model.safetensors + modeling_ranker.py + tokenizer files.
-
-    tokenizer_files: a T5 backbone takes one SentencePiece model (written as
-    T5's tokenizer, as save_hf_folder does); a BERT-family backbone takes its
-    tokenizer files, copied as they are.
-    """
-    from safetensors.numpy import save_file
-
-    from rankgen_jax.checkpoints.hf import bert as hf_bert
-
-    out_dir = os.fspath(out_dir)
-    if model_config.kind != "cross_encoder":
-        raise RankgenError(f"save_ranker_folder needs a cross encoder, got kind={model_config.kind!r}")
-    # Check and gather everything first, so bad input fails before anything is written.
-    hf = ranker_config_to_hf(model_config)
-    state_dict = state_dict_from_tensor_table(_ranker_tensor_table(model_config), params)
-    files = [os.fspath(f) for f in tokenizer_files or []]
-    spiece_bytes, extra_ids, copies = None, None, {}
-    if isinstance(model_config.encoder, T5Config):
-        if len(files) > 1:
-            raise RankgenError(f"a T5 ranker's tokenizer is one SentencePiece model, got {len(files)} files: {files}")
-        if files:
-            extra_ids = _tokenizer_extra_ids(model_config.encoder, files[0])
-            spiece_bytes = read_files(files)[os.path.basename(files[0])]
-    else:
-        copies = _with_tokenizer_class(read_files(files), hf_bert.TOKENIZER_CLASSES[model_config.encoder.variant])
-
-    prepare_out_dir(out_dir, overwrite, stale_files=(*STALE_FILES, *hf_bert.STALE_FILES),
-                     stale_dir=hf_bert.ST_MODULE_DIR)
-    # HF's loader requires the "format" metadata.
-    save_file(state_dict, os.path.join(out_dir, SAFETENSORS_FILE), metadata={"format": "pt"})
-    write_json(os.path.join(out_dir, "config.json"), hf)
-    shutil.copyfile(os.path.join(os.path.dirname(os.path.abspath(__file__)), RANKER_MODELING_FILE),
-                    os.path.join(out_dir, RANKER_MODELING_FILE))
-    if spiece_bytes is not None:
-        _write_tokenizer(spiece_bytes, extra_ids, out_dir)
-    for name, data in copies.items():
-        with open(os.path.join(out_dir, name), "wb") as fh:
-            fh.write(data)
-
-
-def load_ranker_folder(path: str) -> tuple[ModelConfig, dict, str | list[str] | None]:
-    """Read a ranker folder -> (cross-encoder model config, canonical params, tokenizer).
-
-    The tokenizer is what the backbone's own loader gives: a T5 backbone's
-    spiece.model path (or None), a BERT-family backbone's tokenizer files.
-    """
-    from rankgen_jax.checkpoints.hf import bert as hf_bert
-
-    path = os.fspath(path)
-    config_path = os.path.join(path, "config.json")
-    if not os.path.isfile(config_path):
-        raise RankgenError(f"{path}: no config.json (not an HF model folder)")
-    model_config = ranker_config_from_hf(read_json(config_path), config_path)
-    state_dict: dict[str, np.ndarray] = {}
-    for f in safetensors_files(path):
-        state_dict.update(read_safetensors(f))
-    tensors = _ranker_tensor_table(model_config)
-    params = params_from_tensor_table(tensors, state_dict, path)
-    known, is_t5 = {t.hf_key for t in tensors}, isinstance(model_config.encoder, T5Config)
-    for key in state_dict:
-        if key in known or (is_t5 and _is_tied_copy(state_dict, key, RANKER_PREFIX, path)):
-            continue
-        if not is_t5 and key.startswith(RANKER_PREFIX) and key.endswith(hf_bert.BUFFER_SUFFIXES):
-            continue  # position_ids / token_type_ids buffers an older transformers may have saved
-        raise RankgenError(f"{path}: unexpected tensor {key} (not part of the ranker config.json describes)")
-    if is_t5:
-        spiece = os.path.join(path, "spiece.model")
-        return model_config, params, spiece if os.path.isfile(spiece) else None
-    tokenizer = [os.path.join(path, name) for name in hf_bert.TOKENIZER_FILES]
-    return model_config, params, [f for f in tokenizer if os.path.isfile(f)]
+        write_tokenizer(spiece_bytes, extra_ids, out_dir)

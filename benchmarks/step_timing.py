@@ -1,0 +1,106 @@
+"""One train-step benchmark case, how its steps are timed, and its analytical cost.
+
+What the JAX step (`benchmarks.bench`) and its PyTorch peer (`benchmarks.torch_peer`)
+share, so that both sides time the same work the same way: the case, the timing
+loop with the matmul peak read beside the timed steps, and the tokens and FLOPs
+a step processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+import numpy as np
+
+from rankgen_jax.models.configs import t5_config
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchCase:
+    size: str = "tiny"
+    batch: int = 32
+    prefix_length: int = 256
+    continuation_length: int = 128
+    with_negative: bool = True
+    num_chunks: int = 1
+    steps: int = 5
+    framework: str = "jax"  # or "torch": the HF peer step
+
+
+def forward_flops(cfg, length: int, head_dim_out: int) -> float:
+    """Matmul FLOPs of one encoder forward over one sequence of `length` tokens (plus the head)."""
+    d, inner, ff = cfg.d_model, cfg.num_heads * cfg.d_kv, cfg.d_ff
+    mlp_in = 2 if cfg.mlp_activation == "gated-gelu" else 1
+    per_token_dense = 2 * (3 * d * inner + inner * d + mlp_in * d * ff + ff * d)
+    per_token_attention = 2 * 2 * length * inner
+    return cfg.num_layers * length * (per_token_dense + per_token_attention) + 2 * d * head_dim_out
+
+
+def _towers(case: BenchCase) -> int:
+    """Encoder calls per example: the prefix, the continuation and (with_negative) the negative."""
+    return 3 if case.with_negative else 2
+
+
+def step_tokens(case: BenchCase) -> int:
+    """Tokens one train step encodes."""
+    return case.batch * (case.prefix_length + (_towers(case) - 1) * case.continuation_length)
+
+
+def step_flops(case: BenchCase) -> float:
+    """Analytical matmul FLOPs of one train step: 3x the forward (GradCache's extra forward is not counted)."""
+    cfg = t5_config(case.size)
+    return 3 * case.batch * (
+        forward_flops(cfg, case.prefix_length, cfg.d_model)
+        + (_towers(case) - 1) * forward_flops(cfg, case.continuation_length, cfg.d_model)
+    )
+
+
+def time_steps(step, steps: int) -> dict:
+    """Run step(0) (compile / warm-up) then `steps` timed steps; median and best seconds per step.
+
+    The matmul peak is read right before and right after the timed steps, in the same
+    process: the machine's speed drifts within a run (numpy's peak read 391 and then 332
+    GFLOP/s in one `make bench`), so a step's % of peak is taken against readings from
+    the same minute, not from the run's start or end.
+    """
+    start = time.perf_counter()
+    step(0)
+    first = time.perf_counter() - start
+    peak_before = _peak_between_steps()
+    seconds = []
+    for i in range(1, steps + 1):
+        start = time.perf_counter()
+        loss = step(i)
+        seconds.append(time.perf_counter() - start)
+    peak_after = _peak_between_steps()
+    return {"step_seconds": statistics.median(seconds), "best_step_seconds": min(seconds),
+            "first_step_seconds": first, "loss": loss, "peak_readings": [peak_before, peak_after]}
+
+
+# Idle thread pools (torch's OpenMP, numpy's OpenBLAS) spin for up to ~0.2 s after their
+# last call; the pauses keep either side's spinning out of the other's measurement.
+THREAD_SPIN_SECONDS = 0.5
+
+
+def _peak_between_steps() -> float:
+    time.sleep(THREAD_SPIN_SECONDS)
+    peak = matmul_peak_gflops()
+    time.sleep(THREAD_SPIN_SECONDS)
+    return peak
+
+
+def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
+    """Best fp32 GFLOP/s of an n^3 numpy matmul on this machine."""
+    a = np.random.rand(n, n).astype(np.float32)
+    b = np.random.rand(n, n).astype(np.float32)
+    a @ b
+    best = min(_timed(lambda: a @ b) for _ in range(repeats))
+    return 2 * n**3 / best / 1e9
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start

@@ -1,0 +1,212 @@
+"""HuggingFace <-> canonical conversion for cross encoders (rankers), whatever their backbone.
+
+The `rankgen_ranker` folder format, one for T5 and BERT-family backbones:
+
+- config.json: model_type `rankgen_ranker`, `backbone` (the encoder's own HF
+  config: T5, BERT, RoBERTa or DistilBERT), `backbone_pooler`, `pooling`,
+  `projection_dim`, `num_scores`, and an `auto_map` to modeling_ranker.py.
+- model.safetensors: the backbone's tensors under their own HF names behind
+  `backbone.` (`hf.t5` or `hf.bert` names them), then `projection.weight` [P, d]
+  (absent when projection_dim is 0), `score.weight` [N, P], `score.bias` [N].
+- modeling_ranker.py for `trust_remote_code`, and the backbone's tokenizer.
+
+Weights are read and written as safetensors only; pickled `pytorch_model.bin`
+files are refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping
+
+from rankgen_jax.checkpoints.hf import bert as hf_bert
+from rankgen_jax.checkpoints.hf import t5 as hf_t5
+from rankgen_jax.checkpoints.hf.common import (
+    RANKER_MODEL_TYPE,
+    RANKER_MODELING_FILE,
+    SAFETENSORS_FILE,
+    HFTensor,
+    check_folder,
+    copy_modeling_file,
+    first_line,
+    params_from_tensor_table,
+    prefixed,
+    prepare_out_dir,
+    projection_tensors,
+    read_files,
+    read_json,
+    read_state_dict,
+    state_dict_from_tensor_table,
+    write_files,
+    write_json,
+    write_safetensors,
+)
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.models.configs import HeadConfig, ModelConfig, T5Config
+
+RANKER_ARCHITECTURE = "RankerModel"
+RANKER_PREFIX = "backbone."
+# An export replaces whatever an earlier T5, RankGen, BERT or sentence-transformers export left.
+STALE_FILES = (*hf_t5.STALE_FILES, *hf_bert.STALE_FILES)
+
+# What modeling_ranker.RankerConfig assumes for a key config.json leaves out.
+_RANKER_DEFAULTS = {"pooling": "first", "projection_dim": -1, "num_scores": 1, "backbone_pooler": True}
+
+
+def ranker_head_tensors(model_config: ModelConfig) -> list[HFTensor]:
+    """The cross-encoder head (whatever the backbone): optional projection, then the score layer with its bias."""
+    width = model_config.head.output_dim(model_config.encoder.d_model)
+    n = model_config.num_scores
+    return projection_tensors(model_config) + [
+        HFTensor(("score_head", "kernel"), "score.weight", (n, width), True),
+        HFTensor(("score_head", "bias"), "score.bias", (n,), False),
+    ]
+
+
+def ranker_tensor_table(model_config: ModelConfig) -> list[HFTensor]:
+    """Backbone tensors (its own HF names under `backbone.`) followed by the head tensors."""
+    if isinstance(model_config.encoder, T5Config):
+        backbone = hf_t5.t5_tensor_table(model_config.encoder)
+    else:
+        backbone = hf_bert.bert_tensor_table(model_config.encoder)
+    return prefixed(backbone, RANKER_PREFIX) + ranker_head_tensors(model_config)
+
+
+def ranker_config_to_hf(model_config: ModelConfig) -> dict[str, Any]:
+    """The config.json of a ranker folder; RankgenError if HF cannot express the backbone."""
+    encoder = model_config.encoder
+    if isinstance(encoder, T5Config):
+        backbone = hf_t5.t5_config_to_hf(encoder)
+    else:
+        backbone = hf_bert.bert_config_to_hf(encoder)
+    module = RANKER_MODELING_FILE[:-3]
+    return {
+        "model_type": RANKER_MODEL_TYPE,
+        "architectures": [RANKER_ARCHITECTURE],
+        "auto_map": {"AutoConfig": f"{module}.RankerConfig", "AutoModel": f"{module}.{RANKER_ARCHITECTURE}"},
+        "backbone": backbone,
+        # T5 and DistilBERT have no pooler; HF BERT / RoBERTa build one unless told otherwise.
+        "backbone_pooler": bool(getattr(encoder, "has_pooler", False)),
+        "pooling": model_config.head.pooling,
+        "projection_dim": model_config.head.projection_dim,
+        "num_scores": model_config.num_scores,
+    }
+
+
+def _ranker_field(hf: Mapping[str, Any], key: str, kind: type, where: str):
+    """One ranker setting of config.json, defaulted like modeling_ranker.py, type-checked."""
+    value = hf.get(key, _RANKER_DEFAULTS[key])
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise RankgenError(f"{where}: {key}={value!r} should be of type {kind.__name__}")
+    return value
+
+
+def ranker_config_from_hf(hf: Mapping[str, Any], where: str) -> ModelConfig:
+    """The cross-encoder ModelConfig of a ranker config.json (`where` names it in errors)."""
+    backbone = hf.get("backbone")
+    if not isinstance(backbone, Mapping) or not isinstance(backbone.get("model_type"), str):
+        raise RankgenError(f"{where}: a ranker config needs a `backbone` object with a model_type, got {backbone!r}")
+    backbone_type, backbone_where = backbone["model_type"], f"{where} (backbone)"
+    if backbone_type == "t5":
+        encoder = hf_t5.t5_config_from_hf(backbone, backbone_where)
+    elif backbone_type in hf_bert.BERT_MODEL_TYPES:
+        encoder = hf_bert.bert_config_from_hf(backbone, backbone_where)
+        if encoder.variant != "distilbert":
+            encoder = dataclasses.replace(encoder, has_pooler=_ranker_field(hf, "backbone_pooler", bool, where))
+    else:
+        raise RankgenError(f"{where}: unsupported ranker backbone model_type={backbone_type!r}"
+                           f" (expected 't5' or one of {hf_bert.BERT_MODEL_TYPES})")
+    try:
+        # Cross encoders never normalise their pooled vector.
+        head = HeadConfig(pooling=_ranker_field(hf, "pooling", str, where),
+                          projection_dim=_ranker_field(hf, "projection_dim", int, where), l2_normalize=False)
+        return ModelConfig(encoder=encoder, head=head, kind="cross_encoder",
+                           num_scores=_ranker_field(hf, "num_scores", int, where))
+    except RankgenError as e:
+        raise RankgenError(f"{where}: {first_line(e)}") from None
+
+
+def _with_tokenizer_class(files: dict[str, bytes], tokenizer_class: str) -> dict[str, bytes]:
+    """Tokenizer files whose tokenizer_config.json names its class (added when missing).
+
+    AutoTokenizer falls back to config.json's model_type, which in a ranker
+    folder is not a model transformers knows.
+    """
+    if not files:
+        return files
+    name = "tokenizer_config.json"
+    try:
+        tokenizer_config = json.loads(files.get(name, b"{}"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RankgenError(f"the tokenizer's {name} is not valid JSON ({e})") from None
+    if not isinstance(tokenizer_config, dict):
+        raise RankgenError(f"the tokenizer's {name} is not a JSON object")
+    if tokenizer_config.get("tokenizer_class"):
+        return files
+    text = json.dumps({**tokenizer_config, "tokenizer_class": tokenizer_class}, indent=2, sort_keys=True) + "\n"
+    return {**files, name: text.encode("utf-8")}
+
+
+def save_ranker_folder(model_config: ModelConfig, params: Mapping, out_dir: str,
+                       tokenizer_files: list[str] | None = None, overwrite: bool = False) -> None:
+    """Write a cross encoder as config.json + model.safetensors + modeling_ranker.py + tokenizer files.
+
+    tokenizer_files: a T5 backbone takes one SentencePiece model (written as
+    T5's tokenizer, as hf.t5.save_hf_folder does); a BERT-family backbone takes
+    its tokenizer files, copied as they are.
+    """
+    out_dir = os.fspath(out_dir)
+    if model_config.kind != "cross_encoder":
+        raise RankgenError(f"save_ranker_folder needs a cross encoder, got kind={model_config.kind!r}")
+    # Check and gather everything first, so bad input fails before anything is written.
+    hf = ranker_config_to_hf(model_config)
+    state_dict = state_dict_from_tensor_table(ranker_tensor_table(model_config), params)
+    files = [os.fspath(f) for f in tokenizer_files or []]
+    spiece_bytes, extra_ids, copies = None, None, {}
+    if isinstance(model_config.encoder, T5Config):
+        if len(files) > 1:
+            raise RankgenError(f"a T5 ranker's tokenizer is one SentencePiece model, got {len(files)} files: {files}")
+        if files:
+            extra_ids = hf_t5.tokenizer_extra_ids(model_config.encoder, files[0])
+            spiece_bytes = read_files(files)[os.path.basename(files[0])]
+    else:
+        copies = _with_tokenizer_class(read_files(files), hf_bert.TOKENIZER_CLASSES[model_config.encoder.variant])
+
+    prepare_out_dir(out_dir, overwrite, STALE_FILES, hf_bert.ST_MODULE_DIR)
+    write_safetensors(os.path.join(out_dir, SAFETENSORS_FILE), state_dict)
+    write_json(os.path.join(out_dir, "config.json"), hf)
+    copy_modeling_file(RANKER_MODELING_FILE, out_dir)
+    if spiece_bytes is not None:
+        hf_t5.write_tokenizer(spiece_bytes, extra_ids, out_dir)
+    write_files(out_dir, copies)
+
+
+def load_ranker_folder(path: str) -> tuple[ModelConfig, dict, str | list[str] | None]:
+    """Read a ranker folder -> (cross-encoder model config, canonical params, tokenizer).
+
+    The tokenizer is what the backbone's own loader gives: a T5 backbone's
+    spiece.model path (or None), a BERT-family backbone's tokenizer files.
+    """
+    path = os.fspath(path)
+    check_folder(path)
+    config_path = os.path.join(path, "config.json")
+    if not os.path.isfile(config_path):
+        raise RankgenError(f"{path}: no config.json (not an HF model folder)")
+    model_config = ranker_config_from_hf(read_json(config_path), config_path)
+    state_dict = read_state_dict(path)
+    tensors = ranker_tensor_table(model_config)
+    params = params_from_tensor_table(tensors, state_dict, path)
+    known, is_t5 = {t.hf_key for t in tensors}, isinstance(model_config.encoder, T5Config)
+    for key in state_dict:
+        if key in known or (is_t5 and hf_t5.is_tied_copy(state_dict, key, RANKER_PREFIX, path)):
+            continue
+        if not is_t5 and key.startswith(RANKER_PREFIX) and key.endswith(hf_bert.BUFFER_SUFFIXES):
+            continue  # position_ids / token_type_ids buffers an older transformers may have saved
+        raise RankgenError(f"{path}: unexpected tensor {key} (not part of the ranker config.json describes)")
+    if is_t5:
+        spiece = os.path.join(path, "spiece.model")
+        return model_config, params, spiece if os.path.isfile(spiece) else None
+    tokenizer = [os.path.join(path, name) for name in hf_bert.TOKENIZER_FILES]
+    return model_config, params, [f for f in tokenizer if os.path.isfile(f)]
