@@ -110,7 +110,7 @@ PAPER_CONFIGS = [
 
 @pytest.mark.parametrize("gin_file, topology, batch_size, mesh", PAPER_CONFIGS)
 def test_paper_configs_parse(gin_file, topology, batch_size, mesh):
-    from rankgen_jax.train.loop import TrainerConfig
+    from rankgen_jax.train.config import TrainerConfig
 
     parse_gin([gin_file], [])
     data, trainer = DataConfig(), TrainerConfig()

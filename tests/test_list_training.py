@@ -15,7 +15,8 @@ from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.factory import build_model, init_params
 from rankgen_jax.data.text import encode_pair_truncated, load_text_encoder
 from rankgen_jax.train.step import StepOptions
-from rankgen_jax.train.loop import LossConfig, TrainerConfig, train
+from rankgen_jax.train.config import LossConfig, TrainerConfig
+from rankgen_jax.train.loop import train
 from step_harness import TOL, assert_trees_close, run_steps
 
 BERT = BertConfig(vocab_size=128, d_model=32, d_ff=64, num_layers=1, num_heads=4, max_position_embeddings=64)

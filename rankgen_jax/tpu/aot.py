@@ -255,27 +255,23 @@ def batch_shapes(data, model_kind: str) -> dict[str, tuple[int, ...]]:
 
 
 def _model_config(trainer, gin_model):
-    """The model config training would use (as trainer.resolve_model_config), without reading weights."""
+    """The model config training would use (as checkpointing.resolve_model_config), without reading weights."""
     # An init checkpoint readable here supplies its saved encoder config; otherwise (gs://)
     # gin's encoder stands in for it. Either way the trainer's encoder_overrides apply.
+    # Imported here, as jax is: topology_devices sets libtpu's environment before jax loads.
     from rankgen_jax.checkpoints import native
+    from rankgen_jax.train.checkpointing import model_config_from_checkpoint
 
     if not trainer.init_checkpoint:
         return gin_model
     path = trainer.init_checkpoint
     if not native.is_remote(path) and native.is_checkpoint_dir(path):
-        source = native.load_model_config(path)
+        saved = native.load_model_config(path)
     else:
         print(f"note: {path} is not readable here; compiling gin's ModelConfig with TrainerConfig.encoder_overrides",
               file=sys.stderr)
-        source = gin_model
-    try:
-        encoder = dataclasses.replace(source.encoder, **dict(trainer.encoder_overrides))
-    except TypeError as e:
-        raise RankgenError(f"TrainerConfig.encoder_overrides: {e}") from None
-    if source.kind == "encoder" or trainer.init_encoder_only or gin_model.kind != source.kind:
-        return dataclasses.replace(gin_model, encoder=encoder)
-    return dataclasses.replace(source, encoder=encoder)
+        saved = gin_model
+    return model_config_from_checkpoint(saved, trainer, gin_model)
 
 
 def _first_line(error: BaseException) -> str:
@@ -318,7 +314,8 @@ def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAU
     from rankgen_jax.data.sources import DataConfig
     from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer
     from rankgen_jax.train.step import StepOptions
-    from rankgen_jax.train.loop import LossConfig, TrainerConfig, check_divisible, build_step_functions
+    from rankgen_jax.train.compiled import build_step_functions
+    from rankgen_jax.train.config import LossConfig, TrainerConfig, check_divisible
 
     trainer, data, loss, optimizer = TrainerConfig(), DataConfig(), LossConfig(), OptimizerConfig()
     model_config = _model_config(trainer, ModelConfig())
