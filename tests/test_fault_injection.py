@@ -31,6 +31,7 @@ from rankgen_jax.losses import registry as losses
 from rankgen_jax.checkpoints import native
 from rankgen_jax.cli.main import main
 from rankgen_jax.data.sources import DataConfig, make_sources
+from rankgen_jax.models.batch_layout import TRIPLES
 from rankgen_jax.train.metric_writers import read_jsonl
 
 from test_trainer import TINY, _losses_by_step
@@ -364,6 +365,7 @@ def _poison(monkeypatch, bad_batches: list[int], num_steps: int) -> None:
         return loss * jnp.where(poisoned, jnp.nan, 1.0), metrics
 
     monkeypatch.setitem(losses.LOSSES, NAN_LOSS, nan_on_batches)
+    monkeypatch.setitem(losses.LOSS_BATCH_FORMS, NAN_LOSS, TRIPLES)
 
 
 def _train_records(workdir: Path) -> dict[int, dict]:

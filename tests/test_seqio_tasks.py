@@ -11,7 +11,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 seqio = pytest.importorskip("seqio")
 
-from rankgen_jax.data import seqio_tasks as st  # noqa: E402 - after the seqio/TF import check
+from rankgen_jax.data.seqio import tasks as st  # noqa: E402 - after the seqio/TF import check
 from rankgen_jax.data.documents import BINARY_FILE, EMPTY_FILE, MALFORMED_JSON, TOO_SHORT, Document  # noqa: E402
 from rankgen_jax.data.examples import ExampleConfig, make_examples  # noqa: E402
 from rankgen_jax.data.sources import DataConfig, make_sources  # noqa: E402

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rankgen_jax.errors import RankgenError
+from rankgen_jax.models.batch_layout import TRIPLES, BatchLayout
 
 GIB = 1024**3
 AOT_VENV_HINT = "run tpu_scripts/aot_venv.sh and use .venv-aot/bin/rankgen-jax"
@@ -242,16 +243,15 @@ def topology_devices(topology: Topology) -> list:
     return list(devices)
 
 
-def batch_shapes(data, model_kind: str) -> dict[str, tuple[int, ...]]:
-    """Global shapes of the int32 arrays of one training batch (triple sources)."""
-    if model_kind != "dual_encoder" or data.source in ("lists", "pairs"):
+def batch_shapes(data, layout: BatchLayout) -> dict[str, tuple[int, ...]]:
+    """Global shapes of the int32 arrays of one training batch (triple sources; see models.batch_layout)."""
+    # A candidate list's length is known only once its file is read, so lists and pairs are not compiled.
+    if layout.form != TRIPLES or data.source in ("lists", "pairs"):
         raise RankgenError(f"compile supports dual encoders trained on triples (DataConfig.source 'books', "
-                           f"'examples', 'seqio' or 'random'), not kind {model_kind!r} with source {data.source!r}")
-    shapes = {"query_ids": (data.batch_size, data.prefix_length),
-              "positive_ids": (data.batch_size, data.continuation_length)}
-    if data.with_negative:
-        shapes["negative_ids"] = (data.batch_size, data.continuation_length)
-    return shapes
+                           f"'examples', 'seqio' or 'random'), not kind {layout.model_kind!r} with source "
+                           f"{data.source!r} and a loss of {layout.form}")
+    lengths = layout.lengths(data.prefix_length, data.continuation_length, optional=data.with_negative)
+    return {key: (data.batch_size, length) for key, length in lengths.items()}
 
 
 def _model_config(trainer, gin_model):
@@ -319,14 +319,15 @@ def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAU
 
     trainer, data, loss, optimizer = TrainerConfig(), DataConfig(), LossConfig(), OptimizerConfig()
     model_config = _model_config(trainer, ModelConfig())
-    shapes = batch_shapes(data, model_config.kind)
+    layout = BatchLayout(model_config.kind, losses.batch_form(loss.name))
+    shapes = batch_shapes(data, layout)
 
     # The same mesh, options and step functions as trainer.train, on the topology's devices.
     mesh = partitioning.make_mesh(trainer.mesh_data, trainer.mesh_model, devices=devices, replica=trainer.mesh_replica)
     rules = partitioning.rules_by_name(trainer.axis_rules)
     check_divisible(data.batch_size, partitioning.data_parallel_size(mesh), trainer)
     options = StepOptions(loss.name, tuple(sorted(loss.options().items())), trainer.num_chunks, trainer.accum_steps,
-                          model_kind=model_config.kind)
+                          towers=layout.towers)
     tx, schedule = make_optimizer(optimizer)
     loss_params = losses.init_loss_params(loss.name, **loss.options())
     setup = build_step_functions(model_config, options, tx, schedule, loss_params, mesh, rules, trainer.seed)

@@ -39,6 +39,7 @@ from rankgen_jax.checkpoints import native
 from rankgen_jax.data.sources import DataConfig, make_sources
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.losses import registry as losses
+from rankgen_jax.models.batch_layout import BatchLayout
 from rankgen_jax.models.configs import ModelConfig
 from rankgen_jax.runtime import partitioning
 from rankgen_jax.runtime.process import initialize_distributed
@@ -76,13 +77,15 @@ def train(
     if model_config.kind == "cross_encoder" and data.source not in ("lists", "pairs"):
         raise RankgenError(f"a cross encoder trains on candidate lists or pairs (DataConfig.source 'lists' or "
                            f"'pairs'), not {data.source!r}")
+    # The model kind and the batch form its loss reads fix what a batch holds (models.batch_layout).
+    layout = BatchLayout(model_config.kind, losses.batch_form(loss.name))
     options = StepOptions(loss.name, tuple(sorted(loss.options().items())), trainer.num_chunks, trainer.accum_steps,
-                          model_kind=model_config.kind)
+                          towers=layout.towers)
     tx, schedule = make_optimizer(optimizer)
     loss_params = losses.init_loss_params(loss.name, **loss.options())
     if vocab and data.source in TEXT_SOURCES and data.vocab == DataConfig().vocab:
         data = dataclasses.replace(data, vocab=vocab)  # tokenise with the checkpoint's own tokenizer
-    train_source, eval_source = make_sources(data, model_config.kind, loss.name)
+    train_source, eval_source = make_sources(data, layout)
     _check_vocab_fits(data, train_source, model_config)
 
     # --- state, created sharded; step functions jitted once -----------------------------
