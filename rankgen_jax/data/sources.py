@@ -1,8 +1,11 @@
-"""The trainer's batch sources, by DataConfig.source, behind one `batch(index, rows)` interface.
+"""The trainer's batch sources, by DataConfig.source: triples, candidate lists and labelled pairs.
 
 A source returns the global batch for a step index, deterministically: the
 same (seed, index) always gives the same rows, so resuming only needs the next
-index, and each host can build just its own rows.
+index, and each host can build just its own rows. The sentence-bounded
+examples (`data/example_source.py`), the seqio tasks (`data/seqio/tasks.py`,
+`SeqioTriples`) and the list / pair files (`data/lists.py`) serve the same
+`batch(index, rows)` interface; `make_sources` picks one by `DataConfig.source`.
 
 Triple sources ("random", "books", "examples", "seqio") give a dual encoder's
 triples (rankgen_jax.models.batch_layout): right-padded int32 `query_ids`
@@ -142,10 +145,10 @@ def read_documents(folder: str | Path) -> list[tuple[str, str]]:
 class BookTriples:
     """Token windows of whole books: prefix, the tokens that follow it, and a span elsewhere in the same book.
 
-    A quick stand-in for the sentence-bounded RankGen examples (source
-    "examples"): spans here are cut at token boundaries. With same_document,
-    every row of a batch comes from one book (RankGen's InBook setting), so
-    in-batch negatives are in-book too.
+    A simpler source than the sentence-bounded RankGen examples
+    (`data/examples.py`): spans here are cut at token boundaries. With same_document, every row of a
+    batch comes from one book (RankGen's InBook setting), so in-batch
+    negatives are in-book too.
     """
 
     def __init__(self, config: DataConfig, documents: list[tuple[str, str]]):
