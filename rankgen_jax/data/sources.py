@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Protocol
 
 import gin
-import jax
 import numpy as np
 
 from rankgen_jax.data import lists
@@ -252,7 +251,9 @@ def _seqio_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
     The project's tasks are registered by `import tasks` (tasks/rankgen_tasks.py), which the
     entry points do when their gin config mentions seqio; the library never imports tasks/.
     """
-    # seqio brings TensorFlow (seconds to import): only for seqio sources.
+    # seqio brings TensorFlow (seconds to import); jax, for this host's share, is left out of the data
+    # layer's imports so that importing the CLI (which reaches DataConfig) does not start it.
+    import jax
     import seqio
 
     from rankgen_jax.data.seqio.tasks import SeqioTriples

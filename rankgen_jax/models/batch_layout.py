@@ -99,6 +99,10 @@ KINDS: dict[str, KindLayout] = {
 }
 
 
+# The towers of a ModelConfig with a head and no kind given (a dual encoder): StepOptions' default.
+DEFAULT_TOWERS = KINDS["dual_encoder"].towers
+
+
 def kind_layout(model_kind: str) -> KindLayout:
     """The table entry of a model kind; a RankgenError for a kind that does not train (a bare encoder)."""
     if model_kind not in KINDS:

@@ -44,7 +44,7 @@ class StepOptions:
     loss_options: tuple[tuple[str, Any], ...] = ()
     num_chunks: int = 1
     accum_steps: int = 1
-    towers: tuple[Tower, ...] = batch_layout.towers("dual_encoder")
+    towers: tuple[Tower, ...] = batch_layout.DEFAULT_TOWERS
 
     def __post_init__(self):
         if not self.towers:
