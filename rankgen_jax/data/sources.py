@@ -251,8 +251,8 @@ def _seqio_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
     The project's tasks are registered by `import tasks` (tasks/rankgen_tasks.py), which the
     entry points do when their gin config mentions seqio; the library never imports tasks/.
     """
-    # seqio brings TensorFlow (seconds to import); jax, for this host's share, is left out of the data
-    # layer's imports so that importing the CLI (which reaches DataConfig) does not start it.
+    # seqio brings TensorFlow (seconds to import). jax (for this host's share) is imported here too, so
+    # that importing the CLI, which reaches DataConfig, does not import jax before main() sets XLA's flags.
     import jax
     import seqio
 
