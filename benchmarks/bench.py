@@ -63,7 +63,7 @@ def _run_jax_case(case: BenchCase) -> dict:
     from rankgen_jax.data.sources import DataConfig, RandomTriples
     from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer
     from rankgen_jax.train.step import StepOptions
-    from rankgen_jax.train.loop import build_step_functions
+    from rankgen_jax.train.compiled import build_step_functions
 
     config = ModelConfig(encoder=t5_config(case.size), head=RANKGEN_HEAD)
     data = DataConfig(source="random", batch_size=case.batch, prefix_length=case.prefix_length,

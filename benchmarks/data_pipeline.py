@@ -128,7 +128,8 @@ def run(size: str = "tiny", batch_size: int = 32, prefix_length: int = 256, cont
     from rankgen_jax.data.sources import DataConfig, make_sources
     from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer
     from rankgen_jax.train.step import StepOptions
-    from rankgen_jax.train.loop import prefetch_batches, put_batch, build_step_functions
+    from rankgen_jax.train.compiled import build_step_functions, put_batch
+    from rankgen_jax.train.loop import prefetch_batches
 
     options = {**(task_options or {}), "group_size": batch_size}
     _bind_task_options(options)

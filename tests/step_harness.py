@@ -9,7 +9,7 @@ from rankgen_jax.runtime import partitioning
 from rankgen_jax.models.factory import build_model
 from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer
 from rankgen_jax.train.step import StepOptions, compute_grads
-from rankgen_jax.train.loop import build_step_functions
+from rankgen_jax.train.compiled import build_step_functions
 
 TOL = 1e-5
 

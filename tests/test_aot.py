@@ -18,6 +18,7 @@ from rankgen_jax.tpu import aot
 from rankgen_jax.runtime import partitioning
 from rankgen_jax.data.sources import DataConfig
 from rankgen_jax.errors import RankgenError
+from rankgen_jax.models.batch_layout import CANDIDATE_LISTS, TRIPLES, BatchLayout
 from rankgen_jax.train.gin_parsing import parse_gin
 
 GIB = 1024**3
@@ -110,7 +111,7 @@ PAPER_CONFIGS = [
 
 @pytest.mark.parametrize("gin_file, topology, batch_size, mesh", PAPER_CONFIGS)
 def test_paper_configs_parse(gin_file, topology, batch_size, mesh):
-    from rankgen_jax.train.loop import TrainerConfig
+    from rankgen_jax.train.config import TrainerConfig
 
     parse_gin([gin_file], [])
     data, trainer = DataConfig(), TrainerConfig()
@@ -154,13 +155,16 @@ def test_matmul_flops_count_remat_recomputation():
 
 
 def test_batch_shapes_follow_data_config():
+    triples = BatchLayout("dual_encoder", TRIPLES)
     data = DataConfig(batch_size=16, prefix_length=512, continuation_length=128)
-    assert aot.batch_shapes(data, "dual_encoder") == {
+    assert aot.batch_shapes(data, triples) == {
         "query_ids": (16, 512), "positive_ids": (16, 128), "negative_ids": (16, 128)}
     no_negative = DataConfig(batch_size=4, prefix_length=8, continuation_length=4, with_negative=False)
-    assert set(aot.batch_shapes(no_negative, "dual_encoder")) == {"query_ids", "positive_ids"}
+    assert set(aot.batch_shapes(no_negative, triples)) == {"query_ids", "positive_ids"}
     with pytest.raises(RankgenError, match="triples"):
-        aot.batch_shapes(DataConfig(source="lists"), "cross_encoder")
+        aot.batch_shapes(DataConfig(source="lists"), BatchLayout("cross_encoder", CANDIDATE_LISTS))
+    with pytest.raises(RankgenError, match="triples"):
+        aot.batch_shapes(DataConfig(source="random"), BatchLayout("dual_encoder", CANDIDATE_LISTS))
 
 
 def test_fsdp_rules_shard_activations_over_batch_and_params_over_embed():

@@ -195,7 +195,8 @@ def test_gin_typo_in_a_file_names_file_and_line(tmp_path, capsys):
 def test_resume_with_another_model_size(tmp_path, capsys):
     """A workdir whose model_config.json says another size than its saved steps: one error, nothing renamed."""
     from rankgen_jax.runtime import partitioning
-    from rankgen_jax.train import loop as trainer
+    from rankgen_jax.train import checkpointing
+    from rankgen_jax.train.compiled import build_step_functions
     from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer
     from rankgen_jax.train.step import StepOptions
 
@@ -204,13 +205,13 @@ def test_resume_with_another_model_size(tmp_path, capsys):
                          head=RANKGEN_HEAD)
     mesh = partitioning.make_mesh(-1, 1)
     tx, schedule = make_optimizer(OptimizerConfig(name="adamw", learning_rate=0.001))
-    setup = trainer.build_step_functions(config, StepOptions(), tx, schedule, {}, mesh,
-                                         partitioning.rules_by_name("standard"), seed=0)
+    setup = build_step_functions(config, StepOptions(), tx, schedule, {}, mesh,
+                                 partitioning.rules_by_name("standard"), seed=0)
     other_size = dataclasses.replace(config, encoder=dataclasses.replace(config.encoder, d_model=64))
     native.save_model_config(tmp_path, other_size)
     manager = native.step_manager(tmp_path, writer=True)
     with jax.set_mesh(mesh):
-        trainer._save(manager, setup.init(), next_batch_index=2)
+        checkpointing.save(manager, setup.init(), next_batch_index=2)
     manager.wait_until_finished()
     manager.close()
 

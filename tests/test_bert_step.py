@@ -7,6 +7,7 @@ import pytest
 from rankgen_jax.runtime import partitioning
 from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig
 from rankgen_jax.data.sources import DataConfig, RandomTriples
+from rankgen_jax.models import batch_layout
 from rankgen_jax.models.factory import abstract_variables
 from rankgen_jax.train.step import StepOptions
 from step_harness import TOL, assert_trees_close, run_steps
@@ -39,7 +40,7 @@ CASES = {
     "dual_two_tower": (ModelConfig(encoder=BERT, head=HeadConfig("first", 16, False), shared_towers=False),
                        StepOptions("in_batch_softmax"), triples),
     "cross_encoder": (ModelConfig(encoder=BERT, head=HeadConfig("first", 0, False), kind="cross_encoder"),
-                      StepOptions("listwise_softmax", model_kind="cross_encoder"), candidate_lists),
+                      StepOptions("listwise_softmax", towers=batch_layout.towers("cross_encoder")), candidate_lists),
 }
 
 

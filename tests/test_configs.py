@@ -48,7 +48,7 @@ def test_shipped_gin_configs_parse(name):
     from rankgen_jax.data.sources import DataConfig
     from rankgen_jax.experiments.gin_runs import experiment_configurables
     from rankgen_jax.train.gin_parsing import parse_gin
-    from rankgen_jax.train.loop import TrainerConfig
+    from rankgen_jax.train.config import TrainerConfig
 
     parse_gin([name], [], experiment_configurables)
     assert TrainerConfig().num_steps > 0 and DataConfig().batch_size > 0

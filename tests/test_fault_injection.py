@@ -31,6 +31,7 @@ from rankgen_jax.losses import registry as losses
 from rankgen_jax.checkpoints import native
 from rankgen_jax.cli.main import main
 from rankgen_jax.data.sources import DataConfig, make_sources
+from rankgen_jax.models.batch_layout import TRIPLES
 from rankgen_jax.train.metric_writers import read_jsonl
 
 from test_trainer import TINY, _losses_by_step
@@ -245,23 +246,24 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, caps
 
 @pytest.fixture(scope="module")
 def resume_from(three_steps):
-    """trainer._resume for copies of `three_steps`, with its state's shapes and shardings (nothing compiled)."""
+    """checkpointing.resume for copies of `three_steps`, with its state's shapes and shardings (nothing compiled)."""
     from rankgen_jax.runtime import partitioning
-    from rankgen_jax.train import loop as trainer
+    from rankgen_jax.train import checkpointing
+    from rankgen_jax.train.compiled import build_step_functions
     from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer
     from rankgen_jax.train.step import StepOptions
 
     mesh = partitioning.make_mesh(-1, 1)
     rules = partitioning.rules_by_name("standard")
     tx, schedule = make_optimizer(OptimizerConfig(name="adamw", learning_rate=0.001))
-    setup = trainer.build_step_functions(native.load_model_config(three_steps), StepOptions(), tx, schedule, {},
-                                         mesh, rules, seed=0)
+    setup = build_step_functions(native.load_model_config(three_steps), StepOptions(), tx, schedule, {}, mesh, rules,
+                                 seed=0)
 
     def resume(workdir: Path):
         manager = native.step_manager(workdir, max_to_keep=3, writer=True)
         try:
             with jax.set_mesh(mesh):
-                return trainer._resume(manager, str(workdir), setup.abstract_state, setup.shardings)
+                return checkpointing.resume(manager, str(workdir), setup.abstract_state, setup.shardings)
         finally:
             manager.close()
 
@@ -363,6 +365,7 @@ def _poison(monkeypatch, bad_batches: list[int], num_steps: int) -> None:
         return loss * jnp.where(poisoned, jnp.nan, 1.0), metrics
 
     monkeypatch.setitem(losses.LOSSES, NAN_LOSS, nan_on_batches)
+    monkeypatch.setitem(losses.LOSS_BATCH_FORMS, NAN_LOSS, TRIPLES)
 
 
 def _train_records(workdir: Path) -> dict[int, dict]:

@@ -1,5 +1,6 @@
 """Rankers and distillation through the one sharded step: list/pair batches, list losses, multi-perspective heads."""
 
+import dataclasses
 import json
 
 import jax
@@ -12,12 +13,20 @@ from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig, t5_c
 from rankgen_jax.data.lists import ListBatches, PairBatches, check_list_record, check_pair_record, read_records
 from rankgen_jax.data.sources import DEMO_VOCAB, DataConfig, make_sources
 from rankgen_jax.errors import RankgenError
+from rankgen_jax.losses import registry as losses
 from rankgen_jax.models.factory import build_model, init_params
 from rankgen_jax.data.text import encode_pair_truncated, load_text_encoder
+from rankgen_jax.models import batch_layout
+from rankgen_jax.models.batch_layout import CANDIDATE_LISTS, TRIPLES, BatchLayout
 from rankgen_jax.train.step import StepOptions
-from rankgen_jax.train.loop import LossConfig, TrainerConfig, train
+from rankgen_jax.train.config import LossConfig, TrainerConfig
+from rankgen_jax.train.loop import train
 from step_harness import TOL, assert_trees_close, run_steps
 
+DUAL_LISTS = BatchLayout("dual_encoder", CANDIDATE_LISTS)
+DUAL_TRIPLES = BatchLayout("dual_encoder", TRIPLES)
+CROSS_LISTS = BatchLayout("cross_encoder", CANDIDATE_LISTS)
+CROSS_TOWERS = batch_layout.towers("cross_encoder")
 BERT = BertConfig(vocab_size=128, d_model=32, d_ff=64, num_layers=1, num_heads=4, max_position_embeddings=64)
 WORDS = "the old house stood by the river where many boats passed every morning and evening".split()
 
@@ -44,7 +53,7 @@ def t5_text():
 
 def test_list_batches_layouts(t5_text):
     records = list_records(12, 5)
-    dual = ListBatches(records, t5_text, 4, "dual_encoder", 16, 8, list_size=5, seed=3)
+    dual = ListBatches(records, t5_text, 4, DUAL_LISTS, 16, 8, list_size=5, seed=3)
     batch = dual.batch(2)
     assert batch["query_ids"].shape == (4, 16) and batch["candidate_ids"].shape == (4, 5, 8)
     assert batch["candidate_mask"].shape == batch["labels"].shape == batch["teacher_scores"].shape == (4, 5)
@@ -59,12 +68,44 @@ def test_list_batches_layouts(t5_text):
         n = len(record["candidates"])
         assert batch["candidate_mask"][row].tolist() == [1] * n + [0] * (5 - n)
         assert batch["labels"][row, :n].tolist() == record["labels"]
-    in_batch = ListBatches(records, t5_text, 4, "dual_encoder", 16, 8, list_size=3, in_batch_layout=True)
+    in_batch = ListBatches(records, t5_text, 4, DUAL_TRIPLES, 16, 8, list_size=3)
     b = in_batch.batch(0)
     assert b["positive_ids"].shape == (4, 8) and b["negative_ids"].shape == (4, 2, 8)
-    cross = ListBatches(records, t5_text, 4, "cross_encoder", 16, 8, list_size=5)
+    cross = ListBatches(records, t5_text, 4, CROSS_LISTS, 16, 8, list_size=5)
     c = cross.batch(0)
     assert c["pair_ids"].shape == (4, 5, 24) and "pair_type_ids" not in c  # T5: no token types
+
+
+def _ids(batch: dict) -> dict:
+    return {k: v for k, v in batch.items() if k.endswith("_ids") and not k.endswith("_type_ids")}
+
+
+def test_sources_build_the_arrays_their_layout_declares(t5_text):
+    """The batch-layout table is what the sources build: its ids arrays, at its lengths; each read by a tower."""
+    records = list_records(12, 4)
+    for layout in (DUAL_LISTS, DUAL_TRIPLES, CROSS_LISTS):
+        batch = _ids(ListBatches(records, t5_text, 4, layout, 16, 8, list_size=4).batch(0))
+        assert {k: v.shape[-1] for k, v in batch.items()} == layout.lengths(16, 8)
+        assert {a.key for a in layout.arrays} <= {t.ids_key for t in layout.towers}
+    data = DataConfig(source="random", batch_size=4, prefix_length=12, continuation_length=6, vocab_size=128)
+    for with_negative in (True, False):
+        batch = _ids(make_sources(dataclasses.replace(data, with_negative=with_negative))[0].batch(0))
+        assert {k: v.shape[-1] for k, v in batch.items()} == DUAL_TRIPLES.lengths(12, 6, optional=with_negative)
+
+
+def test_layouts_by_model_kind_and_loss(tmp_path):
+    assert losses.batch_form("in_batch_softmax") == losses.batch_form("per_example_softmax") == TRIPLES
+    assert {losses.batch_form(name) for name in ("listmle", "kl_distillation", "multi_perspective_bce")} == {
+        CANDIDATE_LISTS}
+    with pytest.raises(RankgenError, match="unknown loss 'listnet'"):
+        losses.batch_form("listnet")
+    with pytest.raises(RankgenError, match="a cross_encoder trains on candidate lists, not triples"):
+        BatchLayout("cross_encoder", TRIPLES)
+    with pytest.raises(RankgenError, match="no training batch layout for model kind 'encoder'"):
+        BatchLayout("encoder", TRIPLES)
+    # The trainer combines the model kind with its loss's batch form before reading any data.
+    with pytest.raises(RankgenError, match="choose a loss that reads candidate lists"):
+        train(str(tmp_path / "run"), TrainerConfig(num_steps=1), CROSS, DataConfig(source="lists"), LossConfig("in_batch_softmax"))
 
 
 def test_bert_pairs_have_token_types():
@@ -75,7 +116,7 @@ def test_bert_pairs_have_token_types():
     full_ids, full_types = text.encode_pair("four five six", "seven eight nine")
     # The query keeps its end, the candidate its start; same specials and types as the tokenizer's own pairs.
     assert ids == full_ids and types == full_types
-    batch = ListBatches(list_records(8, 3), text, 4, "cross_encoder", 16, 8, list_size=3).batch(0)
+    batch = ListBatches(list_records(8, 3), text, 4, CROSS_LISTS, 16, 8, list_size=3).batch(0)
     assert batch["pair_type_ids"].shape == batch["pair_ids"].shape and batch["pair_type_ids"].max() == 1
 
 
@@ -100,8 +141,8 @@ def test_bad_records_are_skipped_and_counted(tmp_path, capsys):
 def test_pairs_need_one_label_count(t5_text):
     records = [{"a": "x y", "b": "y z", "labels": [1, 0]}, {"a": "x", "b": "z", "labels": [1]}]
     with pytest.raises(RankgenError, match="different numbers of perspective labels"):
-        PairBatches(records, t5_text, 1, "dual_encoder", 8)
-    pairs = PairBatches(records[:1] * 4, t5_text, 2, "cross_encoder", 12).batch(0)
+        PairBatches(records, t5_text, 1, DUAL_LISTS, 8)
+    pairs = PairBatches(records[:1] * 4, t5_text, 2, CROSS_LISTS, 12).batch(0)
     assert pairs["pair_ids"].shape == (2, 12) and pairs["labels"].shape == (2, 2)
 
 
@@ -172,12 +213,12 @@ CROSS = ModelConfig(encoder=BERT, head=HeadConfig("first", 0, False), kind="cros
 CASES = {
     "dual_kl": (DUAL, StepOptions("kl_distillation", (("temperature", 2.0),)), _list_batch),
     "dual_lambdarank_grad_cache": (DUAL, StepOptions("lambdarank_mrr", num_chunks=2), _list_batch),
-    "cross_listmle": (CROSS, StepOptions("listmle", model_kind="cross_encoder"), _cross_batch),
+    "cross_listmle": (CROSS, StepOptions("listmle", towers=CROSS_TOWERS), _cross_batch),
     "mp_bi_encoder": (ModelConfig(encoder=BERT, head=HeadConfig("mean", -1, True), num_scores=3),
                       StepOptions("multi_perspective_bce"), _mp_pairs),
     "mp_cross_encoder": (ModelConfig(encoder=BERT, head=HeadConfig("first", -1, False), kind="cross_encoder",
                                      num_scores=3),
-                         StepOptions("sigmoid_bce", model_kind="cross_encoder"), _mp_cross),
+                         StepOptions("sigmoid_bce", towers=CROSS_TOWERS), _mp_cross),
 }
 
 
@@ -205,9 +246,9 @@ def test_grad_cache_and_accumulation_equal_plain_for_lists():
     def full_lists(index):
         return {**_cross_batch(index), "candidate_mask": np.ones((8, 4), np.int32)}
 
-    bce_plain = run_steps(CROSS, StepOptions("sigmoid_bce", model_kind="cross_encoder"), full_lists, mesh,
+    bce_plain = run_steps(CROSS, StepOptions("sigmoid_bce", towers=CROSS_TOWERS), full_lists, mesh,
                           "standard", num_steps=1)
-    bce_accum = run_steps(CROSS, StepOptions("sigmoid_bce", model_kind="cross_encoder", accum_steps=2), full_lists,
+    bce_accum = run_steps(CROSS, StepOptions("sigmoid_bce", towers=CROSS_TOWERS, accum_steps=2), full_lists,
                           mesh, "standard", num_steps=1)
     np.testing.assert_allclose(bce_accum[0], bce_plain[0], rtol=TOL)
     assert_trees_close(bce_accum[1], bce_plain[1])
@@ -231,7 +272,7 @@ def test_trainer_trains_a_ranker_from_list_files(tmp_path):
     scores = ranker.score_pairs([records[0]["query"]], [records[0]["candidates"]], 16, 8)
     assert scores[0].shape == (len(records[0]["candidates"]),) and np.all(np.isfinite(scores[0]))
     # score_pairs equals the model applied to the batch layout the trainer used.
-    batch = ListBatches(records[:1], ranker.text, 1, "cross_encoder", 16, 8, list_size=4).batch(0)
+    batch = ListBatches(records[:1], ranker.text, 1, CROSS_LISTS, 16, 8, list_size=4).batch(0)
     direct = build_model(ranker.config).apply({"params": ranker.params}, jnp.asarray(batch["pair_ids"]))
     n = len(records[0]["candidates"])
     np.testing.assert_allclose(scores[0], np.asarray(direct)[0, :n], atol=1e-5)
@@ -243,4 +284,4 @@ def test_trainer_trains_a_ranker_from_list_files(tmp_path):
 
 def test_make_sources_requires_list_files():
     with pytest.raises(RankgenError, match="needs DataConfig.train_file and DataConfig.eval_file"):
-        make_sources(DataConfig(source="lists"), "cross_encoder", "listmle")
+        make_sources(DataConfig(source="lists"), CROSS_LISTS)

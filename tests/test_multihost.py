@@ -13,7 +13,7 @@ from etils.epath import backend as epath_backend
 from etils.epath import gpath
 
 from rankgen_jax.runtime import partitioning
-from rankgen_jax.train import loop as trainer
+from rankgen_jax.train import checkpointing, stopping
 from rankgen_jax.checkpoints import native
 from rankgen_jax.cli.main import main
 from rankgen_jax.models.configs import ModelConfig, t5_config
@@ -118,19 +118,22 @@ def test_checkpoint_metadata_on_a_bucket(bucket, tmp_path, monkeypatch):
     assert native.is_checkpoint_dir("gs://bucket/ckpt") and not native.is_checkpoint_dir("gs://bucket/other")
     assert native.load_model_config("gs://bucket/ckpt") == config
     assert native.vocab_path("gs://bucket/ckpt") == "gs://bucket/ckpt/vocab"
+    assert native.require_vocab_path("gs://bucket/ckpt") == "gs://bucket/ckpt/vocab"
+    with pytest.raises(RankgenError, match="gs://bucket/other: checkpoint has no tokenizer"):
+        native.require_vocab_path("gs://bucket/other")
     assert native.spiece_path("gs://bucket/ckpt") == "gs://bucket/ckpt/vocab/spiece.model"
     assert (bucket.root / "bucket/ckpt/vocab/spiece.model").read_bytes() == vocab.read_bytes()
     # The trainer copies a bucket tokenizer to a local folder, since tokenizers read local files
     # only, and removes the copy at exit.
     at_exit = []
-    monkeypatch.setattr(trainer.atexit, "register", lambda fn, *a, **k: at_exit.append((fn, a, k)))
-    local = trainer._local_vocab(native.vocab_path("gs://bucket/ckpt"))
+    monkeypatch.setattr(checkpointing.atexit, "register", lambda fn, *a, **k: at_exit.append((fn, a, k)))
+    local = checkpointing.local_vocab(native.vocab_path("gs://bucket/ckpt"))
     assert not native.is_remote(local) and (Path(local) / "spiece.model").read_bytes() == vocab.read_bytes()
     assert len(at_exit) == 1
     fn, args, kwargs = at_exit[0]
     fn(*args, **kwargs)
     assert not Path(local).exists()
-    assert trainer._local_vocab(str(tmp_path)) == str(tmp_path) and trainer._local_vocab(None) is None
+    assert checkpointing.local_vocab(str(tmp_path)) == str(tmp_path) and checkpointing.local_vocab(None) is None
 
 
 def test_step_manager_keeps_the_bucket_url(bucket, monkeypatch):
@@ -233,7 +236,7 @@ def mesh():
 
 
 def test_one_process_acts_on_its_own_flags_at_once(mesh):
-    vote = trainer._StopVote(mesh)
+    vote = stopping.StopVote(mesh)
     assert not vote.voting
     local = np.array([1, 0], np.int32)
     assert vote(local) is local  # no device round trip at all
@@ -241,12 +244,12 @@ def test_one_process_acts_on_its_own_flags_at_once(mesh):
 
 def test_max_over_processes_on_one_process_is_the_local_flags(mesh):
     for flags in ([0, 0], [1, 0], [0, 1]):
-        got = trainer._max_over_processes(np.array(flags, np.int32), mesh)
+        got = stopping.max_over_processes(np.array(flags, np.int32), mesh)
         np.testing.assert_array_equal(np.asarray(got), flags)
 
 
 def test_voting_reads_the_previous_boundary(mesh):
-    vote = trainer._StopVote(mesh, processes=2)  # the real reduction, forced on one process
+    vote = stopping.StopVote(mesh, processes=2)  # the real reduction, forced on one process
     assert vote.voting
     np.testing.assert_array_equal(vote(np.array([0, 1], np.int32)), [0, 0])  # nothing agreed yet
     np.testing.assert_array_equal(vote(np.array([0, 0], np.int32)), [0, 1])
@@ -268,8 +271,8 @@ def _other_host(wants: list[int], from_call: int):
 
 def test_a_flag_raised_on_any_host_stops_every_host(mesh, monkeypatch):
     gather, _ = _other_host([1, 0], from_call=2)
-    monkeypatch.setattr(trainer, "_max_over_processes", gather)
-    vote = trainer._StopVote(mesh, processes=2)
+    monkeypatch.setattr(stopping, "max_over_processes", gather)
+    vote = stopping.StopVote(mesh, processes=2)
     agreed = [vote(np.zeros(2, np.int32)).tolist() for _ in range(4)]
     assert agreed == [[0, 0], [0, 0], [1, 0], [1, 0]]
 
@@ -278,8 +281,8 @@ def test_a_flag_raised_on_any_host_stops_every_host(mesh, monkeypatch):
                                            ([0, 1], "used (by another host's clock): saved step 4")])
 def test_the_loop_stops_saves_and_exits_with_the_other_host(tmp_path, monkeypatch, capsys, wants, message):
     gather, calls = _other_host(wants, from_call=3)
-    monkeypatch.setattr(trainer, "_max_over_processes", gather)
-    monkeypatch.setattr(trainer, "_StopVote", functools.partial(trainer._StopVote, processes=2))
+    monkeypatch.setattr(stopping, "max_over_processes", gather)
+    monkeypatch.setattr(stopping, "StopVote", functools.partial(stopping.StopVote, processes=2))
     extra = ["--gin.TrainerConfig.max_minutes=1000"] if wants[1] else []
     code = main(["train", f"--workdir={tmp_path}", *TINY, "--gin.TrainerConfig.num_steps=50",
                  "--gin.TrainerConfig.checkpoint_every=100", "--gin.TrainerConfig.log_every=10", *extra])

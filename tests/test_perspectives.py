@@ -12,6 +12,7 @@ from rankgen_jax.cli.main import run_command
 from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig
 from rankgen_jax.data.lists import PairBatches
 from rankgen_jax.errors import RankgenError
+from rankgen_jax.models.batch_layout import CANDIDATE_LISTS, BatchLayout
 from rankgen_jax.models.factory import build_model, init_params
 from rankgen_jax.experiments.perspectives import (
     PERSPECTIVES, ROWS, PerspectivesConfig, Work, build_passages, format_table, initial_params,
@@ -174,8 +175,9 @@ def test_pair_scores_use_the_training_layout(tiny_init, minilm_tokenizer):
     for name, kind, length in (("bi_encoder", "dual_encoder", 32), ("cross_encoder", "cross_encoder", 64)):
         config, params = initial_params(cfg, tiny_init, name)
         assert config.kind == kind and config.num_scores == 3 and config.encoder == TINY_BERT
-        batch = PairBatches(records, text, 4, kind, length).batch(0)
-        members, _ = PairBatches(records, text, 4, kind, length).batches.members(0, None)
+        layout = BatchLayout(kind, CANDIDATE_LISTS)  # both perspective losses read candidate lists
+        batch = PairBatches(records, text, 4, layout, length).batch(0)
+        members, _ = PairBatches(records, text, 4, layout, length).batches.members(0, None)
         # Jitted: eager flax dispatch of a BERT is slower than compiling it.
         apply = jax.jit(lambda ids, types: build_model(config).apply({"params": params}, ids, None, types))
         if kind == "dual_encoder":

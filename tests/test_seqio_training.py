@@ -1,10 +1,15 @@
 """The trainer fed by a seqio task (the demo task over the bundled books)."""
 
+import pytest
+
 from rankgen_jax.cli.main import main
+from rankgen_jax.data.sources import DataConfig, make_sources
+from rankgen_jax.errors import RankgenError
 from rankgen_jax.train.metric_writers import read_jsonl
 
 
 def test_train_from_seqio_demo_task(tmp_path, capsys):
+    # No `import tasks` here: `rankgen-jax train` registers the project's tasks because the config names seqio.
     code = main(["train", f"--workdir={tmp_path}", "--gin_file=models/t5_1_1_tiny.gin",
                  "--gin.t5_config.vocab_size=8064", "--gin.DataConfig.source='seqio'",
                  "--gin.DataConfig.task='rankgen_demo'", "--gin.DataConfig.batch_size=8",
@@ -18,3 +23,10 @@ def test_train_from_seqio_demo_task(tmp_path, capsys):
     records = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records if "train/loss" in r] == [1, 2, 3]
     assert [r["step"] for r in records if "eval/loss" in r] == [0, 3]
+
+
+def test_an_unregistered_task_says_which_module_registers_the_project_tasks():
+    pytest.importorskip("seqio")
+    with pytest.raises(RankgenError, match="no seqio task or mixture named 'rankgen_no_such_task' is registered; "
+                                           "the project's tasks are registered by `import tasks`"):
+        make_sources(DataConfig(source="seqio", task="rankgen_no_such_task"))

@@ -110,6 +110,8 @@ def test_accumulation_refused_for_in_batch_loss():
         StepOptions("in_batch_softmax", accum_steps=2)
     with pytest.raises(RankgenError, match="not both"):
         StepOptions("per_example_softmax", num_chunks=2, accum_steps=2)
+    with pytest.raises(RankgenError, match="StepOptions.towers is empty"):
+        StepOptions(towers=())
 
 
 @pytest.mark.parametrize("negatives", [None, 3])

@@ -179,6 +179,14 @@ def vocab_path(path: str | os.PathLike) -> str | None:
     return str(folder) if folder.is_dir() and any(folder.iterdir()) else None
 
 
+def require_vocab_path(path: str | os.PathLike) -> str:
+    """The checkpoint's tokenizer folder; a RankgenError when it has none."""
+    vocab = vocab_path(path)
+    if vocab is None:
+        raise RankgenError(f"{path}: checkpoint has no tokenizer")
+    return vocab
+
+
 def spiece_path(path: str | os.PathLike) -> str | None:
     """The checkpoint's SentencePiece model, or None."""
     candidate = as_path(path) / VOCAB_DIR / "spiece.model"

@@ -3,19 +3,21 @@
 List records (one per line): `{"query": str, "candidates": [str, ...],
 "labels": [float, ...], "teacher_scores": [float, ...]}`; labels and teacher
 scores are optional (a loss that needs one fails with a clear error), and
-candidate 0 is the positive for the in-batch layout. Pair records:
+candidate 0 is the positive when the batch form is triples. Pair records:
 `{"a": str, "b": str, "labels": [float] * N}` (one label per perspective).
 
-Batch layouts by model kind (`[B, C, L]` lists are never split along C):
-- dual encoder, list losses: `query_ids` [B, Lq] ("pre " marker) and
+The ids arrays follow the BatchLayout a source is given (see
+rankgen_jax.models.batch_layout; `[B, C, L]` lists are never split along C):
+- candidate lists, separate towers: `query_ids` [B, Lq] ("pre " marker) and
   `candidate_ids` [B, C, Lc] ("suffi " marker);
-- dual encoder, in-batch losses: `query_ids`, `positive_ids` [B, Lc] (candidate
-  0) and `negative_ids` [B, C - 1, Lc] (the rest; hard negatives);
-- cross encoder: `pair_ids` [B, C, Lq + Lc] (`query </s> candidate </s>` for
-  T5, `[CLS] q [SEP] c [SEP]` with `pair_type_ids` for BERT); the query keeps
-  its last tokens within Lq, the candidate its first within Lc;
-- pairs: `query_ids` / `positive_ids` for dual encoders, `pair_ids` [B, L]
-  for cross encoders.
+- triples, separate towers: `query_ids`, `positive_ids` [B, Lc] (candidate 0)
+  and `negative_ids` [B, C - 1, Lc] (the rest; hard negatives);
+- joint pairs (cross encoders): `pair_ids` [B, C, Lq + Lc] (`query </s>
+  candidate </s>` for T5, `[CLS] q [SEP] c [SEP]` with `pair_type_ids` for
+  BERT); the query keeps its last tokens within Lq, the candidate its first
+  within Lc;
+- labelled pairs: `query_ids` / `positive_ids` [B, L] with separate towers,
+  `pair_ids` [B, L] joint.
 Every list batch has `candidate_mask` [B, C] (padded candidates are 0), the
 float arrays that exist in the records (`labels`, `teacher_scores`), and
 `tie_break` [B, C] uniform noise that ListMLE uses to break label ties at random.
@@ -32,12 +34,11 @@ from typing import Sequence
 import numpy as np
 
 from rankgen_jax.data.example_source import PREFIX_MARKER, SUFFIX_MARKER
-from rankgen_jax.errors import RankgenError
 from rankgen_jax.data.text import TextEncoder, encode_pair_truncated, encode_truncated, pad_batch
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.models.batch_layout import TRIPLES, BatchLayout
 
 LIST_FLOAT_KEYS = ("labels", "teacher_scores")
-# Losses that read a positive and negatives rather than a scored candidate list.
-IN_BATCH_LOSSES = ("in_batch_softmax", "per_example_softmax")
 
 
 def _open_text(path: Path):
@@ -133,18 +134,16 @@ class _RecordBatches:
 
 
 class ListBatches:
-    """Candidate lists for dual encoders (query + candidates, or in-batch triples) or cross encoders (pairs)."""
+    """Candidate lists as the layout wants them: query + candidates or triples (separate towers), or joint pairs."""
 
-    def __init__(self, records: list[dict], text: TextEncoder, batch_size: int, model_kind: str, query_length: int,
-                 candidate_length: int, list_size: int = 0, seed: int = 0, in_batch_layout: bool = False,
-                 query_keep: str = "end", where: str = "lists"):
-        if model_kind not in ("dual_encoder", "cross_encoder"):
-            raise RankgenError(f"candidate lists train dual or cross encoders, not {model_kind!r}")
-        self.text, self.model_kind, self.in_batch_layout = text, model_kind, in_batch_layout
+    def __init__(self, records: list[dict], text: TextEncoder, batch_size: int, layout: BatchLayout, query_length: int,
+                 candidate_length: int, list_size: int = 0, seed: int = 0, query_keep: str = "end",
+                 where: str = "lists"):
+        self.text, self.layout = text, layout
         self.query_length, self.candidate_length, self.query_keep = query_length, candidate_length, query_keep
         self.list_size = list_size or max(len(r["candidates"]) for r in records)
-        if in_batch_layout and self.list_size < 1:
-            raise RankgenError(f"{where}: in-batch layout needs at least the positive candidate")
+        if layout.form == TRIPLES and self.list_size < 1:
+            raise RankgenError(f"{where}: triples need at least the positive candidate")
         self.float_keys = [k for k in LIST_FLOAT_KEYS if all(k in r for r in records)]
         self.batches = _RecordBatches(records, batch_size, seed, where)
         self.batch_size, self.seed = batch_size, seed
@@ -166,7 +165,7 @@ class ListBatches:
         tie_BxC = np.stack([np.random.default_rng([self.seed, index, r, 7]).random(size) for r in row_numbers])
         out = {"candidate_mask": mask_BxC, "tie_break": tie_BxC.astype(np.float32), **floats}
         padded = [(r["candidates"][:size] + [r["candidates"][0]] * size)[:size] for r in records]
-        if self.model_kind == "cross_encoder":
+        if self.layout.joint:
             pairs = [encode_pair_truncated(self.text, r["query"], c, self.query_length, self.candidate_length,
                                            self.query_keep) for r, cands in zip(records, padded) for c in cands]
             length = self.query_length + self.candidate_length
@@ -178,7 +177,7 @@ class ListBatches:
             [encode_truncated(self.text, PREFIX_MARKER, r["query"], self.query_length, self.query_keep) for r in records],
             self.query_length, self.text.pad_id)
         cand_BxCxL = np.stack([self._candidate_ids(c) for c in padded])
-        if self.in_batch_layout:
+        if self.layout.form == TRIPLES:
             out["positive_ids"] = cand_BxCxL[:, 0]
             if size > 1:
                 out["negative_ids"] = cand_BxCxL[:, 1:]
@@ -190,12 +189,12 @@ class ListBatches:
 class PairBatches:
     """Labelled passage pairs for multi-perspective matching: [B, N] labels per batch."""
 
-    def __init__(self, records: list[dict], text: TextEncoder, batch_size: int, model_kind: str, length: int,
+    def __init__(self, records: list[dict], text: TextEncoder, batch_size: int, layout: BatchLayout, length: int,
                  seed: int = 0, where: str = "pairs"):
         sizes = {len(r["labels"]) for r in records}
         if len(sizes) != 1:
             raise RankgenError(f"{where}: records have different numbers of perspective labels {sorted(sizes)}")
-        self.text, self.model_kind, self.length = text, model_kind, length
+        self.text, self.layout, self.length = text, layout, length
         self.num_perspectives = sizes.pop()
         self.batches = _RecordBatches(records, batch_size, seed, where)
         self.batch_size = batch_size
@@ -203,7 +202,7 @@ class PairBatches:
     def batch(self, index: int, rows: slice | None = None) -> dict[str, np.ndarray]:
         records, _ = self.batches.members(index, rows)
         out = {"labels": np.asarray([r["labels"] for r in records], np.float32)}
-        if self.model_kind == "cross_encoder":
+        if self.layout.joint:
             half = self.length // 2
             pairs = [encode_pair_truncated(self.text, r["a"], r["b"], half, self.length - half, "start")
                      for r in records]

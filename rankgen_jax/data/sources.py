@@ -1,4 +1,4 @@
-"""Simple in-memory triple sources behind the trainer's batch interface.
+"""The trainer's batch sources, by DataConfig.source: triples, candidate lists and labelled pairs.
 
 A source returns the global batch for a step index, deterministically: the
 same (seed, index) always gives the same rows, so resuming only needs the next
@@ -7,9 +7,12 @@ examples (`data/example_source.py`), the seqio tasks (`data/seqio/tasks.py`,
 `SeqioTriples`) and the list / pair files (`data/lists.py`) serve the same
 `batch(index, rows)` interface; `make_sources` picks one by `DataConfig.source`.
 
-Batches are dicts of right-padded int32 ids: `query_ids` [B, Lq] (prefixes,
-"pre " marker), `positive_ids` [B, Lc] (gold continuations, "suffi " marker)
-and, with negatives, `negative_ids` [B, Lc] (another span of the same book).
+Triple sources ("random", "books", "examples", "seqio") give a dual encoder's
+triples (rankgen_jax.models.batch_layout): right-padded int32 `query_ids`
+[B, Lq] (prefixes, "pre " marker), `positive_ids` [B, Lc] (gold
+continuations, "suffi " marker) and, with negatives, `negative_ids` [B, Lc]
+(another span of the same book). List and pair sources ("lists", "pairs",
+rankgen_jax.data.lists) build the arrays of the BatchLayout they are given.
 """
 
 from __future__ import annotations
@@ -21,11 +24,18 @@ from typing import Protocol
 import gin
 import numpy as np
 
-from rankgen_jax.errors import RankgenError, check_field_types
+from rankgen_jax.data import lists
+from rankgen_jax.data.documents import require_documents
+from rankgen_jax.data.example_source import ExampleTriples, build_examples
+from rankgen_jax.data.examples import ExampleConfig
 from rankgen_jax.data.text import load_text_encoder, pad_batch
 from rankgen_jax.data.vocab import BUNDLED_CORPUS, EOS_ID, REPO_ROOT
+from rankgen_jax.errors import RankgenError, check_field_types
+from rankgen_jax.models.batch_layout import TRIPLES, BatchLayout
 
 DEMO_VOCAB = REPO_ROOT / "data" / "vocab" / "demo_spiece_8k.model"
+# What the triple sources build, whatever the model: a dual encoder's triples.
+TRIPLE_LAYOUT = BatchLayout("dual_encoder", TRIPLES)
 
 
 class BatchSource(Protocol):
@@ -96,15 +106,14 @@ class RandomTriples:
 
     def batch(self, index: int, rows: slice | None = None) -> dict[str, np.ndarray]:
         cfg = self.config
-        keys = ["query_ids", "positive_ids"] + (["negative_ids"] if cfg.with_negative else [])
-        lengths = [cfg.prefix_length, cfg.continuation_length, cfg.continuation_length]
-        out: dict[str, list[np.ndarray]] = {k: [] for k in keys}
+        lengths = TRIPLE_LAYOUT.lengths(cfg.prefix_length, cfg.continuation_length, optional=cfg.with_negative)
+        out: dict[str, list[np.ndarray]] = {k: [] for k in lengths}
         for row in range(self.batch_size)[rows or slice(None)]:
             rng = _row_rng(cfg.seed, index, row)
-            for key, max_len in zip(keys, lengths):
+            for key, max_len in lengths.items():
                 n = int(rng.integers(max(2, max_len // 2), max_len + 1))
                 out[key].append(np.append(rng.integers(3, cfg.vocab_size, n - 1), EOS_ID))
-        return {k: _pad(v, dict(zip(keys, lengths))[k]) for k, v in out.items()}
+        return {k: _pad(v, lengths[k]) for k, v in out.items()}
 
 
 def read_documents(folder: str | Path) -> list[tuple[str, str]]:
@@ -185,18 +194,15 @@ class BookTriples:
             out["query_ids"].append(self.text.add_special(self.pre + prefix.tolist()))
             out["positive_ids"].append(self.text.add_special(self.suffi + positive.tolist()))
             out["negative_ids"].append(self.text.add_special(self.suffi + negative.tolist()))
-        lengths = {"query_ids": cfg.prefix_length, "positive_ids": cfg.continuation_length,
-                   "negative_ids": cfg.continuation_length}
-        if not cfg.with_negative:
-            del out["negative_ids"]
-        return {k: pad_batch(v, lengths[k], self.text.pad_id) for k, v in out.items()}
+        lengths = TRIPLE_LAYOUT.lengths(cfg.prefix_length, cfg.continuation_length, optional=cfg.with_negative)
+        return {k: pad_batch(out[k], length, self.text.pad_id) for k, length in lengths.items()}
 
 
-def make_sources(config: DataConfig, model_kind: str = "dual_encoder",
-                 loss_name: str = "in_batch_softmax") -> tuple[BatchSource, BatchSource]:
+def make_sources(config: DataConfig, layout: BatchLayout = TRIPLE_LAYOUT) -> tuple[BatchSource, BatchSource]:
     """(train source, eval source). Eval uses held-out documents, or another seed for random data.
 
-    model_kind and loss_name pick the batch layout of list and pair sources.
+    layout: the batch the model kind and loss train on; list and pair sources
+    build its arrays, triple sources always build triples.
     """
     if config.batch_size <= 0:
         raise RankgenError(f"DataConfig.batch_size must be positive, got {config.batch_size}")
@@ -215,15 +221,13 @@ def make_sources(config: DataConfig, model_kind: str = "dual_encoder",
     if config.source == "seqio":
         return _seqio_sources(config)
     if config.source in ("lists", "pairs"):
-        return _record_sources(config, model_kind, loss_name)
+        return _record_sources(config, layout)
     raise RankgenError(
         f"unknown data source {config.source!r}: expected 'examples', 'seqio', 'books', 'random', 'lists' or 'pairs'")
 
 
-def _record_sources(config: DataConfig, model_kind: str, loss_name: str) -> tuple[BatchSource, BatchSource]:
+def _record_sources(config: DataConfig, layout: BatchLayout) -> tuple[BatchSource, BatchSource]:
     """Candidate lists or labelled pairs from JSON-lines files (train_file, eval_file)."""
-    from rankgen_jax.data import lists
-
     if not config.train_file or not config.eval_file:
         raise RankgenError(f"DataConfig.source={config.source!r} needs DataConfig.train_file and DataConfig.eval_file")
     text = load_text_encoder(config.vocab)
@@ -231,30 +235,33 @@ def _record_sources(config: DataConfig, model_kind: str, loss_name: str) -> tupl
     for path, seed in ((config.train_file, config.seed), (config.eval_file, config.seed + 10_000)):
         if config.source == "pairs":
             records = lists.read_records(path, lists.check_pair_record)
-            sources.append(lists.PairBatches(records, text, config.batch_size, model_kind, config.prefix_length, seed,
+            sources.append(lists.PairBatches(records, text, config.batch_size, layout, config.prefix_length, seed,
                                              where=path))
         else:
             records = lists.read_records(path, lists.check_list_record)
             sources.append(lists.ListBatches(
-                records, text, config.batch_size, model_kind, config.prefix_length, config.continuation_length,
-                config.list_size, seed, in_batch_layout=loss_name in lists.IN_BATCH_LOSSES,
-                query_keep=config.prefix_keep, where=path))
+                records, text, config.batch_size, layout, config.prefix_length, config.continuation_length,
+                config.list_size, seed, query_keep=config.prefix_keep, where=path))
     return sources[0], sources[1]
 
 
 def _seqio_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
-    """A registered seqio task or mixture (see tasks/); each host reads only its share."""
+    """A registered seqio task or mixture; each host reads only its share.
+
+    The project's tasks are registered by `import tasks` (tasks/rankgen_tasks.py), which the
+    entry points do when their gin config mentions seqio; the library never imports tasks/.
+    """
+    # seqio brings TensorFlow (seconds to import). jax (for this host's share) is imported here too, so
+    # that importing the CLI, which reaches DataConfig, does not import jax before main() sets XLA's flags.
     import jax
     import seqio
 
-    import tasks  # noqa: F401 - registers the rankgen_* tasks
     from rankgen_jax.data.seqio.tasks import SeqioTriples
 
     if not config.task:
         raise RankgenError("DataConfig.source='seqio' needs DataConfig.task (e.g. 'rankgen_demo')")
     shard = seqio.ShardInfo(jax.process_index(), jax.process_count()) if jax.process_count() > 1 else None
-    lengths = {"query_ids": config.prefix_length, "positive_ids": config.continuation_length,
-               "negative_ids": config.continuation_length}
+    lengths = TRIPLE_LAYOUT.lengths(config.prefix_length, config.continuation_length)
     return tuple(
         SeqioTriples(config.task, split, config.batch_size, lengths, seed=config.seed + offset, shard_info=shard,
                      with_negative=config.with_negative, threads=config.tfdata_threads)
@@ -263,10 +270,7 @@ def _seqio_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
 
 
 def _example_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
-    from rankgen_jax.data.documents import require_documents
-    from rankgen_jax.data.example_source import ExampleTriples, build_examples
-    from rankgen_jax.data.examples import ExampleConfig
-
+    """RankGen examples cut from the corpus documents; the last holdout_documents (by id) are the eval source."""
     docs, stats = require_documents(config.corpus)
     docs = sorted(docs, key=lambda d: d.id)
     held = config.holdout_documents

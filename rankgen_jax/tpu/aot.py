@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rankgen_jax.errors import RankgenError
+from rankgen_jax.models.batch_layout import TRIPLES, BatchLayout
 
 GIB = 1024**3
 AOT_VENV_HINT = "run tpu_scripts/aot_venv.sh and use .venv-aot/bin/rankgen-jax"
@@ -242,40 +243,35 @@ def topology_devices(topology: Topology) -> list:
     return list(devices)
 
 
-def batch_shapes(data, model_kind: str) -> dict[str, tuple[int, ...]]:
-    """Global shapes of the int32 arrays of one training batch (triple sources)."""
-    if model_kind != "dual_encoder" or data.source in ("lists", "pairs"):
+def batch_shapes(data, layout: BatchLayout) -> dict[str, tuple[int, ...]]:
+    """Global shapes of the int32 arrays of one training batch (triple sources; see models.batch_layout)."""
+    # A candidate list's length is known only once its file is read, so lists and pairs are not compiled.
+    if layout.form != TRIPLES or data.source in ("lists", "pairs"):
         raise RankgenError(f"compile supports dual encoders trained on triples (DataConfig.source 'books', "
-                           f"'examples', 'seqio' or 'random'), not kind {model_kind!r} with source {data.source!r}")
-    shapes = {"query_ids": (data.batch_size, data.prefix_length),
-              "positive_ids": (data.batch_size, data.continuation_length)}
-    if data.with_negative:
-        shapes["negative_ids"] = (data.batch_size, data.continuation_length)
-    return shapes
+                           f"'examples', 'seqio' or 'random'), not kind {layout.model_kind!r} with source "
+                           f"{data.source!r} and a loss of {layout.form}")
+    lengths = layout.lengths(data.prefix_length, data.continuation_length, optional=data.with_negative)
+    return {key: (data.batch_size, length) for key, length in lengths.items()}
 
 
 def _model_config(trainer, gin_model):
-    """The model config training would use (as trainer.resolve_model_config), without reading weights."""
+    """The model config training would use (as checkpointing.resolve_model_config), without reading weights."""
     # An init checkpoint readable here supplies its saved encoder config; otherwise (gs://)
     # gin's encoder stands in for it. Either way the trainer's encoder_overrides apply.
+    # Imported here, as jax is: topology_devices sets libtpu's environment before jax loads.
     from rankgen_jax.checkpoints import native
+    from rankgen_jax.train.checkpointing import model_config_from_checkpoint
 
     if not trainer.init_checkpoint:
         return gin_model
     path = trainer.init_checkpoint
     if not native.is_remote(path) and native.is_checkpoint_dir(path):
-        source = native.load_model_config(path)
+        saved = native.load_model_config(path)
     else:
         print(f"note: {path} is not readable here; compiling gin's ModelConfig with TrainerConfig.encoder_overrides",
               file=sys.stderr)
-        source = gin_model
-    try:
-        encoder = dataclasses.replace(source.encoder, **dict(trainer.encoder_overrides))
-    except TypeError as e:
-        raise RankgenError(f"TrainerConfig.encoder_overrides: {e}") from None
-    if source.kind == "encoder" or trainer.init_encoder_only or gin_model.kind != source.kind:
-        return dataclasses.replace(gin_model, encoder=encoder)
-    return dataclasses.replace(source, encoder=encoder)
+        saved = gin_model
+    return model_config_from_checkpoint(saved, trainer, gin_model)
 
 
 def _first_line(error: BaseException) -> str:
@@ -318,18 +314,20 @@ def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAU
     from rankgen_jax.data.sources import DataConfig
     from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer
     from rankgen_jax.train.step import StepOptions
-    from rankgen_jax.train.loop import LossConfig, TrainerConfig, check_divisible, build_step_functions
+    from rankgen_jax.train.compiled import build_step_functions
+    from rankgen_jax.train.config import LossConfig, TrainerConfig, check_divisible
 
     trainer, data, loss, optimizer = TrainerConfig(), DataConfig(), LossConfig(), OptimizerConfig()
     model_config = _model_config(trainer, ModelConfig())
-    shapes = batch_shapes(data, model_config.kind)
+    layout = BatchLayout(model_config.kind, losses.batch_form(loss.name))
+    shapes = batch_shapes(data, layout)
 
     # The same mesh, options and step functions as trainer.train, on the topology's devices.
     mesh = partitioning.make_mesh(trainer.mesh_data, trainer.mesh_model, devices=devices, replica=trainer.mesh_replica)
     rules = partitioning.rules_by_name(trainer.axis_rules)
     check_divisible(data.batch_size, partitioning.data_parallel_size(mesh), trainer)
     options = StepOptions(loss.name, tuple(sorted(loss.options().items())), trainer.num_chunks, trainer.accum_steps,
-                          model_kind=model_config.kind)
+                          towers=layout.towers)
     tx, schedule = make_optimizer(optimizer)
     loss_params = losses.init_loss_params(loss.name, **loss.options())
     setup = build_step_functions(model_config, options, tx, schedule, loss_params, mesh, rules, trainer.seed)

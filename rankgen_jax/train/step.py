@@ -25,59 +25,30 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rankgen_jax.losses import registry as losses
 from rankgen_jax.errors import RankgenError
+from rankgen_jax.losses import registry as losses
+from rankgen_jax.models import batch_layout
+from rankgen_jax.models.batch_layout import Tower
 from rankgen_jax.train.state import TrainState
-
-
-
-@dataclasses.dataclass(frozen=True)
-class Tower:
-    """One model call of a step: which batch arrays go in, which output comes out.
-
-    tower: the DualEncoder tower ("query" / "document"); None for models without towers.
-    """
-
-    output: str
-    ids_key: str
-    tower: str | None = None
-
-    @property
-    def type_ids_key(self) -> str:
-        return self.ids_key.removesuffix("_ids") + "_type_ids"
-
-
-# The batch layout of each model kind: dual encoders embed prefixes and
-# candidates separately (one padded call for all would cost ~1.5x the token
-# work; towers of one length share a call, see TowerGroup): triples (positive
-# [B, L], negatives [B, L] or [B, K, L]) for in-batch losses, or candidate lists
-# [B, C, L] for list losses (distillation); cross encoders score [B, C, L]
-# candidate lists (or [B, L] pairs with N scores) in one call. A tower runs only
-# when its ids are in the batch.
-TOWERS = {
-    "dual_encoder": (
-        Tower("query", "query_ids", "query"),
-        Tower("positive", "positive_ids", "document"),
-        Tower("negative", "negative_ids", "document"),
-        Tower("candidates", "candidate_ids", "document"),
-    ),
-    "cross_encoder": (Tower("scores", "pair_ids"),),
-}
 
 
 @dataclasses.dataclass(frozen=True)
 class StepOptions:
-    """Static settings of a step (hashable, bound before jit)."""
+    """Static settings of a step (hashable, bound before jit).
+
+    towers: the model calls the model kind makes (models.batch_layout.towers); a
+      step runs those whose ids are in its batch.
+    """
 
     loss_name: str = "in_batch_softmax"
     loss_options: tuple[tuple[str, Any], ...] = ()
     num_chunks: int = 1
     accum_steps: int = 1
-    model_kind: str = "dual_encoder"
+    towers: tuple[Tower, ...] = batch_layout.DEFAULT_TOWERS
 
     def __post_init__(self):
-        if self.model_kind not in TOWERS:
-            raise RankgenError(f"no training batch layout for model kind {self.model_kind!r}: expected one of {sorted(TOWERS)}")
+        if not self.towers:
+            raise RankgenError("StepOptions.towers is empty: pass the model kind's (models.batch_layout.towers)")
         if self.num_chunks < 1 or self.accum_steps < 1:
             raise RankgenError("num_chunks and accum_steps must be >= 1")
         if self.num_chunks > 1 and self.accum_steps > 1:
@@ -90,7 +61,7 @@ class StepOptions:
 
 
 def _towers(options: StepOptions, batch: dict) -> list[Tower]:
-    return [t for t in TOWERS[options.model_kind] if t.ids_key in batch]
+    return [t for t in options.towers if t.ids_key in batch]
 
 
 def _inputs(tower: Tower, batch: dict) -> dict:

@@ -954,8 +954,9 @@ class SeqioTriples:
         except ValueError:
             known = sorted(n for n in list(seqio.TaskRegistry.names()) + list(seqio.MixtureRegistry.names()))
             raise RankgenError(
-                f"no seqio task or mixture named {task_or_mixture_name!r} (import `tasks` to register RankGen's); "
-                f"registered: {', '.join(known) or 'none'}"
+                f"no seqio task or mixture named {task_or_mixture_name!r} is registered; the project's tasks are "
+                f"registered by `import tasks` (tasks/rankgen_tasks.py), which `rankgen-jax` does when the gin config "
+                f"mentions seqio; registered: {', '.join(known) or 'none'}"
             ) from None
         self.name, self.split, self.seed = task_or_mixture_name, split, int(seed)
         self.shard_info, self.use_cached, self.with_negative = shard_info, use_cached, with_negative

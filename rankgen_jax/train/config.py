@@ -1,0 +1,105 @@
+"""The trainer's gin-configurable settings: the loop and mesh (TrainerConfig) and the loss (LossConfig)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import gin
+
+from rankgen_jax.errors import RankgenError, check_field_types
+from rankgen_jax.losses import registry as losses
+from rankgen_jax.models.configs import BertConfig, T5Config
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+    """Loop, mesh and gradient-mode settings.
+
+    num_chunks > 1: GradCache over that many chunks; accum_steps > 1: gradient
+    accumulation (losses without cross-example terms only).
+    init_checkpoint: a rankgen_jax checkpoint (from `import`) to start from,
+      local or on a bucket (gs://...);
+      its encoder config is used as saved (dropout included) except for the
+      fields in encoder_overrides (e.g. {'dropout_rate': 0.0, 'remat': True,
+      'dtype': 'bfloat16'}); the gin ModelConfig supplies the head and towers
+      when the checkpoint is a bare encoder, is of another kind than gin's
+      (e.g. a ranker started from a retriever), or init_encoder_only is set.
+    """
+
+    num_steps: int = 100
+    log_every: int = 10
+    eval_every: int = 0
+    eval_batches: int = 2
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 3
+    async_checkpoints: bool = True
+    seed: int = 0
+    init_checkpoint: str = ""
+    init_encoder_only: bool = False
+    encoder_overrides: dict = dataclasses.field(default_factory=dict)
+    mesh_data: int = -1
+    mesh_model: int = 1
+    mesh_replica: int = 1
+    axis_rules: str = "standard"
+    num_chunks: int = 1
+    accum_steps: int = 1
+    profile_start_step: int = -1
+    profile_num_steps: int = 3
+    # Wall-clock budget: stop (and save) after this many minutes; 0 = no limit.
+    max_minutes: float = 0.0
+    # Multi-host slices: "auto" joins jax.distributed when the environment is one host of many.
+    distributed: str = "auto"
+
+    def __post_init__(self):
+        check_field_types(self)
+        for name in ("num_steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_batches",
+                     "num_chunks", "accum_steps", "profile_num_steps"):
+            if getattr(self, name) < 1:
+                raise RankgenError(f"TrainerConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("eval_every", "max_minutes"):
+            if getattr(self, name) < 0:
+                raise RankgenError(f"TrainerConfig.{name} must be >= 0, got {getattr(self, name)}")
+        known = {f.name for config in (T5Config, BertConfig) for f in dataclasses.fields(config)}
+        unknown = sorted(set(self.encoder_overrides) - known)
+        if unknown:
+            raise RankgenError(f"TrainerConfig.encoder_overrides: unknown encoder field(s) {unknown}")
+
+
+# Sources that tokenise text with DataConfig.vocab (the checkpoint's own tokenizer by default).
+TEXT_SOURCES = ("books", "examples", "lists", "pairs")
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """Which loss, with its options (see rankgen_jax.losses.registry)."""
+
+    name: str = "in_batch_softmax"
+    logit_scale: float = 1.0
+    learn_logit_scale: bool = False
+    margin: float = 0.0
+    mask_duplicates: bool = True
+    # List and distillation losses (rankgen_jax.losses.listwise).
+    temperature: float = 1.0
+    t_squared: bool = False
+    position_weighting: bool = False
+    tau: float = 0.5
+
+    def __post_init__(self):
+        check_field_types(self)
+
+    def options(self) -> dict:
+        every = {k: v for k, v in dataclasses.asdict(self).items() if k != "name"}
+        accepted = losses.loss_option_names(self.name)
+        return {k: v for k, v in every.items() if k in accepted}
+
+
+def check_divisible(batch_size: int, data_axis: int, trainer: TrainerConfig) -> None:
+    """The global batch must split evenly over data-parallel devices (and GradCache chunks / microbatches)."""
+    parts = data_axis * max(trainer.num_chunks, trainer.accum_steps)
+    if batch_size % parts:
+        what = f"data axis ({data_axis})"
+        if parts != data_axis:
+            what += f" x {'num_chunks' if trainer.num_chunks > 1 else 'accum_steps'} ({parts // data_axis})"
+        raise RankgenError(f"batch size {batch_size} is not divisible by the {what}")
