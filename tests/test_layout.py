@@ -1,0 +1,137 @@
+"""The package's shape: no import cycles, data flowing downward, one CLI, references only to the repository."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("rankgen_jax", "tasks", "benchmarks")
+# Entry-point rooms: they may import the library, the library never imports them.
+ENTRY_POINTS = ("rankgen_jax.experiments", "rankgen_jax.cli", "benchmarks", "tasks")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _is_library(name: str) -> bool:
+    return not any(name == room or name.startswith(room + ".") for room in ENTRY_POINTS)
+
+
+def _imported_modules(name: str, path: Path) -> list[tuple[str, int, bool]]:
+    """(imported module of this repository, line, inside a function) for every import in a module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = []
+
+    def visit(node, in_function: bool):
+        for child in ast.iter_child_nodes(node):
+            nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            targets = []
+            if isinstance(child, ast.Import):
+                targets = [alias.name for alias in child.names]
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    base = ".".join(package[: len(package) - child.level + 1] + ([base] if base else []))
+                targets = [base] + [f"{base}.{alias.name}" for alias in child.names]
+            for target in targets:
+                if target in MODULES and target != name:
+                    found.append((target, child.lineno, in_function))
+            visit(child, nested)
+
+    visit(tree, False)
+    return found
+
+
+GRAPH = {name: _imported_modules(name, path) for name, path in MODULES.items()}
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, components = {}, {}, [], set(), []
+
+    def connect(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in {t for t, _, _ in GRAPH[v]}:
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for v in MODULES:
+        if v not in index:
+            connect(v)
+    return components
+
+
+def test_the_checker_sees_the_package():
+    """The checks below mean something only if the graph has the edges everyone knows are there."""
+    assert len(MODULES) > 60
+    assert "rankgen_jax.train.step" in {t for t, _, _ in GRAPH["rankgen_jax.train.loop"]}
+    assert any(t.startswith("rankgen_jax.experiments") for name, imports in GRAPH.items()
+               if name.startswith("rankgen_jax.cli") for t, _, _ in imports)
+
+
+def test_no_import_cycles():
+    assert _cycles() == []
+
+
+def test_the_library_never_imports_entry_points():
+    offending = [f"{MODULES[name].relative_to(REPO)}:{line} imports {target}"
+                 for name, imports in GRAPH.items() if _is_library(name)
+                 for target, line, _ in imports if not _is_library(target)]
+    assert offending == []
+
+
+def test_only_the_cli_parses_arguments():
+    offending = []
+    for name, path in MODULES.items():
+        if not _is_library(name) or name.startswith("rankgen_jax.testing"):
+            continue
+        if re.search(r"^\s*(import argparse|from argparse import)", path.read_text(encoding="utf-8"), re.M):
+            offending.append(str(path.relative_to(REPO)))
+    assert offending == []
+
+
+def test_the_train_step_does_not_know_model_kinds():
+    source = (REPO / "rankgen_jax" / "train" / "step.py").read_text(encoding="utf-8")
+    assert not re.search(r"dual_encoder|cross_encoder|model_kind", source)
+
+
+@pytest.mark.parametrize("folder", ["rankgen_jax", "tasks", "benchmarks", "tests", "gin_configs", "tpu_scripts", "docs"])
+def test_references_stay_inside_the_repository(folder):
+    offending = []
+    for path in sorted((REPO / folder).rglob("*")):
+        if path.suffix not in (".py", ".gin", ".md", ".sh", ".json", ".txt") or path == Path(__file__):
+            continue
+        text = path.read_text(encoding="utf-8")
+        for pattern in (r"\bDESIGN\.md", r"\.\./shared/docs"):
+            offending += [f"{path.relative_to(REPO)}: {m.group(0)}" for m in re.finditer(pattern, text)]
+    assert offending == []
