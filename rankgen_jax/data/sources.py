@@ -3,7 +3,7 @@
 A source returns the global batch for a step index, deterministically: the
 same (seed, index) always gives the same rows, so resuming only needs the next
 index, and each host can build just its own rows. The sentence-bounded
-examples (`data/example_source.py`), the seqio tasks (`data/seqio/tasks.py`,
+examples (`data/example_source.py`), the seqio tasks (`data/seqio/source.py`,
 `SeqioTriples`) and the list / pair files (`data/lists.py`) serve the same
 `batch(index, rows)` interface; `make_sources` picks one by `DataConfig.source`.
 
@@ -256,7 +256,7 @@ def _seqio_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
     import jax
     import seqio
 
-    from rankgen_jax.data.seqio.tasks import SeqioTriples
+    from rankgen_jax.data.seqio.source import SeqioTriples
 
     if not config.task:
         raise RankgenError("DataConfig.source='seqio' needs DataConfig.task (e.g. 'rankgen_demo')")

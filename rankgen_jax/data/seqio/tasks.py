@@ -1,4 +1,4 @@
-"""RankGen training data as seqio tasks, and the batch source the trainer reads them through.
+"""RankGen training data as seqio tasks (the trainer reads them through `data/seqio/source.py`).
 
 What a task emits
 -----------------
@@ -70,32 +70,6 @@ Any argument of `register_rankgen_task` except `name`, `negatives` and
 read. `tasks/rankgen_tasks.py` uses that to bind data paths with gin after the
 tasks are registered at import.
 
-Reading for training: SeqioTriples
-----------------------------------
-`SeqioTriples` is the trainer's `BatchSource` over a task or mixture:
-`batch(index)` is global batch `index` of the repeated stream
-(`num_epochs=None`), padded to fixed lengths by `RankGenFeatureConverter`.
-Sequential calls reuse one iterator; any other index (the first call, a
-resume, an eval pass starting again at 0) rebuilds the pipeline and skips
-`index` batches (`index * batch_size` examples) from the start of the stream.
-The skipped examples are still generated and tokenised (about 2,200-3,300
-examples per second per host on a 2-vCPU machine, at 512/128 tokens), so
-resuming late in a long run costs minutes per million examples per host.
-
-Multi-host: pass `shard_info=seqio.ShardInfo(jax.process_index(),
-jax.process_count())`. Host h then tokenises only rows [h*g/n, (h+1)*g/n) of
-every group of g = `group_size` examples, so `group_size` must be divisible by
-the number of hosts n, and `batch_size` must be a multiple of `group_size`.
-With `batch_size == group_size` (the RankGen in-book setting: one document per
-batch) host h's local batch is exactly rows [h*B/n, (h+1)*B/n) of the global
-batch, i.e. the trainer's `rows` slice, and the hosts' batches concatenate to
-the global one. With `batch_size = m * group_size` the global batch is the
-same m groups but each host's rows are its slices of each group in turn.
-Mixtures are mixed one whole batch at a time (seeded, identically on every
-host), so a batch never mixes domains or documents; seqio's own
-`Mixture.get_dataset` mixes single examples, which is right only for
-`mix_documents` tasks.
-
 Caching with Beam (seqio.scripts.cache_tasks_main)
 --------------------------------------------------
 Reading uncached runs at about 2,200-3,300 examples per second per process;
@@ -122,16 +96,15 @@ same-document groups. Cache generative or `mix_documents` tasks; read InBook
 tasks uncached when batches must be same-document.
 """
 
+
 from __future__ import annotations
 
-import atexit
 import collections
 import dataclasses
 import gzip
 import itertools
 import json
 import logging
-import weakref
 import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -151,7 +124,8 @@ from rankgen_jax.data.documents import (
 from rankgen_jax.data.examples import Example, ExampleConfig, make_examples, same_document_batches
 from rankgen_jax.data.sentences import word_count
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.data.text import HFTokenizerEncoder, load_text_encoder
+from rankgen_jax.data.seqio.vocab import DeferredVocabulary, make_vocabulary
+from rankgen_jax.data.text import load_text_encoder
 
 log = logging.getLogger(__name__)
 
@@ -165,211 +139,6 @@ SHORT_DOCUMENT = "short document"  # passes the word minimum, but no example fit
 INCOMPLETE_RECORD = "incomplete generative record"  # no prefix/continuation/generative_negative/doc_id
 _GENERATIVE_FIELDS = ("prefix", "continuation", "generative_negative")
 
-
-def _hide_accelerators_from_tf() -> None:
-    """TF only feeds data here; keep it off the GPUs/TPUs so JAX owns all their memory."""
-    for kind in ("GPU", "TPU"):
-        try:
-            tf.config.set_visible_devices([], kind)
-        except (RuntimeError, ValueError):  # devices already initialised, or no such device type
-            pass
-
-
-_hide_accelerators_from_tf()
-
-
-# ------------------------------------------------------------------------------------------
-# Vocabularies
-# ------------------------------------------------------------------------------------------
-
-
-def _vocab_file(path: str | Path) -> Path:
-    """The spiece.model or tokenizer.json named by `path` (a file, or a folder holding one)."""
-    p = Path(path)
-    if p.is_dir():
-        for name in ("spiece.model", "tokenizer.json"):
-            if (p / name).is_file():
-                return p / name
-        raise RankgenError(f"{path}: no spiece.model or tokenizer.json in this folder")
-    if not p.is_file():
-        raise RankgenError(f"{path}: no such vocabulary file")
-    return p
-
-
-def make_vocabulary(path: str | Path) -> seqio.Vocabulary:
-    """seqio vocabulary for a model: SentencePiece (T5) for a .model file, TokenizersVocabulary for tokenizer.json."""
-    file = _vocab_file(path)
-    if file.suffix == ".json":
-        return TokenizersVocabulary(file)
-    load_text_encoder(file)  # fail now, with a clear message, if it is not a SentencePiece model
-    return seqio.SentencePieceVocabulary(str(file))
-
-
-class TokenizersVocabulary(seqio.Vocabulary):
-    """A HF `tokenizers` tokenizer.json (BERT family) behind seqio's Vocabulary interface.
-
-    `encode` gives ids without special tokens (seqio's convention: no EOS);
-    `eos_id` is the token the tokenizer ends a text with ([SEP] or </s>), so
-    `decode` stops there, and `pad_id` is the tokenizer's own padding id
-    (0 for BERT, 1 for RoBERTa) rather than seqio's fixed 0.
-    """
-
-    def __init__(self, path: str | Path):
-        file = _vocab_file(path)
-        if file.suffix != ".json":
-            raise RankgenError(f"{path}: TokenizersVocabulary needs a tokenizer.json")
-        self._path = str(file.resolve())
-        self._encoder: HFTokenizerEncoder | None = None
-        super().__init__(extra_ids=0)
-        self.encoder  # noqa: B018 - load now so a bad file fails at construction
-
-    @property
-    def encoder(self) -> HFTokenizerEncoder:
-        if self._encoder is None:
-            self._encoder = HFTokenizerEncoder(self._path)
-        return self._encoder
-
-    def __getstate__(self):
-        # gin deep-copies configurable arguments; reload the tokenizer lazily instead of pickling it.
-        state = self.__dict__.copy()
-        state["_encoder"] = None
-        return state
-
-    @property
-    def path(self) -> str:
-        return self._path
-
-    @property
-    def bos_id(self) -> int | None:
-        return self.encoder._head[0] if self.encoder._head else None
-
-    @property
-    def eos_id(self) -> int | None:
-        return self.encoder._tail[-1] if self.encoder._tail else None
-
-    @property
-    def unk_id(self) -> int | None:
-        token = getattr(self.encoder.tokenizer.model, "unk_token", None)
-        return self.encoder.tokenizer.token_to_id(token) if token else None
-
-    @property
-    def pad_id(self) -> int:
-        return self.encoder.pad_id
-
-    @property
-    def _base_vocab_size(self) -> int:
-        return self.encoder.size
-
-    def _encode(self, s: str) -> Sequence[int]:
-        return self.encoder.tokenize(s)
-
-    def _decode(self, ids) -> str:
-        return self.encoder.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
-
-    def _encode_tf(self, s: tf.Tensor) -> tf.Tensor:
-        """Scalar string -> int32 [n]; a vector of strings -> a RaggedTensor [m, None]."""
-
-        def encode_one(text):
-            return np.asarray(self._encode(text.numpy().decode("utf-8")), np.int32)
-
-        def encode_scalar(text):
-            ids = tf.py_function(encode_one, [text], tf.int32)
-            ids.set_shape([None])
-            return ids
-
-        s = tf.convert_to_tensor(s)
-        if s.shape.rank == 0:
-            return encode_scalar(s)
-        return tf.map_fn(encode_scalar, s, fn_output_signature=tf.RaggedTensorSpec([None], tf.int32))
-
-    def _decode_tf(self, ids: tf.Tensor) -> tf.Tensor:
-        """int ids [..., n] -> strings [...]."""
-        ids = tf.convert_to_tensor(ids)
-
-        def decode_all(array):
-            array = array.numpy()
-            flat = array.reshape(-1, array.shape[-1]) if array.ndim else array.reshape(1, 1)
-            texts = [self._decode([i for i in row if i != self.pad_id]) for row in flat]
-            return np.asarray(texts, object).reshape(array.shape[:-1])
-
-        out = tf.py_function(decode_all, [ids], tf.string)
-        out.set_shape(ids.shape[:-1])
-        return out
-
-    def __eq__(self, other):
-        return isinstance(other, TokenizersVocabulary) and other.path == self.path
-
-    def __hash__(self):
-        return hash((TokenizersVocabulary, self._path))
-
-    def __str__(self) -> str:
-        return f"TokenizersVocabulary({self._path})"
-
-
-class DeferredVocabulary(seqio.Vocabulary):
-    """A vocabulary whose path is looked up each time it is used, so a task can register before gin binds it."""
-
-    def __init__(self, path_fn: Callable[[], str | Path | None]):
-        self._path_fn = path_fn
-        self._loaded: dict[str, seqio.Vocabulary] = {}
-        super().__init__(extra_ids=0)
-
-    @property
-    def vocabulary(self) -> seqio.Vocabulary:
-        path = self._path_fn()
-        if not path:
-            raise RankgenError("no vocabulary path is set for this task")
-        key = str(path)
-        if key not in self._loaded:
-            self._loaded[key] = make_vocabulary(key)
-        return self._loaded[key]
-
-    # Everything seqio asks of a vocabulary goes to the resolved one.
-    bos_id = property(lambda self: self.vocabulary.bos_id)
-    eos_id = property(lambda self: self.vocabulary.eos_id)
-    unk_id = property(lambda self: self.vocabulary.unk_id)
-    pad_id = property(lambda self: self.vocabulary.pad_id)
-    extra_ids = property(lambda self: self.vocabulary.extra_ids)
-    vocab_size = property(lambda self: self.vocabulary.vocab_size)
-    _base_vocab_size = property(lambda self: self.vocabulary._base_vocab_size)
-
-    def _encode(self, s):
-        return self.vocabulary._encode(s)
-
-    def _decode(self, ids):
-        return self.vocabulary._decode(ids)
-
-    def _encode_tf(self, s):
-        return self.vocabulary._encode_tf(s)
-
-    def _decode_tf(self, ids):
-        return self.vocabulary._decode_tf(ids)
-
-    def encode(self, s):
-        return self.vocabulary.encode(s)
-
-    def decode(self, ids):
-        return self.vocabulary.decode(ids)
-
-    def encode_tf(self, s):
-        return self.vocabulary.encode_tf(s)
-
-    def decode_tf(self, ids):
-        return self.vocabulary.decode_tf(ids)
-
-    def __eq__(self, other):
-        if isinstance(other, DeferredVocabulary) and other._path_fn is self._path_fn:
-            return True
-        if not isinstance(other, seqio.Vocabulary):
-            return False
-        other = other.vocabulary if isinstance(other, DeferredVocabulary) else other
-        return self.vocabulary == other
-
-    def __hash__(self):
-        return hash((DeferredVocabulary, self._path_fn))
-
-    def __str__(self) -> str:
-        return f"DeferredVocabulary({self._path_fn})"
 
 
 # ------------------------------------------------------------------------------------------
@@ -787,7 +556,7 @@ def _make_dataset_fn(name: str) -> Callable[..., tf.data.Dataset]:
     return dataset_fn
 
 
-def _trim_keeping_last(ids: tf.Tensor, length: int) -> tf.Tensor:
+def trim_ids_keeping_last(ids: tf.Tensor, length: int) -> tf.Tensor:
     """The first length-1 ids and the last one (EOS / [SEP]) of a too-long 1-D tensor; shorter ones unchanged."""
     n = tf.shape(ids)[0]
     return tf.concat([ids[: tf.minimum(n, length) - 1], ids[-1:]], axis=0) if length > 0 else ids[:0]
@@ -802,7 +571,7 @@ def trim_keeping_last_token(
     lengths = {k: int(v) for k, v in sequence_length.items() if k in ID_FEATURES and v is not None}
 
     def trim(example):
-        return {k: _trim_keeping_last(v, lengths[k]) if k in lengths else v for k, v in example.items()}
+        return {k: trim_ids_keeping_last(v, lengths[k]) if k in lengths else v for k, v in example.items()}
 
     return dataset.map(trim, num_parallel_calls=tf.data.AUTOTUNE)
 
@@ -868,204 +637,3 @@ def register_mixture(name: str, tasks: Sequence[str], rates: Sequence[float | Ca
     return seqio.MixtureRegistry.add(name, list(zip(tasks, rates)))
 
 
-# ------------------------------------------------------------------------------------------
-# Feature converter and the trainer's batch source
-# ------------------------------------------------------------------------------------------
-
-
-class RankGenFeatureConverter(seqio.FeatureConverter):
-    """Task features -> the trainer's arrays: id features trimmed (keeping the last token) and padded; strings dropped.
-
-    pad_id: the tokenizer's padding id (the vocabulary's `pad_id`: 0 for T5 and BERT, 1 for RoBERTa).
-    with_negative: False drops `negative_ids` (training with in-batch negatives only).
-    """
-
-    TASK_FEATURES = {key: seqio.FeatureConverter.FeatureSpec(dtype=tf.int32) for key in ID_FEATURES}
-    MODEL_FEATURES = dict(TASK_FEATURES)
-    PACKING_FEATURE_DTYPES = {}
-
-    def __init__(self, pad_id: int = 0, with_negative: bool = True, **kwargs):
-        if kwargs.pop("pack", False):
-            raise RankgenError("RankGenFeatureConverter does not pack: every row is one query or candidate")
-        keys = ID_FEATURES if with_negative else ID_FEATURES[:2]
-        # Instance attributes shadow the class ones: the feature set depends on with_negative.
-        self.TASK_FEATURES = {key: seqio.FeatureConverter.FeatureSpec(dtype=tf.int32) for key in keys}
-        self.MODEL_FEATURES = dict(self.TASK_FEATURES)
-        self._pad_id = int(pad_id)
-        super().__init__(pack=False, **kwargs)
-
-    def _convert_features(self, ds: tf.data.Dataset, task_feature_lengths: Mapping[str, int]) -> tf.data.Dataset:
-        pad_id = self._pad_id
-
-        def convert(example):
-            out = {}
-            for key in self.MODEL_FEATURES:
-                length = int(task_feature_lengths[key])
-                ids = _trim_keeping_last(example[key], length)
-                ids = tf.pad(ids, [[0, length - tf.shape(ids)[0]]], constant_values=pad_id)
-                out[key] = tf.ensure_shape(ids, [length])
-            return out
-
-        return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
-
-    def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> Mapping[str, int]:
-        return {key: task_feature_lengths[key] for key in self.MODEL_FEATURES}
-
-
-# Sources whose tf.data pipeline may still be running. Its prefetch threads call back into
-# Python (the examples come from a generator; HF tokenizers run in tf.py_function); left
-# alive into interpreter shutdown, they abort ("terminate called without an active
-# exception", exit 134) or hang the process after a clean run.
-_OPEN_SOURCES: weakref.WeakSet = weakref.WeakSet()
-
-
-@atexit.register
-def _close_open_sources() -> None:
-    for source in list(_OPEN_SOURCES):
-        source.close()
-
-
-class SeqioTriples:
-    """The trainer's BatchSource over a seqio task or mixture: `batch(index)` is global batch `index`.
-
-    lengths: {"query_ids": Lq, "positive_ids": Lc, "negative_ids": Lc} (negative defaults to positive).
-    seed: orders the stream (passed to the task's source; seqio shuffles nothing).
-    shard_info: this host's share (multi-host); `batch` then returns the local batch, see the module docstring.
-    use_cached: read a Beam-cached copy of the task(s) (loses same-document groups).
-    threads: tf.data threads of the pipeline. One suits a host whose cores all run the
-      train step (see `_dataset`); a TPU VM, whose cores are free, can give it more.
-    """
-
-    def __init__(
-        self,
-        task_or_mixture_name: str,
-        split: str,
-        batch_size: int,
-        lengths: Mapping[str, int],
-        seed: int = 0,
-        shard_info: seqio.ShardInfo | None = None,
-        *,
-        with_negative: bool = True,
-        use_cached: bool = False,
-        threads: int = 1,
-    ):
-        try:
-            provider = seqio.get_mixture_or_task(task_or_mixture_name)
-        except ValueError:
-            known = sorted(n for n in list(seqio.TaskRegistry.names()) + list(seqio.MixtureRegistry.names()))
-            raise RankgenError(
-                f"no seqio task or mixture named {task_or_mixture_name!r} is registered; the project's tasks are "
-                f"registered by `import tasks` (tasks/rankgen_tasks.py), which `rankgen-jax` does when the gin config "
-                f"mentions seqio; registered: {', '.join(known) or 'none'}"
-            ) from None
-        self.name, self.split, self.seed = task_or_mixture_name, split, int(seed)
-        self.shard_info, self.use_cached, self.with_negative = shard_info, use_cached, with_negative
-        hosts = shard_info.num_shards if shard_info else 1
-        if batch_size < 1 or batch_size % hosts:
-            raise RankgenError(f"batch_size={batch_size} must be positive and divisible by the {hosts} hosts")
-        self.batch_size = int(batch_size)
-        self.local_batch_size = self.batch_size // hosts
-        if threads < 1:
-            raise RankgenError(f"tf.data threads must be >= 1, got {threads} (DataConfig.tfdata_threads)")
-        self.threads = int(threads)
-        self._tasks, self._weights = self._tasks_and_weights(provider)
-        for task in self._tasks:
-            self._check_grouping(task.name, hosts)
-        keys = ID_FEATURES if with_negative else ID_FEATURES[:2]
-        lengths = dict(lengths)
-        lengths.setdefault(NEGATIVE, lengths.get(POSITIVE))
-        missing = [k for k in ID_FEATURES if not lengths.get(k)]
-        if missing:
-            raise RankgenError(f"SeqioTriples lengths need {', '.join(missing)}; got {dict(lengths)}")
-        self._task_lengths = {k: int(lengths[k]) for k in ID_FEATURES}
-        self.lengths = {k: self._task_lengths[k] for k in keys}
-        self.vocabulary = provider.output_features[QUERY].vocabulary
-        self.pad_id = int(self.vocabulary.pad_id)
-        self.vocab_size = int(self.vocabulary.vocab_size)
-        self.converter = RankGenFeatureConverter(pad_id=self.pad_id, with_negative=with_negative)
-        self._iterator: Iterator | None = None
-        self._next_index: int | None = None
-
-    def _tasks_and_weights(self, provider) -> tuple[list[seqio.Task], list[float]]:
-        """The tasks to read with their normalised rates; zero-rate tasks are never opened."""
-        if isinstance(provider, seqio.Task):
-            pairs = [(provider, 1.0)]
-        else:
-            pairs = [(task, float(provider.get_rate(task))) for task in provider.tasks]
-        pairs = [(task, rate) for task, rate in pairs if rate > 0 and self.split in task.splits]
-        if not pairs:
-            raise RankgenError(f"{self.name!r} has no task with a positive rate and a {self.split!r} split")
-        total = sum(rate for _, rate in pairs)
-        return [task for task, _ in pairs], [rate / total for _, rate in pairs]
-
-    def _check_grouping(self, task_name: str, hosts: int) -> None:
-        """Batches must be whole same-document groups, and every host must own whole rows of each group."""
-        if not is_rankgen_task(task_name):
-            return
-        spec = task_spec(task_name)
-        if spec.group_size % hosts:
-            raise RankgenError(
-                f"task {task_name!r}: group_size={spec.group_size} is not divisible by the {hosts} hosts"
-            )
-        if not spec.mix_documents and self.batch_size % spec.group_size:
-            raise RankgenError(
-                f"task {task_name!r}: batch_size={self.batch_size} is not a multiple of its "
-                f"group_size={spec.group_size}, so batches would split same-document groups"
-            )
-
-    def _dataset(self, start: int):
-        """Numpy iterator over local batches from global batch `start` on (rebuilt from the stream's beginning)."""
-        batched = []
-        for task in self._tasks:
-            ds = task.get_dataset(
-                sequence_length=self._task_lengths, split=self.split, use_cached=self.use_cached, shuffle=False,
-                seed=self.seed, shard_info=self.shard_info, num_epochs=None,
-            )
-            ds = self.converter(ds, self.lengths)
-            batched.append(ds.batch(self.local_batch_size, drop_remainder=True))
-        if len(batched) == 1:
-            ds = batched[0]
-        else:
-            # Whole batches are drawn from one task at a time, with the same seed on every host.
-            ds = tf.data.Dataset.sample_from_datasets(batched, weights=self._weights, seed=self.seed,
-                                                      stop_on_empty_dataset=True)
-        # A jump re-reads the stream from its start: `start` batches (start * batch_size examples) are skipped.
-        # One tf.data thread by default: it reads ~2,200 examples/s, 25x what a 2-core step
-        # consumes, and tf.data's default pool (a thread per core) preempts XLA's threads mid-op:
-        # the real-data step was 4-10% slower than on synthetic batches with it, ~3.5% with one
-        # (docs/benchmarks.md).
-        options = tf.data.Options()
-        options.threading.private_threadpool_size = self.threads
-        options.threading.max_intra_op_parallelism = 1
-        return ds.skip(start).prefetch(2).with_options(options).as_numpy_iterator()
-
-    def close(self) -> None:
-        """Stop the tf.data pipeline now (done at exit for every open source); `batch` reopens it."""
-        self._iterator = None
-        self._next_index = None
-        _OPEN_SOURCES.discard(self)
-
-    def batch(self, index: int, rows: slice | None = None) -> dict[str, np.ndarray]:
-        """Global batch `index` (its `rows`); with shard_info, this host's local batch (`rows` must match its size)."""
-        if index < 0:
-            raise RankgenError(f"batch index must be >= 0, got {index}")
-        if self._iterator is None or index != self._next_index:
-            self._iterator = self._dataset(index)
-            _OPEN_SOURCES.add(self)
-        try:
-            out = next(self._iterator)
-        except StopIteration:
-            self._iterator = None
-            raise RankgenError(
-                f"{self.name!r} ({self.split}) gives no complete batch of {self.local_batch_size} rows: "
-                "too few examples for one group (see scan_task)"
-            ) from None
-        self._next_index = index + 1
-        if self.shard_info is not None:
-            if rows is not None and len(range(self.batch_size)[rows]) != self.local_batch_size:
-                raise RankgenError(
-                    f"rows {rows} do not match this host's {self.local_batch_size} rows "
-                    f"of the {self.batch_size}-row batch"
-                )
-            return out
-        return {k: v[rows] for k, v in out.items()} if rows is not None else out
