@@ -14,9 +14,9 @@ Bad input:
   usable record.
 
 `read_jsonl` reads a whole file and reports what it skipped on stderr;
-`iter_jsonl` streams one (for files too large to hold, or callers that count
-skips their own way), and `parse_lines` applies the same policy to lines
-already in memory.
+`collect_jsonl` returns the skips instead, `iter_jsonl` streams a file (for
+files too large to hold, or callers that count skips their own way), and
+`parse_lines` applies the same policy to lines already in memory.
 """
 
 from __future__ import annotations
@@ -96,7 +96,8 @@ def parse_lines(lines: Iterable[bytes], check: Check | None = None,
             on_skip(reason, number)
 
 
-def _open_binary(path: Path):
+def open_binary(path: Path):
+    """The file opened for reading bytes, gunzipped when its name ends in .gz."""
     return gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb")
 
 
@@ -113,7 +114,7 @@ def iter_jsonl(path: str | Path, check: Check | None = None,
 
     def records() -> Iterator[tuple[int, dict]]:
         try:
-            with _open_binary(file) as lines:
+            with open_binary(file) as lines:
                 yield from parse_lines(lines, check, on_skip)
         except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
             raise RankgenError(f"{path}: cannot read the file ({e})") from None
@@ -121,13 +122,18 @@ def iter_jsonl(path: str | Path, check: Check | None = None,
     return records()
 
 
+def collect_jsonl(path: str | Path, check: Check | None = None) -> tuple[list[dict], SkippedLines]:
+    """(usable records, skipped lines) of a file, for callers that report skips and judge an empty file themselves."""
+    skipped = SkippedLines()
+    return [record for _, record in iter_jsonl(path, check, skipped.add)], skipped
+
+
 def read_jsonl(path: str | Path, check: Check | None = None) -> list[dict]:
     """The usable records of a JSON-lines file, in order; skipped lines are summarised on stderr.
 
     RankgenError when the file is missing or unreadable, or holds no usable record.
     """
-    skipped = SkippedLines()
-    records = [record for _, record in iter_jsonl(path, check, skipped.add)]
+    records, skipped = collect_jsonl(path, check)
     if skipped.count:
         print(f"{path}: skipped {skipped.count} lines: {skipped.describe()}", file=sys.stderr)
     if not records:
