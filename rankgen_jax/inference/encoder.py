@@ -124,7 +124,7 @@ def rows_for_memory(config: ModelConfig, length: int, budget_bytes: int, cap: in
 def host_available_bytes() -> int:
     """Free host memory in bytes (psutil when installed, else sysconf; a fixed guess if neither works)."""
     try:
-        import psutil
+        import psutil  # optional: the sysconf fallback below serves without it
 
         return int(psutil.virtual_memory().available)
     except ImportError:
