@@ -109,7 +109,7 @@ def test_layouts_by_model_kind_and_loss(tmp_path):
 
 
 def test_bert_pairs_have_token_types():
-    from rankgen_jax.experiments.demo import resolve_hf_folder
+    from rankgen_jax.experiments.stages import resolve_hf_folder
 
     text = load_text_encoder(resolve_hf_folder("minilm") + "/tokenizer.json")
     ids, types = encode_pair_truncated(text, "one two three four five six", "seven eight nine ten", 5, 4)

@@ -14,11 +14,15 @@ from rankgen_jax.data.lists import PairBatches
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.batch_layout import CANDIDATE_LISTS, BatchLayout
 from rankgen_jax.models.factory import build_model, init_params
-from rankgen_jax.experiments.perspectives import (
-    PERSPECTIVES, ROWS, PerspectivesConfig, Work, build_passages, format_table, initial_params,
-    load_works, pair_labels, pair_scores, passages_of_text, roc_auc, sample_pairs, strip_gutenberg,
+from rankgen_jax.experiments.perspective_eval import pair_scores, roc_auc
+from rankgen_jax.experiments.perspective_pairs import (
+    PERSPECTIVES, Passages, Work, build_passages, load_works, pair_labels, passages_of_text, sample_pairs,
+    strip_gutenberg,
 )
+from rankgen_jax.experiments.perspectives import ROWS, PerspectivesConfig, format_table, initial_params
+from rankgen_jax.experiments.stages import resolve_hf_folder
 from rankgen_jax.data.text import load_text_encoder
+from rankgen_jax.inference.encoder import LoadedModel
 
 # A random BERT with MiniLM's vocabulary, so the run tokenises with MiniLM's tokenizer.json.
 TINY_BERT = BertConfig(vocab_size=30522, d_model=32, d_ff=64, num_layers=1, num_heads=4, max_position_embeddings=128)
@@ -27,8 +31,6 @@ TINY_INIT = ModelConfig(encoder=TINY_BERT, head=HeadConfig("mean", 0, True))
 
 @pytest.fixture(scope="module")
 def minilm_tokenizer():
-    from rankgen_jax.experiments.demo import resolve_hf_folder
-
     return resolve_hf_folder("minilm") + "/tokenizer.json"
 
 
@@ -37,7 +39,7 @@ def bundled():
     """The bundled works cut with the demo's settings."""
     cfg = PerspectivesConfig()
     works = load_works(cfg.works_file)
-    train, held = build_passages(works, cfg)
+    train, held = build_passages(works, cfg.min_words, cfg.max_words, cfg.eval_fraction)
     return cfg, works, train, held
 
 
@@ -112,8 +114,6 @@ def test_pair_labels_are_consistent_and_balanced(bundled):
 
 
 def test_pairs_without_possible_patterns_fall_back_or_fail(tmp_path):
-    from rankgen_jax.experiments.perspectives import Passages
-
     one = Passages([Work(tmp_path, "A", "W", "poem")], [["x y", "y z", "z w"]])
     records = sample_pairs(one, 6, np.random.default_rng(0))
     assert all(r["labels"] == [1.0, 1.0, 1.0] for r in records)
@@ -187,7 +187,7 @@ def test_pair_scores_use_the_training_layout(tiny_init, minilm_tokenizer):
             expect = np.sum(a * b, axis=-1)
         else:
             expect = np.asarray(apply(batch["pair_ids"], batch["pair_type_ids"]))
-        got = pair_scores(config, params, text, members, length, batch_size=8)
+        got = pair_scores(LoadedModel.from_params(config, params, text), members, length, batch_size=8)
         assert got.shape == (4, 3)
         np.testing.assert_allclose(got, expect, atol=1e-5)
 

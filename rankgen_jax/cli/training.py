@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.experiments.gin_runs import DEMO_GIN, gin_config, train_from_gin
-from rankgen_jax.experiments.perspectives import DEFAULT_WORKDIR as PERSPECTIVES_WORKDIR, run_perspectives
 from rankgen_jax.experiments.sweep import report, run_sweep
 from rankgen_jax.tpu.aot import AOT_VENV_HINT, DEFAULT_UTILIZATIONS, run_compile
 
 # The commands whose run is configured with gin: they take --gin.Name.param=value bindings (args.gin_bindings).
 GIN_COMMANDS = ("train", "pipeline", "perspectives", "compile")
 DEMO_WORKDIR = "runs/demo"
+PERSPECTIVES_WORKDIR = "runs/perspectives"
 
 
 def add_train(subparsers) -> None:
@@ -106,6 +106,9 @@ def add_perspectives(subparsers) -> None:
 
 
 def _run_perspectives(args) -> dict:
+    # Imports jax, which must start after main() sets XLA's flags.
+    from rankgen_jax.experiments.perspectives import run_perspectives
+
     with gin_config(args.gin_file, args.gin_bindings):
         return run_perspectives(args.workdir)
 

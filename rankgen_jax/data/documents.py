@@ -28,6 +28,7 @@ import zlib
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from rankgen_jax.data import jsonl
 from rankgen_jax.data.sentences import word_count
 from rankgen_jax.errors import RankgenError
 
@@ -212,16 +213,13 @@ def json_documents(raw: bytes, path: Path, file_id: str, stats: ReadStats) -> It
         for index, record in enumerate(array, start=1):
             yield from _record_document(record, _default_id(file_id, index), f"{path}:{index}", stats)
         return
-    for number, line in enumerate(raw.split(b"\n"), start=1):
-        if not line.strip():
-            continue  # blank lines (and the trailing newline) are not records
-        location = f"{path}:{number}"
-        try:
-            record = json.loads(line.decode("utf-8-sig"))
-        except (UnicodeDecodeError, ValueError):
-            stats.skip(MALFORMED_JSON, location)
-            continue
-        yield from _record_document(record, _default_id(file_id, number), location, stats)
+
+    def skip(reason: str, number: int) -> None:
+        # A JSON value that is no object has no text either.
+        stats.skip(MISSING_TEXT if reason == jsonl.NOT_AN_OBJECT else MALFORMED_JSON, f"{path}:{number}")
+
+    for number, record in jsonl.parse_lines(raw.split(b"\n"), on_skip=skip):
+        yield from _record_document(record, _default_id(file_id, number), f"{path}:{number}", stats)
 
 
 def _json_array(raw: bytes) -> list | None:

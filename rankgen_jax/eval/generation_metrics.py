@@ -24,10 +24,12 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+from tqdm import tqdm
 
+from rankgen_jax.data.jsonl import collect_jsonl
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.eval.ranking import unigram_overlap_scores
-from rankgen_jax.lm.scoring import load_causal_lm
+from rankgen_jax.lm.scoring import load_causal_lm, pad_for_causal_lm
 
 REP_WINDOW = 20
 
@@ -70,7 +72,7 @@ def word_tokens(text: str) -> list[str]:
 
 def hf_tokens(tokenizer_dir: str) -> Callable[[str], list[int]]:
     """A function text -> token ids with the HF tokenizer in tokenizer_dir (no special tokens)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # heavy and optional: only with --tokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
@@ -83,10 +85,7 @@ def hf_tokens(tokenizer_dir: str) -> Callable[[str], list[int]]:
 def last_token_features(lm, texts: Sequence[str], max_length: int = 1024, batch_size: int = 8,
                         progress: bool = False) -> np.ndarray:
     """[N, D] float32: last-layer hidden state at each text's last token (MAUVE's featurisation)."""
-    import torch
-    from tqdm import tqdm
-
-    from rankgen_jax.lm.scoring import pad_batch
+    import torch  # heavy and optional (the LM extra): only for MAUVE
 
     limit = max_length if lm.max_positions is None else min(max_length, lm.max_positions)
     seqs = [(lm.text_ids(t) or [lm.start_id])[:limit] for t in texts]
@@ -96,7 +95,7 @@ def last_token_features(lm, texts: Sequence[str], max_length: int = 1024, batch_
                       file=sys.stderr):
         rows = order[start : start + batch_size]
         # Left padding puts every text's last token at the last position.
-        ids, mask, positions = pad_batch([seqs[i] for i in rows], lm.pad_id, "left")
+        ids, mask, positions = pad_for_causal_lm([seqs[i] for i in rows], lm.pad_id, "left")
         with torch.no_grad():
             out = lm.model(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device),
                            position_ids=positions.to(lm.device), output_hidden_states=True)
@@ -109,7 +108,7 @@ def last_token_features(lm, texts: Sequence[str], max_length: int = 1024, batch_
 def require_mauve():
     """The `mauve` module of mauve-text, or a RankgenError saying how to install it."""
     try:
-        import mauve
+        import mauve  # optional (mauve-text)
     except ImportError:
         raise RankgenError("MAUVE needs the optional package mauve-text (pip install mauve-text)") from None
     return mauve
@@ -129,24 +128,15 @@ def mauve_score(references: Sequence[str], generations: Sequence[str], feature_l
 
 def read_generations(path: str, reference_field: str | None = None) -> tuple[list[dict], int]:
     """Records with string "prefix" and "generation" (and the reference field, when asked); bad lines counted."""
-    source = Path(path)
-    if not source.is_file():
+    if not Path(path).is_file():
         raise RankgenError(f"--input {path} does not exist or is not a file")
-    records, bad = [], 0
-    with open(source, "rb") as f:
-        for raw in f:
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw.decode("utf-8"))
-            except ValueError:
-                obj = None
-            fields = ("prefix", "generation") + ((reference_field,) if reference_field else ())
-            if isinstance(obj, dict) and all(isinstance(obj.get(k), str) for k in fields):
-                records.append(obj)
-            else:
-                bad += 1
-    return records, bad
+    fields = ("prefix", "generation") + ((reference_field,) if reference_field else ())
+
+    def check(record: dict) -> str | None:
+        return None if all(isinstance(record.get(k), str) for k in fields) else "missing string fields"
+
+    records, skipped = collect_jsonl(path, check)
+    return records, skipped.count
 
 
 def generation_metrics(records: Sequence[dict], tokenize: Callable[[str], list] = word_tokens,

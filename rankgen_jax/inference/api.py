@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+from tqdm import tqdm
 
+from rankgen_jax.data.jsonl import parse_lines
 from rankgen_jax.errors import RankgenError
 
 # Kept here rather than read from inference.py so building the CLI parser needs no jax.
@@ -66,6 +68,7 @@ class RankGenEncoder:
                             "suffix": _positive(max_length_suffix, "max_length_suffix"),
                             "raw": int(max_length_prefix)}
 
+        # Here, not at the top: they start jax, and the CLI imports this module before it sets XLA's flags.
         import jax
 
         from rankgen_jax.inference.encoder import load_model
@@ -129,8 +132,6 @@ class RankGenEncoder:
         limit = self._limit(kind, max_length)
         if not progress:
             return self.model.encode(texts, kind, limit, self.batch_size, **self._options())
-        from tqdm import tqdm
-
         with tqdm(total=len(texts), unit="text", desc=f"encode {kind}", file=sys.stderr, dynamic_ncols=True) as bar:
             return self.model.encode(texts, kind, limit, self.batch_size, on_batch=bar.update, **self._options())
 
@@ -164,9 +165,10 @@ def read_texts(path: str | os.PathLike, kind: str) -> tuple[list[str], list[int]
     """(texts, their 1-based line numbers, skipped line numbers) of a JSONL or plain-text input file.
 
     JSONL lines are objects with the kind's field ("prefix" / "suffix") or
-    "text"; plain-text files hold one text per line. Blank lines, lines that
-    are not valid UTF-8 and, in JSONL, lines without a string text field are
-    skipped.
+    "text" (read by data.jsonl's rules); plain-text files hold one text per
+    line. Blank lines, lines that are not valid UTF-8 and, in JSONL, lines
+    without a string text field are skipped: every line is either a row or
+    a skipped line, so rows can be traced back to their lines.
     """
     if kind not in KINDS:
         raise RankgenError(f"unknown encode kind {kind!r}: expected one of {list(KINDS)}")
@@ -177,28 +179,17 @@ def read_texts(path: str | os.PathLike, kind: str) -> tuple[list[str], list[int]
     lines = source.read_bytes().split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
-    jsonl = _is_jsonl(source, lines)
-    texts, line_ids, skipped = [], [], []
-    for number, raw in enumerate(lines, start=1):
-        line = _decode_line(raw)
-        text = None
-        if line is not None and line.strip():
-            text = _json_text(line, kind) if jsonl else line
-        if text is None:
-            skipped.append(number)
-        else:
-            texts.append(text)
-            line_ids.append(number)
-    return texts, line_ids, skipped
+    if _is_jsonl(source, lines):
+        rows = {number: _record_text(record, kind) for number, record in parse_lines(lines)}
+    else:
+        rows = {number: line for number, line in enumerate(map(_decode_line, lines), start=1)
+                if line is not None and line.strip()}
+    kept = {number: text for number, text in rows.items() if text is not None}
+    skipped = [number for number in range(1, len(lines) + 1) if number not in kept]
+    return list(kept.values()), list(kept), skipped
 
 
-def _json_text(line: str, kind: str) -> str | None:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(record, dict):
-        return None
+def _record_text(record: dict, kind: str) -> str | None:
     for field in JSON_FIELDS[kind]:
         if field in record:
             return record[field] if isinstance(record[field], str) else None

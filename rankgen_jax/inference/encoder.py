@@ -124,7 +124,7 @@ def rows_for_memory(config: ModelConfig, length: int, budget_bytes: int, cap: in
 def host_available_bytes() -> int:
     """Free host memory in bytes (psutil when installed, else sysconf; a fixed guess if neither works)."""
     try:
-        import psutil
+        import psutil  # optional: the sysconf fallback below serves without it
 
         return int(psutil.virtual_memory().available)
     except ImportError:
@@ -197,6 +197,18 @@ class LoadedModel:
     text: TextEncoder
     source: str = ""
     compiled_shapes: set = dataclasses.field(default_factory=set)
+
+    @classmethod
+    def from_params(cls, config: ModelConfig, params: dict, text: TextEncoder, source: str = "") -> LoadedModel:
+        """A model of parameters in memory, in the layout checkpoints store (e.g. a run's initial
+        parameters), checked against config and the tokenizer; source names them in errors."""
+        where = source or "parameters"
+        check_params_match(params, config, where=where)
+        if text.size > config.encoder.vocab_size:
+            # Out-of-range ids would be clamped silently by the embedding lookup.
+            raise RankgenError(f"{where}: the tokenizer has {text.size} ids "
+                               f"but the model's vocab_size is {config.encoder.vocab_size}")
+        return cls(config=config, params=jax.device_put(to_model_layout(params, config)), text=text, source=source)
 
     @property
     def dim(self) -> int:
@@ -376,17 +388,20 @@ class LoadedModel:
 
     def score_pairs(
         self, queries: Sequence[str], candidates: Sequence[Sequence[str]], query_length: int = 128,
-        candidate_length: int = 128, batch_size: int = 64,
+        candidate_length: int = 128, batch_size: int = 64, query_keep: str = "end",
     ) -> list[np.ndarray]:
         """Cross encoder: for each query, the scores [C_i] (or [C_i, N]) of `query + candidate` read together.
 
-        The query keeps its last query_length tokens, each candidate its first
-        candidate_length (the layout the list trainer uses).
+        The query keeps its last query_length tokens (query_keep="start": its
+        first, as for passage pairs), each candidate its first candidate_length
+        (the layouts the list and pair trainers use).
         """
         _require_kind(self.config, self.source, "cross_encoder")
         if len(queries) != len(candidates):
             raise RankgenError(f"score_pairs: {len(queries)} queries but {len(candidates)} candidate lists")
-        pairs = [encode_pair_truncated(self.text, q, c, query_length, candidate_length)
+        if query_keep not in ("start", "end"):
+            raise RankgenError(f"query_keep must be 'start' or 'end', got {query_keep!r}")
+        pairs = [encode_pair_truncated(self.text, q, c, query_length, candidate_length, query_keep)
                  for q, cands in zip(queries, candidates) for c in cands]
         limit = query_length + candidate_length
         cap = max_positions(self.config)
@@ -489,10 +504,4 @@ def load_model(path: str, kind: str = "dual_encoder") -> LoadedModel:
         raise RankgenError(
             f"{path}: neither a rankgen_jax checkpoint ({native.MODEL_CONFIG_FILE}) "
             "nor an HF model folder (config.json)")
-    check_params_match(params, config, where=str(path))
-    if text.size > config.encoder.vocab_size:
-        # Out-of-range ids would be clamped silently by the embedding lookup.
-        raise RankgenError(f"{path}: the tokenizer has {text.size} ids "
-                           f"but the model's vocab_size is {config.encoder.vocab_size}")
-    params = jax.device_put(to_model_layout(params, config))
-    return LoadedModel(config=config, params=params, text=text, source=str(path))
+    return LoadedModel.from_params(config, params, text, source=str(path))

@@ -57,12 +57,15 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from rankgen_jax.data.jsonl import collect_jsonl
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.lm.scoring import load_causal_lm
+from rankgen_jax.eval.ranking import unigram_overlap_scores
+from rankgen_jax.lm.scoring import CausalLM, load_causal_lm, pad_for_causal_lm, score_lists
 
 if TYPE_CHECKING:
+    # For annotations only: inference.encoder imports jax, and the CLI imports this module before it
+    # sets XLA's flags.
     from rankgen_jax.inference.encoder import LoadedModel
-    from rankgen_jax.lm.scoring import CausalLM
 
 SAMPLERS = ("nucleus", "greedy", "ancestral", "top_k", "typical")
 STRATEGIES = SAMPLERS + ("rerank", "beam")
@@ -101,7 +104,7 @@ def pick_tokens(logits_RxV, uniform_R, decoding: Decoding):
     Each row is computed on its own (no reduction across rows), so a row's
     token does not depend on the other rows of the batch.
     """
-    import torch
+    import torch  # heavy and optional (the LM extra): only where an LM runs
 
     if decoding.kind == "greedy":
         return logits_RxV.argmax(dim=-1)
@@ -158,7 +161,7 @@ def sample_rows(lm: CausalLM, rows: Sequence[SampleRow], decoding: Decoding, max
     Rows are sorted by context length (little padding) and sampled at most
     `max_batch_rows` at a time; neither choice changes a row's tokens.
     """
-    import torch
+    import torch  # heavy and optional (the LM extra): only where an LM runs
 
     if max_batch_rows < 1:
         raise RankgenError(f"--max_batch_rows must be at least 1, got {max_batch_rows}")
@@ -180,16 +183,14 @@ def sample_rows(lm: CausalLM, rows: Sequence[SampleRow], decoding: Decoding, max
 
 def _decode_chunk(lm: CausalLM, rows: Sequence[SampleRow], decoding: Decoding) -> list[list[int]]:
     """Sample the rows together with a KV cache; each row stops at EOS or after its own step count."""
-    import torch
-
-    from rankgen_jax.lm.scoring import pad_batch
+    import torch  # heavy and optional (the LM extra): only where an LM runs
 
     steps = max(row.steps for row in rows)
     uniform_RxS = torch.zeros((len(rows), steps), dtype=torch.float64)
     for r, row in enumerate(rows):
         generator = torch.Generator().manual_seed(row.seed)
         uniform_RxS[r, : row.steps] = torch.rand(row.steps, generator=generator, dtype=torch.float64)
-    ids, mask, positions = pad_batch([row.context for row in rows], lm.pad_id, "left")
+    ids, mask, positions = pad_for_causal_lm([row.context for row in rows], lm.pad_id, "left")
     ids, mask, positions = ids.to(lm.device), mask.to(lm.device), positions.to(lm.device)
     logits_RxV, cache = lm.forward(ids, mask, positions, keep=1)
     eos = lm.eos_id
@@ -268,15 +269,11 @@ class PerplexityReranker:
         return self.score_many([prefix], [candidates])[0]
 
     def score_many(self, prefixes: Sequence[str], candidate_lists: Sequence[Sequence[str]]) -> list[np.ndarray]:
-        from rankgen_jax.lm.scoring import score_lists
-
         return score_lists(self.lm, prefixes, candidate_lists, "lm_loglik", "mean", self.batch_size)
 
 
 def unigram_reranker(prefix: str, candidates: Sequence[str]) -> np.ndarray:
     """Unigram-overlap F1 of each candidate's word set with the prefix's (evaluation.unigram_overlap_scores)."""
-    from rankgen_jax.eval.ranking import unigram_overlap_scores
-
     return unigram_overlap_scores(prefix, candidates)
 
 
@@ -473,25 +470,18 @@ def generate(
 # JSONL in, JSONL out
 
 
+def check_prefix_record(record: dict) -> str | None:
+    """None for a record with a non-empty string "prefix" (a `data.jsonl` check), else why not."""
+    prefix = record.get("prefix")
+    return None if isinstance(prefix, str) and prefix.strip() else "no non-empty string prefix"
+
+
 def read_prefix_records(path: str) -> tuple[list[dict], int]:
     """The objects of a JSONL file that have a non-empty string "prefix", and the number of other (bad) lines."""
-    source = Path(path)
-    if not source.is_file():
+    if not Path(path).is_file():
         raise RankgenError(f"--input {path} does not exist or is not a file")
-    records, bad = [], 0
-    with open(source, "rb") as f:
-        for raw in f:
-            if not raw.strip():
-                continue  # blank lines (e.g. a trailing newline) are not records
-            try:
-                obj = json.loads(raw.decode("utf-8"))
-            except ValueError:
-                obj = None
-            if isinstance(obj, dict) and isinstance(obj.get("prefix"), str) and obj["prefix"].strip():
-                records.append(obj)
-            else:
-                bad += 1
-    return records, bad
+    records, skipped = collect_jsonl(path, check_prefix_record)
+    return records, skipped.count
 
 
 def make_reranker(name: str, lm: CausalLM, model_path: str | None, batch_size: int = 64):
@@ -499,7 +489,7 @@ def make_reranker(name: str, lm: CausalLM, model_path: str | None, batch_size: i
     if name == "rankgen":
         if not model_path:
             raise RankgenError("--reranker rankgen needs --model DIR (a RankGen dual encoder)")
-        from rankgen_jax.inference.encoder import load_model
+        from rankgen_jax.inference.encoder import load_model  # starts jax: after the CLI has set XLA's flags
 
         return RankGenReranker(load_model(model_path), batch_size=batch_size)
     if name == "perplexity":

@@ -38,7 +38,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tqdm import tqdm
+
+from rankgen_jax.data.jsonl import iter_jsonl, open_binary
 from rankgen_jax.errors import RankgenError
+from rankgen_jax.lm.generation import check_prefix_record
+from rankgen_jax.lm.scoring import lm_max_positions, load_lm_and_tokenizer
 
 # A word that ends a sentence: terminal punctuation, optionally followed by
 # closing quotes or brackets ("end." / "end!" / 'end?"' / "end.)").
@@ -164,41 +169,35 @@ def _iter_pending(input_path: Path, done: _Done, stats: _InputStats, on_bad):
     seen_ids: set[str] = set()
     idless = 0
     position = 0
-    with open(input_path, "rb") as f:
-        for n, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue  # blank lines (e.g. a trailing newline) are not records
-            try:
-                obj = json.loads(raw.decode("utf-8"))
-            except ValueError:
-                obj = None
-            if not isinstance(obj, dict) or not isinstance(obj.get("prefix"), str) or not obj["prefix"].strip():
+
+    def skip(reason: str, number: int) -> None:
+        stats.bad_lines += 1
+        on_bad()
+
+    for n, obj in iter_jsonl(input_path, check_prefix_record, skip):
+        key = _id_key(obj)
+        if key is not None:
+            if key in seen_ids:
+                # A repeated id would make resuming ambiguous; keep the first one only.
                 stats.bad_lines += 1
+                stats.duplicate_ids += 1
                 on_bad()
                 continue
-            key = _id_key(obj)
-            if key is not None:
-                if key in seen_ids:
-                    # A repeated id would make resuming ambiguous; keep the first one only.
-                    stats.bad_lines += 1
-                    stats.duplicate_ids += 1
-                    on_bad()
-                    continue
-                seen_ids.add(key)
-                existing = done.by_id.get(key)
-            else:
-                existing = done.positional[idless] if idless < len(done.positional) else None
-                idless += 1
-            if existing is not None:
-                if existing != _digest(obj["prefix"]):
-                    raise RankgenError(
-                        f"output record for input line {n} has a different prefix: the output was made "
-                        "from another input; use a new --out"
-                    )
-                stats.skipped_existing += 1
-            else:
-                yield _Record(position, obj)
-            position += 1
+            seen_ids.add(key)
+            existing = done.by_id.get(key)
+        else:
+            existing = done.positional[idless] if idless < len(done.positional) else None
+            idless += 1
+        if existing is not None:
+            if existing != _digest(obj["prefix"]):
+                raise RankgenError(
+                    f"output record for input line {n} has a different prefix: the output was made "
+                    "from another input; use a new --out"
+                )
+            stats.skipped_existing += 1
+        else:
+            yield _Record(position, obj)
+        position += 1
 
 
 def _grid_batches(records, batch_size: int):
@@ -217,61 +216,14 @@ def _grid_batches(records, batch_size: int):
 
 def _count_lines(path: Path) -> int:
     """Non-blank lines, for the progress bar total (cheap: no JSON parsing)."""
-    with open(path, "rb") as f:
+    with open_binary(path) as f:
         return sum(1 for line in f if line.strip())
-
-
-def load_lm_and_tokenizer(lm_dir: str, device: str):
-    """Load a local causal LM and its tokenizer, or say clearly why the folder is not one."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    path = Path(lm_dir)
-    if not path.is_dir():
-        raise RankgenError(f"--lm {lm_dir} is not a folder (expected a HuggingFace causal LM folder)")
-    if not (path / "config.json").is_file():
-        raise RankgenError(f"--lm {lm_dir} has no config.json: not a HuggingFace model folder")
-    try:
-        config = AutoConfig.from_pretrained(lm_dir, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(lm_dir, local_files_only=True)
-    except (OSError, ValueError, KeyError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise RankgenError(f"--lm {lm_dir} is not a causal LM folder: {first}") from None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(lm_dir, local_files_only=True)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise RankgenError(f"--lm {lm_dir} has no usable tokenizer: {first}") from None
-    if tokenizer.pad_token is None:
-        if tokenizer.eos_token is None:
-            raise RankgenError(f"--lm {lm_dir}: the tokenizer has neither a pad nor an eos token")
-        # Batched sampling needs a pad id; padded positions are masked, so eos is a safe stand-in.
-        tokenizer.pad_token = tokenizer.eos_token
-    # Decoder-only models continue from the last position, so pad on the left;
-    # truncate on the left too, since the end of the prefix is what the continuation follows.
-    tokenizer.padding_side = "left"
-    tokenizer.truncation_side = "left"
-    try:
-        model.to(torch.device(device))
-    except (RuntimeError, AssertionError) as e:
-        raise RankgenError(f"--device {device}: {str(e).strip().splitlines()[0]}") from None
-    model.eval()
-    return config, model, tokenizer
-
-
-def lm_max_positions(config) -> int | None:
-    """The longest input an HF causal LM config allows, under whichever name it uses; None if it says none."""
-    for name in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
 
 
 def _sample(model, tokenizer, prompts: list[str], *, max_prompt_tokens: int, top_p: float,
             max_new_tokens: int, device: str) -> tuple[list[str], int]:
     """One nucleus sample per prompt; returns the decoded continuations and the number of tokens generated."""
-    import torch
+    import torch  # heavy and optional (the LM extra): only where an LM runs
 
     enc = tokenizer(prompts, return_tensors="pt", padding=True, truncation=True, max_length=max_prompt_tokens)
     enc = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
@@ -299,8 +251,7 @@ def generate_negatives(lm_dir: str, input_path: str, output_path: str, *, batch_
     prefix, repeated id), `short` (still under `min_words` after the retries;
     kept), `seconds`, `tokens_per_second` (generated tokens, retries included).
     """
-    import torch
-    from tqdm import tqdm
+    import torch  # heavy and optional (the LM extra): only where an LM runs
 
     if batch_size < 1:
         raise RankgenError(f"--batch_size must be at least 1, got {batch_size}")

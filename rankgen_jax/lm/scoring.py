@@ -22,6 +22,10 @@ mask and position ids counted from the first real token, so a padded batch
 gives the same numbers as one sequence at a time. Sequences longer than the
 LM's context keep the continuation (its first max_positions - 1 tokens) and
 drop the beginning of the prefix.
+
+Loading (`load_causal_lm`, shared with sampling in generation.py and
+generative_negatives.py): a local HF folder, the tokenizer padding and
+truncating on the left.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -86,7 +91,7 @@ class CausalLM:
 
     def forward(self, ids_RxT, mask_RxT, position_RxT, cache=None, keep: int = 0):
         """Logits [R, keep or T, V] (float32) and the updated KV cache of one forward pass."""
-        import torch
+        import torch  # heavy and optional (the LM extra): only where an LM runs
 
         kwargs = {self._cache_arg: cache} if cache is not None else {}
         if keep and self._keeps_logits:
@@ -101,17 +106,68 @@ class CausalLM:
         return logits.float(), new_cache
 
 
+def load_lm_and_tokenizer(lm_dir: str, device: str):
+    """Load a local causal LM and its tokenizer, or say clearly why the folder is not one."""
+    # Heavy and optional (the LM extra): imported when an LM is loaded.
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(lm_dir)
+    if not path.is_dir():
+        raise RankgenError(f"--lm {lm_dir} is not a folder (expected a HuggingFace causal LM folder)")
+    if not (path / "config.json").is_file():
+        raise RankgenError(f"--lm {lm_dir} has no config.json: not a HuggingFace model folder")
+    try:
+        config = AutoConfig.from_pretrained(lm_dir, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(lm_dir, local_files_only=True)
+    except (OSError, ValueError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RankgenError(f"--lm {lm_dir} is not a causal LM folder: {first}") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(lm_dir, local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RankgenError(f"--lm {lm_dir} has no usable tokenizer: {first}") from None
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise RankgenError(f"--lm {lm_dir}: the tokenizer has neither a pad nor an eos token")
+        # Batched sampling needs a pad id; padded positions are masked, so eos is a safe stand-in.
+        tokenizer.pad_token = tokenizer.eos_token
+    # Decoder-only models continue from the last position, so pad on the left;
+    # truncate on the left too, since the end of the prefix is what the continuation follows.
+    tokenizer.padding_side = "left"
+    tokenizer.truncation_side = "left"
+    try:
+        model.to(torch.device(device))
+    except (RuntimeError, AssertionError) as e:
+        raise RankgenError(f"--device {device}: {str(e).strip().splitlines()[0]}") from None
+    model.eval()
+    return config, model, tokenizer
+
+
+def lm_max_positions(config) -> int | None:
+    """The longest input an HF causal LM config allows, under whichever name it uses; None if it says none."""
+    for name in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
 def load_causal_lm(lm_dir: str, device: str = "cpu") -> CausalLM:
     """Load a local HF causal LM folder (model + tokenizer) for scoring or sampling."""
-    from rankgen_jax.lm.generative_negatives import load_lm_and_tokenizer, lm_max_positions
-
     config, model, tokenizer = load_lm_and_tokenizer(lm_dir, device)
     return CausalLM(model, tokenizer, device, lm_max_positions(config), source=lm_dir)
 
 
-def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, side: str = "left"):
-    """(ids [R, T], mask [R, T], positions [R, T]) torch tensors; positions count from each row's first real token."""
-    import torch
+def pad_for_causal_lm(seqs: Sequence[Sequence[int]], pad_id: int, side: str = "left"):
+    """(ids [R, T], mask [R, T], positions [R, T]) torch tensors, T the longest row, padded on `side`.
+
+    Positions count from each row's first real token, so a left-padded row
+    sees the positions it would alone. (data.text.pad_batch is the encoders'
+    one: a fixed length, right padding, rows cut to fit, no mask.)
+    """
+    import torch  # heavy and optional (the LM extra): only where an LM runs
 
     if side not in ("left", "right"):
         raise RankgenError(f"padding side must be 'left' or 'right', got {side!r}")
@@ -147,7 +203,7 @@ def token_logprobs(
     Every context needs at least one token (the first target token is
     predicted from the last context position).
     """
-    import torch
+    import torch  # heavy and optional (the LM extra): only where an LM runs
 
     if len(contexts) != len(targets):
         raise RankgenError(f"token_logprobs: {len(contexts)} contexts but {len(targets)} targets")
@@ -162,7 +218,7 @@ def token_logprobs(
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
         seqs = [pairs[i][0] + pairs[i][1] for i in rows]
-        ids, mask, positions = pad_batch(seqs, lm.pad_id, padding_side)
+        ids, mask, positions = pad_for_causal_lm(seqs, lm.pad_id, padding_side)
         length = ids.shape[1]
         # First position whose logits are needed in any row: the last context token of the row that starts earliest.
         starts = [(length - len(s) if padding_side == "left" else 0) + len(pairs[i][0]) - 1 for i, s in zip(rows, seqs)]

