@@ -1,5 +1,14 @@
 """User-facing errors: one clear line saying what was wrong and where."""
 
+import collections.abc
+import dataclasses
+import numbers
+import re
+import types
+import typing
+
+import numpy as np
+
 
 class RankgenError(Exception):
     """A problem with the user's input (paths, configs, checkpoints).
@@ -18,10 +27,6 @@ def check_field_types(config) -> None:
     Python is: an int passes for a float, a list for a tuple, numpy scalars
     for their kinds; annotations it cannot read are not checked.
     """
-    import dataclasses
-    import re
-    import typing
-
     try:
         hints = typing.get_type_hints(type(config))
     except Exception:  # noqa: BLE001 - an unresolvable annotation: check nothing rather than fail
@@ -38,13 +43,6 @@ def check_field_types(config) -> None:
 
 
 def _type_ok(value, annotation) -> bool:
-    import collections.abc
-    import numbers
-    import types
-    import typing
-
-    import numpy as np
-
     if annotation is typing.Any:
         return True
     origin = typing.get_origin(annotation)

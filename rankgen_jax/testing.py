@@ -10,9 +10,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import flax.linen as nn
+import jax
 import numpy as np
 
-from rankgen_jax.data.vocab import REPO_ROOT
+from rankgen_jax.checkpoints import native
+from rankgen_jax.data.vocab import REPO_ROOT, corpus_lines, train_vocab
+from rankgen_jax.models.configs import RANKGEN_HEAD, ModelConfig, T5Config
+from rankgen_jax.models.factory import abstract_variables
 
 BOTCHAN = REPO_ROOT / "data" / "corpus" / "botchan" / "botchan.txt"
 GPT2_EOS = "<|endoftext|>"
@@ -29,6 +34,7 @@ def build_tiny_gpt2(out_dir: str | os.PathLike, seed: int = 0, vocab_size: int =
 
     The tokenizer has no pad token on purpose: the code under test must cope (GPT-2's own has none either).
     """
+    # torch and transformers are heavy and only the LM tests need them.
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
@@ -53,19 +59,12 @@ def build_tiny_gpt2(out_dir: str | os.PathLike, seed: int = 0, vocab_size: int =
 
 def tiny_rankgen_config():
     """A 1-layer, d_model 32 T5 RankGen dual encoder config (shared towers, RankGen head)."""
-    from rankgen_jax.models.configs import RANKGEN_HEAD, ModelConfig, T5Config
-
     encoder = T5Config(vocab_size=1000, d_model=32, d_ff=64, num_layers=1, num_heads=2, d_kv=16)
     return ModelConfig(encoder=encoder, head=RANKGEN_HEAD)
 
 
 def random_params(config, seed: int):
     """Random parameters of the config's shapes (numpy; no jitted init to compile)."""
-    import flax.linen as nn
-    import jax
-
-    from rankgen_jax.models.factory import abstract_variables
-
     rng = np.random.default_rng(seed)
     shapes = nn.unbox(abstract_variables(config))["params"]
 
@@ -79,8 +78,6 @@ def random_params(config, seed: int):
 
 def build_tiny_rankgen(out_dir: str | os.PathLike, spiece_model: str, seed: int = 1) -> str:
     """Save a random tiny RankGen dual encoder checkpoint using `spiece_model`; returns its path."""
-    from rankgen_jax.checkpoints import native
-
     config = tiny_rankgen_config()
     native.save_params(Path(out_dir), config, random_params(config, seed), vocab=spiece_model)
     return str(out_dir)
@@ -88,6 +85,4 @@ def build_tiny_rankgen(out_dir: str | os.PathLike, spiece_model: str, seed: int 
 
 def train_tiny_vocab(out_path: str | os.PathLike) -> str:
     """A 1000-piece SentencePiece model trained on the bundled corpus (what tests get from `spiece_model`)."""
-    from rankgen_jax.data.vocab import corpus_lines, train_vocab
-
     return train_vocab(corpus_lines(max_lines=20000), out_path, vocab_size=1000)

@@ -9,8 +9,8 @@ from test_inference import SHARED, TEXTS, random_params
 from rankgen_jax.checkpoints import native
 from rankgen_jax.cli.main import build_parser, main, run_command
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.eval.ranking import (accuracy, mrr, reciprocal_rank, score_file, top1,
-                                    unigram_overlap_scores, unigrams)
+from rankgen_jax.eval.ranking import accuracy, mrr, reciprocal_rank, score_file, top1
+from rankgen_jax.retrieval.sparse import unigram_overlap_scores, unigrams
 from rankgen_jax.inference.encoder import load_model
 
 PREFIX = "The old lighthouse keeper climbed the stairs, lantern in hand, to watch the storm."

@@ -32,7 +32,7 @@ from rankgen_jax.checkpoints import native
 from rankgen_jax.cli.main import main
 from rankgen_jax.data.sources import DataConfig, make_sources
 from rankgen_jax.models.batch_layout import TRIPLES
-from rankgen_jax.train.metric_writers import read_jsonl
+from rankgen_jax.train.metric_writers import read_metrics
 
 from test_trainer import TINY, _losses_by_step
 
@@ -369,7 +369,7 @@ def _poison(monkeypatch, bad_batches: list[int], num_steps: int) -> None:
 
 
 def _train_records(workdir: Path) -> dict[int, dict]:
-    return {r["step"]: r for r in read_jsonl(workdir / "metrics.jsonl") if "train/loss" in r}
+    return {r["step"]: r for r in read_metrics(workdir / "metrics.jsonl") if "train/loss" in r}
 
 
 def _params(workdir: Path, step: int) -> list[np.ndarray]:

@@ -103,6 +103,34 @@ def test_no_import_cycles():
     assert _cycles() == []
 
 
+def _room(name: str) -> str:
+    """The folder (or top-level module) of the package a module lives in: `rankgen_jax.train.step` -> `train`."""
+    parts = name.split(".")
+    return parts[1] if parts[0] == "rankgen_jax" and len(parts) > 1 else parts[0]
+
+
+def test_rooms_depend_on_each_other_one_way():
+    """Data flows downward: the folders' own import graph has no cycle (e.g. eval may use lm, never both ways)."""
+    rooms: dict[str, set[str]] = {}
+    for name, imports in GRAPH.items():
+        rooms.setdefault(_room(name), set()).update(_room(t) for t, _, _ in imports if _room(t) != _room(name))
+    order, visiting = [], set()
+
+    def visit(room, path):
+        if room in order:
+            return
+        assert room not in visiting, f"rooms import each other: {' -> '.join(path + [room])}"
+        visiting.add(room)
+        for below in sorted(rooms.get(room, ())):
+            visit(below, path + [room])
+        visiting.discard(room)
+        order.append(room)
+
+    for room in sorted(rooms):
+        visit(room, [])
+    assert {"models", "data", "train", "losses", "cli", "experiments"} <= set(order)
+
+
 def test_the_library_never_imports_entry_points():
     offending = [f"{MODULES[name].relative_to(REPO)}:{line} imports {target}"
                  for name, imports in GRAPH.items() if _is_library(name)

@@ -10,7 +10,8 @@ import pytest
 
 from rankgen_jax.runtime import partitioning
 from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig, t5_config
-from rankgen_jax.data.lists import ListBatches, PairBatches, check_list_record, check_pair_record, read_records
+from rankgen_jax.data.jsonl import read_jsonl
+from rankgen_jax.data.lists import ListBatches, PairBatches, check_list_record, check_pair_record
 from rankgen_jax.data.sources import DEMO_VOCAB, DataConfig, make_sources
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.losses import registry as losses
@@ -126,16 +127,16 @@ def test_bad_records_are_skipped_and_counted(tmp_path, capsys):
     lines = [json.dumps(good[0]), "{not json", json.dumps({"query": "q", "candidates": []}),
              json.dumps({**good[1], "labels": [1.0]}), "", json.dumps(good[2]), "[1, 2]"]
     path.write_text("\n".join(lines) + "\n")
-    records = read_records(path, check_list_record)
+    records = read_jsonl(path, check_list_record)
     assert records == [good[0], good[2]]
     err = capsys.readouterr().err
     assert "skipped 4 lines" in err and "malformed JSON (line 2)" in err and "labels not one finite number" in err
     useless = tmp_path / "useless.jsonl"
     useless.write_text("{}\n")
     with pytest.raises(RankgenError, match="no usable records"):
-        read_records(useless, check_list_record)
+        read_jsonl(useless, check_list_record)
     with pytest.raises(RankgenError, match="no such file"):
-        read_records(tmp_path / "missing.jsonl", check_pair_record)
+        read_jsonl(tmp_path / "missing.jsonl", check_pair_record)
 
 
 def test_pairs_need_one_label_count(t5_text):

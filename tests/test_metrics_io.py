@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.train.metric_writers import MetricWriter, read_jsonl, read_jsonl_counted
+from rankgen_jax.train.metric_writers import MetricWriter, read_metrics, read_metrics_counted
 
 
 def _accumulator(tb_dir: Path):
@@ -44,7 +44,7 @@ def test_scalars_roundtrip_through_tensorboard_and_jsonl(tmp_path):
     assert text.tensor_proto.string_val == [b"train.steps = 100\nOptimizerConfig.name = 'adafactor'"]
     assert acc.SummaryMetadata("config/gin").plugin_data.plugin_name == "text"
 
-    records = read_jsonl(tmp_path / "metrics.jsonl")
+    records = read_metrics(tmp_path / "metrics.jsonl")
     assert records[0] == {"step": 0, "train/loss": 1.0, "train/lr": pytest.approx(2e-3), "train/acc": 0.5}
     assert [r["step"] for r in records] == [0, 10, 20, 20]
     assert records[-1] == {"step": 20, "eval/recall@1": 0.25}
@@ -60,7 +60,7 @@ def test_restart_appends_jsonl_and_adds_events_file(tmp_path):
         second.write_scalars(3, {"loss": 1.0}, prefix="train/")
 
     assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 2
-    records = read_jsonl(tmp_path / "metrics.jsonl")
+    records = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3]
     assert np.isnan(records[1]["train/loss"])  # a diverging loss is logged, not dropped
     steps = [(e.step, e.value) for e in _accumulator(tmp_path / "tensorboard").Scalars("train/loss")]
@@ -75,13 +75,13 @@ def test_truncated_last_line_is_skipped_and_restart_keeps_it_separate(tmp_path):
     # A run killed halfway through writing step 3.
     with open(path, "a") as f:
         f.write('{"step": 3, "lo')
-    assert read_jsonl_counted(path) == ([{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}], 1)
-    assert [r["step"] for r in read_jsonl(path)] == [1, 2]
+    assert read_metrics_counted(path) == ([{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}], 1)
+    assert [r["step"] for r in read_metrics(path)] == [1, 2]
 
     # The restarted run's first line must not be glued to the partial one.
     with MetricWriter(str(tmp_path)) as writer:
         writer.write_scalars(3, {"loss": 1.2})
-    records, skipped = read_jsonl_counted(path)
+    records, skipped = read_metrics_counted(path)
     assert [r["step"] for r in records] == [1, 2, 3] and skipped == 1
     assert path.read_text().splitlines()[2] == '{"step": 3, "lo'
 
@@ -108,7 +108,7 @@ def test_local_logdir_is_written_in_place(tmp_path):
         writer.write_scalars(0, {"loss": 1.0})
         assert not writer.remote and writer._staging is None
         assert writer.events_path.parent == tmp_path / "tensorboard" and writer.events_path.stat().st_size > 0
-    assert read_jsonl(tmp_path / "metrics.jsonl") == [{"step": 0, "loss": 1.0}]
+    assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 0, "loss": 1.0}]
 
 
 def test_writing_does_not_import_tensorflow(tmp_path):

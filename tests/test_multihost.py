@@ -18,7 +18,7 @@ from rankgen_jax.checkpoints import native
 from rankgen_jax.cli.main import main
 from rankgen_jax.models.configs import ModelConfig, t5_config
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.train.metric_writers import MetricWriter, read_jsonl
+from rankgen_jax.train.metric_writers import MetricWriter, read_metrics
 from rankgen_jax.models.factory import init_params
 
 from test_trainer import TINY
@@ -159,9 +159,9 @@ def test_metric_writer_uploads_whole_files_to_a_bucket(bucket):
     with MetricWriter("gs://bucket/run", remote_sync_seconds=0) as writer:
         writer.write_scalars(1, {"loss": 2.0}, prefix="train/")
         # Each flush (write_scalars flushes) re-uploads the staged files whole: GCS objects cannot be appended.
-        assert read_jsonl("gs://bucket/run/metrics.jsonl") == [{"step": 1, "train/loss": 2.0}]
+        assert read_metrics("gs://bucket/run/metrics.jsonl") == [{"step": 1, "train/loss": 2.0}]
         writer.write_scalars(2, {"loss": 1.0}, prefix="train/")
-        assert [r["step"] for r in read_jsonl(remote / "metrics.jsonl")] == [1, 2]
+        assert [r["step"] for r in read_metrics(remote / "metrics.jsonl")] == [1, 2]
         staging = writer._staging
         assert str(writer.events_path).startswith("gs://bucket/run/tensorboard/events.out.tfevents.")
     assert not staging.exists()
@@ -169,8 +169,8 @@ def test_metric_writer_uploads_whole_files_to_a_bucket(bucket):
     with MetricWriter("gs://bucket/run", remote_sync_seconds=3600) as writer:
         writer.write_scalars(3, {"loss": 0.5}, prefix="train/")  # first flush: uploads at once
         writer.write_scalars(4, {"loss": 0.25}, prefix="train/")  # within the interval: staged only
-        assert [r["step"] for r in read_jsonl(remote / "metrics.jsonl")] == [1, 2, 3]
-    assert [r["step"] for r in read_jsonl(remote / "metrics.jsonl")] == [1, 2, 3, 4]  # close uploads
+        assert [r["step"] for r in read_metrics(remote / "metrics.jsonl")] == [1, 2, 3]
+    assert [r["step"] for r in read_metrics(remote / "metrics.jsonl")] == [1, 2, 3, 4]  # close uploads
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -193,7 +193,7 @@ def test_failed_upload_is_retried_not_raised(bucket, monkeypatch):
     writer.write_scalars(1, {"loss": 2.0})  # logged, not raised
     monkeypatch.setattr(FakeBucket, "open", real_open)
     writer.close()
-    assert read_jsonl("gs://bucket/run/metrics.jsonl") == [{"step": 1, "loss": 2.0}]
+    assert read_metrics("gs://bucket/run/metrics.jsonl") == [{"step": 1, "loss": 2.0}]
 
 
 def test_disabled_writer_touches_no_bucket(bucket):
@@ -220,7 +220,7 @@ def test_train_in_a_bucket_workdir(bucket, tmp_path, monkeypatch, capsys):
     for name in ("model_config.json", "config.gin", "operative_config.gin", "metrics.jsonl", "vocab/spiece.model"):
         assert (run / name).is_file(), name
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
-    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "train/loss" in r] == [1, 2]
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl") if "train/loss" in r] == [1, 2]
     assert native.is_checkpoint_dir("gs://bucket/run") and (run / "checkpoints" / "2").is_dir()
     # A second call resumes from the bucket (nothing left to do: 2 of 2 steps done).
     code = main(["train", "--workdir=gs://bucket/run", *TINY, "--gin.TrainerConfig.num_steps=2"])
@@ -292,4 +292,4 @@ def test_the_loop_stops_saves_and_exits_with_the_other_host(tmp_path, monkeypatc
     assert message in err
     assert len(calls) == 4 and not any(c.any() for c in calls)  # this host never wanted to stop
     assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == [4]
-    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if "train/loss" in r] == [1, 2, 3, 4]
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in r] == [1, 2, 3, 4]

@@ -5,7 +5,7 @@ import pytest
 from rankgen_jax.cli.main import main
 from rankgen_jax.data.sources import DataConfig, make_sources
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.train.metric_writers import read_jsonl
+from rankgen_jax.train.metric_writers import read_metrics
 
 
 def test_train_from_seqio_demo_task(tmp_path, capsys):
@@ -20,7 +20,7 @@ def test_train_from_seqio_demo_task(tmp_path, capsys):
                  "--gin.TrainerConfig.eval_every=3", "--gin.TrainerConfig.eval_batches=1",
                  "--gin.OptimizerConfig.name='adamw'", "--gin.OptimizerConfig.learning_rate=1e-3"])
     assert code == 0, capsys.readouterr().err
-    records = read_jsonl(tmp_path / "metrics.jsonl")
+    records = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records if "train/loss" in r] == [1, 2, 3]
     assert [r["step"] for r in records if "eval/loss" in r] == [0, 3]
 

@@ -9,7 +9,7 @@ import pytest
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.train.gin_parsing import GIN_SEARCH_PATH, parse_gin
 from rankgen_jax.experiments.gin_runs import experiment_configurables
-from rankgen_jax.train.metric_writers import read_jsonl
+from rankgen_jax.train.metric_writers import read_metrics
 from rankgen_jax.experiments.sweep import expand_grid, read_grid, report, run_sweep, train_command
 
 ABLATIONS = GIN_SEARCH_PATH / "ablations"
@@ -103,6 +103,6 @@ def test_local_sweep_trains_in_process_and_names_the_failed_run(tmp_path, capsys
         assert ("name-in_batch_softmax: done earlier" in err) == (attempt == 1)
     done = tmp_path / "runs" / "name-in_batch_softmax" / "sweep_done"
     assert done.read_text().startswith("rankgen-jax train --workdir ")
-    assert max(r["step"] for r in read_jsonl(done.parent / "metrics.jsonl")) == 2
+    assert max(r["step"] for r in read_metrics(done.parent / "metrics.jsonl")) == 2
     assert not (tmp_path / "runs" / "name-no_such_loss" / "sweep_done").exists()
     assert gin.config_str() == ""  # no run's bindings outlive it

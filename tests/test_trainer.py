@@ -13,7 +13,7 @@ import pytest
 from rankgen_jax.checkpoints import native
 from rankgen_jax.cli.main import main
 from rankgen_jax.models.configs import ModelConfig, t5_config
-from rankgen_jax.train.metric_writers import read_jsonl
+from rankgen_jax.train.metric_writers import read_metrics
 from rankgen_jax.models.factory import init_params
 
 # Tiny model on random ids: fast steps, so the subprocess tests spend their time on real work.
@@ -33,7 +33,7 @@ TINY = [
 
 def _losses_by_step(workdir: Path) -> dict[int, list[float]]:
     out: dict[int, list[float]] = {}
-    for record in read_jsonl(workdir / "metrics.jsonl"):
+    for record in read_metrics(workdir / "metrics.jsonl"):
         if "train/loss" in record:
             out.setdefault(record["step"], []).append(record["train/loss"])
     return out
@@ -64,7 +64,7 @@ def test_in_process_run_writes_everything(tmp_path, capsys):
                  "--gin.TrainerConfig.eval_every=3", "--gin.TrainerConfig.checkpoint_every=3",
                  "--gin.TrainerConfig.profile_start_step=2", "--gin.TrainerConfig.profile_num_steps=2"])
     assert code == 0, capsys.readouterr().err
-    records = read_jsonl(tmp_path / "metrics.jsonl")
+    records = read_metrics(tmp_path / "metrics.jsonl")
     train = [r for r in records if "train/loss" in r]
     evals = [r for r in records if "eval/loss" in r]
     assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]

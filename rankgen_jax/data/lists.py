@@ -25,10 +25,6 @@ float arrays that exist in the records (`labels`, `teacher_scores`), and
 
 from __future__ import annotations
 
-import gzip
-import json
-import sys
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -39,45 +35,6 @@ from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.batch_layout import TRIPLES, BatchLayout
 
 LIST_FLOAT_KEYS = ("labels", "teacher_scores")
-
-
-def _open_text(path: Path):
-    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")
-
-
-def read_records(path: str | Path, check) -> list[dict]:
-    """The JSON-lines records of a file that `check(record)` accepts; bad lines are skipped and counted.
-
-    check returns None for a good record, or a short reason for a bad one.
-    """
-    file = Path(path)
-    if not file.is_file():
-        raise RankgenError(f"{path}: no such file")
-    records, skipped = [], {}
-    try:
-        with _open_text(file) as lines:
-            for number, line in enumerate(lines, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    reason = "malformed JSON"
-                else:
-                    reason = check(record) if isinstance(record, dict) else "not a JSON object"
-                if reason is None:
-                    records.append(record)
-                else:
-                    skipped.setdefault(reason, []).append(number)
-    except (UnicodeDecodeError, OSError, EOFError) as e:
-        raise RankgenError(f"{path}: cannot read as UTF-8 JSON lines ({e})") from None
-    if skipped:
-        parts = [f"{len(lines)} {reason} (line {lines[0]}{', ...' if len(lines) > 1 else ''})"
-                 for reason, lines in sorted(skipped.items())]
-        print(f"{path}: skipped {sum(map(len, skipped.values()))} lines: {'; '.join(parts)}", file=sys.stderr)
-    if not records:
-        raise RankgenError(f"{path}: no usable records")
-    return records
 
 
 def _is_text(value) -> bool:

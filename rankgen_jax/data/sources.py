@@ -18,16 +18,16 @@ rankgen_jax.data.lists) build the arrays of the BatchLayout they are given.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Protocol
 
 import gin
 import numpy as np
 
 from rankgen_jax.data import lists
-from rankgen_jax.data.documents import require_documents
+from rankgen_jax.data.documents import Document, ReadStats, require_documents
 from rankgen_jax.data.example_source import ExampleTriples, build_examples
 from rankgen_jax.data.examples import ExampleConfig
+from rankgen_jax.data.jsonl import read_jsonl
 from rankgen_jax.data.text import load_text_encoder, pad_batch
 from rankgen_jax.data.vocab import BUNDLED_CORPUS, EOS_ID, REPO_ROOT
 from rankgen_jax.errors import RankgenError, check_field_types
@@ -116,31 +116,6 @@ class RandomTriples:
         return {k: _pad(v, lengths[k]) for k, v in out.items()}
 
 
-def read_documents(folder: str | Path) -> list[tuple[str, str]]:
-    """(name, text) of every readable UTF-8 .txt file under a folder; unreadable files are skipped and reported."""
-    root = Path(folder)
-    if root.exists() and not root.is_dir():
-        raise RankgenError(f"{folder}: not a folder (the corpus is a folder whose .txt files are read)")
-    if not root.is_dir():
-        raise RankgenError(f"{folder}: no such corpus folder")
-    docs, skipped = [], []
-    for path in sorted(root.rglob("*.txt")):
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            skipped.append(path.name)
-            continue
-        if text.strip():
-            docs.append((str(path.relative_to(root)), text))
-        else:
-            skipped.append(path.name)
-    if skipped:
-        print(f"note: skipped {len(skipped)} empty or unreadable files under {folder}: {', '.join(skipped[:5])}")
-    if not docs:
-        raise RankgenError(f"{folder}: no usable .txt documents")
-    return docs
-
-
 class BookTriples:
     """Token windows of whole books: prefix, the tokens that follow it, and a span elsewhere in the same book.
 
@@ -150,7 +125,7 @@ class BookTriples:
     negatives are in-book too.
     """
 
-    def __init__(self, config: DataConfig, documents: list[tuple[str, str]]):
+    def __init__(self, config: DataConfig, documents: list[Document]):
         self.config = config
         self.batch_size = config.batch_size
         self.text = load_text_encoder(config.vocab)
@@ -160,8 +135,8 @@ class BookTriples:
         self.cont_body = config.continuation_length - len(self.suffi) - self.text.num_special
         span = self.prefix_body + self.cont_body
         self.names, self.tokens = [], []
-        for name, text in documents:
-            ids = np.asarray(self.text.tokenize(" ".join(text.split())), np.int32)
+        for document in documents:
+            name, ids = document.id, np.asarray(self.text.tokenize(" ".join(document.text.split())), np.int32)
             # Room for a prefix + continuation and a disjoint negative span.
             if len(ids) >= span + self.cont_body + 1:
                 self.names.append(name)
@@ -209,13 +184,9 @@ def make_sources(config: DataConfig, layout: BatchLayout = TRIPLE_LAYOUT) -> tup
     if config.source == "random":
         return RandomTriples(config), RandomTriples(dataclasses.replace(config, seed=config.seed + 10_000))
     if config.source == "books":
-        docs = read_documents(config.corpus)
-        held = config.holdout_documents
-        if held <= 0 or held >= len(docs):
-            raise RankgenError(
-                f"{config.corpus}: holdout_documents={held} must leave at least one of {len(docs)} documents on each side"
-            )
-        return BookTriples(config, docs[:-held]), BookTriples(dataclasses.replace(config, seed=config.seed + 10_000), docs[-held:])
+        (train_docs, held_docs), _ = _corpus_split(config)
+        return (BookTriples(config, train_docs),
+                BookTriples(dataclasses.replace(config, seed=config.seed + 10_000), held_docs))
     if config.source == "examples":
         return _example_sources(config)
     if config.source == "seqio":
@@ -234,11 +205,11 @@ def _record_sources(config: DataConfig, layout: BatchLayout) -> tuple[BatchSourc
     sources = []
     for path, seed in ((config.train_file, config.seed), (config.eval_file, config.seed + 10_000)):
         if config.source == "pairs":
-            records = lists.read_records(path, lists.check_pair_record)
+            records = read_jsonl(path, lists.check_pair_record)
             sources.append(lists.PairBatches(records, text, config.batch_size, layout, config.prefix_length, seed,
                                              where=path))
         else:
-            records = lists.read_records(path, lists.check_list_record)
+            records = read_jsonl(path, lists.check_list_record)
             sources.append(lists.ListBatches(
                 records, text, config.batch_size, layout, config.prefix_length, config.continuation_length,
                 config.list_size, seed, query_keep=config.prefix_keep, where=path))
@@ -269,18 +240,24 @@ def _seqio_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
     )
 
 
-def _example_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
-    """RankGen examples cut from the corpus documents; the last holdout_documents (by id) are the eval source."""
+def _corpus_split(config: DataConfig) -> tuple[tuple[list[Document], list[Document]], ReadStats]:
+    """((training documents, held-out documents), read stats): the last holdout_documents by id are held out."""
     docs, stats = require_documents(config.corpus)
     docs = sorted(docs, key=lambda d: d.id)
     held = config.holdout_documents
     if held <= 0 or held >= len(docs):
         raise RankgenError(f"{config.corpus}: holdout_documents={held} must leave documents on both sides of {len(docs)}")
+    return (docs[:-held], docs[-held:]), stats
+
+
+def _example_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
+    """RankGen examples cut from the corpus documents; the last holdout_documents (by id) are the eval source."""
+    (train_docs, held_docs), stats = _corpus_split(config)
     text = load_text_encoder(config.vocab)
     example_config = ExampleConfig(prefix_words=config.prefix_words, min_continuation_words=config.min_continuation_words,
                                    max_continuation_words=config.max_continuation_words, seed=config.seed)
     sources = []
-    for part, mix in ((docs[:-held], not config.same_document), (docs[-held:], True)):
+    for part, mix in ((train_docs, not config.same_document), (held_docs, True)):
         examples, too_short = build_examples(part, example_config)
         if too_short:
             print(f"note: {too_short} documents too short for an example", flush=True)

@@ -143,7 +143,7 @@ class HFTokenizerEncoder:
     """BERT family: a `tokenizer.json` (WordPiece or BPE) with its own special tokens and token types."""
 
     def __init__(self, path: str | Path):
-        from tokenizers import Tokenizer
+        from tokenizers import Tokenizer  # only BERT-family tokenizers need the HF tokenizers library
 
         try:
             self.tokenizer = Tokenizer.from_file(str(path))

@@ -8,7 +8,7 @@
   repeated tokens / generated tokens. Tokens are an HF tokenizer's (pass the
   LM's to match the paper) or whitespace words.
 - unigram overlap: F1 of the word sets of the prefix and the generation
-  (evaluation.unigram_overlap_scores), averaged over generations.
+  (retrieval.sparse.unigram_overlap_scores), averaged over generations.
 - MAUVE (Pillutla et al. 2021) between generations and human continuations,
   when the optional `mauve-text` package is installed: features are the
   last-layer hidden state at the last token of each text under a given HF
@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from rankgen_jax.data.jsonl import collect_jsonl
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.eval.ranking import unigram_overlap_scores
+from rankgen_jax.retrieval.sparse import unigram_overlap_scores
 from rankgen_jax.lm.scoring import load_causal_lm, pad_for_causal_lm
 
 REP_WINDOW = 20

@@ -19,7 +19,6 @@ candidates), neither 0 nor 100%.
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +30,7 @@ from tqdm import tqdm
 from rankgen_jax.data.jsonl import SkippedLines, iter_jsonl
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.lm.scoring import LM_METHODS, CausalLM, load_causal_lm, score_lists
+from rankgen_jax.retrieval.sparse import unigram_overlap_scores
 
 if TYPE_CHECKING:
     # For annotations only: inference.encoder imports jax, and the CLI imports this module before it
@@ -94,36 +94,6 @@ def mrr(scores_per_query: Sequence[Sequence[float]], gold_index: Sequence[int]) 
 def _check_lengths(scores_per_query, gold_index) -> None:
     if len(scores_per_query) != len(gold_index):
         raise ValueError(f"{len(scores_per_query)} score lists but {len(gold_index)} gold indices")
-
-
-# ---------------------------------------------------------------------------
-# Unigram-overlap baseline
-
-_NOT_WORD = re.compile(r"[^\w\s]|_")
-
-
-def unigrams(text: str) -> set[str]:
-    """The set of lower-cased words of a text, punctuation replaced by spaces (so "don't" -> {"don", "t"})."""
-    return set(_NOT_WORD.sub(" ", text.lower()).split())
-
-
-def unigram_overlap_scores(prefix: str, candidates: Sequence[str]) -> np.ndarray:
-    """The RankGen paper's unigram-overlap baseline: F1 of the word sets of the prefix and each candidate.
-
-    With P and C the unigram sets, precision = |P & C| / |C|, recall =
-    |P & C| / |P|, score = 2 p r / (p + r) (0 when either set is empty or they
-    share nothing). F1 rather than precision alone, so that a short candidate
-    made only of common words does not score a perfect 1.
-    """
-    prefix_words = unigrams(prefix)
-    scores_C = np.zeros(len(candidates), np.float32)
-    for i, candidate in enumerate(candidates):
-        words = unigrams(candidate)
-        common = len(prefix_words & words)
-        if common:
-            precision, recall = common / len(words), common / len(prefix_words)
-            scores_C[i] = 2 * precision * recall / (precision + recall)
-    return scores_C
 
 
 # ---------------------------------------------------------------------------

@@ -214,7 +214,7 @@ def _references(references: str | Sequence[str]) -> list[str]:
 
 @functools.lru_cache(maxsize=4)
 def _bleu_metric():
-    from sacrebleu.metrics import BLEU
+    from sacrebleu.metrics import BLEU  # only the BLEU-scored pools need sacrebleu
 
     # The settings of sacrebleu.sentence_bleu; effective order keeps short
     # sentences without 4-gram matches from scoring 0 outright.
@@ -223,7 +223,7 @@ def _bleu_metric():
 
 @functools.lru_cache(maxsize=8)
 def _rouge_scorer(kind: str, use_stemmer: bool):
-    from rouge_score.rouge_scorer import RougeScorer
+    from rouge_score.rouge_scorer import RougeScorer  # only ROUGE-scored pools need it
 
     return RougeScorer([kind], use_stemmer=use_stemmer)
 

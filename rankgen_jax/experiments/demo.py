@@ -16,12 +16,13 @@ from rankgen_jax.data.documents import require_documents
 from rankgen_jax.data.example_source import build_examples
 from rankgen_jax.data.examples import ExampleConfig
 from rankgen_jax.data.sources import DataConfig
-from rankgen_jax.eval.ranking import accuracy, mrr, unigram_overlap_scores
+from rankgen_jax.eval.ranking import accuracy, mrr
 from rankgen_jax.experiments.stages import read_results, starting_checkpoint, write_results
 from rankgen_jax.inference.encoder import load_model
+from rankgen_jax.retrieval.sparse import unigram_overlap_scores
 from rankgen_jax.train.config import TrainerConfig
 from rankgen_jax.train.loop import train
-from rankgen_jax.train.metric_writers import read_jsonl
+from rankgen_jax.train.metric_writers import read_metrics
 
 
 @gin.configurable
@@ -84,7 +85,7 @@ def plot_run(workdir: Path, results: dict) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = read_jsonl(workdir / "metrics.jsonl")
+    records = read_metrics(workdir / "metrics.jsonl")
     train = [(r["step"], r["train/loss"]) for r in records if "train/loss" in r]
     evals = [(r["step"], r["eval/accuracy"]) for r in records if "eval/accuracy" in r]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))

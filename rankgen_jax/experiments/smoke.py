@@ -12,17 +12,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
+import jax
+import numpy as np
+import torch
+from transformers import AutoModel
+
+from rankgen_jax.checkpoints import native
+from rankgen_jax.checkpoints.convert import export_hf
+from rankgen_jax.data.vocab import BUNDLED_CORPUS, Vocabulary, corpus_lines, train_vocab
+from rankgen_jax.models.configs import RANKGEN_HEAD, ModelConfig, t5_config
+from rankgen_jax.models.factory import build_model, init_params
 from rankgen_jax.runtime.process import configure_xla_flags
-
-configure_xla_flags()
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-import numpy as np  # noqa: E402
 
 
 def prefix_continuation_pairs(lines: list[str], n: int, prefix_lines: int = 6, cont_lines: int = 2):
@@ -36,16 +40,6 @@ def prefix_continuation_pairs(lines: list[str], n: int, prefix_lines: int = 6, c
 
 
 def run(out: Path, num_pairs: int = 16) -> dict:
-    import jax
-    import torch
-    from transformers import AutoModel
-
-    from rankgen_jax.checkpoints import native
-    from rankgen_jax.checkpoints.convert import export_hf
-    from rankgen_jax.models.configs import RANKGEN_HEAD, ModelConfig, t5_config
-    from rankgen_jax.models.factory import build_model, init_params
-    from rankgen_jax.data.vocab import BUNDLED_CORPUS, Vocabulary, corpus_lines, train_vocab
-
     started = time.time()
     out.mkdir(parents=True, exist_ok=True)
     print(f"[1/4] training a 1000-piece SentencePiece vocabulary on {BUNDLED_CORPUS}", flush=True)
@@ -90,6 +84,7 @@ def run(out: Path, num_pairs: int = 16) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    configure_xla_flags()  # before jax starts a backend (importing jax starts none)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/smoke", help="output folder (default runs/smoke)")
     args = parser.parse_args(argv)

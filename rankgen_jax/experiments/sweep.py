@@ -23,9 +23,11 @@ import shlex
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.experiments.gin_runs import train_from_gin
-from rankgen_jax.train.metric_writers import read_jsonl
+from rankgen_jax.train.metric_writers import read_metrics
 
 GRID_KEYS = {"gin_files", "bindings", "axes", "per_run", "job"}
 
@@ -137,7 +139,7 @@ def collect(workdir: str) -> dict:
     metrics = root / "metrics.jsonl"
     if not metrics.is_file():
         raise RankgenError(f"{workdir}: no results.json or metrics.jsonl (not a training workdir?)")
-    records = read_jsonl(metrics)
+    records = read_metrics(metrics)
     row = {f"eval_{k}": v for k, v in _last(records, "eval/").items() if k in ("loss", "accuracy")}
     row.update(steps=max((r["step"] for r in records), default=0), train_loss=_last(records, "train/").get("loss"))
     return {k: v for k, v in row.items() if v is not None}
@@ -170,11 +172,10 @@ def report(workdirs: list[str], out: str = "", plot: str = "") -> str:
 
 
 def _plot(rows: dict[str, dict], path: str) -> None:
-    import matplotlib
+    import matplotlib  # only --plot needs matplotlib, and it is slow to import
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     metrics = sorted({k for row in rows.values() for k in row if k.startswith(("accuracy", "mrr", "eval_accuracy"))})
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows) * max(1, len(metrics))), 4))

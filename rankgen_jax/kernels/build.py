@@ -14,6 +14,7 @@ implementations run unless `RANKGEN_FUSED_KERNELS=1` asks for the kernels.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import os
@@ -24,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 import jax
+import jaxlib
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cc")
 CXX_FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared")
@@ -61,8 +63,6 @@ def cache_dir() -> Path:
 
 def _compile() -> Path:
     """The kernel library, compiled now unless the cache holds this exact build; raises on failure."""
-    import jaxlib
-
     compiler = os.environ.get("CXX", "g++")
     key = hashlib.sha256(
         "\0".join([SOURCE.read_text(), compiler, *CXX_FLAGS, jaxlib.__version__, _cpu_signature()]).encode()
@@ -87,8 +87,6 @@ MEASURED_VECTOR_LANES = (8, 16)
 
 def _load():
     """The compiled kernel library, loaded (compiled first unless cached); raises OSError / RuntimeError."""
-    import ctypes
-
     return ctypes.cdll.LoadLibrary(str(_compile()))
 
 

@@ -59,7 +59,7 @@ from tqdm import tqdm
 
 from rankgen_jax.data.jsonl import collect_jsonl
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.eval.ranking import unigram_overlap_scores
+from rankgen_jax.retrieval.sparse import unigram_overlap_scores
 from rankgen_jax.lm.scoring import CausalLM, load_causal_lm, pad_for_causal_lm, score_lists
 
 if TYPE_CHECKING:
@@ -273,7 +273,7 @@ class PerplexityReranker:
 
 
 def unigram_reranker(prefix: str, candidates: Sequence[str]) -> np.ndarray:
-    """Unigram-overlap F1 of each candidate's word set with the prefix's (evaluation.unigram_overlap_scores)."""
+    """Unigram-overlap F1 of each candidate's word set with the prefix's (retrieval.sparse.unigram_overlap_scores)."""
     return unigram_overlap_scores(prefix, candidates)
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from rankgen_jax.data.documents import JSON_SUFFIXES, ReadStats, read_document_bytes, json_documents
 from rankgen_jax.errors import RankgenError
@@ -89,7 +90,7 @@ def build_faiss_index(
     defaults to min(nlist, 8), and nprobe = nlist makes the search exact.
     "hnsw": IndexHNSWFlat with hnsw_m links per node and efSearch = ef_search.
     """
-    import faiss
+    import faiss  # optional (the retrieval extra); each function that needs it imports it
 
     if kind not in INDEX_KINDS:
         raise RankgenError(f"unknown index kind {kind!r}: expected one of {INDEX_KINDS}")
@@ -242,8 +243,6 @@ class LoadedIndex:
 def encode_all(model, texts: list[str], kind: str, max_length: int | None, batch_size: int, progress: bool,
                 desc: str) -> np.ndarray:
     """Vectors [N, D] of texts, encoded a chunk at a time under a progress bar (rate and ETA) on stderr."""
-    from tqdm import tqdm
-
     vectors_NxD = np.zeros((len(texts), model.dim), np.float32)
     chunk = batch_size * ENCODE_CHUNK_BATCHES
     with tqdm(total=len(texts), unit="text", desc=desc, file=sys.stderr, dynamic_ncols=True,
@@ -264,7 +263,7 @@ def _require_one_vector(model, model_dir: str) -> None:
 
 
 def _check_encode_args(encode_kind: str, batch_size: int) -> None:
-    from rankgen_jax.inference.encoder import ENCODE_KINDS
+    from rankgen_jax.inference.encoder import ENCODE_KINDS  # starts jax, see load_model's import below
 
     if encode_kind not in ENCODE_KINDS:
         raise RankgenError(f"unknown encode kind {encode_kind!r}: expected one of {sorted(ENCODE_KINDS)}")
@@ -292,6 +291,7 @@ def index_corpus(
     Passages go through the document tower ("suffix") by default, as RankGen
     continuations do. A non-empty out_dir is refused unless overwrite.
     """
+    # Imports jax: not at the top, so that the CLI imports this module before it sets XLA's flags.
     from rankgen_jax.inference.encoder import load_model
 
     if kind not in INDEX_KINDS:
@@ -391,6 +391,7 @@ def search_queries(
     Queries go through the query tower ("prefix") by default. With out_path,
     the results are also written there as JSON lines.
     """
+    # Imports jax: not at the top, so that the CLI imports this module before it sets XLA's flags.
     from rankgen_jax.inference.encoder import load_model
 
     _check_encode_args(encode_kind, batch_size)

@@ -1,4 +1,5 @@
-"""Candidate pools for hard negatives without a dense model: tf-idf cosine and keyword ("concept") overlap.
+"""Lexical scoring without a dense model: tf-idf cosine and keyword ("concept") overlap candidate pools, and the
+unigram-overlap baseline of suffix identification and generation re-ranking.
 
 Both searches return fixed-shape arrays (scores [Q, k], ids [Q, k]) with
 k clipped to the corpus size, rows sorted by score (highest first) and ties
@@ -39,6 +40,30 @@ yours yourself yourselves s t d ll m re ve
 def tokenize(text: str) -> list[str]:
     """Lowercased words of a text (letters and digits; punctuation and "_" split words)."""
     return WORD_RE.findall(text.lower())
+
+
+def unigrams(text: str) -> set[str]:
+    """The set of a text's words as `tokenize` finds them (so "don't" -> {"don", "t"})."""
+    return set(tokenize(text))
+
+
+def unigram_overlap_scores(prefix: str, candidates: Sequence[str]) -> np.ndarray:
+    """The RankGen paper's unigram-overlap baseline: F1 of the word sets of the prefix and each candidate.
+
+    With P and C the unigram sets, precision = |P & C| / |C|, recall =
+    |P & C| / |P|, score = 2 p r / (p + r) (0 when either set is empty or they
+    share nothing). F1 rather than precision alone, so that a short candidate
+    made only of common words does not score a perfect 1.
+    """
+    prefix_words = unigrams(prefix)
+    scores_C = np.zeros(len(candidates), np.float32)
+    for i, candidate in enumerate(candidates):
+        words = unigrams(candidate)
+        common = len(prefix_words & words)
+        if common:
+            precision, recall = common / len(words), common / len(prefix_words)
+            scores_C[i] = 2 * precision * recall / (precision + recall)
+    return scores_C
 
 
 def _check_texts(texts: Sequence[str], what: str) -> list[str]:

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import os
+import platform
 import sys
+
+from rankgen_jax.errors import RankgenError
+
+# jax is imported inside the functions only: this module sets what must be in place before jax
+# starts (XLA flags, glibc's malloc, the multi-host job), and is imported before jax is.
 
 # YNNPACK fusions slow XLA:CPU training steps of these models (docs/design.md, 'CPU performance');
 # the flag is harmless on TPU and GPU.
@@ -50,8 +56,6 @@ def reexec_with_malloc_tunables(module: str, args: list[str]) -> None:
     Skipped off glibc Linux, when GLIBC_TUNABLES already sets malloc.hugetlb,
     or when RANKGEN_MALLOC_TUNING=0.
     """
-    import platform
-
     current = os.environ.get("GLIBC_TUNABLES", "")
     if (sys.platform != "linux" or platform.libc_ver()[0] != "glibc" or "glibc.malloc.hugetlb" in current
             or os.environ.get("RANKGEN_MALLOC_TUNING", "1") == "0"):
@@ -83,8 +87,6 @@ def initialize_distributed(mode: str = "auto", environ=None) -> bool:
     count and process id from the Cloud TPU metadata (or JAX_COORDINATOR_ADDRESS
     and friends elsewhere); every host then sees all devices of the slice.
     """
-    from rankgen_jax.errors import RankgenError
-
     if mode not in ("auto", "on", "off"):
         raise RankgenError(f"TrainerConfig.distributed={mode!r}: expected 'auto', 'on' or 'off'")
     if mode == "off" or (mode == "auto" and not is_multi_host_environment(environ)):

@@ -29,6 +29,9 @@ from typing import Any, Sequence
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.batch_layout import TRIPLES, BatchLayout
 
+# jax (and every module that imports it) is imported inside the functions: it must load only after
+# topology_devices has set libtpu's environment for compile-only TPU devices.
+
 GIB = 1024**3
 AOT_VENV_HINT = "run tpu_scripts/aot_venv.sh and use .venv-aot/bin/rankgen-jax"
 DEFAULT_UTILIZATIONS = (0.4, 0.6)
@@ -305,6 +308,8 @@ def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAU
         step_time_seconds(1.0, 1.0, u)  # validates before minutes of compiling
     devices = topology_devices(topology)
 
+    # Imported only now: jax (which all of these import) must load after topology_devices has set
+    # libtpu's environment.
     import flax.linen as nn
     import jax
 
@@ -322,7 +327,7 @@ def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAU
     layout = BatchLayout(model_config.kind, losses.batch_form(loss.name))
     shapes = batch_shapes(data, layout)
 
-    # The same mesh, options and step functions as trainer.train, on the topology's devices.
+    # The same mesh, options and step functions as train.loop.train, on the topology's devices.
     mesh = partitioning.make_mesh(trainer.mesh_data, trainer.mesh_model, devices=devices, replica=trainer.mesh_replica)
     rules = partitioning.rules_by_name(trainer.axis_rules)
     check_divisible(data.batch_size, partitioning.data_parallel_size(mesh), trainer)

@@ -36,6 +36,7 @@ from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_
 from tensorboard.plugins.text import metadata as text_metadata
 from tensorboard.summary.writer.record_writer import RecordWriter
 
+from rankgen_jax.data.jsonl import SkippedLines, parse_lines
 from rankgen_jax.errors import RankgenError
 
 log = logging.getLogger(__name__)
@@ -199,31 +200,22 @@ class MetricWriter:
         self.close()
 
 
-def read_jsonl_counted(path: str | os.PathLike) -> tuple[list[dict], int]:
-    """(records, number of unreadable lines skipped) from a metrics JSONL file."""
-    records, skipped = [], 0
-    with (epath.Path(path).open("r") if "://" in os.fspath(path) else open(path, encoding="utf-8")) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                # A run killed mid-write leaves a partial line; after a restart it sits
-                # mid-file (the writer ends it with a newline before appending).
-                skipped += 1
-                continue
-            if isinstance(record, dict):
-                records.append(record)
-            else:
-                skipped += 1
-    return records, skipped
+def read_metrics_counted(path: str | os.PathLike) -> tuple[list[dict], int]:
+    """(records, number of unreadable lines skipped) from a metrics JSONL file, local or on a bucket.
+
+    A run killed mid-write leaves a partial line; after a restart it sits mid-file
+    (the writer ends it with a newline before appending), so such lines are skipped
+    under the project's JSON-lines policy (`data/jsonl.py`), and an empty file is no error.
+    """
+    skipped = SkippedLines()
+    with epath.Path(path).open("rb") as lines:
+        records = [record for _, record in parse_lines(lines, on_skip=skipped.add)]
+    return records, skipped.count
 
 
-def read_jsonl(path: str | os.PathLike) -> list[dict]:
+def read_metrics(path: str | os.PathLike) -> list[dict]:
     """The records of a metrics JSONL file, skipping (with a warning) partial lines from killed runs."""
-    records, skipped = read_jsonl_counted(path)
+    records, skipped = read_metrics_counted(path)
     if skipped:
         log.warning("%s: skipped %d unreadable line(s) (a run killed mid-write?)", path, skipped)
     return records
-
