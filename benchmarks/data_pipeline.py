@@ -2,7 +2,7 @@
 
 Measures, in one process:
 
-1. The sources alone, each built by `data.triples.make_sources` exactly as the
+1. The sources alone, each built by `data.sources.make_sources` exactly as the
    trainer builds it, at the train step's batch shapes:
    - seqio (`DataConfig.source='seqio'`, task `rankgen_demo`: the bundled books,
      InBook negatives, tokenised and padded by `SeqioTriples`): the first batch
@@ -16,13 +16,13 @@ Measures, in one process:
    - the random source (`source='random'`).
 2. The train step: the T5 1.1 `size` RankGen dual encoder (default tiny) at
    batch 32, prefix 256, continuation 128 and a negative, built with
-   `trainer.build_step_functions` and an Adafactor optimizer as bench.py does,
+   `train.compiled.build_step_functions` and an Adafactor optimizer as bench.py does,
    in three interleaved conditions of `steps` steps per round (after
    `warmup_steps` warm-up steps each; the round order alternates):
    - synthetic: random-source batches already on the device (bench.py's way:
      no host work at all per step);
-   - real: seqio batches through `trainer.prefetch_batches` (the background thread)
-     and `trainer.put_batch`, exactly as the train loop gets them;
+   - real: seqio batches through `train.loop.prefetch_batches` (the background thread)
+     and `train.compiled.put_batch`, exactly as the train loop gets them;
    - prefetch_random: random-source batches through the same thread (splits
      the cost of the thread machinery from the cost of seqio).
    Like the train loop, steps are dispatched without waiting for each other;

@@ -182,7 +182,7 @@ def _data_section(row: dict | None) -> list[str]:
         f"Sources alone at the train step's shapes (batch {row['batch_size']}, prefix {row['prefix_length']}, "
         f"continuation {row['continuation_length']} + negative), then the T5 1.1 {row['size']} train step fed three "
         f"ways in {row['rounds']} interleaved rounds of {row['steps']} steps: synthetic batches already on the device, "
-        "seqio batches through the trainer's prefetch thread (`trainer.prefetch_batches`, as the train loop), and random "
+        "seqio batches through the trainer's prefetch thread (`train.loop.prefetch_batches`, as the train loop), and random "
         "batches through the same thread.",
         "",
     ]

@@ -163,3 +163,32 @@ def test_references_stay_inside_the_repository(folder):
         for pattern in (r"\bDESIGN\.md", r"\.\./shared/docs"):
             offending += [f"{path.relative_to(REPO)}: {m.group(0)}" for m in re.finditer(pattern, text)]
     assert offending == []
+
+
+def _readme_layout_entries() -> list[tuple[Path, list[str]]]:
+    """(folder or file of each entry of the README's layout tree, the file names its description mentions)."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = readme.split("## Layout\n", 1)[1].split("\n###", 1)[0]
+    entries: list[tuple[Path, list[str]]] = []
+    for line in block.splitlines():
+        if not line.startswith("    ") or not line.strip():
+            continue
+        match = re.match(r"^    (\s*)(\S+)\s*(.*)$", line)
+        indent, head, rest = match.groups()
+        if len(indent) <= 2 and head.endswith(("/", ".py")):
+            base = REPO / "rankgen_jax" if len(indent) == 2 else REPO
+            entries.append((base / head, []))
+            text = rest
+        else:
+            text = line
+        entries[-1][1].extend(re.findall(r"[\w/]+\.(?:py|cc|md)\b", text))
+    return entries
+
+
+def test_every_path_in_the_readme_layout_is_real():
+    entries = _readme_layout_entries()
+    assert len(entries) > 20
+    missing = [str(path) for path, _ in entries if not path.exists()]
+    missing += [f"{path.name}: {name}" for path, names in entries if path.is_dir() for name in names
+                if not list(path.rglob(Path(name).name)) and not (REPO / name).exists()]
+    assert missing == []

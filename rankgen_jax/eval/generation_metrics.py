@@ -116,7 +116,7 @@ def require_mauve():
 
 def mauve_score(references: Sequence[str], generations: Sequence[str], feature_lm, max_length: int = 1024,
                 batch_size: int = 8, seed: int = 25, progress: bool = False) -> float:
-    """MAUVE of generations against human references, with features from `feature_lm` (a lm_scoring.CausalLM)."""
+    """MAUVE of generations against human references, with features from `feature_lm` (an lm.scoring.CausalLM)."""
     mauve = require_mauve()
     if not references or not generations:
         raise RankgenError("MAUVE needs at least one reference and one generation")

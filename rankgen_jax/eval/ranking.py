@@ -3,7 +3,7 @@
 Methods: `model` (dual encoder dot product), `unigram` (unigram-overlap F1
 with the prefix), and for any HF causal LM (`--lm DIR`) `lm_loglik` (mean
 log-likelihood of the candidate given the prefix) and `pmi` (log p(c | x) -
-log p(c), per token by default); see lm_scoring.py for the exact definitions.
+log p(c), per token by default); see lm/scoring.py for the exact definitions.
 
 Input lines are `{"prefix": str, "candidates": [str, ...], "label": int}`,
 `label` (optional) being the index of the gold candidate. Metrics are
@@ -144,7 +144,7 @@ def score_file(
 
     Writes each well-formed line with an added `"scores": [float, ...]` to
     output_path (when given); malformed lines are left out there and counted.
-    The LM methods need `lm` (lm_scoring.load_causal_lm); lm_reduce is
+    The LM methods need `lm` (lm.scoring.load_causal_lm); lm_reduce is
     "mean" (per token, the default) or "sum".
     Returns {"n": labelled lines, "accuracy", "mrr" (None when n is 0),
     "scored": lines scored, "skipped": malformed lines, "skipped_lines": their

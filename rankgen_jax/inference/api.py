@@ -1,6 +1,6 @@
 """RankGenEncoder and `rankgen-jax encode`: texts to RankGen vectors, as the released code computes them.
 
-Any folder `inference.load_model` reads works: a rankgen_jax checkpoint or
+Any folder `inference.encoder.load_model` reads works: a rankgen_jax checkpoint or
 training workdir, an exported folder, or any HF folder in the released RankGen
 format (recognised by its config, whatever the folder is called). By default
 inputs follow the released code (docs/design.md, 'RankGen format'): "pre " / "suffi " markers,
@@ -26,7 +26,7 @@ from tqdm import tqdm
 from rankgen_jax.data.jsonl import parse_lines
 from rankgen_jax.errors import RankgenError
 
-# Kept here rather than read from inference.py so building the CLI parser needs no jax.
+# Kept here rather than read from inference/encoder.py so building the CLI parser needs no jax.
 KINDS = ("prefix", "suffix", "raw")
 TRUNCATION_MODES = ("released", "clean")
 # JSONL fields holding the text of each kind, in order of preference.

@@ -76,7 +76,7 @@ def _logit_scale(loss_params: dict[str, Array], logit_scale: float, learn_logit_
         if "log_logit_scale" not in loss_params:
             raise RankgenError(
                 "learn_logit_scale=True but loss_params has no 'log_logit_scale'; "
-                "create them with losses.init_loss_params(name, **options)"
+                "create them with losses.registry.init_loss_params(name, **options)"
             )
         return jnp.exp(jnp.asarray(loss_params["log_logit_scale"], jnp.float32))
     return jnp.asarray(logit_scale, jnp.float32)

@@ -32,25 +32,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from rankgen_jax.checkpoints.hf.common import (
-    RANKER_MODELING_FILE,
-    SAFETENSORS_FILE,
-    WEIGHT_FILES,
-    HFTensor,
-    check_folder,
-    first_line,
-    get_path,
-    is_ranker_config,
-    params_from_tensor_table,
-    prepare_out_dir,
-    read_files,
-    read_json,
-    read_state_dict,
-    state_dict_from_tensor_table,
-    write_files,
-    write_json,
-    write_safetensors,
-)
+from rankgen_jax.checkpoints.hf import common
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig
 
@@ -80,7 +62,7 @@ ST_POOLING_MODES = ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooli
                     "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken")
 ST_MODE_OF_POOLING = {"first": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens"}
 # Files a previous export may have left that would shadow or confuse the new one.
-STALE_FILES = (*WEIGHT_FILES, "config.json", RANKER_MODELING_FILE, *TOKENIZER_FILES, *ST_FILES)
+STALE_FILES = (*common.WEIGHT_FILES, "config.json", common.RANKER_MODELING_FILE, *TOKENIZER_FILES, *ST_FILES)
 
 # HF config defaults per model type, for keys an older config.json leaves out.
 _BERT_DEFAULTS = {
@@ -120,7 +102,7 @@ def is_bert_folder(path: str) -> bool:
             # Older sentence-transformers folders keep the HF model in the Transformer module's subfolder.
             subdir = _st_modules(path)[0].get("path") or ""
             config_path = os.path.join(path, subdir, "config.json")
-        return os.path.isfile(config_path) and is_bert_family(read_json(config_path))
+        return os.path.isfile(config_path) and is_bert_family(common.read_json(config_path))
     except (RankgenError, OSError):
         return False
 
@@ -198,7 +180,7 @@ def bert_config_from_hf(hf: Mapping[str, Any], where: str) -> BertConfig:
     try:
         return BertConfig(variant=model_type, **fields)
     except RankgenError as e:
-        raise RankgenError(f"{where}: {first_line(e)}") from None
+        raise RankgenError(f"{where}: {common.first_line(e)}") from None
 
 
 def _pad_id(hf: Mapping[str, Any], model_type: str, where: str) -> int:
@@ -252,29 +234,29 @@ def bert_config_to_hf(cfg: BertConfig) -> dict[str, Any]:
 # Parameter names
 
 
-def _linear(path: tuple[str, ...], hf_name: str, in_dim: int, out_dim: int) -> list[HFTensor]:
+def _linear(path: tuple[str, ...], hf_name: str, in_dim: int, out_dim: int) -> list[common.HFTensor]:
     """A torch nn.Linear (weight [out, in], bias [out]) as our kernel [in, out] and bias."""
-    return [HFTensor((*path, "kernel"), f"{hf_name}.weight", (out_dim, in_dim), True),
-            HFTensor((*path, "bias"), f"{hf_name}.bias", (out_dim,), False)]
+    return [common.HFTensor((*path, "kernel"), f"{hf_name}.weight", (out_dim, in_dim), True),
+            common.HFTensor((*path, "bias"), f"{hf_name}.bias", (out_dim,), False)]
 
 
-def _layer_norm(path: tuple[str, ...], hf_name: str, d: int) -> list[HFTensor]:
-    return [HFTensor((*path, "scale"), f"{hf_name}.weight", (d,), False),
-            HFTensor((*path, "bias"), f"{hf_name}.bias", (d,), False)]
+def _layer_norm(path: tuple[str, ...], hf_name: str, d: int) -> list[common.HFTensor]:
+    return [common.HFTensor((*path, "scale"), f"{hf_name}.weight", (d,), False),
+            common.HFTensor((*path, "bias"), f"{hf_name}.bias", (d,), False)]
 
 
-def bert_tensor_table(cfg: BertConfig) -> list[HFTensor]:
+def bert_tensor_table(cfg: BertConfig) -> list[common.HFTensor]:
     """Name/shape table of an encoder in its HF base-model key names."""
     d, ff = cfg.d_model, cfg.d_ff
     emb = ("embeddings",)
     tensors = [
-        HFTensor((*emb, "word_embeddings", "embedding"), "embeddings.word_embeddings.weight",
+        common.HFTensor((*emb, "word_embeddings", "embedding"), "embeddings.word_embeddings.weight",
                 (cfg.vocab_size, d), False),
-        HFTensor((*emb, "position_embeddings", "embedding"), "embeddings.position_embeddings.weight",
+        common.HFTensor((*emb, "position_embeddings", "embedding"), "embeddings.position_embeddings.weight",
                 (cfg.max_position_embeddings, d), False),
     ]
     if cfg.type_vocab_size > 0:
-        tensors.append(HFTensor((*emb, "token_type_embeddings", "embedding"), "embeddings.token_type_embeddings.weight",
+        tensors.append(common.HFTensor((*emb, "token_type_embeddings", "embedding"), "embeddings.token_type_embeddings.weight",
                                (cfg.type_vocab_size, d), False))
     tensors += _layer_norm((*emb, "layer_norm"), "embeddings.LayerNorm", d)
     for i in range(cfg.num_layers):
@@ -330,7 +312,7 @@ def hf_state_dict_to_params(cfg: BertConfig, state_dict: Mapping[str, Any], wher
     except RankgenError as e:
         raise RankgenError(f"{where}: {e}") from None
     tensors = bert_tensor_table(cfg)
-    params = params_from_tensor_table(tensors, state_dict, where)
+    params = common.params_from_tensor_table(tensors, state_dict, where)
     known = {t.hf_key for t in tensors}
     for key in state_dict:
         if key not in known and not _ignorable(key):
@@ -340,7 +322,7 @@ def hf_state_dict_to_params(cfg: BertConfig, state_dict: Mapping[str, Any], wher
 
 def params_to_hf_state_dict(cfg: BertConfig, params: Mapping) -> dict[str, np.ndarray]:
     """Canonical encoder params -> HF base-model state dict (float32 numpy, kernels transposed, contiguous)."""
-    return state_dict_from_tensor_table(bert_tensor_table(cfg), params)
+    return common.state_dict_from_tensor_table(bert_tensor_table(cfg), params)
 
 
 # ---------------------------------------------------------------------------
@@ -376,7 +358,7 @@ def _read_st_head(path: str, modules: list[dict], d_model: int) -> tuple[HeadCon
     pooling_path = os.path.join(pooling_dir, "config.json")
     if not os.path.isfile(pooling_path):
         raise RankgenError(f"{pooling_path}: missing (the Pooling module's config)")
-    pooling_cfg = read_json(pooling_path)
+    pooling_cfg = common.read_json(pooling_path)
     width = pooling_cfg.get("word_embedding_dimension", d_model)
     if width != d_model:
         raise RankgenError(f"{pooling_path}: word_embedding_dimension={width}, but the encoder has d_model={d_model}")
@@ -402,7 +384,7 @@ def _read_st_dense(dense_dir: str, d_model: int) -> np.ndarray:
     config_path = os.path.join(dense_dir, "config.json")
     if not os.path.isfile(config_path):
         raise RankgenError(f"{config_path}: missing (the Dense module's config)")
-    dense_cfg = read_json(config_path)
+    dense_cfg = common.read_json(config_path)
     if dense_cfg.get("bias", True):
         raise RankgenError(f"{config_path}: a Dense module with a bias is not supported (only bias-free projections)")
     activation = dense_cfg.get("activation_function", ST_IDENTITY)
@@ -412,7 +394,7 @@ def _read_st_dense(dense_dir: str, d_model: int) -> np.ndarray:
     if in_features != d_model or not isinstance(out_features, int) or out_features <= 0:
         raise RankgenError(f"{config_path}: in_features={in_features}, out_features={out_features}"
                            f" do not fit the encoder (d_model={d_model})")
-    state_dict = read_state_dict(dense_dir)
+    state_dict = common.read_state_dict(dense_dir)
     if "linear.weight" not in state_dict:
         raise RankgenError(f"{dense_dir}: missing tensor linear.weight")
     extra = sorted(set(state_dict) - {"linear.weight"})
@@ -438,9 +420,9 @@ def load_bert_folder(path: str) -> tuple[ModelConfig, dict, list[str]]:
     (`checkpoints.convert.read_source` picks the reader of any folder).
     """
     path = os.fspath(path)
-    check_folder(path)
+    common.check_folder(path)
     root_config = os.path.join(path, "config.json")
-    if os.path.isfile(root_config) and is_ranker_config(read_json(root_config)):
+    if os.path.isfile(root_config) and common.is_ranker_config(common.read_json(root_config)):
         raise RankgenError(f"{root_config}: a ranker (cross encoder) folder, not a BERT-family one;"
                            " read it with hf.ranker.load_ranker_folder (or `rankgen-jax import --from hf`)")
     head, modules, model_dir = None, None, path
@@ -452,12 +434,12 @@ def load_bert_folder(path: str) -> tuple[ModelConfig, dict, list[str]]:
     config_path = os.path.join(model_dir, "config.json")
     if not os.path.isfile(config_path):
         raise RankgenError(f"{model_dir}: no config.json (not an HF model folder)")
-    hf = read_json(config_path)
+    hf = common.read_json(config_path)
     if not is_bert_family(hf):
         raise RankgenError(f"{config_path}: model_type={hf.get('model_type')!r} is not a BERT-family model"
                            f" (expected one of {BERT_MODEL_TYPES})")
     cfg = bert_config_from_hf(hf, config_path)
-    state_dict = read_state_dict(model_dir)
+    state_dict = common.read_state_dict(model_dir)
     # HF config.json does not say whether the base model has a pooler; the tensors do.
     try:
         has_pooler = any(k.startswith("pooler.") for k in _normalize_keys(state_dict, cfg.variant))
@@ -507,20 +489,20 @@ def save_bert_folder(model_config: ModelConfig, params: Mapping, out_dir: str,
     dense_weight = None
     if write_st and head.projection_dim != 0:
         out_features = head.output_dim(cfg.d_model)
-        kernel = np.asarray(get_path(params, ("projection_layer", "kernel")), dtype=np.float32)
+        kernel = np.asarray(common.get_path(params, ("projection_layer", "kernel")), dtype=np.float32)
         if kernel.shape != (cfg.d_model, out_features):
             raise RankgenError(f"parameter projection_layer/kernel has shape {kernel.shape},"
                                f" but the model config needs {(cfg.d_model, out_features)}")
         dense_weight = np.ascontiguousarray(kernel.T)
-    tokenizers = read_files(list(tokenizer_files or []))
+    tokenizers = common.read_files(list(tokenizer_files or []))
     if not cfg.has_pooler and cfg.variant != "distilbert":
         print(f"note: the encoder has no pooler; HF {BASE_ARCHITECTURES[cfg.variant]} will initialise"
               " pooler.dense randomly (it does not affect hidden states)")
 
-    prepare_out_dir(out_dir, overwrite, STALE_FILES, ST_MODULE_DIR)
-    write_safetensors(os.path.join(out_dir, SAFETENSORS_FILE), state_dict)
-    write_json(os.path.join(out_dir, "config.json"), hf)
-    write_files(out_dir, tokenizers)
+    common.prepare_out_dir(out_dir, overwrite, STALE_FILES, ST_MODULE_DIR)
+    common.write_safetensors(os.path.join(out_dir, common.SAFETENSORS_FILE), state_dict)
+    common.write_json(os.path.join(out_dir, "config.json"), hf)
+    common.write_files(out_dir, tokenizers)
     if write_st:
         _write_st_modules(cfg, head, dense_weight, out_dir)
 
@@ -533,28 +515,28 @@ def _write_st_modules(cfg: BertConfig, head: HeadConfig, dense_weight: np.ndarra
                "include_prompt": True}
     pooling[ST_MODE_OF_POOLING[head.pooling]] = True
     os.makedirs(os.path.join(out_dir, "1_Pooling"), exist_ok=True)
-    write_json(os.path.join(out_dir, "1_Pooling", "config.json"), pooling)
+    common.write_json(os.path.join(out_dir, "1_Pooling", "config.json"), pooling)
     if dense_weight is not None:
         idx = len(modules)
         dense_dir = f"{idx}_Dense"
         modules.append({"idx": idx, "name": str(idx), "path": dense_dir, "type": ST_DENSE})
         os.makedirs(os.path.join(out_dir, dense_dir), exist_ok=True)
-        write_json(os.path.join(out_dir, dense_dir, "config.json"), {
+        common.write_json(os.path.join(out_dir, dense_dir, "config.json"), {
             "in_features": cfg.d_model, "out_features": int(dense_weight.shape[0]), "bias": False,
             "activation_function": ST_IDENTITY})
-        write_safetensors(os.path.join(out_dir, dense_dir, SAFETENSORS_FILE), {"linear.weight": dense_weight})
+        common.write_safetensors(os.path.join(out_dir, dense_dir, common.SAFETENSORS_FILE), {"linear.weight": dense_weight})
     if head.l2_normalize:
         idx = len(modules)
         # Normalize has no files; sentence-transformers still expects its folder to exist.
         os.makedirs(os.path.join(out_dir, f"{idx}_Normalize"), exist_ok=True)
         modules.append({"idx": idx, "name": str(idx), "path": f"{idx}_Normalize", "type": ST_NORMALIZE})
     with open(os.path.join(out_dir, "modules.json"), "w", encoding="utf-8") as f:
-        # A list, which write_json (objects only) does not take.
+        # A list, which common.write_json (objects only) does not take.
         json.dump(modules, f, indent=2)
         f.write("\n")
-    write_json(os.path.join(out_dir, "sentence_bert_config.json"),
+    common.write_json(os.path.join(out_dir, "sentence_bert_config.json"),
                 {"max_seq_length": _st_max_seq_length(cfg), "do_lower_case": False})
     # Our score is a raw dot product (equal to cosine when the vectors are L2-normalised).
-    write_json(os.path.join(out_dir, "config_sentence_transformers.json"),
+    common.write_json(os.path.join(out_dir, "config_sentence_transformers.json"),
                 {"__version__": {"sentence_transformers": "3.0.0"}, "prompts": {}, "default_prompt_name": None,
                  "similarity_fn_name": "dot"})

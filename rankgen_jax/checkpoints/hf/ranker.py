@@ -23,26 +23,7 @@ from typing import Any, Mapping
 
 from rankgen_jax.checkpoints.hf import bert as hf_bert
 from rankgen_jax.checkpoints.hf import t5 as hf_t5
-from rankgen_jax.checkpoints.hf.common import (
-    RANKER_MODEL_TYPE,
-    RANKER_MODELING_FILE,
-    SAFETENSORS_FILE,
-    HFTensor,
-    check_folder,
-    copy_modeling_file,
-    first_line,
-    params_from_tensor_table,
-    prefixed,
-    prepare_out_dir,
-    projection_tensors,
-    read_files,
-    read_json,
-    read_state_dict,
-    state_dict_from_tensor_table,
-    write_files,
-    write_json,
-    write_safetensors,
-)
+from rankgen_jax.checkpoints.hf import common
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.configs import HeadConfig, ModelConfig, T5Config
 
@@ -55,23 +36,23 @@ STALE_FILES = (*hf_t5.STALE_FILES, *hf_bert.STALE_FILES)
 _RANKER_DEFAULTS = {"pooling": "first", "projection_dim": -1, "num_scores": 1, "backbone_pooler": True}
 
 
-def ranker_head_tensors(model_config: ModelConfig) -> list[HFTensor]:
+def ranker_head_tensors(model_config: ModelConfig) -> list[common.HFTensor]:
     """The cross-encoder head (whatever the backbone): optional projection, then the score layer with its bias."""
     width = model_config.head.output_dim(model_config.encoder.d_model)
     n = model_config.num_scores
-    return projection_tensors(model_config) + [
-        HFTensor(("score_head", "kernel"), "score.weight", (n, width), True),
-        HFTensor(("score_head", "bias"), "score.bias", (n,), False),
+    return common.projection_tensors(model_config) + [
+        common.HFTensor(("score_head", "kernel"), "score.weight", (n, width), True),
+        common.HFTensor(("score_head", "bias"), "score.bias", (n,), False),
     ]
 
 
-def ranker_tensor_table(model_config: ModelConfig) -> list[HFTensor]:
+def ranker_tensor_table(model_config: ModelConfig) -> list[common.HFTensor]:
     """Backbone tensors (its own HF names under `backbone.`) followed by the head tensors."""
     if isinstance(model_config.encoder, T5Config):
         backbone = hf_t5.t5_tensor_table(model_config.encoder)
     else:
         backbone = hf_bert.bert_tensor_table(model_config.encoder)
-    return prefixed(backbone, RANKER_PREFIX) + ranker_head_tensors(model_config)
+    return common.prefixed(backbone, RANKER_PREFIX) + ranker_head_tensors(model_config)
 
 
 def ranker_config_to_hf(model_config: ModelConfig) -> dict[str, Any]:
@@ -81,9 +62,9 @@ def ranker_config_to_hf(model_config: ModelConfig) -> dict[str, Any]:
         backbone = hf_t5.t5_config_to_hf(encoder)
     else:
         backbone = hf_bert.bert_config_to_hf(encoder)
-    module = RANKER_MODELING_FILE[:-3]
+    module = common.RANKER_MODELING_FILE[:-3]
     return {
-        "model_type": RANKER_MODEL_TYPE,
+        "model_type": common.RANKER_MODEL_TYPE,
         "architectures": [RANKER_ARCHITECTURE],
         "auto_map": {"AutoConfig": f"{module}.RankerConfig", "AutoModel": f"{module}.{RANKER_ARCHITECTURE}"},
         "backbone": backbone,
@@ -125,7 +106,7 @@ def ranker_config_from_hf(hf: Mapping[str, Any], where: str) -> ModelConfig:
         return ModelConfig(encoder=encoder, head=head, kind="cross_encoder",
                            num_scores=_ranker_field(hf, "num_scores", int, where))
     except RankgenError as e:
-        raise RankgenError(f"{where}: {first_line(e)}") from None
+        raise RankgenError(f"{where}: {common.first_line(e)}") from None
 
 
 def _with_tokenizer_class(files: dict[str, bytes], tokenizer_class: str) -> dict[str, bytes]:
@@ -162,7 +143,7 @@ def save_ranker_folder(model_config: ModelConfig, params: Mapping, out_dir: str,
         raise RankgenError(f"save_ranker_folder needs a cross encoder, got kind={model_config.kind!r}")
     # Check and gather everything first, so bad input fails before anything is written.
     hf = ranker_config_to_hf(model_config)
-    state_dict = state_dict_from_tensor_table(ranker_tensor_table(model_config), params)
+    state_dict = common.state_dict_from_tensor_table(ranker_tensor_table(model_config), params)
     files = [os.fspath(f) for f in tokenizer_files or []]
     spiece_bytes, extra_ids, copies = None, None, {}
     if isinstance(model_config.encoder, T5Config):
@@ -170,17 +151,17 @@ def save_ranker_folder(model_config: ModelConfig, params: Mapping, out_dir: str,
             raise RankgenError(f"a T5 ranker's tokenizer is one SentencePiece model, got {len(files)} files: {files}")
         if files:
             extra_ids = hf_t5.tokenizer_extra_ids(model_config.encoder, files[0])
-            spiece_bytes = read_files(files)[os.path.basename(files[0])]
+            spiece_bytes = common.read_files(files)[os.path.basename(files[0])]
     else:
-        copies = _with_tokenizer_class(read_files(files), hf_bert.TOKENIZER_CLASSES[model_config.encoder.variant])
+        copies = _with_tokenizer_class(common.read_files(files), hf_bert.TOKENIZER_CLASSES[model_config.encoder.variant])
 
-    prepare_out_dir(out_dir, overwrite, STALE_FILES, hf_bert.ST_MODULE_DIR)
-    write_safetensors(os.path.join(out_dir, SAFETENSORS_FILE), state_dict)
-    write_json(os.path.join(out_dir, "config.json"), hf)
-    copy_modeling_file(RANKER_MODELING_FILE, out_dir)
+    common.prepare_out_dir(out_dir, overwrite, STALE_FILES, hf_bert.ST_MODULE_DIR)
+    common.write_safetensors(os.path.join(out_dir, common.SAFETENSORS_FILE), state_dict)
+    common.write_json(os.path.join(out_dir, "config.json"), hf)
+    common.copy_modeling_file(common.RANKER_MODELING_FILE, out_dir)
     if spiece_bytes is not None:
         hf_t5.write_tokenizer(spiece_bytes, extra_ids, out_dir)
-    write_files(out_dir, copies)
+    common.write_files(out_dir, copies)
 
 
 def load_ranker_folder(path: str) -> tuple[ModelConfig, dict, str | list[str] | None]:
@@ -190,14 +171,14 @@ def load_ranker_folder(path: str) -> tuple[ModelConfig, dict, str | list[str] | 
     spiece.model path (or None), a BERT-family backbone's tokenizer files.
     """
     path = os.fspath(path)
-    check_folder(path)
+    common.check_folder(path)
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
         raise RankgenError(f"{path}: no config.json (not an HF model folder)")
-    model_config = ranker_config_from_hf(read_json(config_path), config_path)
-    state_dict = read_state_dict(path)
+    model_config = ranker_config_from_hf(common.read_json(config_path), config_path)
+    state_dict = common.read_state_dict(path)
     tensors = ranker_tensor_table(model_config)
-    params = params_from_tensor_table(tensors, state_dict, path)
+    params = common.params_from_tensor_table(tensors, state_dict, path)
     known, is_t5 = {t.hf_key for t in tensors}, isinstance(model_config.encoder, T5Config)
     for key in state_dict:
         if key in known or (is_t5 and hf_t5.is_tied_copy(state_dict, key, RANKER_PREFIX, path)):
