@@ -29,7 +29,6 @@ from benchmarks.torch_peer import run_torch_case
 from rankgen_jax.models.configs import t5_config
 from rankgen_jax.runtime.process import configure_xla_flags, reexec_with_malloc_tunables
 
-configure_xla_flags()
 
 LEARNING_RATE = 1e-4
 THREADS = 2  # XLA:CPU uses every core it may run on; torch is told the same number
@@ -221,6 +220,7 @@ def run_train_benchmarks(quick: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    configure_xla_flags()  # before jax starts a backend; importing this module sets nothing
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", help=argparse.SUPPRESS)  # child mode: one BenchCase as JSON
     parser.add_argument("--out", default="runs/bench/bench.json")

@@ -73,7 +73,6 @@ import time
 from benchmarks.report import write_json
 from rankgen_jax.runtime.process import configure_xla_flags, reexec_with_malloc_tunables
 
-configure_xla_flags()
 
 SOURCES = ("synthetic", "real", "prefetch_random")
 
@@ -249,6 +248,7 @@ def summary(row: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    configure_xla_flags()  # before jax starts a backend; importing this module sets nothing
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", default="tiny", help="T5 1.1 size of the train step (default tiny)")
     parser.add_argument("--batch_size", type=int, default=32)

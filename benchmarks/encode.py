@@ -65,10 +65,8 @@ from pathlib import Path
 from benchmarks.report import write_json
 from rankgen_jax.runtime.process import configure_xla_flags, reexec_with_malloc_tunables
 
-configure_xla_flags()
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 # jax.monitoring events whose durations add up to "compile time" of a jitted call.
 COMPILE_EVENTS = (
@@ -356,6 +354,8 @@ def summary(row: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    configure_xla_flags()  # before jax starts a backend; importing this module sets nothing
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the models are local folders; never ask a hub
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--texts", type=int, default=2000, help="passages to encode (default 2000)")
     parser.add_argument("--size", default="small", help="T5 1.1 size (default small)")

@@ -192,3 +192,16 @@ def test_every_path_in_the_readme_layout_is_real():
     missing += [f"{path.name}: {name}" for path, names in entries if path.is_dir() for name in names
                 if not list(path.rglob(Path(name).name)) and not (REPO / name).exists()]
     assert missing == []
+
+
+def test_importing_a_module_sets_no_process_flags():
+    """XLA flags and the environment are set by entry points' main(), never as a side effect of an import."""
+    offending = []
+    for name, path in MODULES.items():
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            text = ast.unparse(node)
+            if isinstance(node, ast.Expr) and re.search(r"configure_xla_flags\(|os\.environ\.(setdefault|update)\(", text):
+                offending.append(f"{path.relative_to(REPO)}:{node.lineno}: {text}")
+            if isinstance(node, ast.Assign) and re.search(r"os\.environ\[", text):
+                offending.append(f"{path.relative_to(REPO)}:{node.lineno}: {text}")
+    assert offending == []
