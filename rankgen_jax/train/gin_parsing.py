@@ -24,7 +24,7 @@ CONFIGURABLE_MODULES = (
     "rankgen_jax.models.configs",
     "rankgen_jax.data.sources",
     "rankgen_jax.train.optimizers",
-    "rankgen_jax.train.loop",
+    "rankgen_jax.train.config",
 )
 
 
