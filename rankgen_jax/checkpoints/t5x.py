@@ -1,13 +1,19 @@
-"""Read T5X checkpoints (format versions 2 and 3) into our canonical encoder tree.
+"""Read T5X checkpoints, in either of T5X's formats and layer layouts, into our canonical encoder tree.
 
-A T5X checkpoint is a folder (`.../checkpoint_<step>/`) holding:
+Formats, told apart by what the folder holds (as t5x's own
+`checkpoint_utils.detect_checkpoint_type` does: a `_METADATA` file means Orbax):
 
-- `checkpoint`: a msgpack file (flax.serialization encoding) with
-  `{'version': 2|3, 'optimizer': {'target': params, 'state': ...}}`.
-  Small arrays of `target` are stored inline as numpy arrays; large ones are
-  replaced by a TensorStore spec dict.
-- one zarr (v2) folder per large array, named by the dotted parameter path,
-  e.g. `target.encoder.layers_0.attention.key.kernel/`.
+- Orbax, T5X's current one (`t5x_orbax.py` has the layout): a PyTree written by
+  orbax's `PyTreeCheckpointHandler`, in `checkpoint_<step>/state/` or, from
+  earlier T5X releases, in `checkpoint_<step>/` itself. Read with orbax.
+- msgpack + zarr, checkpoint format versions 2 and 3, T5X's original one: a
+  folder (`.../checkpoint_<step>/`) holding
+  - `checkpoint`: a msgpack file (flax.serialization encoding) with
+    `{'version': 2|3, 'optimizer': {'target': params, 'state': ...}}`.
+    Small arrays of `target` are stored inline as numpy arrays; large ones are
+    replaced by a TensorStore spec dict.
+  - one zarr (v2) folder per large array, named by the dotted parameter path,
+    e.g. `target.encoder.layers_0.attention.key.kernel/`.
 
 Spec spellings seen in the wild (all handled here):
 
@@ -32,8 +38,29 @@ too, so local folders and `gs://` share one code path. Reading `gs://` needs
 network access and credentials that TensorStore's gcs driver can find (e.g.
 Application Default Credentials); only local folders are covered by tests.
 
-Scanned-layer checkpoints (`encoder/layers/...` stacked along an axis) are
-not supported.
+Layer layouts, in either format:
+
+- unscanned: `encoder/layers_{i}/...`, the canonical layout.
+- scanned (`scan_layers=True`): each layer parameter once, stacked along a
+  layer axis, under `encoder/layers/...` (t5x's scalable_t5 model, axis
+  `param_scan_axis`, default 1; rankgen_jax's own scan layout, axis 0) or
+  `encoder/encoder/...` (flaxformer's scanned `Encoder`, axis `scan_axis`,
+  default 1). The checkpoint does not record the axis: it is the one along
+  which every unstacked shape fits one T5 encoder; when several axes fit
+  (only possible if d_model, d_ff, heads * d_kv and the layer count coincide)
+  the caller must name it (`scan_axis`). Layers are unstacked into
+  `encoder/layers_{i}`.
+
+t5x's scalable_t5 keeps attention kernels 3-D, `[embed, heads, kv]` and
+`[heads, kv, embed]`; they are read as `[embed, heads * kv]` and
+`[heads * kv, embed]` (the same row-major order as the 2-D kernels of t5x's
+other models and flaxformer). Scanned models, and scalable_t5 always, have a
+relative position bias per layer (`relative_posemb` in scalable_t5,
+`relpos_bias` in flaxformer); the encoder here has one bias shared by every
+layer, as T5 and T5 1.1 do, so such a checkpoint is read only when all the
+layers' biases are equal, and refused (naming the layers) otherwise. Any
+other encoder parameter the canonical tree has no place for is refused too,
+rather than dropped.
 """
 
 from __future__ import annotations
@@ -42,24 +69,28 @@ import dataclasses
 import os
 import posixpath
 import re
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from flax import serialization
 from flax.traverse_util import unflatten_dict
 import tensorstore as ts
 
+from rankgen_jax.checkpoints import t5x_orbax
 from rankgen_jax.models.configs import RANKGEN_HEAD, HeadConfig, ModelConfig, T5Config
 from rankgen_jax.errors import RankgenError
 
 SUPPORTED_VERSIONS = (2, 3)
 CHECKPOINT_FILE = "checkpoint"
+FORMATS = ("Orbax (a `_METADATA` file in the folder or in its `state/` subfolder) or msgpack + zarr "
+           "(a `checkpoint` file, format versions 2 and 3)")
 PROJECTION = "projection_layer/kernel"
 # RankGen's own T5X runs put the projection inside the encoder module.
 RANKGEN_PROJECTION = "encoder/encoder_projection_layer/kernel"
+SHARED_RELPOS = "encoder/relpos_bias/rel_embedding"
 _BFLOAT16 = np.dtype(ts.bfloat16.numpy_dtype)
 
-# Every parameter of the canonical tree; anything else in a target is dropped.
+# Every parameter of the canonical tree.
 _CANONICAL = re.compile(
     r"token_embedder/embedding"
     r"|encoder/relpos_bias/rel_embedding"
@@ -69,6 +100,14 @@ _CANONICAL = re.compile(
     r"|encoder/layers_\d+/mlp/(wi|wi_0|wi_1|wo)/kernel"
     r"|projection_layer/kernel")
 _LAYER = re.compile(r"encoder/layers_(\d+)/")
+# The arrays an encoder import looks at; the rest of a target (decoder, logits_dense) is not read.
+_ENCODER_SIDE = ("encoder/", "token_embedder/", "projection_layer/")
+# Where scanned encoders keep their stacked layers: t5x's scalable_t5 (and rankgen_jax), flaxformer.
+_SCANNED_ROOTS = ("encoder/layers/", "encoder/encoder/")
+# A relative position bias inside each layer: scalable_t5's name, flaxformer's.
+_PER_LAYER_RELPOS = re.compile(r"encoder/layers_(\d+)/(relative_posemb|relpos_bias)/rel_embedding")
+_ATTENTION_IN = tuple(f"/attention/{name}/kernel" for name in ("query", "key", "value"))
+_ATTENTION_OUT = "/attention/out/kernel"
 
 
 # ---------------------------------------------------------------------------
@@ -77,21 +116,22 @@ _LAYER = re.compile(r"encoder/layers_(\d+)/")
 
 
 def read_t5x_target(path: str) -> dict:
-    """Nested dict of float32 numpy arrays: the `optimizer/target` tree of a T5X checkpoint (versions 2 and 3).
+    """Nested dict of float32 numpy arrays: the parameter (`target`) tree of a T5X checkpoint, either format.
 
     `path` is a checkpoint folder (or its `checkpoint` file), local or
-    `gs://bucket/path`. Every array of the target is read, decoder included;
-    use `load_t5x_checkpoint` to read only the encoder.
+    `gs://bucket/path`. Every array of the target is read under its stored name,
+    decoder included and scanned layers still stacked; use `load_t5x_checkpoint`
+    to read only the encoder.
     """
-    location = _locate(path)
-    _, target = _read_index(location)
-    flat = _flatten(target)
-    arrays = _read_arrays(location, _open_arrays(location, flat))
-    return unflatten_dict(arrays, sep="/")
+    store = _open_store(path, keep=None)
+    raw = store.read(store.shapes)
+    return unflatten_dict({name: _to_float32(array, name, store.where) for name, array in raw.items()},
+                          sep="/")
 
 
-def infer_t5_config(params: dict, relpos_max_distance: int = 128, where: str = "") -> T5Config:
-    """T5Config from the array shapes of a T5X-named parameter tree.
+def infer_t5_config(params: dict, relpos_max_distance: int = 128, where: str = "",
+                    scan_axis: int | None = None) -> T5Config:
+    """T5Config from the array shapes of a T5X-named parameter tree (unscanned or scanned).
 
     vocab and d_model from token_embedder/embedding, num_layers from the count
     of encoder/layers_{i}, num_heads and buckets from
@@ -101,17 +141,20 @@ def infer_t5_config(params: dict, relpos_max_distance: int = 128, where: str = "
     messages (e.g. the checkpoint path).
     """
     shapes = {name: tuple(np.shape(leaf)) for name, leaf in _flatten(params).items()}
-    return _infer_config(shapes, relpos_max_distance, where)
+    return _infer_config(_shapes_of(_layout(shapes, where, scan_axis)), relpos_max_distance, where)
 
 
 def load_t5x_checkpoint(path: str, head: HeadConfig | None = RANKGEN_HEAD,
-                        relpos_max_distance: int = 128) -> tuple[ModelConfig, dict]:
-    """Read a T5X checkpoint as (ModelConfig, canonical float32 parameter tree).
+                        relpos_max_distance: int = 128,
+                        scan_axis: int | None = None) -> tuple[ModelConfig, dict]:
+    """Read a T5X checkpoint (Orbax or msgpack + zarr) as (ModelConfig, canonical float32 parameter tree).
 
     Only encoder parameters (and the dual-encoder projection) are read: the
     decoder of an encoder-decoder checkpoint, `logits_dense` and optimizer
     state are dropped. RankGen's `encoder/encoder_projection_layer/kernel` is
-    moved to `projection_layer/kernel`.
+    moved to `projection_layer/kernel`. Scanned layers are unstacked into
+    `encoder/layers_{i}`; `scan_axis` names their layer axis where the shapes
+    cannot tell it.
 
     Head: if the checkpoint has a projection [d_model, P], `head.projection_dim`
     becomes -1 when P == d_model and P otherwise; without a projection it
@@ -120,23 +163,21 @@ def load_t5x_checkpoint(path: str, head: HeadConfig | None = RANKGEN_HEAD,
     The T5 config is inferred from array shapes (`infer_t5_config`);
     `relpos_max_distance` cannot be inferred and is taken as given.
     """
-    location = _locate(path)
-    where = location.display
-    _, target = _read_index(location)
-    flat = _canonical_names(_flatten(target), where)
-    handles = _open_arrays(location, {k: v for k, v in flat.items() if _CANONICAL.fullmatch(k)})
-    shapes = {name: tuple(handle.shape) for name, handle in handles.items()}
+    store = _open_store(path, keep=lambda name: name.startswith(_ENCODER_SIDE))
+    where = store.where
+    plan = _layout(store.shapes, where, scan_axis)
+    shapes = _shapes_of(plan)
     encoder = _infer_config(shapes, relpos_max_distance, where)
     projection_out = _projection_width(shapes, encoder, where)
     head = _fit_head(head, encoder, projection_out)
     expected = _expected_shapes(encoder, projection_out if head is not None else None)
     _check_shapes(shapes, expected, where)
-    arrays = _read_arrays(location, {name: handles[name] for name in expected})
+    arrays = _assemble(store, {name: plan[name] for name in expected})
     return ModelConfig(encoder=encoder, head=head), unflatten_dict(arrays, sep="/")
 
 
 # ---------------------------------------------------------------------------
-# Where the checkpoint lives
+# Where the checkpoint lives, and in which format
 # ---------------------------------------------------------------------------
 
 
@@ -156,6 +197,11 @@ class _Location:
         if self.bucket is None:
             return {"driver": "file", "path": path}
         return {"driver": "gcs", "bucket": self.bucket, "path": path}
+
+    def url(self, relative: str = "") -> str:
+        """`relative` inside the folder as a path or gs:// URL (what orbax opens)."""
+        path = posixpath.join(self.root, relative) if relative else self.root
+        return path if self.bucket is None else f"gs://{self.bucket}/{path}"
 
 
 def _locate(path: str) -> _Location:
@@ -177,9 +223,79 @@ def _locate(path: str) -> _Location:
     return _Location(display=path, root=local.rstrip("/") + "/")
 
 
+def _open_store(path: str, keep: Callable[[str], bool] | None):
+    """The checkpoint's target arrays, in whichever format the folder holds.
+
+    A store has `where` (for messages), `shapes` ({slash-joined name: shape},
+    the arrays `keep` accepts, all if None) and `read(names)` -> {name: array as
+    stored}. Orbax wins when its `_METADATA` is there, as in t5x: an Orbax
+    PyTree folder of older orbax releases also holds a msgpack `checkpoint`
+    file (of aggregated values), which is not a T5X msgpack checkpoint.
+    """
+    location = _locate(path)
+    folder = t5x_orbax.find_pytree_folder(lambda relative: _has_file(location, relative))
+    if folder is not None:
+        return t5x_orbax.OrbaxTarget(location.url(folder), location.display)
+    if not _has_file(location, location.file_name):
+        raise RankgenError(_neither_format(location))
+    return _MsgpackTarget(location, keep)
+
+
+def _has_file(location: _Location, relative: str) -> bool:
+    """Whether the folder holds the file `relative`, via a TensorStore kvstore (local or gs://)."""
+    try:
+        store = ts.KvStore.open(location.kvstore()).result()
+        return store.read(relative).result().state == "value"
+    except Exception as e:  # tensorstore reports I/O problems as ValueError and friends
+        raise RankgenError(f"{location.display}: cannot read `{relative}` ({_short(e)})") from None
+
+
+def _neither_format(location: _Location) -> str:
+    """The message for a folder that holds no T5X checkpoint: what it holds and what would do."""
+    if location.bucket is None:
+        found = _listing(location.root)
+    else:
+        found = f"no `{location.file_name}` or `{t5x_orbax.METADATA_FILE}` file"
+    return (f"{location.display}: not a T5X checkpoint (it holds {found}); a T5X checkpoint folder is "
+            f"{FORMATS}{_step_hint(location)}")
+
+
+def _listing(folder: str, limit: int = 8) -> str:
+    """'a, b/, c' for what a local folder holds (at most `limit` names)."""
+    names = sorted(os.listdir(folder))
+    if not names:
+        return "nothing"
+    shown = [name + ("/" if os.path.isdir(os.path.join(folder, name)) else "") for name in names[:limit]]
+    return ", ".join(shown) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _step_hint(location: _Location) -> str:
+    """A hint naming checkpoint_<step> subfolders when the user gave the model dir."""
+    if location.bucket is not None:
+        return ""
+    steps = sorted(name for name in os.listdir(location.root)
+                   if re.fullmatch(r"checkpoint_\d+", name))
+    return f"; pass one of its step folders ({', '.join(steps)})" if steps else ""
+
+
 # ---------------------------------------------------------------------------
-# The msgpack index
+# The msgpack + zarr format: the index file and the arrays it points to
 # ---------------------------------------------------------------------------
+
+
+class _MsgpackTarget:
+    """The target arrays of a msgpack + zarr checkpoint: inline arrays and opened TensorStores."""
+
+    def __init__(self, location: _Location, keep: Callable[[str], bool] | None):
+        self.where = location.display
+        self._location = location
+        _, target = _read_index(location)
+        flat = {name: leaf for name, leaf in _flatten(target).items() if keep is None or keep(name)}
+        self._handles = _open_arrays(location, flat)
+        self.shapes = {name: tuple(handle.shape) for name, handle in self._handles.items()}
+
+    def read(self, names) -> dict[str, np.ndarray]:
+        return _read_arrays(self._location, {name: self._handles[name] for name in names})
 
 
 def _read_index(location: _Location) -> tuple[int, dict]:
@@ -200,15 +316,6 @@ def _read_checkpoint_file(location: _Location) -> bytes:
         raise RankgenError(f"{location.display}: not a T5X checkpoint (no `{location.file_name}` "
                            f"file){_step_hint(location)}")
     return bytes(result.value)
-
-
-def _step_hint(location: _Location) -> str:
-    """A hint naming checkpoint_<step> subfolders when the user gave the model dir."""
-    if location.bucket is not None:
-        return ""
-    steps = sorted(name for name in os.listdir(location.root)
-                   if re.fullmatch(r"checkpoint_\d+", name))
-    return f"; it holds {', '.join(steps)}: pass one of those" if steps else ""
 
 
 def _parse_checkpoint(raw: bytes, where: str) -> tuple[int, dict]:
@@ -234,11 +341,6 @@ def _parse_checkpoint(raw: bytes, where: str) -> tuple[int, dict]:
     return version, target
 
 
-# ---------------------------------------------------------------------------
-# Trees and names
-# ---------------------------------------------------------------------------
-
-
 def _is_spec(value: Any) -> bool:
     """Whether a msgpack value is a TensorStore spec standing in for an array."""
     return (isinstance(value, dict) and isinstance(value.get("driver"), str)
@@ -255,29 +357,6 @@ def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
         elif value is not None:
             flat[name] = value
     return flat
-
-
-def _canonical_names(flat: dict[str, Any], where: str) -> dict[str, Any]:
-    """Rename RankGen's projection and reject layouts we cannot represent."""
-    flat = dict(flat)
-    if any(name.startswith("encoder/layers/") for name in flat):
-        raise RankgenError(f"{where}: scanned-layers T5X checkpoint (stacked encoder/layers/...) "
-                           f"is not supported; export it with unscanned layers_{{i}}")
-    if RANKGEN_PROJECTION in flat:
-        if PROJECTION in flat:
-            raise RankgenError(f"{where}: both {PROJECTION} and {RANKGEN_PROJECTION} exist; "
-                               f"cannot tell which projection the model uses")
-        flat[PROJECTION] = flat.pop(RANKGEN_PROJECTION)
-    for bias in ("projection_layer/bias", "encoder/encoder_projection_layer/bias"):
-        if bias in flat:
-            # Dropping it would silently change every embedding.
-            raise RankgenError(f"{where}: {bias}: projections with a bias are not supported")
-    return flat
-
-
-# ---------------------------------------------------------------------------
-# Arrays
-# ---------------------------------------------------------------------------
 
 
 def _relative_path(spec: dict, name: str, where: str) -> str:
@@ -336,7 +415,7 @@ def _inline_array(leaf: Any, name: str, where: str) -> np.ndarray:
 
 
 def _read_arrays(location: _Location, handles: dict[str, Any]) -> dict[str, np.ndarray]:
-    """Read every handle (all reads in flight at once) and convert to float32."""
+    """Read every handle, all reads in flight at once; arrays as stored (see `_to_float32`)."""
     futures = {name: h.read() for name, h in handles.items() if not isinstance(h, np.ndarray)}
     arrays = {}
     for name, handle in handles.items():
@@ -346,7 +425,7 @@ def _read_arrays(location: _Location, handles: dict[str, Any]) -> dict[str, np.n
             except Exception as e:
                 raise RankgenError(f"{location.display}: array {name} is unreadable "
                                    f"({_short(e)})") from None
-        arrays[name] = _to_float32(handle, name, location.display)
+        arrays[name] = np.asarray(handle)
     return arrays
 
 
@@ -361,13 +440,183 @@ def _to_float32(array: np.ndarray, name: str, where: str) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------
+# Layout: stored arrays -> canonical parameters
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Piece:
+    """Where one canonical parameter comes from: a stored array, or one layer of a stacked one."""
+
+    source: str                 # the array's name in the checkpoint target
+    shape: tuple[int, ...]      # the canonical shape
+    layer: int | None = None    # index along `axis` of a stacked (scanned) array
+    axis: int | None = None
+    same_as: tuple["_Piece", ...] = ()  # per-layer copies that must equal this one
+
+    def take(self, array: np.ndarray) -> np.ndarray:
+        if self.layer is not None:
+            array = np.take(array, self.layer, axis=self.axis)
+        # Row-major, like T5X's own reshape of its 2-D attention kernels.
+        return array.reshape(self.shape)
+
+    def describe(self) -> str:
+        return self.source if self.layer is None else f"{self.source} (layer {self.layer} along axis {self.axis})"
+
+
+def _shapes_of(plan: dict[str, _Piece]) -> dict[str, tuple]:
+    return {name: piece.shape for name, piece in plan.items()}
+
+
+def _layout(shapes: dict[str, tuple], where: str, scan_axis: int | None = None) -> dict[str, _Piece]:
+    """{canonical name: _Piece} for the encoder-side arrays of `shapes` ({stored name: shape}).
+
+    Renames RankGen's projection, unstacks scanned layers, folds equal per-layer
+    relative position biases into the shared one, and refuses encoder arrays the
+    canonical tree has no place for (dropping them would change the model).
+    """
+    prefix = _prefix(where)
+    names = sorted(name for name in shapes if name.startswith(_ENCODER_SIDE))
+    if RANKGEN_PROJECTION in names and PROJECTION in names:
+        raise RankgenError(f"{prefix}both {PROJECTION} and {RANKGEN_PROJECTION} exist; "
+                           f"cannot tell which projection the model uses")
+    for bias in ("projection_layer/bias", "encoder/encoder_projection_layer/bias"):
+        if bias in names:
+            # Dropping it would silently change every embedding.
+            raise RankgenError(f"{prefix}{bias}: projections with a bias are not supported")
+    roots = [root for root in _SCANNED_ROOTS if any(name.startswith(root) for name in names)]
+    if len(roots) > 1:
+        raise RankgenError(f"{prefix}scanned layers under both {' and '.join(roots)}; expected one stack")
+    if roots and any(_LAYER.match(name) for name in names):
+        raise RankgenError(f"{prefix}both scanned layers ({roots[0]}...) and unscanned ones "
+                           f"(encoder/layers_{{i}}/...); expected one layout")
+    plan = {}
+    for name in names:
+        if not (roots and name.startswith(roots[0])):
+            canonical = PROJECTION if name == RANKGEN_PROJECTION else name
+            plan[canonical] = _Piece(name, _canonical_shape(canonical, shapes[name]))
+    if roots:
+        stacked = {name[len(roots[0]):]: name for name in names if name.startswith(roots[0])}
+        plan = _unstack(roots[0], stacked, shapes, plan, where, scan_axis)
+    else:
+        plan = _share_relpos(plan, where)
+    unplaced = [plan[name].describe() for name in sorted(plan) if not _CANONICAL.fullmatch(name)]
+    if unplaced:
+        shown = ", ".join(unplaced[:4]) + (f" and {len(unplaced) - 4} more" if len(unplaced) > 4 else "")
+        raise RankgenError(f"{prefix}encoder parameters the T5 encoder here has no place for: {shown}")
+    return plan
+
+
+def _canonical_shape(name: str, shape: tuple) -> tuple:
+    """The 2-D shape of a 3-D attention kernel (scalable_t5's [embed, heads, kv] / [heads, kv, embed])."""
+    shape = tuple(shape)
+    if len(shape) == 3 and name.endswith(_ATTENTION_IN):
+        return (shape[0], shape[1] * shape[2])
+    if len(shape) == 3 and name.endswith(_ATTENTION_OUT):
+        return (shape[0] * shape[1], shape[2])
+    return shape
+
+
+def _unstack(root: str, stacked: dict[str, str], shapes: dict[str, tuple], plan: dict[str, _Piece],
+             where: str, scan_axis: int | None) -> dict[str, _Piece]:
+    """`plan` plus encoder/layers_{i}/<tail> for every stacked array root<tail>, along the one fitting axis."""
+    prefix = _prefix(where)
+    ndim = min(len(shapes[name]) for name in stacked.values())
+    fitting, misfits, problems = [], [], []
+    for axis in (range(ndim) if scan_axis is None else (scan_axis,)):
+        sizes = sorted({shapes[name][axis] for name in stacked.values()}) if 0 <= axis < ndim else []
+        if len(sizes) != 1:
+            misfits.append(f"axis {axis}: " + (f"the stacked arrays differ in size along it ({sizes})" if sizes
+                                               else "not every stacked array has it"))
+            continue
+        candidate = dict(plan)
+        for tail, name in stacked.items():
+            layer_shape = shapes[name][:axis] + shapes[name][axis + 1:]
+            for i in range(sizes[0]):
+                canonical = f"encoder/layers_{i}/{tail}"
+                candidate[canonical] = _Piece(name, _canonical_shape(canonical, layer_shape), layer=i, axis=axis)
+        candidate = _share_relpos(candidate, where)
+        problem = _misfit(candidate)
+        if problem is None:
+            fitting.append((axis, candidate))
+        else:
+            misfits.append(f"axis {axis}: {problem}")
+            problems.append(problem)
+    if len(fitting) == 1:
+        return fitting[0][1]
+    if not fitting and len(problems) == 1:
+        # One axis stacks the layers consistently: what is wrong is the model, not the axis.
+        raise RankgenError(f"{prefix}{problems[0]}")
+    if not fitting:
+        raise RankgenError(f"{prefix}cannot unstack the scanned layers under {root}: no layer axis gives "
+                           f"the shapes of a T5 encoder ({'; '.join(misfits)})")
+    raise RankgenError(f"{prefix}the layer axis of the scanned layers under {root} is ambiguous: axes "
+                       f"{', '.join(str(axis) for axis, _ in fitting)} all give the shapes of a T5 encoder; "
+                       f"pass scan_axis to load_t5x_checkpoint (t5x and flaxformer stack along 1 by default)")
+
+
+def _misfit(plan: dict[str, _Piece]) -> str | None:
+    """Why `plan`'s shapes are not one T5 encoder's, or None if they are."""
+    shapes = _shapes_of(plan)
+    try:
+        _check_shapes(shapes, _expected_shapes(_infer_config(shapes, 128, ""), None), "")
+    except RankgenError as e:
+        return str(e)
+    return None
+
+
+def _share_relpos(plan: dict[str, _Piece], where: str) -> dict[str, _Piece]:
+    """Fold per-layer relative position biases into the shared one, to be checked equal when read."""
+    prefix = _prefix(where)
+    per_layer = {int(m.group(1)): name for name in plan if (m := _PER_LAYER_RELPOS.fullmatch(name))}
+    if not per_layer:
+        return plan
+    if SHARED_RELPOS in plan:
+        raise RankgenError(f"{prefix}both a shared relative position bias ({SHARED_RELPOS}) and per-layer "
+                           f"ones ({plan[per_layer[min(per_layer)]].describe()}); expected one kind")
+    layers = sorted({int(m.group(1)) for name in plan if (m := _LAYER.match(name))})
+    if sorted(per_layer) != layers:
+        raise RankgenError(f"{prefix}only layers {sorted(per_layer)} of {layers} have a relative position bias")
+    plan = dict(plan)
+    first, *others = (plan.pop(per_layer[i]) for i in layers)
+    plan[SHARED_RELPOS] = dataclasses.replace(first, same_as=tuple(others))
+    return plan
+
+
+def _assemble(store, plan: dict[str, _Piece]) -> dict[str, np.ndarray]:
+    """{canonical name: float32 array} for `plan`, each stored array read once."""
+    raw = store.read({piece.source for top in plan.values() for piece in (top, *top.same_as)})
+    floats: dict[str, np.ndarray] = {}
+
+    def value(piece: _Piece) -> np.ndarray:
+        if piece.source not in floats:
+            floats[piece.source] = _to_float32(raw[piece.source], piece.source, store.where)
+        return piece.take(floats[piece.source])
+
+    arrays = {}
+    for name, piece in plan.items():
+        arrays[name] = value(piece)
+        for other in piece.same_as:
+            if not np.array_equal(value(other), arrays[name]):
+                raise RankgenError(
+                    f"{store.where}: the relative position biases differ between layers ({piece.describe()} "
+                    f"and {other.describe()}); the T5 encoder here has one bias shared by all layers, "
+                    f"as T5 and T5 1.1 do, so this model cannot be imported")
+    return arrays
+
+
+def _prefix(where: str) -> str:
+    return f"{where}: " if where else ""
+
+
+# ---------------------------------------------------------------------------
 # Config from shapes
 # ---------------------------------------------------------------------------
 
 
 def _infer_config(shapes: dict[str, tuple], relpos_max_distance: int, where: str) -> T5Config:
     """T5Config from {name: shape} of T5X-named parameters."""
-    prefix = f"{where}: " if where else ""
+    prefix = _prefix(where)
 
     def matrix(name: str) -> tuple[int, int]:
         if name not in shapes:
@@ -431,9 +680,9 @@ def _check_shapes(shapes: dict[str, tuple], expected: dict[str, tuple], where: s
     """Every expected parameter exists with its expected shape."""
     for name, shape in expected.items():
         if name not in shapes:
-            raise RankgenError(f"{where}: missing encoder parameter {name}")
+            raise RankgenError(f"{_prefix(where)}missing encoder parameter {name}")
         if tuple(shapes[name]) != shape:
-            raise RankgenError(f"{where}: {name} has shape {tuple(shapes[name])}, expected {shape} "
+            raise RankgenError(f"{_prefix(where)}{name} has shape {tuple(shapes[name])}, expected {shape} "
                                f"(from the shapes of the other encoder parameters)")
 
 
