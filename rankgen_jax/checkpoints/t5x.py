@@ -3,9 +3,10 @@
 Formats, told apart by what the folder holds (as t5x's own
 `checkpoint_utils.detect_checkpoint_type` does: a `_METADATA` file means Orbax):
 
-- Orbax, T5X's current one (`t5x_orbax.py` has the layout): a PyTree written by
-  orbax's `PyTreeCheckpointHandler`, in `checkpoint_<step>/state/` or, from
-  earlier T5X releases, in `checkpoint_<step>/` itself. Read with orbax.
+- Orbax, what T5X writes with `use_orbax=True` (`t5x_orbax.py` has the
+  layout): a PyTree written by orbax's `PyTreeCheckpointHandler`, in
+  `checkpoint_<step>/state/` or, from earlier T5X releases, in
+  `checkpoint_<step>/` itself. Read with orbax.
 - msgpack + zarr, checkpoint format versions 2 and 3, T5X's original one: a
   folder (`.../checkpoint_<step>/`) holding
   - `checkpoint`: a msgpack file (flax.serialization encoding) with

@@ -125,6 +125,7 @@ def _map_leaves(tree: dict, fn) -> dict:
 
 
 def _one_line(error: Exception) -> str:
-    text = " ".join(str(error).split())
-    return text[:300] + ("..." if len(text) > 300 else "") or "no message"
+    """An orbax / tensorstore error on one line, cut short (they can echo whole specs)."""
+    text = " ".join(str(error).split()) or "no message"
+    return text if len(text) <= 300 else text[:300] + "..."
 
