@@ -74,7 +74,8 @@ def read_source(
 
 
 def read_hf_folder(path: str) -> tuple[ModelConfig, dict, str | list[str] | None]:
-    """An HF folder with the reader its format needs: ranker, BERT family (plain or sentence-transformers), or T5.
+    """An HF folder with the reader its format needs: ranker or Bert/RobertaForSequenceClassification (cross
+    encoders), BERT family (plain or sentence-transformers), or T5.
 
     The tokenizer is a T5 folder's spiece.model path (or None), or the tokenizer
     files of a BERT-family backbone.
@@ -82,6 +83,8 @@ def read_hf_folder(path: str) -> tuple[ModelConfig, dict, str | list[str] | None
     config_path = os.path.join(path, "config.json")
     if os.path.isfile(config_path) and is_ranker_config(read_json(config_path)):
         return hf_ranker.load_ranker_folder(path)
+    if hf_ranker.is_sequence_classification_folder(path):
+        return hf_ranker.load_sequence_classification_folder(path)
     if hf_bert.is_bert_folder(path):
         return hf_bert.load_bert_folder(path)
     return hf_t5.load_hf_folder(path)
@@ -117,11 +120,14 @@ def describe_model(config: ModelConfig) -> str:
 
 
 def hf_layout(config: ModelConfig, fmt: str) -> str:
-    """The HF layout export_hf writes for this model and `fmt`: 'ranker', 'bert', 't5-encoder' or 'rankgen'.
+    """The HF layout export_hf writes for this model and `fmt`: 'ranker', 'bert', 't5-encoder' or 'rankgen',
+    or 'sequence-classification' (a cross encoder that is exactly Bert/RobertaForSequenceClassification).
 
-    Cross encoders are rankers, except that `t5-encoder` writes a T5 ranker's
+    Other cross encoders are rankers, except that `t5-encoder` writes a T5 ranker's
     encoder alone; BERT-family models have one layout whatever `fmt` says.
     """
+    if hf_ranker.fits_sequence_classification(config):
+        return "sequence-classification"
     if config.kind == "cross_encoder" and not (fmt == "t5-encoder" and config.encoder_type == "t5"):
         return "ranker"
     if config.encoder_type == "bert":
@@ -132,7 +138,9 @@ def hf_layout(config: ModelConfig, fmt: str) -> str:
 def export_layout(config: ModelConfig, fmt: str) -> str:
     """What export_hf writes for this model and `fmt`, in words (the CLI prints it)."""
     kind = hf_layout(config, fmt)
-    if kind == "ranker":
+    if kind == "sequence-classification":
+        layout = f"{hf_ranker.SEQUENCE_CLASSIFICATION_ARCHITECTURES[config.encoder.variant]}, no remote code"
+    elif kind == "ranker":
         layout = "ranker format, modeling_ranker.py"
     elif kind == "bert":
         layout = "BERT-family model" + (" with sentence-transformers files" if config.kind == "dual_encoder" else "")
@@ -152,8 +160,10 @@ def export_hf(checkpoint: str, out: str, fmt: str = "rankgen", overwrite: bool =
     T5: `fmt` picks the RankGen or the plain T5EncoderModel layout. BERT family:
     the base model's layout, plus sentence-transformers files for dual encoders.
     Two-tower dual encoders write `query_encoder/` and `document_encoder/`.
-    Cross encoders (either backbone) write the ranker format (modeling_ranker.py,
-    raw scores from AutoModel); `t5-encoder` writes a T5 ranker's encoder alone.
+    Cross encoders whose head is HF's Bert/RobertaForSequenceClassification head
+    write that class; other cross encoders (either backbone) write the ranker
+    format (modeling_ranker.py, raw scores from AutoModel); `t5-encoder` writes a
+    T5 ranker's encoder alone.
     """
     if fmt not in EXPORT_FORMATS:
         raise RankgenError(f"unknown export format {fmt!r}: expected one of {EXPORT_FORMATS}")
@@ -175,7 +185,10 @@ def export_hf(checkpoint: str, out: str, fmt: str = "rankgen", overwrite: bool =
 
 def _export_one(checkpoint: str, model_config: ModelConfig, params: dict, out: str, fmt: str, overwrite: bool) -> None:
     layout = hf_layout(model_config, fmt)
-    if layout == "ranker":
+    if layout == "sequence-classification":
+        hf_ranker.save_sequence_classification_folder(
+            model_config, params, out, native.tokenizer_files(native.vocab_path(checkpoint)), overwrite)
+    elif layout == "ranker":
         if model_config.encoder_type == "t5":
             spiece = native.spiece_path(checkpoint)
             tokenizer = [spiece] if spiece else None

@@ -198,7 +198,8 @@ class BertStack(nn.Module):
 
 
 class BertPooler(nn.Module):
-    """HF's pooler: tanh(dense(first token)). Kept so HF checkpoints round-trip; not used by our heads."""
+    """HF's pooler: tanh(dense(first token)). Kept so HF checkpoints round-trip; only the cross encoder's
+    `pooler` head uses it."""
 
     config: BertConfig
 

@@ -15,7 +15,12 @@ import gin
 from rankgen_jax.errors import RankgenError, check_field_types
 
 MLP_ACTIVATIONS = ("gated-gelu", "relu")
+# Poolings over the encoder's hidden states (any encoder, any model kind).
 POOLINGS = ("first", "mean", "first_last_avg", "last2_avg")
+# BERT / RoBERTa's pooler output, tanh(dense(first token)): the first layer of HF's
+# *ForSequenceClassification heads; cross encoders whose encoder has a pooler only.
+POOLER_POOLING = "pooler"
+HEAD_POOLINGS = (*POOLINGS, POOLER_POOLING)
 BERT_VARIANTS = ("bert", "distilbert", "roberta")
 BERT_ACTIVATIONS = ("gelu", "gelu_new", "relu")
 MODEL_KINDS = ("encoder", "dual_encoder", "cross_encoder")
@@ -143,6 +148,9 @@ MINILM_L6 = BertConfig()
 class HeadConfig:
     """Turns encoder hidden states into one vector per input.
 
+    pooling: one of POOLINGS, or `pooler` (cross encoders on a BERT / RoBERTa
+      encoder with has_pooler: the encoder's pooler output, as HF's
+      Bert/RobertaForSequenceClassification read the first token).
     projection_dim: -1 projects d -> d_model, 0 means no projection,
       any other value projects d -> projection_dim (bias-free).
     """
@@ -153,8 +161,8 @@ class HeadConfig:
 
     def __post_init__(self):
         check_field_types(self)
-        if self.pooling not in POOLINGS:
-            raise RankgenError(f"HeadConfig.pooling={self.pooling!r}: expected one of {POOLINGS}")
+        if self.pooling not in HEAD_POOLINGS:
+            raise RankgenError(f"HeadConfig.pooling={self.pooling!r}: expected one of {HEAD_POOLINGS}")
         if self.projection_dim < -1:
             raise RankgenError(f"HeadConfig.projection_dim must be -1, 0 or positive, got {self.projection_dim}")
 
@@ -202,6 +210,13 @@ class ModelConfig:
             raise RankgenError(f"ModelConfig.kind={self.kind!r} {'takes no' if self.kind == 'encoder' else 'needs a'} head")
         if self.num_scores < 1:
             raise RankgenError(f"ModelConfig.num_scores must be >= 1, got {self.num_scores}")
+        if self.head is not None and self.head.pooling == POOLER_POOLING:
+            encoder = self.encoder
+            if self.kind != "cross_encoder" or not isinstance(encoder, BertConfig) or not encoder.has_pooler:
+                got = (f"{encoder.variant} encoder with has_pooler={encoder.has_pooler}"
+                       if isinstance(encoder, BertConfig) else "T5 encoder")
+                raise RankgenError(f"HeadConfig.pooling={POOLER_POOLING!r} reads the BERT / RoBERTa pooler: it needs"
+                                   f" a cross encoder whose encoder has one (got kind={self.kind!r}, a {got})")
 
     @property
     def encoder_type(self) -> str:

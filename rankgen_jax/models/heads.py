@@ -8,7 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig
+from rankgen_jax.models.configs import POOLER_POOLING, BertConfig, HeadConfig, ModelConfig
 from rankgen_jax.models.bert import BertEncoder
 from rankgen_jax.models.layers import DenseKernel
 from rankgen_jax.models.t5 import EncoderOutput, T5Encoder
@@ -57,8 +57,9 @@ class VectorHead(nn.Module):
     num_perspectives: int = 1
 
     @nn.compact
-    def __call__(self, output: EncoderOutput, mask_BxL: jax.Array) -> jax.Array:
-        vectors_BxD = pool(output, mask_BxL, self.config.pooling)
+    def __call__(self, output: EncoderOutput, mask_BxL: jax.Array, pooled_BxD: jax.Array | None = None) -> jax.Array:
+        """pooled_BxD: the vectors to project when the pooling is done outside (the BERT pooler)."""
+        vectors_BxD = pool(output, mask_BxL, self.config.pooling) if pooled_BxD is None else pooled_BxD
         out_dim = self.config.output_dim(self.d_model)
         if self.num_perspectives > 1:
             flat_BxNP = DenseKernel(self.num_perspectives * out_dim, ("embed", "projection"), jnp.float32,
@@ -154,6 +155,9 @@ class DualEncoder(nn.Module):
 class CrossEncoder(nn.Module):
     """Query and candidate read together; pooled -> optional projection -> linear to num_scores.
 
+    Pooling `pooler` takes the BERT / RoBERTa encoder's pooler output, so the
+    head without a projection is HF's Bert/RobertaForSequenceClassification head.
+
     Inputs are [..., L] (e.g. [B, C, L] candidate lists); outputs [...] scores,
     or [..., num_scores] with several outputs (multi-perspective).
     """
@@ -172,7 +176,10 @@ class CrossEncoder(nn.Module):
                                                                    _pad_id(self.config))
         output = self.backbone(ids_NxL, mask_NxL, token_type_ids=types_NxL,
                                output_hidden_states=_needs_hidden_states(self.config.head))
-        scores_NxS = self.score_head(self.head(output, mask_NxL))
+        pooled_NxD = None
+        if self.config.head.pooling == POOLER_POOLING:
+            pooled_NxD = self.backbone.pooled_output(output)
+        scores_NxS = self.score_head(self.head(output, mask_NxL, pooled_NxD))
         if self.config.num_scores == 1:
             return scores_NxS[:, 0].reshape(lead_shape)
         return scores_NxS.reshape(*lead_shape, self.config.num_scores)

@@ -50,7 +50,7 @@ class OptimizerConfig:
     weight_decay: AdamW decoupled weight decay, multiplied by the LR (the optax
       and PyTorch convention); applied only to parameters with >= 2 dimensions
       (kernels and embeddings, not layer-norm scales or scalars), and not to
-      an unused BERT pooler.
+      a BERT pooler (unused by most heads).
     clip_grad_norm: clip gradients to this global norm before the optimizer; 0 = off.
     loss_params_learning_rate: constant LR for the `loss` subtree (e.g. a logit
       scale); 0 = the loss params share the model's optimizer and schedule.
@@ -118,8 +118,9 @@ def make_schedule(cfg: OptimizerConfig) -> optax.Schedule:
 def _matrices_only(params):
     """Weight-decay mask: True for kernels/embeddings, False for vectors and scalars.
 
-    A BERT pooler is kept for round trips but no head uses it: its gradient is
-    zero, and decay alone would shrink the weights that get exported.
+    A BERT pooler is kept for round trips and most heads leave it unused: its
+    gradient is zero, and decay alone would shrink the weights that get
+    exported. The cross encoder's `pooler` head trains it, undecayed like a bias.
     """
     def decays(path, p):
         unused = any(isinstance(k, jax.tree_util.DictKey) and k.key == "pooler" for k in path)

@@ -8,9 +8,10 @@ config.json (model_type "rankgen_ranker"):
 
     "backbone": the encoder's own HF config (model_type "t5" wraps a
         T5EncoderModel; "bert", "roberta", "distilbert" the matching base model),
-    "backbone_pooler": whether a BERT / RoBERTa backbone has its pooler (unused
-        for scoring; kept so the weights round-trip),
-    "pooling": "first" | "mean" | "first_last_avg" | "last2_avg",
+    "backbone_pooler": whether a BERT / RoBERTa backbone has its pooler (kept
+        so the weights round-trip; only pooling "pooler" scores with it),
+    "pooling": "first" | "mean" | "first_last_avg" | "last2_avg" | "pooler"
+        (the backbone's pooler_output, tanh(dense(first token))),
     "projection_dim": -1 (d_model -> d_model) | 0 (none) | P,
     "num_scores": N
 
@@ -37,7 +38,7 @@ except ImportError:  # transformers 4.x
     from torch.nn import init as _init
 
 MODEL_TYPE = "rankgen_ranker"
-POOLINGS = ("first", "mean", "first_last_avg", "last2_avg")
+POOLINGS = ("first", "mean", "first_last_avg", "last2_avg", "pooler")
 # Backbones with a pooler that the base model builds unless told otherwise.
 POOLER_MODEL_TYPES = ("bert", "roberta")
 
@@ -60,6 +61,8 @@ class RankerConfig(PretrainedConfig):
             raise ValueError(f"projection_dim must be -1, 0 or positive, got {self.projection_dim}")
         if self.num_scores < 1:
             raise ValueError(f"num_scores must be >= 1, got {self.num_scores}")
+        if pooling == "pooler" and not self.backbone_pooler:
+            raise ValueError("pooling='pooler' needs a backbone with its pooler (backbone_pooler=true)")
         super().__init__(**kwargs)
 
 
@@ -123,8 +126,11 @@ class RankerModel(PreTrainedModel):
     def set_input_embeddings(self, new_embeddings):
         self.backbone.set_input_embeddings(new_embeddings)
 
-    def pool(self, last_hidden, hidden_states, attention_mask):
+    def pool(self, outputs, attention_mask):
         """One vector per input from the encoder outputs, following `self.pooling`."""
+        last_hidden, hidden_states = outputs.last_hidden_state, outputs.hidden_states
+        if self.pooling == "pooler":
+            return outputs.pooler_output
         if self.pooling == "first":
             return last_hidden[:, 0, :]
         if self.pooling == "mean":
@@ -147,8 +153,7 @@ class RankerModel(PreTrainedModel):
             kwargs["output_hidden_states"] = True
         kwargs["return_dict"] = True
         outputs = self.backbone(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-        hidden_states = outputs.hidden_states if need_all else None
-        vectors = self.pool(outputs.last_hidden_state, hidden_states, attention_mask)
+        vectors = self.pool(outputs, attention_mask)
         if self.projection is not None:
             vectors = self.projection(vectors)
         scores = self.score(vectors)

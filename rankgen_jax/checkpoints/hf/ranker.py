@@ -1,6 +1,25 @@
 """HuggingFace <-> canonical conversion for cross encoders (rankers), whatever their backbone.
 
-The `rankgen_ranker` folder format, one for T5 and BERT-family backbones:
+Two folder formats. A BERT or RoBERTa cross encoder whose head is exactly HF's
+sequence-classification head (pooling `pooler`, no projection) is written as
+that HF class, with no remote code:
+
+- config.json: the encoder's own HF config with `architectures`
+  `BertForSequenceClassification` / `RobertaForSequenceClassification`,
+  `id2label` / `label2id` for num_labels = num_scores, and
+  `sentence_transformers.activation_fn` = Identity so that
+  sentence-transformers' CrossEncoder returns the raw scores as we do.
+- model.safetensors: BERT: `bert.*` (pooler included), `classifier.weight`
+  [N, d], `classifier.bias` [N]. RoBERTa: `roberta.*` (no pooler); its
+  classifier holds the pooler's dense layer as `classifier.dense` and the score
+  layer as `classifier.out_proj`.
+- The tokenizer files, copied as they are.
+
+`AutoModelForSequenceClassification` and `sentence_transformers.CrossEncoder`
+load it; such folders (ours or anyone's) import back as cross encoders.
+
+Every other cross encoder uses the `rankgen_ranker` format, one for T5 and
+BERT-family backbones:
 
 - config.json: model_type `rankgen_ranker`, `backbone` (the encoder's own HF
   config: T5, BERT, RoBERTa or DistilBERT), `backbone_pooler`, `pooling`,
@@ -25,7 +44,7 @@ from rankgen_jax.checkpoints.hf import bert as hf_bert
 from rankgen_jax.checkpoints.hf import t5 as hf_t5
 from rankgen_jax.checkpoints.hf import common
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.models.configs import HeadConfig, ModelConfig, T5Config
+from rankgen_jax.models.configs import POOLER_POOLING, BertConfig, HeadConfig, ModelConfig, T5Config
 
 RANKER_ARCHITECTURE = "RankerModel"
 RANKER_PREFIX = "backbone."
@@ -164,6 +183,15 @@ def save_ranker_folder(model_config: ModelConfig, params: Mapping, out_dir: str,
     common.write_files(out_dir, copies)
 
 
+def _read_config(path: str) -> tuple[str, dict]:
+    """(path of config.json, its contents) of an HF model folder; RankgenError if there is none."""
+    common.check_folder(path)
+    config_path = os.path.join(path, "config.json")
+    if not os.path.isfile(config_path):
+        raise RankgenError(f"{path}: no config.json (not an HF model folder)")
+    return config_path, common.read_json(config_path)
+
+
 def load_ranker_folder(path: str) -> tuple[ModelConfig, dict, str | list[str] | None]:
     """Read a ranker folder -> (cross-encoder model config, canonical params, tokenizer).
 
@@ -171,11 +199,8 @@ def load_ranker_folder(path: str) -> tuple[ModelConfig, dict, str | list[str] | 
     spiece.model path (or None), a BERT-family backbone's tokenizer files.
     """
     path = os.fspath(path)
-    common.check_folder(path)
-    config_path = os.path.join(path, "config.json")
-    if not os.path.isfile(config_path):
-        raise RankgenError(f"{path}: no config.json (not an HF model folder)")
-    model_config = ranker_config_from_hf(common.read_json(config_path), config_path)
+    config_path, hf = _read_config(path)
+    model_config = ranker_config_from_hf(hf, config_path)
     state_dict = common.read_state_dict(path)
     tensors = ranker_tensor_table(model_config)
     params = common.params_from_tensor_table(tensors, state_dict, path)
@@ -189,5 +214,135 @@ def load_ranker_folder(path: str) -> tuple[ModelConfig, dict, str | list[str] | 
     if is_t5:
         spiece = os.path.join(path, "spiece.model")
         return model_config, params, spiece if os.path.isfile(spiece) else None
+    tokenizer = [os.path.join(path, name) for name in hf_bert.TOKENIZER_FILES]
+    return model_config, params, [f for f in tokenizer if os.path.isfile(f)]
+
+
+# ---------------------------------------------------------------------------
+# The HF sequence-classification layout (no remote code)
+
+# The HF class whose head is exactly our `pooler` head without a projection, per BERT variant.
+# DistilBERT's (pre_classifier -> ReLU -> classifier, no pooler) is no head of ours.
+SEQUENCE_CLASSIFICATION_ARCHITECTURES = {"bert": "BertForSequenceClassification",
+                                         "roberta": "RobertaForSequenceClassification"}
+# What sentence-transformers' CrossEncoder applies to the logits (it defaults to a sigmoid for one label).
+ST_IDENTITY_ACTIVATION = "torch.nn.modules.linear.Identity"
+# PretrainedConfig's num_labels when config.json names no labels.
+_HF_DEFAULT_NUM_LABELS = 2
+
+
+def fits_sequence_classification(model_config: ModelConfig) -> bool:
+    """Whether a cross encoder is exactly HF's Bert/RobertaForSequenceClassification (pooler -> linear)."""
+    encoder, head = model_config.encoder, model_config.head
+    return (model_config.kind == "cross_encoder" and isinstance(encoder, BertConfig)
+            and encoder.variant in SEQUENCE_CLASSIFICATION_ARCHITECTURES
+            and head.pooling == POOLER_POOLING and head.projection_dim == 0)
+
+
+def sequence_classification_tensor_table(model_config: ModelConfig) -> list[common.HFTensor]:
+    """The HF class's tensors: the base model behind its prefix, then the classifier."""
+    encoder, n, d = model_config.encoder, model_config.num_scores, model_config.encoder.d_model
+
+    def linear(path: tuple[str, ...], hf_name: str, out_dim: int) -> list[common.HFTensor]:
+        return [common.HFTensor((*path, "kernel"), f"{hf_name}.weight", (out_dim, d), True),
+                common.HFTensor((*path, "bias"), f"{hf_name}.bias", (out_dim,), False)]
+
+    if encoder.variant == "bert":
+        return common.prefixed(hf_bert.bert_tensor_table(encoder), "bert.") + linear(("score_head",), "classifier", n)
+    # RobertaForSequenceClassification builds its base model without a pooler; its
+    # classification head's dense + tanh is the pooler of our model.
+    base = dataclasses.replace(encoder, has_pooler=False)
+    return (common.prefixed(hf_bert.bert_tensor_table(base), "roberta.")
+            + linear(("pooler", "dense"), "classifier.dense", d) + linear(("score_head",), "classifier.out_proj", n))
+
+
+def sequence_classification_config_to_hf(model_config: ModelConfig) -> dict[str, Any]:
+    """config.json of the HF class; RankgenError if the model is not exactly that class."""
+    if not fits_sequence_classification(model_config):
+        head = model_config.head
+        got = "no head" if head is None else f"pooling={head.pooling!r}, projection_dim={head.projection_dim}"
+        raise RankgenError("only a BERT or RoBERTa cross encoder with pooling='pooler' and projection_dim=0 is an HF"
+                           f" *ForSequenceClassification model (got a {type(model_config.encoder).__name__}"
+                           f" {model_config.kind}, {got}); save_ranker_folder writes the other cross encoders")
+    encoder = model_config.encoder
+    labels = [f"LABEL_{i}" for i in range(model_config.num_scores)]
+    return {
+        "architectures": [SEQUENCE_CLASSIFICATION_ARCHITECTURES[encoder.variant]],
+        **hf_bert.bert_config_to_hf(encoder),
+        "id2label": {str(i): label for i, label in enumerate(labels)},
+        "label2id": {label: i for i, label in enumerate(labels)},
+        "classifier_dropout": None,
+        "sentence_transformers": {"activation_fn": ST_IDENTITY_ACTIVATION},
+    }
+
+
+def is_sequence_classification_config(hf: Mapping[str, Any]) -> bool:
+    """Whether a config.json is a BERT / RoBERTa model of the sequence-classification class."""
+    architectures = hf.get("architectures")
+    wanted = SEQUENCE_CLASSIFICATION_ARCHITECTURES.get(hf.get("model_type"))
+    return wanted is not None and isinstance(architectures, list) and architectures[:1] == [wanted]
+
+
+def is_sequence_classification_folder(path: str) -> bool:
+    """Whether `path` holds a Bert/RobertaForSequenceClassification model (never raises)."""
+    config_path = os.path.join(os.fspath(path), "config.json")
+    try:
+        return os.path.isfile(config_path) and is_sequence_classification_config(common.read_json(config_path))
+    except (RankgenError, OSError, UnicodeDecodeError):
+        return False
+
+
+def _num_labels(hf: Mapping[str, Any], where: str) -> int:
+    """The label count as PretrainedConfig reads it: id2label's size, else num_labels, else 2."""
+    id2label = hf.get("id2label")
+    if id2label is not None:
+        if not isinstance(id2label, Mapping) or not id2label:
+            raise RankgenError(f"{where}: id2label={id2label!r} should be a non-empty object")
+        return len(id2label)
+    value = hf.get("num_labels", _HF_DEFAULT_NUM_LABELS)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise RankgenError(f"{where}: num_labels={value!r} should be a positive integer")
+    return value
+
+
+def save_sequence_classification_folder(model_config: ModelConfig, params: Mapping, out_dir: str,
+                                        tokenizer_files: list[str] | None = None, overwrite: bool = False) -> None:
+    """Write a cross encoder that fits_sequence_classification as the HF class: config.json,
+    model.safetensors and the tokenizer files (copied as they are)."""
+    out_dir = os.fspath(out_dir)
+    # Check and gather everything first, so bad input fails before anything is written.
+    hf = sequence_classification_config_to_hf(model_config)
+    state_dict = common.state_dict_from_tensor_table(sequence_classification_tensor_table(model_config), params)
+    tokenizers = common.read_files([os.fspath(f) for f in tokenizer_files or []])
+    common.prepare_out_dir(out_dir, overwrite, STALE_FILES, hf_bert.ST_MODULE_DIR)
+    common.write_safetensors(os.path.join(out_dir, common.SAFETENSORS_FILE), state_dict)
+    common.write_json(os.path.join(out_dir, "config.json"), hf)
+    common.write_files(out_dir, tokenizers)
+
+
+def load_sequence_classification_folder(path: str) -> tuple[ModelConfig, dict, list[str]]:
+    """Read a Bert/RobertaForSequenceClassification folder -> (cross-encoder config, canonical params, tokenizer files).
+
+    The head is pooling `pooler`, no projection, num_scores = the number of
+    labels; the scores are the class's logits (whatever activation a
+    sentence-transformers CrossEncoder would put on them).
+    """
+    path = os.fspath(path)
+    config_path, hf = _read_config(path)
+    if not is_sequence_classification_config(hf):
+        raise RankgenError(f"{config_path}: not a {' or '.join(SEQUENCE_CLASSIFICATION_ARCHITECTURES.values())}"
+                           f" config (model_type={hf.get('model_type')!r}, architectures={hf.get('architectures')!r})")
+    # Both classes have the pooler's dense layer (RoBERTa's inside its classifier).
+    encoder = dataclasses.replace(hf_bert.bert_config_from_hf(hf, config_path), has_pooler=True)
+    model_config = ModelConfig(encoder=encoder, head=HeadConfig(POOLER_POOLING, 0, False), kind="cross_encoder",
+                               num_scores=_num_labels(hf, config_path))
+    state_dict = common.read_state_dict(path)
+    tensors = sequence_classification_tensor_table(model_config)
+    params = common.params_from_tensor_table(tensors, state_dict, path)
+    known = {t.hf_key for t in tensors}
+    for key in state_dict:
+        if key not in known and not key.endswith(hf_bert.BUFFER_SUFFIXES):
+            raise RankgenError(f"{path}: unexpected tensor {key} (not part of the"
+                               f" {hf['architectures'][0]} config.json describes)")
     tokenizer = [os.path.join(path, name) for name in hf_bert.TOKENIZER_FILES]
     return model_config, params, [f for f in tokenizer if os.path.isfile(f)]
