@@ -103,7 +103,7 @@ def add_generation_metrics(subparsers) -> None:
     p.add_argument("--input", required=True, help="JSONL output of `rankgen-jax generate`")
     p.add_argument("--tokenizer", help="HF tokenizer folder for rep_pooled, e.g. the LM's (default: whitespace words)")
     p.add_argument("--rep_window", type=int, default=REP_WINDOW, help="words / tokens looked back over (default 20)")
-    p.add_argument("--rep_no_prefix", action="store_true", help="rep_pooled looks at the generation only, not the prefix")
+    p.add_argument("--rep_no_prefix", action="store_true", help="rep_pooled looks at the generation alone")
     p.add_argument("--reference_field", help='field holding the human continuation (e.g. "continuation"), for MAUVE')
     p.add_argument("--mauve_model", help="HF causal LM folder whose features MAUVE compares (the paper: gpt2-large)")
     p.add_argument("--mauve_max_length", type=int, default=MAUVE_MAX_LENGTH,

@@ -168,7 +168,8 @@ def require_mauve():
 
 
 def mauve_score(references: Sequence[str], generations: Sequence[str], feature_lm,
-                max_length: int = MAUVE_MAX_LENGTH, batch_size: int = 8, seed: int = 25, progress: bool = False) -> float:
+                max_length: int = MAUVE_MAX_LENGTH, batch_size: int = 8, seed: int = 25,
+                progress: bool = False) -> float:
     """MAUVE of generations against human references, with features from `feature_lm` (an lm.scoring.CausalLM).
 
     The texts are compared as given; the paper's MAUVE passes prefix + " " +

@@ -187,7 +187,8 @@ def score_file(
     if method not in METHODS:
         raise RankgenError(f"unknown scoring method {method!r}: expected one of {METHODS}")
     if method == "model" and model is None:
-        raise RankgenError("scoring method 'model' needs a model (--model DIR), or use --method token_overlap or unigram")
+        raise RankgenError("scoring method 'model' needs a model (--model DIR), "
+                           "or use --method token_overlap or unigram")
     if method in LM_METHODS and lm is None:
         raise RankgenError(f"scoring method {method!r} needs a causal LM (--lm DIR)")
     source = Path(input_path)
@@ -272,7 +273,8 @@ def run_score(input_path: str, output_path: str | None = None, *, method: str = 
     elif lm_path:
         print(f"note: --lm is not used with --method {method}", file=sys.stderr)
     result = score_file(model, input_path, output_path, method=method, batch_size=batch_size, lm=lm,
-                        lm_reduce=lm_reduce, lm_batch_size=lm_batch_size, progress=progress and method not in LEXICAL_SCORERS)
+                        lm_reduce=lm_reduce, lm_batch_size=lm_batch_size,
+                        progress=progress and method not in LEXICAL_SCORERS)
     if result["skipped"]:
         first = ", ".join(str(n) for n in result["skipped_lines"][:5])
         print(f"note: skipped {result['skipped']} malformed line(s) of {input_path} (line {first}"

@@ -66,8 +66,9 @@ def suffix_identification(score_lists: list[np.ndarray]) -> dict:
     RankGen paper's pairwise average (gold vs each negative alone, averaged over the negatives; ties lose)."""
     gold = [0] * len(score_lists)
     two_way = [s[:2] for s in score_lists]
+    way = len(score_lists[0])
     return {"n": len(score_lists), "accuracy_2way": accuracy(two_way, gold),
-            f"accuracy_{len(score_lists[0])}way": accuracy(score_lists, gold), f"mrr_{len(score_lists[0])}way": mrr(score_lists, gold),
+            f"accuracy_{way}way": accuracy(score_lists, gold), f"mrr_{way}way": mrr(score_lists, gold),
             "accuracy_pairwise": pairwise_accuracy(score_lists, gold)}
 
 
