@@ -133,13 +133,16 @@ def test_score_cli_last_line_is_json(tmp_path, model_dir, capsys):
     run_command(["score", "--input", path, "--method", "unigram"])
     out, err = capsys.readouterr()
     summary = json.loads(out.strip().splitlines()[-1])
-    assert set(summary) == {"n", "accuracy", "mrr"} and summary["n"] == 3
+    assert set(summary) == {"n", "accuracy", "mrr", "pairwise_accuracy"} and summary["n"] == 3
     assert summary["accuracy"] == pytest.approx(2 / 3) and "skipped 1 malformed line" in err
+    # Pairwise, ties lose: the gold beats its one negative (1), beats one and ties one (1/2), ties its one (0).
+    assert summary["pairwise_accuracy"] == pytest.approx((1 + 0.5 + 0) / 3)
 
     run_command(["score", "--model", model_dir, "--input", path, "--output", str(tmp_path / "o.jsonl"),
                  "--batch_size", "4"])
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert set(summary) == {"n", "accuracy", "mrr"} and summary["n"] == 3 and 0 <= summary["accuracy"] <= 1
+    assert set(summary) == {"n", "accuracy", "mrr", "pairwise_accuracy"} and summary["n"] == 3
+    assert 0 <= summary["accuracy"] <= 1 and 0 <= summary["pairwise_accuracy"] <= 1
     assert len((tmp_path / "o.jsonl").read_text().splitlines()) == 4
 
     with pytest.raises(RankgenError, match="--model is required"):

@@ -270,15 +270,16 @@ def test_generation_metrics_and_cli(tmp_path, capsys):
                {"prefix": "a dog", "generation": "ran far away", "seconds_generate": 1.0, "seconds_rerank": 0.0,
                 "new_tokens": 3}]
     result = generation_metrics(records, with_prefix=False)
-    assert result["rep"] == pytest.approx(2 / 8) and result["rerank_share"] == pytest.approx(1 / 5)
+    assert result["rep_pooled"] == pytest.approx(2 / 8) and result["rerank_share"] == pytest.approx(1 / 5)
     assert result["unigram_overlap"] == pytest.approx(0.5) and result["mean_new_tokens"] == 4
     # Looking back into the prefix: "the", "cat", "sat" of the first generation repeat the prefix.
-    assert generation_metrics(records)["rep"] == pytest.approx(5 / 8)
+    assert generation_metrics(records)["rep_pooled"] == pytest.approx(5 / 8)
     source = tmp_path / "gens.jsonl"
     source.write_text("\n".join(json.dumps(r) for r in records) + "\nnot json\n", encoding="utf-8")
     out = run_command(["generation-metrics", "--input", str(source), "--rep_no_prefix",
                        "--output", str(tmp_path / "m.json")])
-    assert out["bad_lines"] == 1 and json.loads(capsys.readouterr().out.splitlines()[-1])["rep"] == pytest.approx(0.25)
+    assert out["bad_lines"] == 1
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["rep_pooled"] == pytest.approx(0.25)
     assert json.loads((tmp_path / "m.json").read_text())["n"] == 2
 
 
@@ -308,4 +309,5 @@ def test_mauve_features_and_optional_dependency(lm, lm_dir, monkeypatch, tmp_pat
 
     monkeypatch.setitem(sys.modules, "mauve", types.SimpleNamespace(compute_mauve=compute_mauve))
     assert mauve_score(texts[:2], texts, lm) == 0.75
-    assert seen["p"].shape == (2, 32) and seen["q"].shape == (3, 32)
+    # Generations are mauve-text's P, references its Q, as in the RankGen paper's code.
+    assert seen["p"].shape == (3, 32) and seen["q"].shape == (2, 32)

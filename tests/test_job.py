@@ -18,9 +18,10 @@ def test_job_runs_end_to_end(tmp_path, capsys):
     out = capsys.readouterr()
     assert code == 0, out.err
     results = json.loads((tmp_path / "results.json").read_text())
-    for name in ("unigram", "fine_tuned"):
+    for name in ("unigram", "token_overlap", "fine_tuned"):
         assert results[name]["n"] == 12
         assert 0.0 <= results[name]["accuracy_2way"] <= 1.0 and 0.0 <= results[name]["mrr_5way"] <= 1.0
+        assert 0.0 <= results[name]["accuracy_pairwise"] <= 1.0
     assert "zero_shot" not in results  # random init: nothing to compare before training
     assert (tmp_path / "train" / "demo_results.png").stat().st_size > 10_000
     assert (tmp_path / "hf" / "modeling_rankgen.py").is_file()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rankgen_jax.eval.generation_metrics import REP_WINDOW, run_generation_metrics
+from rankgen_jax.eval.generation_metrics import MAUVE_MAX_LENGTH, REP_WINDOW, run_generation_metrics
 from rankgen_jax.lm.generation import RERANKERS, SAMPLERS, STRATEGIES, Decoding, generate_file
 from rankgen_jax.lm.generative_negatives import generate_negatives
 
@@ -90,19 +90,26 @@ def _run_generate(args) -> dict:
 def add_generation_metrics(subparsers) -> None:
     p = subparsers.add_parser(
         "generation-metrics",
-        help="rep, unigram overlap and (with mauve-text) MAUVE of `generate` output",
+        help="the RankGen paper's rep, token overlap, length and (with mauve-text) MAUVE of `generate` output",
         description='Read `rankgen-jax generate` output (JSONL with "prefix" and "generation") and print one JSON '
-        "object: rep (share of generated tokens repeated from the previous --rep_window tokens), unigram overlap "
-        "with the prefix, mean new tokens and seconds, and MAUVE against --reference_field when --mauve_model "
-        "is given (needs the optional mauve-text package).",
+        "object with the RankGen paper's metrics as its released code defines them, each averaged over examples: "
+        "rep (share of the generation's normalised words seen in the previous --rep_window words of prefix + "
+        "generation), token_overlap (precision of the generation's words against the prefix's, stop words "
+        "removed), length_words, and MAUVE of prefix + generation against prefix + --reference_field when "
+        "--mauve_model is given (needs the optional mauve-text package); then the variants rep_pooled (tokens of "
+        "--tokenizer, pooled over the corpus) and unigram_overlap (F1 of word sets), and the mean new tokens and "
+        "seconds.",
     )
     p.add_argument("--input", required=True, help="JSONL output of `rankgen-jax generate`")
-    p.add_argument("--tokenizer", help="HF tokenizer folder for rep, e.g. the LM's (default: whitespace words)")
-    p.add_argument("--rep_window", type=int, default=REP_WINDOW, help="tokens looked back over (default 20)")
-    p.add_argument("--rep_no_prefix", action="store_true", help="rep looks at the generation only, not the prefix")
+    p.add_argument("--tokenizer", help="HF tokenizer folder for rep_pooled, e.g. the LM's (default: whitespace words)")
+    p.add_argument("--rep_window", type=int, default=REP_WINDOW, help="words / tokens looked back over (default 20)")
+    p.add_argument("--rep_no_prefix", action="store_true", help="rep_pooled looks at the generation alone")
     p.add_argument("--reference_field", help='field holding the human continuation (e.g. "continuation"), for MAUVE')
-    p.add_argument("--mauve_model", help="HF causal LM folder whose features MAUVE compares (e.g. gpt2-large)")
-    p.add_argument("--mauve_max_length", type=int, default=1024, help="tokens per text for MAUVE (default 1024)")
+    p.add_argument("--mauve_model", help="HF causal LM folder whose features MAUVE compares (the paper: gpt2-large)")
+    p.add_argument("--mauve_max_length", type=int, default=MAUVE_MAX_LENGTH,
+                   help=f"first tokens of each text MAUVE reads (default {MAUVE_MAX_LENGTH}, as the paper)")
+    p.add_argument("--mauve_no_prefix", action="store_true",
+                   help="MAUVE of the generations against the references alone, without the prefix before them")
     p.add_argument("--device", default="cpu", help="torch device of the MAUVE feature model (default cpu)")
     p.add_argument("--output", help="also write the metrics to this JSON file")
     p.set_defaults(run=_run_generation_metrics)
@@ -112,5 +119,5 @@ def _run_generation_metrics(args) -> dict:
     return run_generation_metrics(
         args.input, tokenizer=args.tokenizer, rep_window=args.rep_window, with_prefix=not args.rep_no_prefix,
         reference_field=args.reference_field, mauve_model=args.mauve_model, mauve_max_length=args.mauve_max_length,
-        device=args.device, output_path=args.output,
+        mauve_with_prefix=not args.mauve_no_prefix, device=args.device, output_path=args.output,
     )

@@ -12,13 +12,15 @@ from rankgen_jax.retrieval.dense_index import index_corpus, search_queries
 def add_score(subparsers) -> None:
     p = subparsers.add_parser(
         "score",
-        help="score prefix / candidate lists from a JSONL file; accuracy@1 and MRR when labelled",
+        help="score prefix / candidate lists from a JSONL file; accuracy@1, MRR and pairwise accuracy when labelled",
         description='Score JSONL lines {"prefix": str, "candidates": [str, ...], "label": int (optional)} with a '
-        'dual encoder (prefix vector . candidate vector, RankGen\'s "pre " / "suffi " markers), the '
-        "unigram-overlap baseline, or a causal LM's mean log-likelihood of the candidate given the prefix "
-        "(lm_loglik) or PMI, log p(c|prefix) - log p(c) (pmi). With labels, the last stdout line is a JSON object "
-        '{"n": ..., "accuracy": ..., "mrr": ...}. Malformed lines are skipped and counted on stderr; a file '
-        "with no well-formed line is an error (exit status 2).",
+        'dual encoder (prefix vector . candidate vector, RankGen\'s "pre " / "suffi " markers), the RankGen '
+        "paper's token-overlap baseline (token_overlap), the unigram-overlap F1 baseline (unigram), or a causal "
+        "LM's mean log-likelihood of the candidate given the prefix (lm_loglik) or PMI, log p(c|prefix) - log p(c) "
+        '(pmi). With labels, the last stdout line is a JSON object {"n": ..., "accuracy": ..., "mrr": ..., '
+        '"pairwise_accuracy": ...} (pairwise: the paper\'s share of negatives the gold beats, averaged over '
+        "lines). Malformed lines are skipped and counted on stderr; a file with no well-formed line is an error "
+        "(exit status 2).",
     )
     p.add_argument("--model", help="rankgen_jax checkpoint folder, training workdir, or HF folder (dual encoder)")
     p.add_argument("--input", required=True, help="JSONL file to score")

@@ -1,19 +1,32 @@
-"""Metrics of generated continuations: repetition, unigram overlap with the prefix, and MAUVE (optional).
+"""Metrics of generated continuations: the RankGen paper's rep, token overlap, length and MAUVE, and variants.
 
-- rep (the paper's repetition measure, after Welleck et al. 2020): the
-  share of generated tokens that already occur among the 20 tokens before
-  them. The window looks back across the start of the generation into the
-  end of the prefix (copying the prefix's last words is repetition too);
-  `with_prefix=False` looks at the generation only. Pooled over the corpus:
-  repeated tokens / generated tokens. Tokens are an HF tokenizer's (pass the
-  LM's to match the paper) or whitespace words.
+The paper's, as its released code defines them (docs/design.md, 'RankGen
+generation metrics'), each averaged over examples:
+
+- rep: the words of prefix + generation (retrieval.sparse.normalized_words:
+  lower case, no punctuation, no articles); the share of the generation's
+  words that occur among the 20 words before them (the window reaches back
+  into the prefix); 0 for an empty generation.
+- token overlap: retrieval.sparse.token_overlap, the precision of the
+  generation's words against the prefix's, stop words removed.
+- length: words (whitespace-separated) of the generation.
+- MAUVE (Pillutla et al. 2021, the mauve-text package) between prefix + " " +
+  generation and prefix + " " + gold continuation: features are the
+  last-layer hidden state at the last token of each text under a given HF
+  causal LM (the paper used GPT-2 large), each text cut to its first 768
+  tokens; mauve-text's defaults otherwise.
+
+Variants, under their own names:
+
+- rep_pooled (after Welleck et al. 2020): the share of generated tokens that
+  already occur among the 20 tokens before them, pooled over the corpus
+  (repeated tokens / generated tokens); tokens are an HF tokenizer's or
+  whitespace words, and the window looks back into the end of the prefix
+  unless `with_prefix=False`.
 - unigram overlap: F1 of the word sets of the prefix and the generation
   (retrieval.sparse.unigram_overlap_scores), averaged over generations.
-- MAUVE (Pillutla et al. 2021) between generations and human continuations,
-  when the optional `mauve-text` package is installed: features are the
-  last-layer hidden state at the last token of each text under a given HF
-  causal LM (the paper used GPT-2 large), each text cut to its first
-  `max_length` tokens.
+- `mauve_score` on other texts, e.g. the generations and references alone
+  (`--mauve_no_prefix`).
 """
 
 from __future__ import annotations
@@ -28,16 +41,35 @@ from tqdm import tqdm
 
 from rankgen_jax.data.jsonl import collect_jsonl
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.retrieval.sparse import unigram_overlap_scores
 from rankgen_jax.lm.scoring import load_causal_lm, pad_for_causal_lm
+from rankgen_jax.retrieval.sparse import normalized_words, token_overlap, unigram_overlap_scores
 
 REP_WINDOW = 20
+# Tokens of each text MAUVE reads, as the RankGen paper's evaluation (mauve-text's own default is 1024).
+MAUVE_MAX_LENGTH = 768
+
+
+def _check_window(window: int) -> None:
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise RankgenError(f"repetition window must be a positive integer, got {window!r}")
+
+
+def rep_statistic(prefix: str, generation: str, window: int = REP_WINDOW) -> float:
+    """The RankGen paper's rep of one example: the share of the generation's words seen in the `window` words
+    before them, prefix words included (words: retrieval.sparse.normalized_words); 0.0 for no generated word."""
+    _check_window(window)
+    prefix_words, generated = normalized_words(prefix), normalized_words(generation)
+    if not generated:
+        return 0.0
+    words = prefix_words + generated
+    start = len(prefix_words)
+    repeated = sum(words[i] in words[max(0, i - window) : i] for i in range(start, len(words)))
+    return repeated / len(generated)
 
 
 def repeated_tokens(tokens: Sequence, window: int = REP_WINDOW, context: Sequence = ()) -> int:
     """How many of `tokens` occur among the `window` tokens before them (`context` precedes the first one)."""
-    if window < 1:
-        raise RankgenError(f"repetition window must be at least 1, got {window}")
+    _check_window(window)
     history = list(context)[-window:]
     count = 0
     for token in tokens:
@@ -50,7 +82,10 @@ def repeated_tokens(tokens: Sequence, window: int = REP_WINDOW, context: Sequenc
 
 def repetition(token_lists: Sequence[Sequence], window: int = REP_WINDOW,
                contexts: Sequence[Sequence] | None = None) -> float:
-    """rep: repeated tokens / generated tokens over all generations (NaN when nothing was generated)."""
+    """rep_pooled: repeated tokens / generated tokens over all generations (NaN when nothing was generated).
+
+    Not the paper's rep (`rep_statistic`, averaged per example over normalised words).
+    """
     total = sum(len(tokens) for tokens in token_lists)
     if total == 0:
         return float("nan")
@@ -59,14 +94,28 @@ def repetition(token_lists: Sequence[Sequence], window: int = REP_WINDOW,
 
 
 def unigram_overlap(prefixes: Sequence[str], generations: Sequence[str]) -> float:
-    """Mean unigram-overlap F1 of each generation with its prefix (NaN for no generations)."""
+    """Mean unigram-overlap F1 of each generation with its prefix (NaN for no generations); not the paper's
+    token overlap (`paper_metrics`)."""
     if not generations:
         return float("nan")
     return float(np.mean([unigram_overlap_scores(p, [g])[0] for p, g in zip(prefixes, generations)]))
 
 
+def paper_metrics(prefixes: Sequence[str], generations: Sequence[str], window: int = REP_WINDOW) -> dict:
+    """The RankGen paper's rep, token overlap and length in words, each the mean over examples (NaN for none)."""
+    if len(prefixes) != len(generations):
+        raise RankgenError(f"{len(prefixes)} prefixes but {len(generations)} generations")
+    _check_window(window)
+    if not generations:
+        return {"rep": float("nan"), "token_overlap": float("nan"), "length_words": float("nan")}
+    pairs = list(zip(prefixes, generations))
+    return {"rep": float(np.mean([rep_statistic(p, g, window) for p, g in pairs])),
+            "token_overlap": float(np.mean([token_overlap(g, p) for p, g in pairs])),
+            "length_words": float(np.mean([len(g.split()) for g in generations]))}
+
+
 def word_tokens(text: str) -> list[str]:
-    """Whitespace-separated words (the tokeniser of rep when no HF tokenizer is given)."""
+    """Whitespace-separated words (the tokeniser of rep_pooled when no HF tokenizer is given)."""
     return text.split()
 
 
@@ -82,13 +131,17 @@ def hf_tokens(tokenizer_dir: str) -> Callable[[str], list[int]]:
     return lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def last_token_features(lm, texts: Sequence[str], max_length: int = 1024, batch_size: int = 8,
+def last_token_features(lm, texts: Sequence[str], max_length: int = MAUVE_MAX_LENGTH, batch_size: int = 8,
                         progress: bool = False) -> np.ndarray:
-    """[N, D] float32: last-layer hidden state at each text's last token (MAUVE's featurisation)."""
+    """[N, D] float32: last-layer hidden state at each text's last token (MAUVE's featurisation).
+
+    Each text is tokenised as mauve-text does (with the tokenizer's own
+    special tokens, e.g. a BOS) and cut to its first max_length tokens.
+    """
     import torch  # heavy and optional (the LM extra): only for MAUVE
 
     limit = max_length if lm.max_positions is None else min(max_length, lm.max_positions)
-    seqs = [(lm.text_ids(t) or [lm.start_id])[:limit] for t in texts]
+    seqs = [lm.prefix_ids(t)[:limit] for t in texts]
     features = [None] * len(seqs)
     order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
     for start in tqdm(range(0, len(order), batch_size), desc="MAUVE features", unit="batch", disable=not progress,
@@ -114,16 +167,28 @@ def require_mauve():
     return mauve
 
 
-def mauve_score(references: Sequence[str], generations: Sequence[str], feature_lm, max_length: int = 1024,
-                batch_size: int = 8, seed: int = 25, progress: bool = False) -> float:
-    """MAUVE of generations against human references, with features from `feature_lm` (an lm.scoring.CausalLM)."""
+def mauve_score(references: Sequence[str], generations: Sequence[str], feature_lm,
+                max_length: int = MAUVE_MAX_LENGTH, batch_size: int = 8, seed: int = 25,
+                progress: bool = False) -> float:
+    """MAUVE of generations against human references, with features from `feature_lm` (an lm.scoring.CausalLM).
+
+    The texts are compared as given; the paper's MAUVE passes prefix + " " +
+    text on both sides (`paper_mauve_texts`). Generations are mauve-text's P
+    and references its Q, as in the paper's code.
+    """
     mauve = require_mauve()
     if not references or not generations:
         raise RankgenError("MAUVE needs at least one reference and one generation")
-    p_features = last_token_features(feature_lm, references, max_length, batch_size, progress)
-    q_features = last_token_features(feature_lm, generations, max_length, batch_size, progress)
+    p_features = last_token_features(feature_lm, generations, max_length, batch_size, progress)
+    q_features = last_token_features(feature_lm, references, max_length, batch_size, progress)
     result = mauve.compute_mauve(p_features=p_features, q_features=q_features, verbose=False, seed=seed)
     return float(result.mauve)
+
+
+def paper_mauve_texts(records: Sequence[dict], reference_field: str) -> tuple[list[str], list[str]]:
+    """(references, generations) as the paper's MAUVE reads them: prefix + " " + gold, prefix + " " + generation."""
+    return ([r["prefix"] + " " + r[reference_field] for r in records],
+            [r["prefix"] + " " + r["generation"] for r in records])
 
 
 def read_generations(path: str, reference_field: str | None = None) -> tuple[list[dict], int]:
@@ -141,13 +206,16 @@ def read_generations(path: str, reference_field: str | None = None) -> tuple[lis
 
 def generation_metrics(records: Sequence[dict], tokenize: Callable[[str], list] = word_tokens,
                        window: int = REP_WINDOW, with_prefix: bool = True) -> dict:
-    """rep, unigram overlap, mean new tokens and time split of `generate` output records."""
+    """The paper's rep, token overlap and length (`paper_metrics`), then the variants rep_pooled (with
+    `tokenize`; `with_prefix` looks back into the prefix) and unigram overlap, mean new tokens and time split
+    of `generate` output records."""
     prefixes = [r["prefix"] for r in records]
     generations = [r["generation"] for r in records]
     contexts = [tokenize(p) for p in prefixes] if with_prefix else None
     result = {
         "n": len(records),
-        "rep": repetition([tokenize(g) for g in generations], window, contexts),
+        **paper_metrics(prefixes, generations, window),
+        "rep_pooled": repetition([tokenize(g) for g in generations], window, contexts),
         "unigram_overlap": unigram_overlap(prefixes, generations),
     }
     for key in ("new_tokens", "seconds_generate", "seconds_rerank"):
@@ -162,17 +230,24 @@ def generation_metrics(records: Sequence[dict], tokenize: Callable[[str], list] 
 
 def run_generation_metrics(input_path: str, *, tokenizer: str | None = None, rep_window: int = REP_WINDOW,
                            with_prefix: bool = True, reference_field: str | None = None,
-                           mauve_model: str | None = None, mauve_max_length: int = 1024, device: str = "cpu",
+                           mauve_model: str | None = None, mauve_max_length: int = MAUVE_MAX_LENGTH,
+                           mauve_with_prefix: bool = True, device: str = "cpu",
                            output_path: str | None = None) -> dict:
     """What `rankgen-jax generation-metrics` does: the metrics of a `generate` output file, printed as JSON.
 
-    tokenizer: an HF tokenizer folder for rep (default: whitespace words).
+    tokenizer: an HF tokenizer folder for rep_pooled (default: whitespace
+    words); with_prefix: rep_pooled's window looks back into the prefix.
     MAUVE against each record's reference_field when mauve_model (an HF
-    causal LM folder, run on the torch device) is given.
+    causal LM folder, run on the torch device) is given: the paper's
+    (prefix + " " + text on both sides), or the texts alone when
+    mauve_with_prefix is False.
     """
+    _check_window(rep_window)
     if mauve_model:
         if not reference_field:
             raise RankgenError("--mauve_model needs --reference_field (the human continuations to compare with)")
+        if isinstance(mauve_max_length, bool) or not isinstance(mauve_max_length, int) or mauve_max_length < 1:
+            raise RankgenError(f"--mauve_max_length must be a positive integer, got {mauve_max_length!r}")
         require_mauve()  # fail before loading the feature model
     records, bad = read_generations(input_path, reference_field)
     if not records:
@@ -181,11 +256,15 @@ def run_generation_metrics(input_path: str, *, tokenizer: str | None = None, rep
     result = generation_metrics(records, tokenize, rep_window, with_prefix=with_prefix)
     if mauve_model:
         feature_lm = load_causal_lm(mauve_model, device)
-        result["mauve"] = mauve_score([r[reference_field] for r in records], [r["generation"] for r in records],
-                                      feature_lm, mauve_max_length, progress=True)
+        if mauve_with_prefix:
+            references, generations = paper_mauve_texts(records, reference_field)
+        else:
+            references, generations = [r[reference_field] for r in records], [r["generation"] for r in records]
+        result["mauve"] = mauve_score(references, generations, feature_lm, mauve_max_length, progress=True)
     result["bad_lines"] = bad
     if bad:
-        print(f"note: skipped {bad} line(s) of {input_path} without string prefix / generation fields", file=sys.stderr)
+        fields = "prefix / generation" + (f" / {reference_field}" if reference_field else "")
+        print(f"note: skipped {bad} line(s) of {input_path} without string {fields} fields", file=sys.stderr)
     if output_path:
         Path(output_path).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(result))

@@ -1,19 +1,24 @@
 """Score prefix / candidate lists from JSONL files: a dual encoder, or the RankGen paper's baselines.
 
-Methods: `model` (dual encoder dot product), `unigram` (unigram-overlap F1
-with the prefix), and for any HF causal LM (`--lm DIR`) `lm_loglik` (mean
+Methods: `model` (dual encoder dot product), `token_overlap` (the RankGen
+paper's baseline: precision of the candidate's words against the prefix's,
+stop words removed), `unigram` (this project's unigram-overlap F1 of word
+sets with the prefix), and for any HF causal LM (`--lm DIR`) `lm_loglik` (mean
 log-likelihood of the candidate given the prefix) and `pmi` (log p(c | x) -
 log p(c), per token by default); see lm/scoring.py for the exact definitions.
 
 Input lines are `{"prefix": str, "candidates": [str, ...], "label": int}`,
 `label` (optional) being the index of the gold candidate. Metrics are
-accuracy@1 and MRR over the labelled lines.
+accuracy@1 and MRR over the labelled lines, and the RankGen paper's pairwise
+suffix identification: for each line the share of the negatives the gold
+scores strictly above, averaged over lines.
 
 Ties are resolved by the expected value under a uniformly random order of the
 tied candidates: a gold candidate tied with t others (and beaten by g) has
 rank g+1 ... g+t+1 with equal probability. So a scorer that gives every
 candidate the same score gets exactly chance level (1/C accuracy for C
-candidates), neither 0 nor 100%.
+candidates), neither 0 nor 100%. The pairwise average follows the paper's
+code instead: a negative tied with the gold counts as a loss.
 """
 
 from __future__ import annotations
@@ -30,14 +35,16 @@ from tqdm import tqdm
 from rankgen_jax.data.jsonl import SkippedLines, iter_jsonl
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.lm.scoring import LM_METHODS, CausalLM, load_causal_lm, score_lists
-from rankgen_jax.retrieval.sparse import unigram_overlap_scores
+from rankgen_jax.retrieval.sparse import token_overlap_scores, unigram_overlap_scores
 
 if TYPE_CHECKING:
     # For annotations only: inference.encoder imports jax, and the CLI imports this module before it
     # sets XLA's flags.
     from rankgen_jax.inference.encoder import LoadedModel
 
-METHODS = ("model", "unigram") + LM_METHODS
+METHODS = ("model", "unigram", "token_overlap") + LM_METHODS
+# The word-overlap baselines: prefix and candidates -> scores [C], no model.
+LEXICAL_SCORERS = {"unigram": unigram_overlap_scores, "token_overlap": token_overlap_scores}
 # Lines scored together: enough for length bucketing to pay off, small enough to bound memory.
 CHUNK_LINES = 2048
 # LM scoring is slow per line: smaller chunks keep the progress bar moving.
@@ -89,6 +96,31 @@ def mrr(scores_per_query: Sequence[Sequence[float]], gold_index: Sequence[int]) 
     if not gold_index:
         return float("nan")
     return float(np.mean([reciprocal_rank(s, g) for s, g in zip(scores_per_query, gold_index)]))
+
+
+def gold_beats(scores: Sequence[float], label: int) -> float | None:
+    """The share of the other candidates the gold scores strictly above (None without another candidate).
+
+    The RankGen paper's pairwise suffix identification of one query: the
+    mean over negatives of the gold-vs-that-negative accuracy, ties counting
+    as losses as in its code. NaN scores count as the lowest possible score.
+    """
+    scores_C = np.nan_to_num(np.asarray(scores, np.float64), nan=-np.inf)
+    if not 0 <= label < len(scores_C):
+        raise ValueError(f"label {label} out of range for {len(scores_C)} candidates")
+    if len(scores_C) < 2:
+        return None
+    negatives = np.delete(scores_C, label)
+    return float(np.mean(scores_C[label] > negatives))
+
+
+def pairwise_accuracy(scores_per_query: Sequence[Sequence[float]], gold_index: Sequence[int]) -> float:
+    """The RankGen paper's pairwise suffix identification: `gold_beats` averaged over the queries that have a
+    negative (NaN when none has)."""
+    _check_lengths(scores_per_query, gold_index)
+    shares = [gold_beats(s, g) for s, g in zip(scores_per_query, gold_index)]
+    shares = [share for share in shares if share is not None]
+    return float(np.mean(shares)) if shares else float("nan")
 
 
 def _check_lengths(scores_per_query, gold_index) -> None:
@@ -147,13 +179,16 @@ def score_file(
     The LM methods need `lm` (lm.scoring.load_causal_lm); lm_reduce is
     "mean" (per token, the default) or "sum".
     Returns {"n": labelled lines, "accuracy", "mrr" (None when n is 0),
-    "scored": lines scored, "skipped": malformed lines, "skipped_lines": their
-    1-based line numbers}.
+    "pairwise_accuracy" (the paper's pairwise average over the labelled lines
+    with at least two candidates; None when there is none), "scored": lines
+    scored, "skipped": malformed lines, "skipped_lines": their 1-based line
+    numbers}.
     """
     if method not in METHODS:
         raise RankgenError(f"unknown scoring method {method!r}: expected one of {METHODS}")
     if method == "model" and model is None:
-        raise RankgenError("scoring method 'model' needs a model (--model DIR), or use --method unigram")
+        raise RankgenError("scoring method 'model' needs a model (--model DIR), "
+                           "or use --method token_overlap or unigram")
     if method in LM_METHODS and lm is None:
         raise RankgenError(f"scoring method {method!r} needs a causal LM (--lm DIR)")
     source = Path(input_path)
@@ -175,7 +210,8 @@ def score_file(
             elif method in LM_METHODS:
                 chunk_scores = score_lists(lm, prefixes, candidates, method, lm_reduce, lm_batch_size)
             else:
-                chunk_scores = [unigram_overlap_scores(p, c) for p, c in zip(prefixes, candidates)]
+                scorer = LEXICAL_SCORERS[method]
+                chunk_scores = [scorer(p, c) for p, c in zip(prefixes, candidates)]
             for record, scores_C in zip(chunk, chunk_scores):
                 scored += 1
                 if record.get("label") is not None:
@@ -190,10 +226,12 @@ def score_file(
         if out is not None:
             out.close()
     n = len(labels)
+    pairwise = pairwise_accuracy(all_scores, labels) if n else float("nan")
     return {
         "n": n,
         "accuracy": accuracy(all_scores, labels) if n else None,
         "mrr": mrr(all_scores, labels) if n else None,
+        "pairwise_accuracy": None if np.isnan(pairwise) else pairwise,
         "scored": scored,
         "skipped": skipped.count,
         "skipped_lines": skipped.numbers(),
@@ -235,7 +273,8 @@ def run_score(input_path: str, output_path: str | None = None, *, method: str = 
     elif lm_path:
         print(f"note: --lm is not used with --method {method}", file=sys.stderr)
     result = score_file(model, input_path, output_path, method=method, batch_size=batch_size, lm=lm,
-                        lm_reduce=lm_reduce, lm_batch_size=lm_batch_size, progress=progress and method != "unigram")
+                        lm_reduce=lm_reduce, lm_batch_size=lm_batch_size,
+                        progress=progress and method not in LEXICAL_SCORERS)
     if result["skipped"]:
         first = ", ".join(str(n) for n in result["skipped_lines"][:5])
         print(f"note: skipped {result['skipped']} malformed line(s) of {input_path} (line {first}"
@@ -250,7 +289,8 @@ def run_score(input_path: str, output_path: str | None = None, *, method: str = 
     where = f" to {output_path}" if output_path else ""
     print(f"scored {result['scored']} line(s){where}")
     if result["n"]:
-        print(json.dumps({"n": result["n"], "accuracy": result["accuracy"], "mrr": result["mrr"]}))
+        print(json.dumps({"n": result["n"], "accuracy": result["accuracy"], "mrr": result["mrr"],
+                          "pairwise_accuracy": result["pairwise_accuracy"]}))
     else:
         print("no labelled lines: no metrics", file=sys.stderr)
     return result

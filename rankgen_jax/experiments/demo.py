@@ -1,5 +1,5 @@
 """The main job: fine-tune an encoder with RankGen's objective, compare it with its zero-shot self
-and the unigram baseline on held-out books, plot, and export (what `rankgen-jax train` runs by default)."""
+and the word-overlap baselines on held-out books, plot, and export (what `rankgen-jax train` runs by default)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,17 @@ from rankgen_jax.data.documents import require_documents
 from rankgen_jax.data.example_source import build_examples
 from rankgen_jax.data.examples import ExampleConfig
 from rankgen_jax.data.sources import DataConfig
-from rankgen_jax.eval.ranking import accuracy, mrr
+from rankgen_jax.eval.ranking import accuracy, mrr, pairwise_accuracy
 from rankgen_jax.experiments.stages import read_results, starting_checkpoint, write_results
 from rankgen_jax.inference.encoder import load_model
-from rankgen_jax.retrieval.sparse import unigram_overlap_scores
+from rankgen_jax.retrieval.sparse import token_overlap_scores, unigram_overlap_scores
 from rankgen_jax.train.config import TrainerConfig
 from rankgen_jax.train.loop import train
 from rankgen_jax.train.metric_writers import read_metrics
+
+
+# Word-overlap baselines of suffix identification: this project's F1 and the RankGen paper's precision.
+BASELINES = ("unigram", "token_overlap")
 
 
 @gin.configurable
@@ -58,11 +62,14 @@ def held_out_suffix_sets(data: DataConfig, num_examples: int, num_negatives: int
 
 
 def suffix_identification(score_lists: list[np.ndarray]) -> dict:
-    """Accuracy vs 1 negative (gold = candidate 0, first negative = candidate 1) and accuracy / MRR vs all."""
+    """Accuracy vs 1 negative (gold = candidate 0, first negative = candidate 1), accuracy / MRR vs all, and the
+    RankGen paper's pairwise average (gold vs each negative alone, averaged over the negatives; ties lose)."""
     gold = [0] * len(score_lists)
     two_way = [s[:2] for s in score_lists]
+    way = len(score_lists[0])
     return {"n": len(score_lists), "accuracy_2way": accuracy(two_way, gold),
-            f"accuracy_{len(score_lists[0])}way": accuracy(score_lists, gold), f"mrr_{len(score_lists[0])}way": mrr(score_lists, gold)}
+            f"accuracy_{way}way": accuracy(score_lists, gold), f"mrr_{way}way": mrr(score_lists, gold),
+            "accuracy_pairwise": pairwise_accuracy(score_lists, gold)}
 
 
 def evaluate_model(path: str, items: list[dict], data: DataConfig) -> dict:
@@ -74,7 +81,13 @@ def evaluate_model(path: str, items: list[dict], data: DataConfig) -> dict:
 
 
 def evaluate_unigram(items: list[dict]) -> dict:
+    """This project's unigram-overlap F1 baseline (retrieval.sparse.unigram_overlap_scores)."""
     return suffix_identification([unigram_overlap_scores(it["prefix"], it["candidates"]) for it in items])
+
+
+def evaluate_token_overlap(items: list[dict]) -> dict:
+    """The RankGen paper's token-overlap baseline (retrieval.sparse.token_overlap_scores)."""
+    return suffix_identification([token_overlap_scores(it["prefix"], it["candidates"]) for it in items])
 
 
 def plot_run(workdir: Path, results: dict) -> Path:
@@ -104,11 +117,12 @@ def plot_run(workdir: Path, results: dict) -> Path:
         axes[1].axhline(values[0], ls="--", color="gray", label="step 0 (zero-shot)")
         axes[1].legend()
     axes[1].set(title="held-out in-batch top-1 accuracy", xlabel="step", ylim=(0, 1))
-    names = [n for n in ("unigram", "zero_shot", "fine_tuned") if n in results]
+    names = [n for n in BASELINES + ("zero_shot", "fine_tuned") if n in results]
     keys = [k for k in results.get("fine_tuned", results.get("zero_shot", {})) if k.startswith(("accuracy", "mrr"))]
     width = 0.8 / max(1, len(names))
     for i, name in enumerate(names):
-        axes[2].bar(np.arange(len(keys)) + i * width, [results[name][k] for k in keys], width, label=name)
+        # .get: results.json of an older run may lack a newer metric.
+        axes[2].bar(np.arange(len(keys)) + i * width, [results[name].get(k, np.nan) for k in keys], width, label=name)
     axes[2].set_xticks(np.arange(len(keys)) + width * (len(names) - 1) / 2, keys)
     axes[2].set(title="held-out suffix identification", ylim=(0, 1))
     axes[2].legend()
@@ -136,6 +150,7 @@ def run_job(workdir: str) -> dict:
         items = held_out_suffix_sets(data, job.suffix_eval_examples, job.suffix_eval_negatives)
         print(f"[job] {len(items)} held-out suffix identification items", flush=True)
         results.setdefault("unigram", evaluate_unigram(items))
+        results.setdefault("token_overlap", evaluate_token_overlap(items))
         if trainer.init_checkpoint and "zero_shot" not in results:
             print("[job] evaluating the starting model (zero-shot)", flush=True)
             results["zero_shot"] = evaluate_model(trainer.init_checkpoint, items, data)
@@ -159,10 +174,10 @@ def run_job(workdir: str) -> dict:
 
 def _print_summary(results: dict, root: Path) -> None:
     lines = ["", "held-out suffix identification (gold continuation vs InBook negatives):"]
-    for name in ("unigram", "zero_shot", "fine_tuned"):
+    for name in BASELINES + ("zero_shot", "fine_tuned"):
         if name in results:
             shown = ", ".join(f"{k} {v:.3f}" for k, v in results[name].items() if k != "n")
-            lines.append(f"  {name:<11} {shown}  (n={results[name]['n']})")
+            lines.append(f"  {name:<13} {shown}  (n={results[name]['n']})")
     lines.append(f"outputs: {root}/ (train/ = checkpoints, metrics.jsonl, tensorboard/; results.json; "
                  f"{results.get('plot', 'no plot')}; HF export {results.get('export', 'skipped')})")
     print("\n".join(lines), file=sys.stdout, flush=True)

@@ -35,6 +35,10 @@ JSON_FIELDS = {"prefix": ("prefix", "text"), "suffix": ("suffix", "text"), "raw"
 PROGRESS_MIN_TEXTS = 1000
 # Line numbers of skipped lines quoted in the CLI's summary line.
 SHOWN_SKIPPED = 5
+# The released RankGenEncoder's max_batch_size: its input_ids rows are padded per batch of this many texts.
+RELEASED_BATCH_SIZE = 32
+# What the released-RankGen form of encode() returns its embeddings as: NumPy, or torch tensors.
+RETURN_TENSORS = ("np", "pt")
 
 
 def _positive(value: Any, what: str) -> int:
@@ -124,16 +128,74 @@ class RankGenEncoder:
             raise RankgenError(f"unknown encode kind {kind!r}: expected one of {list(KINDS)}")
         return self.max_lengths[kind] if max_length is None else _positive(max_length, "max_length")
 
-    def encode(self, texts: Sequence[str], kind: str, max_length: int | None = None,
-               progress: bool = False) -> np.ndarray:
+    def encode(self, texts: str | Sequence[str], kind: str | None = None, max_length: int | None = None,
+               progress: bool = False, *, vectors_type: str | None = None, verbose: bool | None = None,
+               return_input_ids: bool | None = None, return_tensors: str | None = None) -> np.ndarray | dict:
         """Vectors [N, D] float32 ([N, P, D] with P perspective heads) of texts in input order; kind is "prefix",
-        "suffix" or "raw" (no marker)."""
+        "suffix" or "raw" (no marker).
+
+        The released `rankgen` package's form, encode(inputs,
+        vectors_type="prefix", verbose=False, return_input_ids=False), returns
+        its dict instead (see released_encode). It is chosen when kind is not
+        given (e.g. `vectors_type=` is), or by any of its keywords or
+        return_tensors; `encode(texts, "prefix")` keeps this form.
+        """
+        released_form = (kind is None or vectors_type is not None or verbose is not None
+                         or return_input_ids is not None or return_tensors is not None)
+        if released_form:
+            if kind is not None and vectors_type is not None:
+                raise RankgenError("encode: give kind (an array back) or vectors_type (the released dict), not both")
+            if max_length is not None or progress:
+                raise RankgenError("encode: max_length and progress belong to encode(texts, kind); the released "
+                                   "form takes vectors_type, verbose, return_input_ids and return_tensors")
+            return self.released_encode(texts, vectors_type or kind or "prefix", bool(verbose),
+                                        bool(return_input_ids), return_tensors or "np")
+        if isinstance(texts, str):
+            raise RankgenError("encode: expected a list of texts, not a single string "
+                               "(the released form, encode(text, vectors_type=...), takes one)")
         texts = self._check_texts(texts, "encode")
         limit = self._limit(kind, max_length)
         if not progress:
             return self.model.encode(texts, kind, limit, self.batch_size, **self._options())
         with tqdm(total=len(texts), unit="text", desc=f"encode {kind}", file=sys.stderr, dynamic_ncols=True) as bar:
             return self.model.encode(texts, kind, limit, self.batch_size, on_batch=bar.update, **self._options())
+
+    def released_encode(self, inputs: str | Sequence[str], vectors_type: str = "prefix", verbose: bool = False,
+                        return_input_ids: bool = False, return_tensors: str = "np") -> dict[str, Any]:
+        """The released RankGenEncoder.encode: {"embeddings": [N, D], "input_ids": list of N id lists}.
+
+        inputs: one string or a list; vectors_type "prefix" or "suffix".
+        Embeddings are float32 NumPy, or a torch tensor (on the CPU) with
+        return_tensors="pt". input_ids is [] unless return_input_ids; then
+        row i holds the ids the model read for input i, padded with the pad id
+        to the longest row of its batch of RELEASED_BATCH_SIZE inputs (or
+        batch_size, when the encoder was given one), as the released code
+        returns them. verbose shows a progress bar.
+        """
+        if vectors_type not in ("prefix", "suffix"):
+            raise RankgenError(f"vectors_type must be 'prefix' or 'suffix', got {vectors_type!r}")
+        if return_tensors not in RETURN_TENSORS:
+            raise RankgenError(f"return_tensors must be one of {RETURN_TENSORS}, got {return_tensors!r}")
+        texts = self._check_texts([inputs] if isinstance(inputs, str) else inputs, "encode inputs")
+        embeddings = self.encode(texts, vectors_type, progress=verbose)
+        input_ids = self._padded_input_ids(texts, vectors_type) if return_input_ids else []
+        if return_tensors == "pt":
+            import torch  # optional (the torch extra): only when torch tensors are asked for
+
+            embeddings = torch.from_numpy(embeddings)
+        return {"embeddings": embeddings, "input_ids": input_ids}
+
+    def _padded_input_ids(self, texts: list[str], kind: str) -> list[list[int]]:
+        """input_ids of texts, each batch of the released size padded to its longest row."""
+        ids = self.input_ids(texts, kind)
+        size = self.batch_size or RELEASED_BATCH_SIZE
+        pad_id = self.model.text.pad_id
+        padded = []
+        for start in range(0, len(ids), size):
+            batch = ids[start : start + size]
+            length = max(len(row) for row in batch)
+            padded.extend(row + [pad_id] * (length - len(row)) for row in batch)
+        return padded
 
     def score(self, prefixes: Sequence[str], candidates: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """For each prefix, the raw dot products [C_i] of its vector with its candidates' vectors."""

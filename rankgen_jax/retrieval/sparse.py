@@ -1,5 +1,6 @@
 """Lexical scoring without a dense model: tf-idf cosine and keyword ("concept") overlap candidate pools, and the
-unigram-overlap baseline of suffix identification and generation re-ranking.
+word-overlap baselines of suffix identification and generation re-ranking: the RankGen paper's token overlap
+(`token_overlap_scores`) and this project's unigram-overlap F1 (`unigram_overlap_scores`).
 
 Both searches return fixed-shape arrays (scores [Q, k], ids [Q, k]) with
 k clipped to the corpus size, rows sorted by score (highest first) and ties
@@ -13,6 +14,8 @@ padded with id -1 and score -inf.
 from __future__ import annotations
 
 import re
+import string
+from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 
 import numpy as np
@@ -36,6 +39,25 @@ under until up very was we were what when where which while who whom why will wi
 yours yourself yourselves s t d ll m re ve
 """.split())
 
+# NLTK's English stop word list (nltk_data corpora/stopwords "english", the 179 words of 2022), which the
+# RankGen paper's token overlap removes. Only its 153 entries without an apostrophe can match a word of
+# `normalized_words`, which has no punctuation left (docs/design.md, 'RankGen generation metrics').
+NLTK_ENGLISH_STOPWORDS = frozenset("""
+i me my myself we our ours ourselves you you're you've you'll you'd your yours yourself yourselves
+he him his himself she she's her hers herself it it's its itself they them their theirs themselves
+what which who whom this that that'll these those am is are was were be been being have has had
+having do does did doing a an the and but if or because as until while of at by for with about
+against between into through during before after above below to from up down in out on off over
+under again further then once here there when where why how all any both each few more most other
+some such no nor not only own same so than too very s t can will just don don't should should've
+now d ll m o re ve y ain aren aren't couldn couldn't didn didn't doesn doesn't hadn hadn't hasn
+hasn't haven haven't isn isn't ma mightn mightn't mustn mustn't needn needn't shan shan't shouldn
+shouldn't wasn wasn't weren weren't won won't wouldn wouldn't
+""".split())
+# The paper's normalisation deletes ASCII punctuation (no space put in its place) and the articles.
+ASCII_PUNCTUATION = str.maketrans("", "", string.punctuation)
+ARTICLE_RE = re.compile(r"\b(a|an|the)\b")
+
 
 def tokenize(text: str) -> list[str]:
     """Lowercased words of a text (letters and digits; punctuation and "_" split words)."""
@@ -48,12 +70,15 @@ def unigrams(text: str) -> set[str]:
 
 
 def unigram_overlap_scores(prefix: str, candidates: Sequence[str]) -> np.ndarray:
-    """The RankGen paper's unigram-overlap baseline: F1 of the word sets of the prefix and each candidate.
+    """This project's unigram-overlap baseline: F1 of the word sets of the prefix and each candidate.
 
-    With P and C the unigram sets, precision = |P & C| / |C|, recall =
-    |P & C| / |P|, score = 2 p r / (p + r) (0 when either set is empty or they
-    share nothing). F1 rather than precision alone, so that a short candidate
-    made only of common words does not score a perfect 1.
+    Not the RankGen paper's baseline (that is `token_overlap_scores`): words
+    are `tokenize`'s (letters and digits, so "don't" -> "don", "t"), stop
+    words and articles are kept, and repeats count once. With P and C the
+    unigram sets, precision = |P & C| / |C|, recall = |P & C| / |P|, score =
+    2 p r / (p + r) (0 when either set is empty or they share nothing). F1
+    rather than precision alone, so that a short candidate made only of
+    common words does not score a perfect 1.
     """
     prefix_words = unigrams(prefix)
     scores_C = np.zeros(len(candidates), np.float32)
@@ -64,6 +89,35 @@ def unigram_overlap_scores(prefix: str, candidates: Sequence[str]) -> np.ndarray
             precision, recall = common / len(words), common / len(prefix_words)
             scores_C[i] = 2 * precision * recall / (precision + recall)
     return scores_C
+
+
+def normalized_words(text: str) -> list[str]:
+    """The RankGen paper's words of a text: lower case, ASCII punctuation deleted, "a" / "an" / "the" removed,
+    split on whitespace (so "Don't stop, the END." -> ["dont", "stop", "end"])."""
+    return ARTICLE_RE.sub(" ", text.lower().translate(ASCII_PUNCTUATION)).split()
+
+
+def token_overlap(text: str, prefix: str, stopwords: Collection[str] = NLTK_ENGLISH_STOPWORDS) -> float:
+    """The RankGen paper's token overlap of a text with its prefix: the precision of the text's words.
+
+    Both sides are `normalized_words` without stop words; the score is the
+    number of the text's words matched by a word of the prefix, each prefix
+    word matching at most as often as it occurs there, over the number of the
+    text's words. 1.0 when both sides have no word left, 0.0 when only one of
+    them has.
+    """
+    stop = stopwords if isinstance(stopwords, (set, frozenset)) else frozenset(stopwords)
+    words = [w for w in normalized_words(text) if w not in stop]
+    prefix_words = [w for w in normalized_words(prefix) if w not in stop]
+    if not words and not prefix_words:
+        return 1.0
+    matched = sum((Counter(words) & Counter(prefix_words)).values())
+    return matched / len(words) if matched else 0.0
+
+
+def token_overlap_scores(prefix: str, candidates: Sequence[str]) -> np.ndarray:
+    """The RankGen paper's token-overlap baseline: `token_overlap` of each candidate with the prefix, [C] float64."""
+    return np.array([token_overlap(candidate, prefix) for candidate in candidates], np.float64)
 
 
 def _check_texts(texts: Sequence[str], what: str) -> list[str]:

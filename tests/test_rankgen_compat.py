@@ -1,0 +1,97 @@
+"""The released `rankgen` package's face of RankGenEncoder: encode(inputs, vectors_type=..., return_input_ids=...)
+returning {"embeddings", "input_ids"} as the released class computes them (checked against transformers running the
+released-format folder), and the README's released usage running as written."""
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_encoder_api import ONE_DEVICE, TEXTS, folders  # noqa: F401 (folders is a fixture)
+
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.inference.api import RELEASED_BATCH_SIZE, RankGenEncoder
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+@pytest.fixture(scope="module")
+def released_class(folders):  # noqa: F811 (the fixture above)
+    """What the released RankGenEncoder.encode does, with transformers on the released-format folder: marker,
+    batches of max_batch_size padded to their longest text, every tensor sliced to 512 / 128 columns."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folders["released"])
+    model = transformers.AutoModel.from_pretrained(folders["released"], trust_remote_code=True).eval()
+
+    def encode(inputs, vectors_type, max_batch_size):
+        marker, limit = ("pre ", 512) if vectors_type == "prefix" else ("suffi ", 128)
+        texts = [marker + text for text in ([inputs] if isinstance(inputs, str) else inputs)]
+        embeddings, input_ids = [], []
+        for start in range(0, len(texts), max_batch_size):
+            batch = tokenizer(texts[start : start + max_batch_size], return_tensors="pt", padding=True)
+            batch = {name: tensor[:, :limit] for name, tensor in batch.items()}
+            with torch.inference_mode():
+                embeddings.append(model(**batch))
+            input_ids.extend(batch["input_ids"].tolist())
+        return torch.cat(embeddings).numpy(), input_ids
+
+    return encode
+
+
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_released_form_matches_the_released_computation(folders, released_class, batch_size):  # noqa: F811
+    encoder = RankGenEncoder(folders["released"], devices=ONE_DEVICE, batch_size=batch_size)
+    for vectors_type in ("prefix", "suffix"):
+        out = encoder.encode(TEXTS, vectors_type=vectors_type, return_input_ids=True)
+        want, want_ids = released_class(TEXTS, vectors_type, batch_size or RELEASED_BATCH_SIZE)
+        assert set(out) == {"embeddings", "input_ids"}
+        # Rows padded to the longest of their batch, the long text cut at the limit without its EOS.
+        assert out["input_ids"] == want_ids
+        assert isinstance(out["embeddings"], np.ndarray) and out["embeddings"].dtype == np.float32
+        np.testing.assert_allclose(out["embeddings"], want, atol=2e-5, rtol=1e-5, err_msg=vectors_type)
+        # Today's form gives the same vectors as a plain array.
+        np.testing.assert_allclose(encoder.encode(TEXTS, vectors_type), out["embeddings"], atol=1e-6)
+    lengths = {len(row) for row in encoder.encode(TEXTS, vectors_type="suffix", return_input_ids=True)["input_ids"]}
+    assert lengths == ({128} if batch_size is None else {128, max(len(r) for r in want_ids[4:])})
+
+
+def test_released_form_strings_torch_and_bad_input(folders, released_class, capsys):  # noqa: F811
+    torch = pytest.importorskip("torch")
+    encoder = RankGenEncoder(folders["released"], devices=ONE_DEVICE)
+    one = encoder.encode(TEXTS[0])  # a string, vectors_type "prefix" by default
+    want, want_ids = released_class(TEXTS[0], "prefix", RELEASED_BATCH_SIZE)
+    assert one["embeddings"].shape == (1, 32) and one["input_ids"] == []
+    np.testing.assert_allclose(one["embeddings"], want, atol=2e-5, rtol=1e-5)
+    as_torch = encoder.encode([TEXTS[0]], vectors_type="prefix", verbose=True, return_input_ids=True,
+                              return_tensors="pt")
+    assert isinstance(as_torch["embeddings"], torch.Tensor) and as_torch["embeddings"].dtype == torch.float32
+    np.testing.assert_allclose(as_torch["embeddings"].numpy(), want, atol=2e-5, rtol=1e-5)
+    assert as_torch["input_ids"] == want_ids
+    assert "encode prefix" in capsys.readouterr().err  # verbose: a progress bar
+    with pytest.raises(RankgenError, match="vectors_type must be 'prefix' or 'suffix'"):
+        encoder.encode(TEXTS, vectors_type="query")
+    with pytest.raises(RankgenError, match="return_tensors must be one of"):
+        encoder.encode(TEXTS, vectors_type="prefix", return_tensors="tf")
+    with pytest.raises(RankgenError, match="not both"):
+        encoder.encode(TEXTS, "prefix", vectors_type="suffix")
+    with pytest.raises(RankgenError, match="max_length and progress belong to encode"):
+        encoder.encode(TEXTS, vectors_type="prefix", max_length=32)
+    with pytest.raises(RankgenError, match=r"encode inputs\[1\]: expected a string"):
+        encoder.encode(["a", 3], vectors_type="prefix")
+    with pytest.raises(RankgenError, match="the released form"):
+        encoder.encode(TEXTS[0], "prefix")
+
+
+def test_readme_released_usage_runs_as_written(folders):  # noqa: F811
+    section = README.read_text(encoding="utf-8").split("#### The released `rankgen` API", 1)[1]
+    block = re.search(r"\n\n((?:    .*\n|\n)+?)\n(?! )", section).group(1)
+    code = "\n".join(line[4:] for line in block.splitlines())
+    assert 'RankGenEncoder("path/to/rankgen-t5-xl-all")' in code and "from rankgen_jax import" in code
+    scope = {}
+    exec(code.replace("path/to/rankgen-t5-xl-all", folders["released"]), scope)
+    assert scope["prefix_vectors"]["embeddings"].shape == (1, 32) and scope["scores"].shape == (1, 1)
+    encoder = RankGenEncoder(folders["released"], devices=ONE_DEVICE)
+    want = encoder.encode(["This is a prefix sentence."], "prefix") @ encoder.encode(
+        ["This is a suffix sentence."], "suffix").T
+    np.testing.assert_allclose(scope["scores"], want, rtol=1e-5, atol=1e-6)
