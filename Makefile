@@ -12,12 +12,12 @@ AOT_STAMP := $(AOT_VENV)/.installed
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: venv aot-venv demo smoke test test-all test-aot bench clean
+.PHONY: venv aot-venv demo smoke test test-all test-aot wheel-check bench clean
 
-# Creates or updates .venv only when requirements.txt or setup.py changed.
+# Creates or updates .venv only when requirements.txt or pyproject.toml changed.
 venv: $(STAMP)
 
-$(STAMP): requirements.txt requirements-nodeps.txt setup.py
+$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check -q -r requirements.txt
 	$(PY) -m pip install --disable-pip-version-check -q --no-deps -r requirements-nodeps.txt
@@ -54,8 +54,13 @@ test-aot:
 		$(MAKE) -s --no-print-directory aot-venv && $(AOT_VENV)/bin/python -m pytest -q $(AOT_MARKS) tests/test_aot.py; \
 	else echo "skipping the TPU compile tests: libtpu installs only on Linux x86_64"; fi
 
+# The pip package as a user gets it: the wheel, installed with its dependencies into a clean venv
+# (.wheel-check/), then `rankgen-jax --help`, a tiny train and export there (tests/wheel_check.sh; CI runs it).
+wheel-check: venv
+	bash tests/wheel_check.sh
+
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache .wheel-check
 
 bench: venv
 	$(PY) -m benchmarks.bench --out runs/bench/bench.json

@@ -15,11 +15,11 @@ import jax
 import numpy as np
 
 from rankgen_jax.checkpoints import native
-from rankgen_jax.data.vocab import REPO_ROOT, corpus_lines, train_vocab
+from rankgen_jax.data.vocab import BUNDLED_CORPUS, corpus_lines, train_vocab
 from rankgen_jax.models.configs import RANKGEN_HEAD, ModelConfig, T5Config
 from rankgen_jax.models.factory import abstract_variables
 
-BOTCHAN = REPO_ROOT / "data" / "corpus" / "botchan" / "botchan.txt"
+BOTCHAN = BUNDLED_CORPUS / "botchan" / "botchan.txt"
 GPT2_EOS = "<|endoftext|>"
 
 

@@ -36,9 +36,8 @@ import gin
 from rankgen_jax.data.examples import ExampleConfig
 from rankgen_jax.data.seqio.tasks import register_mixture, register_rankgen_task
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.data.vocab import BUNDLED_CORPUS, REPO_ROOT
+from rankgen_jax.resources import BUNDLED_CORPUS, DEMO_VOCAB
 
-DEMO_VOCAB = REPO_ROOT / "data" / "vocab" / "demo_spiece_8k.model"
 DOMAINS = ("pg19", "wiki", "folder")
 NEGATIVE_KINDS = ("inbook", "generative", "both")
 _DOMAIN_NAMES = {"pg19": "PG19", "wiki": "Wikipedia", "folder": "folder"}

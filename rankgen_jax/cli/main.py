@@ -35,6 +35,16 @@ SUBCOMMANDS = (
     training.add_compile,
 )
 
+# Packages that only an extra of the pip package installs (pyproject.toml), by the module a command imports.
+EXTRA_OF_MODULE = {
+    "torch": "torch",
+    "transformers": "torch",
+    "faiss": "retrieval",
+    "seqio": "data",
+    "tensorflow": "data",
+    "mauve": "metrics",
+}
+
 
 def _split_gin_bindings(argv: list[str]) -> tuple[list[str], list[str]]:
     """Pull `--gin.Name.param=value` arguments out of argv (argparse cannot declare them)."""
@@ -82,6 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     except RankgenError as e:
         # gin appends "In call to configurable ..." lines to errors raised inside configurables.
         print(f"error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:
+        extra = EXTRA_OF_MODULE.get((e.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        print(f"error: this command needs {e.name}, which the '{extra}' extra installs: "
+              f"pip install 'rankgen-jax[{extra}]'", file=sys.stderr)
         return 2
     return 0
 

@@ -29,11 +29,10 @@ from rankgen_jax.data.example_source import ExampleTriples, build_examples
 from rankgen_jax.data.examples import ExampleConfig
 from rankgen_jax.data.jsonl import read_jsonl
 from rankgen_jax.data.text import load_text_encoder, pad_batch
-from rankgen_jax.data.vocab import BUNDLED_CORPUS, EOS_ID, REPO_ROOT
+from rankgen_jax.data.vocab import BUNDLED_CORPUS, EOS_ID
 from rankgen_jax.errors import RankgenError, check_field_types
 from rankgen_jax.models.batch_layout import TRIPLES, BatchLayout
-
-DEMO_VOCAB = REPO_ROOT / "data" / "vocab" / "demo_spiece_8k.model"
+from rankgen_jax.resources import DEMO_VOCAB
 # What the triple sources build, whatever the model: a dual encoder's triples.
 TRIPLE_LAYOUT = BatchLayout("dual_encoder", TRIPLES)
 

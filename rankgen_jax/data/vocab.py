@@ -16,10 +16,9 @@ import numpy as np
 import sentencepiece as spm
 
 from rankgen_jax.errors import RankgenError
+from rankgen_jax.resources import BUNDLED_CORPUS, REPO_ROOT  # noqa: F401 - also imported from here
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
-REPO_ROOT = Path(__file__).resolve().parents[2]
-BUNDLED_CORPUS = REPO_ROOT / "data" / "corpus"
 
 
 def train_vocab(texts: Iterable[str], out_path: str | os.PathLike, vocab_size: int = 1000) -> str:

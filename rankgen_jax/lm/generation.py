@@ -104,7 +104,7 @@ def pick_tokens(logits_RxV, uniform_R, decoding: Decoding):
     Each row is computed on its own (no reduction across rows), so a row's
     token does not depend on the other rows of the batch.
     """
-    import torch  # heavy and optional (the LM extra): only where an LM runs
+    import torch  # heavy and optional (the torch extra): only where an LM runs
 
     if decoding.kind == "greedy":
         return logits_RxV.argmax(dim=-1)
@@ -161,7 +161,7 @@ def sample_rows(lm: CausalLM, rows: Sequence[SampleRow], decoding: Decoding, max
     Rows are sorted by context length (little padding) and sampled at most
     `max_batch_rows` at a time; neither choice changes a row's tokens.
     """
-    import torch  # heavy and optional (the LM extra): only where an LM runs
+    import torch  # heavy and optional (the torch extra): only where an LM runs
 
     if max_batch_rows < 1:
         raise RankgenError(f"--max_batch_rows must be at least 1, got {max_batch_rows}")
@@ -183,7 +183,7 @@ def sample_rows(lm: CausalLM, rows: Sequence[SampleRow], decoding: Decoding, max
 
 def _decode_chunk(lm: CausalLM, rows: Sequence[SampleRow], decoding: Decoding) -> list[list[int]]:
     """Sample the rows together with a KV cache; each row stops at EOS or after its own step count."""
-    import torch  # heavy and optional (the LM extra): only where an LM runs
+    import torch  # heavy and optional (the torch extra): only where an LM runs
 
     steps = max(row.steps for row in rows)
     uniform_RxS = torch.zeros((len(rows), steps), dtype=torch.float64)

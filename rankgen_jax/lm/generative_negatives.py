@@ -223,7 +223,7 @@ def _count_lines(path: Path) -> int:
 def _sample(model, tokenizer, prompts: list[str], *, max_prompt_tokens: int, top_p: float,
             max_new_tokens: int, device: str) -> tuple[list[str], int]:
     """One nucleus sample per prompt; returns the decoded continuations and the number of tokens generated."""
-    import torch  # heavy and optional (the LM extra): only where an LM runs
+    import torch  # heavy and optional (the torch extra): only where an LM runs
 
     enc = tokenizer(prompts, return_tensors="pt", padding=True, truncation=True, max_length=max_prompt_tokens)
     enc = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
@@ -251,7 +251,7 @@ def generate_negatives(lm_dir: str, input_path: str, output_path: str, *, batch_
     prefix, repeated id), `short` (still under `min_words` after the retries;
     kept), `seconds`, `tokens_per_second` (generated tokens, retries included).
     """
-    import torch  # heavy and optional (the LM extra): only where an LM runs
+    import torch  # heavy and optional (the torch extra): only where an LM runs
 
     if batch_size < 1:
         raise RankgenError(f"--batch_size must be at least 1, got {batch_size}")

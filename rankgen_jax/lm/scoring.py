@@ -91,7 +91,7 @@ class CausalLM:
 
     def forward(self, ids_RxT, mask_RxT, position_RxT, cache=None, keep: int = 0):
         """Logits [R, keep or T, V] (float32) and the updated KV cache of one forward pass."""
-        import torch  # heavy and optional (the LM extra): only where an LM runs
+        import torch  # heavy and optional (the torch extra): only where an LM runs
 
         kwargs = {self._cache_arg: cache} if cache is not None else {}
         if keep and self._keeps_logits:
@@ -108,7 +108,7 @@ class CausalLM:
 
 def load_lm_and_tokenizer(lm_dir: str, device: str):
     """Load a local causal LM and its tokenizer, or say clearly why the folder is not one."""
-    # Heavy and optional (the LM extra): imported when an LM is loaded.
+    # Heavy and optional (the torch extra): imported when an LM is loaded.
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -167,7 +167,7 @@ def pad_for_causal_lm(seqs: Sequence[Sequence[int]], pad_id: int, side: str = "l
     sees the positions it would alone. (data.text.pad_batch is the encoders'
     one: a fixed length, right padding, rows cut to fit, no mask.)
     """
-    import torch  # heavy and optional (the LM extra): only where an LM runs
+    import torch  # heavy and optional (the torch extra): only where an LM runs
 
     if side not in ("left", "right"):
         raise RankgenError(f"padding side must be 'left' or 'right', got {side!r}")
@@ -203,7 +203,7 @@ def token_logprobs(
     Every context needs at least one token (the first target token is
     predicted from the last context position).
     """
-    import torch  # heavy and optional (the LM extra): only where an LM runs
+    import torch  # heavy and optional (the torch extra): only where an LM runs
 
     if len(contexts) != len(targets):
         raise RankgenError(f"token_logprobs: {len(contexts)} contexts but {len(targets)} targets")

@@ -13,9 +13,10 @@ from typing import Callable, Iterable, Sequence
 import gin
 
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.data.vocab import REPO_ROOT
+from rankgen_jax.resources import GIN_CONFIGS_DIR, resource_path
 
-GIN_SEARCH_PATH = REPO_ROOT / "gin_configs"
+# The shipped configs: the repository's gin_configs/, or the installed package's copy.
+GIN_SEARCH_PATH = GIN_CONFIGS_DIR
 
 
 # The library's modules that define gin configurables. Gin knows a configurable only once its module is
@@ -33,12 +34,21 @@ def library_configurables(config_text: str) -> Sequence[str]:
     return CONFIGURABLE_MODULES
 
 
-def resolve_gin_file(name: str) -> str:
-    """A gin file as given, or relative to the repo's gin_configs/ folder."""
-    for candidate in (Path(name), GIN_SEARCH_PATH / name):
+def find_config_file(name: str) -> Path | None:
+    """A config file (gin, a sweep grid) as given, else relative to the shipped gin_configs/ folder
+    (GIN_SEARCH_PATH), else as a path in the repository (`gin_configs/...`, also in an installed package)."""
+    for candidate in (Path(name), GIN_SEARCH_PATH / name, resource_path(name)):
         if candidate.is_file():
-            return str(candidate)
-    raise RankgenError(f"gin file {name!r} not found (looked in the current folder and {GIN_SEARCH_PATH})")
+            return candidate
+    return None
+
+
+def resolve_gin_file(name: str) -> str:
+    """A gin file found by find_config_file; a RankgenError names where it looked."""
+    found = find_config_file(name)
+    if found is None:
+        raise RankgenError(f"gin file {name!r} not found (looked in the current folder and {GIN_SEARCH_PATH})")
+    return str(found)
 
 
 def parse_gin(files: Sequence[str], bindings: Sequence[str],
