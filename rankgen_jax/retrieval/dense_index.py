@@ -350,7 +350,7 @@ def search_queries(
         raise RankgenError(f"unknown output format {out_format!r}: expected one of {RUN_FORMATS}")
     loaded = load_index(index_dir)
     query_file = read_queries(queries_path, split=split)
-    query_ids, queries = query_file.ids, query_file.texts
+    query_ids, queries = query_file.ids, query_file.joined(DEFAULT_TITLE_JOIN)
     model = load_model(model_dir)
     _require_one_vector(model, model_dir)
     if model.dim != loaded.index.d:
