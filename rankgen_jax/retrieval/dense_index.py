@@ -8,7 +8,7 @@ An index folder written by `index_corpus` holds:
 - index.faiss        the FAISS index (faiss.write_index);
 - ids.json           passage ids, one per index row, in row order;
 - index_config.json  model path, kind, dim, count, encode_kind, max_length,
-                     and the IVF / HNSW settings it was built with.
+                     title_join, and the IVF / HNSW settings it was built with.
 
 Corpus and query files are read by data/retrieval_files.py: MS MARCO / TREC
 TSV (`id \t text`), JSON lines (`{"id", "text"}`, BEIR's `{"_id", "title",
