@@ -8,7 +8,7 @@ Where each class of bad input is tested (this file holds the ones no other test 
 | missing file / folder               | test_documents::test_missing_path_is_a_clear_error,                    |
 |                                     | test_cli::test_bad_inputs_give_one_line_errors (import),               |
 |                                     | test_list_training::test_bad_records_are_skipped_and_counted,          |
-|                                     | test_dense_index::test_read_corpus_counts_bad_lines / test_load_index_errors, |
+|                                     | test_retrieval_files, test_dense_index::test_load_index_errors,        |
 |                                     | test_inference::test_load_errors; here: test_unreadable_input_files    |
 | empty file                          | test_documents::test_every_bad_input_is_skipped_and_counted,           |
 |                                     | test_documents::test_require_documents_empty_folder; here: same test   |
@@ -18,11 +18,11 @@ Where each class of bad input is tested (this file holds the ones no other test 
 | too-short files / documents         | test_examples::test_short_documents_give_no_examples,                  |
 |                                     | test_documents::test_require_documents_min_words,                      |
 |                                     | test_seqio_tasks (too-short book); here: test_too_short_documents_for_training |
-| malformed JSONL lines               | test_documents, test_dense_index::test_read_corpus_counts_bad_lines,   |
+| malformed JSONL lines               | test_documents, test_retrieval_files (also TSV, qrels and run lines),  |
 |                                     | test_list_training::test_bad_records_are_skipped_and_counted,          |
 |                                     | test_evaluation::test_score_file_unigram_labelled_unlabelled_and_malformed, |
 |                                     | test_encoder_api, test_generation, test_generative_negatives::test_bad_lines_are_counted_and_skipped |
-| wrong field types in JSONL          | test_documents ({"text": 42}), test_dense_index (an int id),           |
+| wrong field types in JSONL          | test_documents ({"text": 42}), test_retrieval_files (ids, titles),     |
 |                                     | test_list_training (labels); here: test_wrong_field_types_are_counted  |
 | gin typos                           | test_trainer::test_config_errors_are_clear (bindings, missing file);   |
 |                                     | here: test_gin_typo_in_a_file_names_file_and_line                      |
@@ -137,7 +137,7 @@ def test_wrong_field_types_are_counted(tmp_path, capsys, models):
     corpus.write_text(json.dumps({"id": "1", "text": ["not", "a", "string"]}) + "\n")
     line = one_error_line(*run_cli(capsys, "index", "--model", models["a"], "--corpus", corpus,
                                    "--out", tmp_path / "index"))
-    assert f"{corpus}: no usable passage" in line and "1 record with missing or empty text" in line
+    assert f"{corpus}: no usable passage" in line and "1 missing or empty text (line 1)" in line
 
 
 def test_too_short_documents_for_training(tmp_path, capsys, spiece_model):
@@ -226,8 +226,8 @@ def test_search_with_another_model(tmp_path, capsys, models):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"id": str(i), "text": f"passage number {i} about the sea"}) + "\n"
                               for i in range(6)))
-    queries = tmp_path / "queries.txt"
-    queries.write_text("the sea\n")
+    queries = tmp_path / "queries.tsv"
+    queries.write_text("q1\tthe sea\n")
     code, err = run_cli(capsys, "index", "--model", models["a"], "--corpus", corpus, "--out", tmp_path / "index")
     assert code == 0, err
     # Other vector width: refused before encoding anything.
@@ -244,3 +244,9 @@ def test_search_with_another_model(tmp_path, capsys, models):
     code, err = run_cli(capsys, "search", "--model", models["a"], "--index", tmp_path / "moved", "--queries", queries,
                         "--output", tmp_path / "hits2.jsonl")
     assert code == 0 and "note:" not in err
+    # Without --output, a TREC run goes to stdout: `qid Q0 docid rank score tag`, ranks from 1.
+    assert main(["search", "--model", str(models["a"]), "--index", str(tmp_path / "moved"), "--queries", str(queries),
+                 "--k", "3", "--format", "trec", "--run_tag", "mine"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert [(r[0], r[1], r[3], r[5]) for r in rows] == [("q1", "Q0", str(rank), "mine") for rank in (1, 2, 3)]
+    assert len({r[2] for r in rows}) == 3

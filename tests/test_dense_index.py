@@ -1,6 +1,5 @@
-"""FAISS indexes equal brute-force dot products; corpus files; index_corpus + search_queries end to end."""
+"""FAISS indexes equal brute-force dot products; index_corpus + search_queries end to end (JSONL, TSV, runs)."""
 
-import gzip
 import json
 
 import faiss
@@ -9,11 +8,11 @@ import pytest
 from test_inference import SHARED, random_params
 
 from rankgen_jax.checkpoints import native
-from rankgen_jax.data.documents import ReadStats
+from rankgen_jax.data.retrieval_files import read_run
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.inference.encoder import load_model
 from rankgen_jax.retrieval.dense_index import (build_faiss_index, default_nlist, index_corpus, load_index,
-                                               read_corpus, search_index, search_queries)
+                                               search_index, search_queries)
 
 PASSAGES = [
     "the rain fell on the moor",
@@ -81,45 +80,6 @@ def test_hnsw_recall_at_10():
     assert recall > 0.9
 
 
-def test_read_corpus_counts_bad_lines(tmp_path, capsys):
-    lines = [
-        '{"id": "a", "text": "first passage"}',
-        '{"text": "no id: the line number is the id"}',
-        "{broken json",
-        '{"id": "c", "text": "   "}',
-        "",
-        '{"id": 7, "text": "an int id becomes a string"}',
-        '["not", "an", "object"]',
-        "also not json",
-    ]
-    path = tmp_path / "corpus.jsonl"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    stats = ReadStats()
-    ids, texts = read_corpus(path, stats)
-    assert ids == ["a", "2", "7"]
-    assert texts == ["first passage", "no id: the line number is the id", "an int id becomes a string"]
-    assert stats.skipped == {"malformed JSON line": 2, "record with missing or empty text": 2}
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and str(path) in err
-    assert "2 malformed JSON lines (first: " + f"{path}:3)" in err
-    # The same file gzipped reads the same.
-    gz = tmp_path / "corpus.jsonl.gz"
-    gz.write_bytes(gzip.compress(path.read_bytes()))
-    assert read_corpus(gz) == (ids, texts)
-    # Plain text: one passage per line, id = line number; blank lines are counted, the final newline is not.
-    plain = tmp_path / "passages.txt"
-    plain.write_text("one\n\n  two  \nthree\n", encoding="utf-8")
-    assert read_corpus(plain) == (["1", "3", "4"], ["one", "two", "three"])
-    assert "1 empty line" in capsys.readouterr().err
-    # No usable passage, or no file: RankgenError naming the file.
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text("{oops\n", encoding="utf-8")
-    with pytest.raises(RankgenError, match="bad.jsonl: no usable passage"):
-        read_corpus(bad)
-    with pytest.raises(RankgenError, match="no such corpus file"):
-        read_corpus(tmp_path / "missing.jsonl")
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory, spiece_model):
     path = tmp_path_factory.mktemp("retrieval") / "ckpt"
@@ -140,7 +100,7 @@ def test_index_corpus_and_search_queries_equal_brute_force(tmp_path, model_dir, 
     queries = write_jsonl(tmp_path / "queries.jsonl", [{"id": f"q{i}", "text": t} for i, t in enumerate(QUERIES)])
     out = tmp_path / "index"
     config = index_corpus(model_dir, str(corpus), str(out), batch_size=8, progress=False)
-    assert "1 malformed JSON line" in capsys.readouterr().err
+    assert f"{corpus}: skipped 1 lines: 1 malformed JSON (line {len(PASSAGES) + 1})" in capsys.readouterr().err
     assert sorted(p.name for p in out.iterdir()) == ["ids.json", "index.faiss", "index_config.json"]
     assert json.loads((out / "ids.json").read_text()) == [f"p{i}" for i in range(len(PASSAGES))]
     assert json.loads((out / "index_config.json").read_text()) == config
@@ -160,6 +120,21 @@ def test_index_corpus_and_search_queries_equal_brute_force(tmp_path, model_dir, 
     np.testing.assert_allclose([r["scores"] for r in results], want_scores, rtol=1e-4, atol=1e-5)
     written = [json.loads(line) for line in (tmp_path / "hits.jsonl").read_text().splitlines()]
     assert written == results
+
+    # An MS MARCO collection and queries (TSV): the ids are the pids as written ("0" stays "0"), the
+    # texts lose their "pid\t" prefix, so the vectors and hits are those of the JSONL corpus.
+    tsv = tmp_path / "collection.tsv"
+    tsv.write_text("".join(f"{i}\t{t}\n" for i, t in enumerate(PASSAGES)), encoding="utf-8")
+    queries_tsv = tmp_path / "queries.dev.tsv"
+    queries_tsv.write_text("".join(f"{1000 + i}\t{t}\n" for i, t in enumerate(QUERIES)), encoding="utf-8")
+    index_corpus(model_dir, str(tsv), str(tmp_path / "tsv_index"), batch_size=8, progress=False)
+    assert json.loads((tmp_path / "tsv_index" / "ids.json").read_text()) == [str(i) for i in range(len(PASSAGES))]
+    trec = search_queries(model_dir, str(tmp_path / "tsv_index"), str(queries_tsv), k,
+                          out_path=str(tmp_path / "run.trec"), batch_size=8, progress=False, out_format="trec")
+    assert [r["ids"] for r in trec] == [[str(j) for j in row] for row in want_rows.tolist()]
+    lines = (tmp_path / "run.trec").read_text().splitlines()
+    assert len(lines) == len(QUERIES) * k and lines[0].split()[:4] == ["1000", "Q0", str(want_rows[0, 0]), "1"]
+    assert read_run(tmp_path / "run.trec") == {r["query_id"]: dict(zip(r["ids"], r["scores"])) for r in trec}
 
     # An IVF index with a single list (11 passages) searches everything: same results.
     ivf = index_corpus(model_dir, str(corpus), str(tmp_path / "ivf"), kind="ivf", batch_size=8, progress=False)

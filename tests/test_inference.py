@@ -134,8 +134,8 @@ def test_perspective_heads_give_one_vector_and_score_each(checkpoints, spiece_mo
     # An index holds one vector per passage: refused before any encoding.
     from rankgen_jax.retrieval.dense_index import index_corpus
 
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(TEXTS[:4]) + "\n")
+    corpus = tmp_path / "corpus.tsv"
+    corpus.write_text("".join(f"{i}\t{text}\n" for i, text in enumerate(TEXTS[:4])))
     with pytest.raises(RankgenError, match="3 perspective heads"):
         index_corpus(path, str(corpus), str(tmp_path / "index"), progress=False)
 

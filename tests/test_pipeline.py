@@ -9,7 +9,8 @@ from rankgen_jax.checkpoints import native
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.train.gin_parsing import parse_gin
 from rankgen_jax.losses.listwise import curriculum_group_labels
-from rankgen_jax.experiments.pipeline import RANKERS, RETRIEVERS1, PipelineConfig, _ranker_lists, format_table, run_pipeline
+from rankgen_jax.experiments.pipeline import (RANKERS, RETRIEVERS1, PipelineConfig, _ranker_lists, _ranking_metrics,
+                                              format_table, run_pipeline)
 from rankgen_jax.data.vocab import BUNDLED_CORPUS
 from test_inference import SHARED, random_params
 
@@ -67,6 +68,18 @@ def test_ranker_lists_put_the_gold_first():
     assert metric == {"query": "q", "candidates": ["G", "A", "B"], "labels": [100.0, 3.0, 7.0]}
     (binary,) = _ranker_lists([{**pool, "query": "q"}], 3, binary=True)
     assert binary["labels"] == [1.0, 0.0, 0.0]
+
+
+def test_ranking_metrics_go_through_evaluate_run():
+    """The results table's MRR@10 / recall of the gold: trec_eval's RR@10 and R@k of each ranked list."""
+    queries = [{"qid": "t0", "gold": "p1", "reference": "the rain fell"},
+               {"qid": "t1", "gold": "p9", "reference": "the sea"},
+               {"qid": "t2", "gold": "p0", "reference": "the rain fell"}]
+    ranked = [["p0", "p1", "p2"], [], ["p0"]]
+    metrics = _ranking_metrics(queries, ranked, {"p0": "the rain fell", "p1": "x", "p2": "y"})
+    assert metrics["mrr@10"] == pytest.approx((1 / 2 + 0 + 1) / 3)
+    assert metrics["recall@1"] == pytest.approx(1 / 3) and metrics["recall@10"] == pytest.approx(2 / 3)
+    assert metrics["n"] == 3
 
 
 def test_curriculum_lists_follow_the_teacher():

@@ -26,6 +26,7 @@ SUBCOMMANDS = (
     training.add_pipeline,
     ranking.add_index,
     ranking.add_search,
+    ranking.add_evaluate,
     ranking.add_encode,
     generation.add_generate,
     generation.add_generation_metrics,

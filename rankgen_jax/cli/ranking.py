@@ -1,12 +1,17 @@
-"""`rankgen-jax score`, `encode`, `index` and `search`: a trained model's scores and vectors."""
+"""`rankgen-jax score`, `encode`, `index`, `search` and `evaluate`: a trained model's scores, vectors and runs."""
 
 from __future__ import annotations
 
 import json
 
+from rankgen_jax.data.retrieval_files import DEFAULT_RUN_TAG, DEFAULT_TITLE_JOIN, RUN_FORMATS, run_lines
 from rankgen_jax.eval.ranking import METHODS, run_score
+from rankgen_jax.eval.retrieval_metrics import DEFAULT_MEASURES, MISSING_QUERIES, evaluate_files
 from rankgen_jax.inference.api import KINDS, TRUNCATION_MODES, run_encode
 from rankgen_jax.retrieval.dense_index import index_corpus, search_queries
+
+CORPUS_HELP = ("passages: TSV `id<TAB>text` (MS MARCO collection.tsv), JSON lines {\"id\", \"text\"} (also BEIR's "
+               "{\"_id\", \"title\", \"text\"} and Tevatron's {\"docid\", ...}), or a BEIR folder; ids are kept as written")
 
 
 def add_score(subparsers) -> None:
@@ -45,10 +50,11 @@ def _run_score(args) -> dict:
 
 def add_index(subparsers) -> None:
     p = subparsers.add_parser("index", help="encode a corpus into a FAISS index",
-                              description="Encode passages (JSONL {id, text} or one passage per line) with a dual "
-                              "encoder's document tower into a FAISS inner-product index.")
+                              description="Encode passages (MS MARCO / TREC TSV, JSON lines, or a BEIR folder) with a "
+                              "dual encoder's document tower into a FAISS inner-product index. Malformed lines are "
+                              "skipped and counted on stderr; a duplicate id is an error.")
     p.add_argument("--model", required=True, help="dual-encoder checkpoint, training workdir or HF folder")
-    p.add_argument("--corpus", required=True, help="passages: JSONL {\"id\", \"text\"} or plain text, one per line")
+    p.add_argument("--corpus", required=True, help=CORPUS_HELP)
     p.add_argument("--out", required=True, help="index folder to write")
     p.add_argument("--kind", choices=["flat", "ivf", "hnsw"], default="flat",
                    help="flat: exact inner product (default); ivf / hnsw: approximate, for millions of vectors")
@@ -57,34 +63,77 @@ def add_index(subparsers) -> None:
     p.add_argument("--max_length", type=int, help="tokens per passage (default: the encode kind's)")
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out")
+    p.add_argument("--title_join", default=DEFAULT_TITLE_JOIN,
+                   help="what joins a passage's title to its text: title + SEP + text (default: a space)")
+    p.add_argument("--no_title", action="store_true", help="drop titles: encode the text alone")
     p.set_defaults(run=_run_index)
 
 
 def _run_index(args) -> None:
     index_corpus(args.model, args.corpus, args.out, kind=args.kind, batch_size=args.batch_size,
-                 encode_kind=args.encode_kind, max_length=args.max_length, overwrite=args.overwrite)
+                 encode_kind=args.encode_kind, max_length=args.max_length, overwrite=args.overwrite,
+                 title_join=None if args.no_title else args.title_join)
     print(f"wrote the {args.kind} index of {args.corpus} to {args.out}")
 
 
 def add_search(subparsers) -> None:
     p = subparsers.add_parser("search", help="top-K passages of each query from a FAISS index",
                               description="Encode queries with the model's query tower and search an index "
-                              "made by `rankgen-jax index`; writes JSONL {query_id, query, ids, scores}.")
+                              "made by `rankgen-jax index`; writes JSONL {query_id, query, ids, scores}, a TREC run "
+                              "(qid Q0 docid rank score tag) or an MS MARCO run (qid<TAB>pid<TAB>rank). Runs list "
+                              "each query's passages in trec_eval's order (score descending, equal scores by docid "
+                              "descending), ranks from 1.")
     p.add_argument("--model", required=True, help="the model the index was built with")
     p.add_argument("--index", required=True, help="index folder")
-    p.add_argument("--queries", required=True, help="queries: JSONL {id, text} or plain text, one per line")
+    p.add_argument("--queries", required=True,
+                   help="queries: TSV `qid<TAB>text` (MS MARCO queries.*.tsv), JSON lines {\"id\", \"text\"} (or "
+                   "BEIR's / Tevatron's), or a BEIR folder (the queries its --split judges)")
+    p.add_argument("--split", help="a BEIR folder's qrels split whose queries to search (default: test)")
     p.add_argument("--k", type=int, default=10)
-    p.add_argument("--output", help="JSONL file to write (default: stdout)")
+    p.add_argument("--output", help="file to write (default: stdout)")
+    p.add_argument("--format", choices=RUN_FORMATS, default="jsonl", help="output format (default: jsonl)")
+    p.add_argument("--run_tag", default=DEFAULT_RUN_TAG, help=f"a TREC run's tag column (default {DEFAULT_RUN_TAG})")
     p.add_argument("--encode_kind", choices=["prefix", "suffix", "raw"], default="prefix")
     p.set_defaults(run=_run_search)
 
 
 def _run_search(args) -> None:
     results = search_queries(args.model, args.index, args.queries, args.k, out_path=args.output,
-                             encode_kind=args.encode_kind)
+                             encode_kind=args.encode_kind, split=args.split, out_format=args.format,
+                             run_tag=args.run_tag)
     if not args.output:
-        for r in results:
-            print(json.dumps(r))
+        for line in run_lines(results, args.format, args.run_tag):
+            print(line)
+
+
+def add_evaluate(subparsers) -> None:
+    p = subparsers.add_parser(
+        "evaluate", help="trec_eval's measures of a run against qrels (one JSON object of means)",
+        description="Evaluate a run (TREC `qid Q0 docid rank score tag`, MS MARCO `qid<TAB>pid<TAB>rank`, or "
+        "search's JSON lines) against qrels (TREC `qid 0 docid rel`, MS MARCO's `qid docid`, BEIR's qrels/*.tsv, or "
+        "a BEIR folder) with trec_eval's definitions (ir-measures over pytrec_eval): documents ranked by score, equal "
+        "scores by docid descending; nDCG's gain is the label; every qrels query counts, those the run misses "
+        "scoring 0 (trec_eval -c). Prints one JSON object: each measure's mean and the query counts.",
+    )
+    # dest: `args.run` is the handler every subcommand sets.
+    p.add_argument("--run", dest="run_file", required=True, help="run file")
+    p.add_argument("--qrels", required=True, help="qrels file or BEIR folder")
+    p.add_argument("--split", help="a BEIR folder's qrels split (default: test)")
+    p.add_argument("--measures", default=" ".join(DEFAULT_MEASURES),
+                   help="ir-measures names, space-separated (default: \"%(default)s\"); MRR@10 is MS MARCO's name "
+                   "for RR@10, AP(rel=2) etc. set the relevant level")
+    p.add_argument("--missing_queries", choices=MISSING_QUERIES, default="zero",
+                   help="qrels queries absent from the run: zero (default; trec_eval -c, ir-measures) or skip "
+                   "(average over the queries in both, trec_eval without -c)")
+    p.add_argument("--per_query", action="store_true", help="add \"per_query\": {qid: {measure: value}}")
+    p.set_defaults(run=_run_evaluate)
+
+
+def _run_evaluate(args) -> dict:
+    result = evaluate_files(args.run_file, args.qrels, args.measures, split=args.split,
+                            missing_queries=args.missing_queries, per_query=args.per_query)
+    print(json.dumps(result))
+    return result
 
 
 def add_encode(subparsers) -> None:

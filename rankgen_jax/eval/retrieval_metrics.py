@@ -1,18 +1,31 @@
-"""Ranking metrics over ranked id lists (MRR, recall, graded nDCG, MAP) and BLEU / ROUGE text scores.
+"""Retrieval measures with trec_eval's definitions (ir-measures over pytrec_eval), and BLEU / ROUGE text scores.
 
-Conventions (docs/design.md, 'Retrieval metrics'):
-- ranks are 1-based; `k` cuts the ranking to its first k entries (None: no cut);
-- an id that appears more than once in a ranking counts at its first position
-  only (later copies are dropped before ranks are assigned), so a run cannot
-  earn credit twice for one document;
-- nDCG uses gain 2^y - 1 and discount log2(1 + rank); the ideal DCG is that of
-  the judged items sorted by label; labels below 0 count as 0 and unjudged
-  ids have label 0;
-- per-query functions return 0.0 for a query with no relevant id (there is
-  nothing to find); `evaluate_run` instead leaves such queries out of its
-  means and counts them, as trec_eval does;
-- TREC-DL passage labels are 0-3 with "relevant" meaning >= 2: use
-  `binarize(qrels, threshold=2)` or `evaluate_run(..., relevance_threshold=2)`.
+`evaluate_run(run, qrels, measures)` computes ir-measures' measures (names as
+ir-measures writes them: "nDCG@10", "RR@10", "R@100", "AP", "P@10",
+"Success@20", "Rprec", "AP(rel=2)", ...) through its pytrec_eval provider,
+i.e. with trec_eval's own C code. Conventions (docs/design.md, 'Retrieval
+metrics'), all trec_eval's:
+- a run is ranked by score, descending; equal scores are ordered by docid,
+  descending (trec_eval's rule; the order of the file or list does not
+  count). A ranked list given instead of scores ranks as listed;
+- nDCG@k is trec_eval's ndcg_cut.k: gain = the label itself (not 2^label - 1),
+  discount log2(1 + rank), negative labels gain 0; the ideal ranking is the
+  qrels' labels sorted, cut at k;
+- binary measures (RR, AP, P, R, Success, Rprec) count a document relevant
+  when its label is >= rel (default 1; TREC DL passages use rel=2,
+  e.g. "AP(rel=2)");
+- RR@k is trec_eval's recip_rank on each query's first k documents in that
+  order (ir-measures hands RR@k to its MS MARCO provider instead, which
+  orders equal scores by docid ascending; here the order is trec_eval's);
+  "MRR@10", ir-measures' alias, is the same measure under MS MARCO's name,
+  and equals MS MARCO's ms_marco_eval.py on a run whose ranks follow that
+  order (as `search` writes them);
+- queries: every query of the qrels counts, those the run misses scoring 0
+  (trec_eval -c, and ir-measures' rule); missing_queries="skip" averages over
+  the queries in both the run and the qrels instead (trec_eval without -c).
+  Queries of the qrels without a relevant document are in the mean either
+  way, as in trec_eval (most measures give them 0); queries of the run
+  without qrels are ignored. The counts come back with the means.
 
 BLEU is sacrebleu's sentence BLEU (0-100, exponential smoothing, effective
 order); ROUGE is rouge-score's F1 (0-1).
@@ -21,184 +34,170 @@ order); ROUGE is rouge-score's F1 (0-1).
 from __future__ import annotations
 
 import functools
-import math
-from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
+import ir_measures
 import numpy as np
 
+from rankgen_jax.data.retrieval_files import Qrels, read_qrels, read_run, trec_eval_order
 from rankgen_jax.errors import RankgenError
 
 TEXT_METRICS = ("bleu", "rouge2", "rougeL")
+DEFAULT_MEASURES = ("nDCG@10", "RR@10", "R@100", "AP", "P@10", "Success@20")
+MISSING_QUERIES = ("zero", "skip")
 
 
 # ---------------------------------------------------------------------------
-# Ranking metrics
+# Retrieval measures
 
 
-def _check_k(k: int | None) -> None:
-    if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1):
-        raise RankgenError(f"cut-off k must be a positive integer or None, got {k!r}")
+def _rr_cutoff(measure) -> int | None:
+    """k of an RR@k measure (computed here as trec_eval's recip_rank on the first k documents), else None."""
+    return measure["cutoff"] if measure.NAME == "RR" and "cutoff" in measure.params else None
 
 
-def _top(ranked_ids: Iterable[Hashable], k: int | None) -> list[Hashable]:
-    """The first k distinct ids of a ranking, in rank order."""
-    _check_k(k)
-    if isinstance(ranked_ids, str):
-        raise RankgenError("a ranking must be a list of ids, not a single string")
-    seen: set = set()
-    top = []
-    for doc_id in ranked_ids:
-        if doc_id in seen:
-            continue
-        seen.add(doc_id)
-        top.append(doc_id)
-        if k is not None and len(top) == k:
-            break
-    return top
+def parse_measures(measures: str | Sequence[str]) -> dict[str, "ir_measures.Measure"]:
+    """name -> ir-measures measure, for a space-separated string or a list of names; RankgenError for unknown ones."""
+    names = measures.split() if isinstance(measures, str) else list(measures)
+    if not names:
+        raise RankgenError('no measures named (e.g. "nDCG@10 RR@10 R@100 AP P@10 Success@20")')
+    parsed = {}
+    for name in names:
+        if not isinstance(name, str):
+            raise RankgenError(f"a measure name must be a string, got {name!r}")
+        try:
+            measure = ir_measures.parse_measure(name)
+            measure.validate_params()
+        except (ValueError, NameError, TypeError, AssertionError) as e:
+            raise RankgenError(f"measure {name!r}: {e} (ir-measures names: nDCG@10, RR@10, R@100, AP, P@10, "
+                               "Success@20, Rprec, AP(rel=2), ...)") from None
+        if _rr_cutoff(measure) is not None:
+            if measure["judged_only"]:
+                raise RankgenError(f"measure {name!r}: judged_only with a cut-off is not supported")
+        elif not ir_measures.pytrec_eval.supports(measure):
+            raise RankgenError(f"measure {name!r} is not one of trec_eval's (pytrec_eval cannot compute it)")
+        parsed[name] = measure
+    return parsed
 
 
-def _relevant_set(relevant: Collection[Hashable]) -> set:
-    """The relevant ids as a set; graded label dicts are refused (their keys include non-relevant ids)."""
-    if isinstance(relevant, Mapping):
-        raise RankgenError("pass the relevant ids as a set, not a dict of labels "
-                           "(binarize(qrels, threshold) turns graded labels into sets)")
-    if isinstance(relevant, str):
-        raise RankgenError("relevant ids must be a collection of ids, not a single string")
-    return set(relevant)
-
-
-def mrr_at_k(ranked_ids: Sequence[Hashable], relevant: Collection[Hashable], k: int | None = 10) -> float:
-    """Reciprocal rank of the first relevant id within the top k (0.0 when none is there)."""
-    relevant = _relevant_set(relevant)
-    for rank, doc_id in enumerate(_top(ranked_ids, k), start=1):
-        if doc_id in relevant:
-            return 1.0 / rank
-    return 0.0
-
-
-def recall_at_k(ranked_ids: Sequence[Hashable], relevant: Collection[Hashable], k: int | None = 10) -> float:
-    """Share of the relevant ids found in the top k (0.0 when there is no relevant id)."""
-    relevant = _relevant_set(relevant)
-    if not relevant:
-        return 0.0
-    found = sum(1 for doc_id in _top(ranked_ids, k) if doc_id in relevant)
-    return found / len(relevant)
-
-
-def _gain(label: float) -> float:
-    # Negative labels (some collections mark "harmful" as -1) would give a
-    # negative gain and could push nDCG below 0; they count as not relevant.
-    return 2.0 ** max(float(label), 0.0) - 1.0
-
-
-def ndcg_at_k(ranked_ids: Sequence[Hashable], gains: Mapping[Hashable, float], k: int | None = 10) -> float:
-    """Graded nDCG@k: gain 2^y - 1, discount log2(1 + rank); 0.0 when no judged id has a positive label."""
-    if not isinstance(gains, Mapping):
-        raise RankgenError("ndcg_at_k needs graded labels as a dict id -> relevance")
-    top = _top(ranked_ids, k)
-    dcg = sum(_gain(gains.get(doc_id, 0)) / math.log2(1 + rank) for rank, doc_id in enumerate(top, start=1))
-    ideal_gains = sorted((_gain(y) for y in gains.values()), reverse=True)
-    if k is not None:
-        ideal_gains = ideal_gains[:k]
-    ideal = sum(g / math.log2(1 + rank) for rank, g in enumerate(ideal_gains, start=1))
-    return dcg / ideal if ideal > 0 else 0.0
-
-
-def average_precision(ranked_ids: Sequence[Hashable], relevant: Collection[Hashable], k: int | None = None) -> float:
-    """Mean of precision@rank over the relevant ids (missed ones add 0); 0.0 when there is no relevant id."""
-    relevant = _relevant_set(relevant)
-    if not relevant:
-        return 0.0
-    hits, total = 0, 0.0
-    for rank, doc_id in enumerate(_top(ranked_ids, k), start=1):
-        if doc_id in relevant:
-            hits += 1
-            total += hits / rank
-    # Divide by all relevant ids, not the retrieved ones: unretrieved ones count as precision 0.
-    return total / len(relevant)
-
-
-def mean_average_precision(
-    ranked_lists: Sequence[Sequence[Hashable]], relevant_sets: Sequence[Collection[Hashable]], k: int | None = None,
-) -> float:
-    """Mean AP over parallel lists of rankings and relevant sets (every query counts, AP 0 without relevant ids)."""
-    if len(ranked_lists) != len(relevant_sets):
-        raise RankgenError(f"mean_average_precision: {len(ranked_lists)} rankings "
-                           f"but {len(relevant_sets)} relevant sets")
-    if not ranked_lists:
-        raise RankgenError("mean_average_precision: no queries")
-    return float(np.mean([average_precision(r, s, k) for r, s in zip(ranked_lists, relevant_sets)]))
-
-
-def binarize(qrels: Mapping[Hashable, Mapping[Hashable, float]], threshold: float = 2) -> dict[Hashable, set]:
-    """qid -> set of ids whose label is >= threshold (TREC-DL: 2 = "highly relevant" and above)."""
+def _labels(qrels) -> dict[str, dict[str, int]]:
+    """qid -> {docid: int label} with string ids; RankgenError for labels that are not integers."""
+    if isinstance(qrels, Qrels):
+        return qrels.labels
     if not isinstance(qrels, Mapping):
-        raise RankgenError("qrels must be a dict qid -> {doc id: relevance}")
+        raise RankgenError("qrels must be a dict qid -> {doc id: integer label} (or a Qrels)")
     out = {}
     for qid, labels in qrels.items():
         if not isinstance(labels, Mapping):
-            raise RankgenError(f"qrels[{qid!r}] must be a dict doc id -> relevance, got {type(labels).__name__}")
-        out[qid] = {doc_id for doc_id, y in labels.items() if y >= threshold}
+            raise RankgenError(f"qrels[{qid!r}] must be a dict doc id -> label, got {type(labels).__name__}")
+        judged = {}
+        for docid, label in labels.items():
+            if (isinstance(label, (bool, np.bool_)) or not isinstance(label, (int, float, np.integer, np.floating))
+                    or not float(label).is_integer()):
+                raise RankgenError(f"qrels[{qid!r}][{docid!r}]: label {label!r} is not an integer "
+                                   "(trec_eval reads integer labels)")
+            judged[str(docid)] = int(label)
+        out[str(qid)] = judged
     return out
 
 
-def evaluate_run(
-    run: Mapping[Hashable, Sequence[Hashable]],
-    qrels: Mapping[Hashable, Mapping[Hashable, float]],
-    ks: Sequence[int] = (10,),
-    relevance_threshold: float = 1,
-) -> dict[str, float | int]:
-    """Means over queries of MRR@k, recall@k, nDCG@k (each k in ks) and MAP (whole ranking).
-
-    Query and document ids are compared as strings, so a run with int ids and
-    qrels with str ids (or the reverse) still match.
-    Which queries count: those in qrels with at least one id labelled
-    >= relevance_threshold. A counted query missing from the run scores 0 on
-    everything (the system returned nothing for it). Queries in qrels without
-    a relevant id are left out of the means (nothing can be found), and run
-    queries without qrels are ignored; both are reported as counts.
-    nDCG uses the graded labels as given; the other metrics the binarised ones.
-    Returns {"mrr@10": ..., "recall@10": ..., "ndcg@10": ..., "map": ...,
-    "queries": counted, "queries_without_relevant": n, "queries_missing_from_run": n,
-    "queries_without_qrels": n}.
-    """
-    if isinstance(ks, int):
-        ks = (ks,)
-    for k in ks:
-        _check_k(k)
-    if not ks:
-        raise RankgenError("evaluate_run: ks must name at least one cut-off")
+def _scores(run: Mapping) -> dict[str, dict[str, float]]:
+    """qid -> {docid: score}; a ranked list of ids gets scores that rank it as listed."""
     if not isinstance(run, Mapping):
-        raise RankgenError("run must be a dict qid -> ranked list of doc ids")
-    graded = {str(q): {str(d): y for d, y in labels.items()} for q, labels in _checked_qrels(qrels).items()}
-    ranked = {str(q): [str(d) for d in _top(ids, None)] for q, ids in run.items()}
-    relevant = binarize(graded, relevance_threshold)
-    counted = [q for q in graded if relevant[q]]
-    if not counted:
-        raise RankgenError(f"evaluate_run: no query in qrels has a document labelled >= {relevance_threshold}")
-    per_metric: dict[str, list[float]] = {}
-    for qid in counted:
-        ids = ranked.get(qid, [])
-        for k in ks:
-            per_metric.setdefault(f"mrr@{k}", []).append(mrr_at_k(ids, relevant[qid], k))
-            per_metric.setdefault(f"recall@{k}", []).append(recall_at_k(ids, relevant[qid], k))
-            per_metric.setdefault(f"ndcg@{k}", []).append(ndcg_at_k(ids, graded[qid], k))
-        per_metric.setdefault("map", []).append(average_precision(ids, relevant[qid]))
-    result: dict[str, float | int] = {name: float(np.mean(values)) for name, values in per_metric.items()}
+        raise RankgenError("run must be a dict qid -> {doc id: score} or qid -> ranked list of doc ids")
+    out = {}
+    for qid, ranking in run.items():
+        if isinstance(ranking, Mapping):
+            scores = {str(d): float(s) for d, s in ranking.items()}
+        elif isinstance(ranking, str) or not isinstance(ranking, Sequence):
+            raise RankgenError(f"run[{qid!r}] must be a dict doc id -> score or a list of doc ids")
+        else:
+            ids = [str(d) for d in ranking]
+            if len(set(ids)) != len(ids):
+                raise RankgenError(f"run[{qid!r}] lists a document twice; a run holds each document once")
+            scores = {d: float(len(ids) - position) for position, d in enumerate(ids)}
+        if not all(np.isfinite(list(scores.values()))):
+            raise RankgenError(f"run[{qid!r}] holds a score that is not finite")
+        out[str(qid)] = scores
+    return out
+
+
+def _cut(run: dict[str, dict[str, float]], k: int) -> dict[str, dict[str, float]]:
+    """Each query's first k documents in trec_eval's order."""
+    return {q: dict(trec_eval_order(scores)[:k]) for q, scores in run.items()}
+
+
+def per_query_values(run: Mapping, qrels, measures: str | Sequence[str] = DEFAULT_MEASURES,
+                     ) -> tuple[dict[str, dict[str, float]], dict[str, "ir_measures.Measure"]]:
+    """(qid -> {name: value} for every query of the qrels, the parsed measures); a query the run misses holds 0."""
+    named = parse_measures(measures)
+    labels = _labels(qrels)
+    scores = _scores(run)
+    if not labels:
+        raise RankgenError("the qrels judge no query")
+    # Several names can be one measure (MRR@10 is ir-measures' alias of RR@10): each gets its value.
+    names_of: dict = {}
+    for name, measure in named.items():
+        names_of.setdefault(measure, []).append(name)
+    # One pytrec_eval call for the measures on the whole run, and one per RR cut-off k on the run cut
+    # to its first k documents: cut -> {measure pytrec_eval computes: the measure it stands for}.
+    calls: dict[int | None, dict] = {}
+    for measure in names_of:
+        k = _rr_cutoff(measure)
+        computed = measure if k is None else ir_measures.RR(rel=measure["rel"])
+        calls.setdefault(k, {})[computed] = measure
+    values: dict[str, dict[str, float]] = {q: {} for q in labels}
+    for k, stands_for in calls.items():
+        evaluator = ir_measures.pytrec_eval.evaluator(list(stands_for), labels)
+        # The evaluator also yields the measure's default (0) for every qrels query the run lacks.
+        for metric in evaluator.iter_calc(scores if k is None else _cut(scores, k)):
+            if metric.query_id in values:
+                for name in names_of[stands_for[metric.measure]]:
+                    values[metric.query_id][name] = float(metric.value)
+    return values, named
+
+
+def evaluate_run(run: Mapping, qrels, measures: str | Sequence[str] = DEFAULT_MEASURES, *,
+                 missing_queries: str = "zero", per_query: bool = False) -> dict:
+    """Means over queries of trec_eval's measures for a run; see the module docstring for the conventions.
+
+    run: qid -> {docid: score} (pytrec_eval's form) or qid -> ranked list of
+    docids; qrels: qid -> {docid: integer label}, or a Qrels. Ids are compared
+    as strings. Returns {name: mean, ..., "queries": averaged over,
+    "queries_missing_from_run", "queries_without_relevant" (no label >= 1),
+    "run_queries_without_qrels"} and, with per_query, "per_query": {qid: {name: value}}.
+    """
+    if missing_queries not in MISSING_QUERIES:
+        raise RankgenError(f"missing_queries must be one of {MISSING_QUERIES}, got {missing_queries!r}")
+    values, named = per_query_values(run, qrels, measures)
+    labels = _labels(qrels)
+    run_ids = {str(q) for q in run}
+    missing = [q for q in labels if q not in run_ids]
+    if len(missing) == len(labels):
+        example_run, example_qrels = next(iter(run_ids), None), next(iter(labels))
+        raise RankgenError(f"no query of the run is in the qrels (run query {example_run!r}, qrels query "
+                           f"{example_qrels!r}): ids are compared as exact strings")
+    counted = [q for q in labels if missing_queries == "zero" or q in run_ids]
+    result: dict = {}
+    for name, measure in named.items():
+        aggregator = measure.aggregator()
+        for q in counted:
+            aggregator.add(values[q][name])
+        result[name] = float(aggregator.result())
     result["queries"] = len(counted)
-    result["queries_without_relevant"] = len(graded) - len(counted)
-    result["queries_missing_from_run"] = sum(1 for q in counted if q not in ranked)
-    result["queries_without_qrels"] = sum(1 for q in ranked if q not in graded)
+    result["queries_missing_from_run"] = len(missing)
+    result["queries_without_relevant"] = sum(1 for q in counted if not any(y >= 1 for y in labels[q].values()))
+    result["run_queries_without_qrels"] = sum(1 for q in run_ids if q not in labels)
+    if per_query:
+        result["per_query"] = {q: values[q] for q in counted}
     return result
 
 
-def _checked_qrels(qrels: Mapping) -> Mapping:
-    if not isinstance(qrels, Mapping):
-        raise RankgenError("qrels must be a dict qid -> {doc id: relevance}")
-    for qid, labels in qrels.items():
-        if not isinstance(labels, Mapping):
-            raise RankgenError(f"qrels[{qid!r}] must be a dict doc id -> relevance, got {type(labels).__name__}")
-    return qrels
+def evaluate_files(run_path: str, qrels_path: str, measures: str | Sequence[str] = DEFAULT_MEASURES, *,
+                   split: str | None = None, missing_queries: str = "zero", per_query: bool = False) -> dict:
+    """evaluate_run on a run file (TREC, MS MARCO or search's JSON lines) and a qrels file or BEIR folder."""
+    qrels = read_qrels(qrels_path, split=split)
+    return evaluate_run(read_run(run_path), qrels, measures, missing_queries=missing_queries, per_query=per_query)
 
 
 # ---------------------------------------------------------------------------

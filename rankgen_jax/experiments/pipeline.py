@@ -44,7 +44,7 @@ from rankgen_jax.data.jsonl import read_jsonl, write_jsonl
 from rankgen_jax.data.sources import DataConfig
 from rankgen_jax.data.vocab import BUNDLED_CORPUS
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.eval.retrieval_metrics import metric_scores, mrr_at_k, recall_at_k
+from rankgen_jax.eval.retrieval_metrics import evaluate_run, metric_scores
 from rankgen_jax.checkpoints.native import require_vocab_path
 from rankgen_jax.experiments.stages import (StageRun, aligned_table, is_done, log, mark_done,
                                             starting_checkpoint)
@@ -314,10 +314,13 @@ def train_retrievers1(cfg: PipelineConfig, root: Path) -> None:
 def _ranking_metrics(queries: list[dict], ranked: list[list[str]], texts: dict[str, str]) -> dict:
     bleu = [float(metric_scores("bleu", [texts[r[0]]], [q["reference"]])[0]) if r else 0.0
             for q, r in zip(queries, ranked)]
+    # One gold passage per query; the rankings are lists (ranked as listed), every query counts.
+    run = {q["qid"]: r for q, r in zip(queries, ranked)}
+    measures = evaluate_run(run, {q["qid"]: {q["gold"]: 1} for q in queries}, ["RR@10", "R@1", "R@10"])
     return {
-        "mrr@10": float(np.mean([mrr_at_k(r, {q["gold"]}, 10) for q, r in zip(queries, ranked)])),
-        "recall@1": float(np.mean([recall_at_k(r, {q["gold"]}, 1) for q, r in zip(queries, ranked)])),
-        "recall@10": float(np.mean([recall_at_k(r, {q["gold"]}, 10) for q, r in zip(queries, ranked)])),
+        "mrr@10": measures["RR@10"],
+        "recall@1": measures["R@1"],
+        "recall@10": measures["R@10"],
         "bleu_top1": float(np.mean(bleu)),
         "n": len(queries),
     }

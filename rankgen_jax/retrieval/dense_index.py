@@ -8,13 +8,12 @@ An index folder written by `index_corpus` holds:
 - index.faiss        the FAISS index (faiss.write_index);
 - ids.json           passage ids, one per index row, in row order;
 - index_config.json  model path, kind, dim, count, encode_kind, max_length,
-                     and the IVF / HNSW settings it was built with.
+                     title_join, and the IVF / HNSW settings it was built with.
 
-Corpus and query files (`read_corpus`): JSON lines `{"id": ..., "text": ...}`
-(`*.jsonl`, `*.json`, optionally `.gz`; id optional, default: the 1-based line
-number as a string), or any other file as plain text, one passage per line
-(id: the line number). Malformed JSON lines, records without text and blank
-lines are skipped and counted.
+Corpus and query files are read by data/retrieval_files.py: MS MARCO / TREC
+TSV (`id \t text`), JSON lines (`{"id", "text"}`, BEIR's `{"_id", "title",
+"text"}`, Tevatron's), or a BEIR folder; ids are the file's strings. Results
+are written as search's JSON lines, a TREC run or an MS MARCO run.
 """
 
 from __future__ import annotations
@@ -29,7 +28,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from rankgen_jax.data.documents import JSON_SUFFIXES, ReadStats, read_document_bytes, json_documents
+from rankgen_jax.data.retrieval_files import (DEFAULT_RUN_TAG, DEFAULT_TITLE_JOIN, RUN_FORMATS, read_passages,
+                                              read_queries, write_run)
 from rankgen_jax.errors import RankgenError
 
 INDEX_KINDS = ("flat", "ivf", "hnsw")
@@ -48,9 +48,6 @@ ENCODE_CHUNK_BATCHES = 16
 # words (T5 1.1 small, 2 CPU cores) padding fell from 24% to 11% of the slots and encoding
 # got ~15% faster (benchmarks.encode).
 ENCODE_BUCKET_STEP = 16
-# Plain-text skip reasons (JSON ones come from data.documents).
-EMPTY_LINE = "empty line"
-UNDECODABLE_LINE = "non-UTF-8 line"
 
 
 # ---------------------------------------------------------------------------
@@ -167,62 +164,6 @@ def search_index(index, queries_QxD: Any, k: int) -> tuple[np.ndarray, np.ndarra
 
 
 # ---------------------------------------------------------------------------
-# Corpus files
-
-
-def read_corpus(path: str | Path, stats: ReadStats | None = None, quiet: bool = False) -> tuple[list[str], list[str]]:
-    """(ids, texts) of a JSONL or plain-text passage file (gzip accepted); skips are counted and summarised on stderr.
-
-    RankgenError when the file is missing, unreadable, binary, or holds no usable passage.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise RankgenError(f"{path}: no such corpus file")
-    stats = stats if stats is not None else ReadStats()
-    stats.files += 1
-    raw = read_document_bytes(path, stats)
-    if raw is None:
-        raise RankgenError(f"{path}: cannot read the file (unreadable, or a corrupt gzip stream)")
-    if b"\x00" in raw:
-        raise RankgenError(f"{path}: binary data (NUL bytes), not a text or JSON-lines file")
-    if path.name.endswith(JSON_SUFFIXES):
-        passages = _json_passages(raw, path, stats)
-    else:
-        passages = _text_passages(raw, path, stats)
-    stats.documents += len(passages)
-    if not passages:
-        raise RankgenError(f"{path}: no usable passage ({stats.summary()})")
-    if stats.skipped and not quiet:
-        print(f"{path}: {stats.summary()}", file=sys.stderr)
-    return [p[0] for p in passages], [p[1] for p in passages]
-
-
-def _json_passages(raw: bytes, path: Path, stats: ReadStats) -> list[tuple[str, str]]:
-    """(id, text) of each usable record of a JSON-lines (or JSON array) file; the id defaults to the line number."""
-    return [(d.id, d.text) for d in json_documents(raw, path, "", stats)]
-
-
-def _text_passages(raw: bytes, path: Path, stats: ReadStats) -> list[tuple[str, str]]:
-    """(line number, stripped line) of each non-blank line of a plain-text file."""
-    lines = raw.split(b"\n")
-    if lines and not lines[-1].strip():
-        lines.pop()  # the file's final newline ends the last passage; it is not an empty one
-    passages = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            # utf-8-sig on every line: only the first can hold a byte-order mark, and it is dropped there.
-            text = line.decode("utf-8-sig").strip()
-        except UnicodeDecodeError:
-            stats.skip(UNDECODABLE_LINE, f"{path}:{number}")
-            continue
-        if not text:
-            stats.skip(EMPTY_LINE, f"{path}:{number}")
-            continue
-        passages.append((str(number), text))
-    return passages
-
-
-# ---------------------------------------------------------------------------
 # Index folders
 
 
@@ -285,11 +226,15 @@ def index_corpus(
     nprobe: int | None = None,
     ef_search: int = DEFAULT_EF_SEARCH,
     progress: bool = True,
+    title_join: str | None = DEFAULT_TITLE_JOIN,
 ) -> dict[str, Any]:
-    """Encode a corpus file with a dual encoder and write an index folder; returns its index_config.
+    """Encode a corpus file (or a BEIR folder's corpus) with a dual encoder and write an index folder; returns its
+    index_config.
 
     Passages go through the document tower ("suffix") by default, as RankGen
-    continuations do. A non-empty out_dir is refused unless overwrite.
+    continuations do; a title joins its text as retrieval_files.join_title
+    does with title_join (None: titles dropped). A non-empty out_dir is
+    refused unless overwrite.
     """
     # Imports jax: not at the top, so that the CLI imports this module before it sets XLA's flags.
     from rankgen_jax.inference.encoder import load_model
@@ -303,13 +248,9 @@ def index_corpus(
     # Checked before the (slow) encoding, so a wrong folder fails at once.
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise RankgenError(f"{out_dir}: folder is not empty; choose another or pass overwrite (--overwrite)")
-    ids, texts = read_corpus(corpus_path)
-    seen: dict[str, int] = {}
-    for row, passage_id in enumerate(ids):
-        if passage_id in seen:
-            raise RankgenError(f"{corpus_path}: passage id {passage_id!r} occurs twice (usable passages "
-                               f"{seen[passage_id] + 1} and {row + 1}); search results would be ambiguous")
-        seen[passage_id] = row
+    # Duplicate ids are refused here: search results would be ambiguous.
+    passages = read_passages(corpus_path)
+    ids, texts = passages.ids, passages.joined(title_join)
     model = load_model(model_dir)
     _require_one_vector(model, model_dir)
     vectors_NxD = encode_all(model, texts, encode_kind, max_length, batch_size, progress, "index")
@@ -332,6 +273,7 @@ def index_corpus(
         "count": len(ids),
         "encode_kind": encode_kind,
         "max_length": max_length,
+        "title_join": title_join,
         **index_settings(index),
     }
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
@@ -385,11 +327,16 @@ def search_queries(
     batch_size: int = 64,
     max_length: int | None = None,
     progress: bool = True,
+    split: str | None = None,
+    out_format: str = "jsonl",
+    run_tag: str = DEFAULT_RUN_TAG,
 ) -> list[dict[str, Any]]:
     """Top-k passages for each query of a file: [{"query_id", "query", "ids", "scores"}], best first.
 
-    Queries go through the query tower ("prefix") by default. With out_path,
-    the results are also written there as JSON lines.
+    Queries go through the query tower ("prefix") by default. The queries of
+    a BEIR folder are those its split's qrels judge (default "test"). With
+    out_path, the results are also written there in out_format: "jsonl" (these
+    records), "trec" or "msmarco" (run files; retrieval_files.run_lines).
     """
     # Imports jax: not at the top, so that the CLI imports this module before it sets XLA's flags.
     from rankgen_jax.inference.encoder import load_model
@@ -399,8 +346,11 @@ def search_queries(
         raise RankgenError(f"k must be a positive integer, got {k!r}")
     if out_path is not None and Path(out_path).resolve() == Path(queries_path).resolve():
         raise RankgenError(f"{out_path}: the output would overwrite the queries file")
+    if out_format not in RUN_FORMATS:
+        raise RankgenError(f"unknown output format {out_format!r}: expected one of {RUN_FORMATS}")
     loaded = load_index(index_dir)
-    query_ids, queries = read_corpus(queries_path)
+    query_file = read_queries(queries_path, split=split)
+    query_ids, queries = query_file.ids, query_file.joined(DEFAULT_TITLE_JOIN)
     model = load_model(model_dir)
     _require_one_vector(model, model_dir)
     if model.dim != loaded.index.d:
@@ -423,8 +373,5 @@ def search_queries(
             "scores": [float(s) for s in scores_K[found]],
         })
     if out_path is not None:
-        Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-        with open(out_path, "w", encoding="utf-8") as f:
-            for result in results:
-                f.write(json.dumps(result, ensure_ascii=False) + "\n")
+        write_run(out_path, results, out_format, run_tag)
     return results
