@@ -13,12 +13,14 @@ import os
 import sys
 from pathlib import Path
 
-from rankgen_jax.checkpoints import native
+from rankgen_jax.checkpoints import model_card, native
 from rankgen_jax.checkpoints.hf import bert as hf_bert
 from rankgen_jax.checkpoints.hf import ranker as hf_ranker
+from rankgen_jax.checkpoints.hf import st_layout
 from rankgen_jax.checkpoints.hf import t5 as hf_t5
 from rankgen_jax.checkpoints.hf.common import is_ranker_config, read_json
 from rankgen_jax.checkpoints.t5x import load_t5x_checkpoint
+from rankgen_jax.data.conventions import CONVENTIONS_FILE, InputConventions, default_conventions
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.configs import HeadConfig, ModelConfig
 from rankgen_jax.models.factory import check_params_match, to_canonical_layout
@@ -87,6 +89,46 @@ def read_hf_folder(path: str) -> tuple[ModelConfig, dict, str | list[str] | None
     return hf_t5.load_hf_folder(path)
 
 
+def folder_conventions(path: str, config: ModelConfig) -> tuple[InputConventions, str]:
+    """(input conventions, where they come from) of an HF folder holding a model of `config`.
+
+    A record (input_conventions.json, which exports write) wins; else a
+    sentence-transformers folder's own files (prompts, max_seq_length,
+    truncation side); else the released RankGen conventions (cross encoders:
+    data.conventions.PAIR_DEFAULTS).
+    """
+    folder = Path(path)
+    record = folder / CONVENTIONS_FILE
+    if record.is_file():
+        return InputConventions.from_json(record.read_text(encoding="utf-8"), str(record)), f"recorded in {record}"
+    if (folder / "modules.json").is_file():
+        cap = None
+        if config.encoder_type == "bert":
+            cap = config.encoder.max_position_embeddings - config.encoder.position_offset
+        return st_layout.st_conventions(str(folder), cap), f"from the sentence-transformers files of {folder}"
+    return default_conventions(config.kind), no_record_origin(config)
+
+
+def no_record_origin(config: ModelConfig) -> str:
+    """Where the conventions of a model without a record come from, in words."""
+    what = "cross-encoder defaults" if config.kind == "cross_encoder" else "the released RankGen conventions"
+    return f"no record: {what}"
+
+
+def source_provenance(source: str, path: str, model_id: str | None = None) -> dict:
+    """Where an imported model comes from: the folder, and the license / base model its model card states."""
+    provenance = {"imported_from": str(path), "source_format": source}
+    if model_id:
+        provenance["model_id"] = model_id
+    card = Path(path) / "README.md"
+    if source == "hf" and card.is_file():
+        front = model_card.read_front_matter(card.read_text(encoding="utf-8", errors="replace"))
+        for key in ("license", "base_model"):
+            if isinstance(front.get(key), str) and front[key]:
+                provenance[key] = front[key]
+    return provenance
+
+
 def import_checkpoint(
     source: str,
     path: str,
@@ -95,8 +137,14 @@ def import_checkpoint(
     vocab: str | None = None,
     head: HeadConfig | None = None,
     relpos_max_distance: int = 128,
+    model_id: str | None = None,
 ) -> ModelConfig:
-    """Convert a checkpoint into a new rankgen_jax checkpoint folder; returns its model config."""
+    """Convert a checkpoint into a new rankgen_jax checkpoint folder; returns its model config.
+
+    The folder records the model's input conventions (see folder_conventions;
+    T5X: the released RankGen ones) and its provenance (model_id: the
+    source's hub id, when known, becomes a trained model's base_model).
+    """
     _refuse_non_empty(out, overwrite)
     model_config, params, tokenizer = read_source(source, path, head, relpos_max_distance)
     if vocab is not None:
@@ -104,7 +152,12 @@ def import_checkpoint(
             raise RankgenError(f"{vocab}: no such vocabulary file or folder")
         tokenizer = vocab
     check_params_match(params, model_config, where=path)
-    native.save_params(out, model_config, params, vocab=tokenizer, overwrite=overwrite)
+    conventions = None
+    if model_config.kind != "encoder":  # a bare encoder reads no text until it is trained with a head
+        conventions = (folder_conventions(path, model_config)[0] if source == "hf"
+                       else default_conventions(model_config.kind))
+    native.save_params(out, model_config, params, vocab=tokenizer, overwrite=overwrite, conventions=conventions,
+                       provenance=source_provenance(source, path, model_id))
     return model_config
 
 
@@ -163,13 +216,19 @@ def export_hf(checkpoint: str, out: str, fmt: str = "rankgen", overwrite: bool =
     check_params_match(params, model_config, where=checkpoint)
     if native.vocab_path(checkpoint) is None:
         _note(f"note: {checkpoint} has no vocabulary; the exported folder will have no tokenizer files")
+    conventions = native.load_input_conventions(checkpoint) or default_conventions(model_config.kind)
     # A cross encoder has one encoder whatever shared_towers says.
     if model_config.kind == "dual_encoder" and not model_config.shared_towers:
         single = dataclasses.replace(model_config, shared_towers=True)
         for tower in ("query", "document"):
             _export_one(checkpoint, single, params[f"{tower}_tower"], str(Path(out) / f"{tower}_encoder"), fmt, True)
-        return model_config
-    _export_one(checkpoint, model_config, params, out, fmt, overwrite)
+    else:
+        _export_one(checkpoint, model_config, params, out, fmt, overwrite)
+    record = Path(out) / CONVENTIONS_FILE
+    if model_config.kind == "encoder":
+        record.unlink(missing_ok=True)  # a bare encoder reads no text by itself; an older export's record is stale
+    else:
+        record.write_text(conventions.to_json(), encoding="utf-8")
     return model_config
 
 

@@ -8,6 +8,7 @@ An index folder written by `index_corpus` holds:
 - index.faiss        the FAISS index (faiss.write_index);
 - ids.json           passage ids, one per index row, in row order;
 - index_config.json  model path, kind, dim, count, encode_kind, max_length,
+                     the input conventions the passages were read with,
                      and the IVF / HNSW settings it was built with.
 
 Corpus and query files (`read_corpus`): JSON lines `{"id": ..., "text": ...}`
@@ -285,11 +286,14 @@ def index_corpus(
     nprobe: int | None = None,
     ef_search: int = DEFAULT_EF_SEARCH,
     progress: bool = True,
+    conventions: dict | None = None,
 ) -> dict[str, Any]:
     """Encode a corpus file with a dual encoder and write an index folder; returns its index_config.
 
     Passages go through the document tower ("suffix") by default, as RankGen
-    continuations do. A non-empty out_dir is refused unless overwrite.
+    continuations do, read with the model's input conventions (`conventions`
+    on top, see load_model; one stderr line names them). A non-empty out_dir
+    is refused unless overwrite.
     """
     # Imports jax: not at the top, so that the CLI imports this module before it sets XLA's flags.
     from rankgen_jax.inference.encoder import load_model
@@ -310,8 +314,9 @@ def index_corpus(
             raise RankgenError(f"{corpus_path}: passage id {passage_id!r} occurs twice (usable passages "
                                f"{seen[passage_id] + 1} and {row + 1}); search results would be ambiguous")
         seen[passage_id] = row
-    model = load_model(model_dir)
+    model = load_model(model_dir, conventions=conventions)
     _require_one_vector(model, model_dir)
+    print(model.conventions_note(), file=sys.stderr)
     vectors_NxD = encode_all(model, texts, encode_kind, max_length, batch_size, progress, "index")
     index = build_faiss_index(vectors_NxD, kind, nlist=nlist, hnsw_m=hnsw_m, nprobe=nprobe, ef_search=ef_search)
 
@@ -332,6 +337,7 @@ def index_corpus(
         "count": len(ids),
         "encode_kind": encode_kind,
         "max_length": max_length,
+        "input_conventions": model.conventions.to_dict(),
         **index_settings(index),
     }
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
@@ -385,11 +391,13 @@ def search_queries(
     batch_size: int = 64,
     max_length: int | None = None,
     progress: bool = True,
+    conventions: dict | None = None,
 ) -> list[dict[str, Any]]:
     """Top-k passages for each query of a file: [{"query_id", "query", "ids", "scores"}], best first.
 
-    Queries go through the query tower ("prefix") by default. With out_path,
-    the results are also written there as JSON lines.
+    Queries go through the query tower ("prefix") by default, read with the
+    model's input conventions (`conventions` on top; one stderr line names
+    them). With out_path, the results are also written there as JSON lines.
     """
     # Imports jax: not at the top, so that the CLI imports this module before it sets XLA's flags.
     from rankgen_jax.inference.encoder import load_model
@@ -401,8 +409,13 @@ def search_queries(
         raise RankgenError(f"{out_path}: the output would overwrite the queries file")
     loaded = load_index(index_dir)
     query_ids, queries = read_corpus(queries_path)
-    model = load_model(model_dir)
+    model = load_model(model_dir, conventions=conventions)
     _require_one_vector(model, model_dir)
+    print(model.conventions_note(), file=sys.stderr)
+    built = loaded.config.get("input_conventions")
+    if built is not None and built != model.conventions.to_dict():
+        print(f"note: {index_dir} was built with other input conventions ({built}); the queries are read with "
+              "those above", file=sys.stderr)
     if model.dim != loaded.index.d:
         raise RankgenError(f"{model_dir}: the model gives {model.dim}-dimensional vectors but the index in "
                            f"{index_dir} holds {loaded.index.d}-dimensional ones "
