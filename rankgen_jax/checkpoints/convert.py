@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rankgen_jax.checkpoints import model_card, native
 from rankgen_jax.checkpoints.hf import bert as hf_bert
+from rankgen_jax.checkpoints.hf import common
 from rankgen_jax.checkpoints.hf import ranker as hf_ranker
 from rankgen_jax.checkpoints.hf import st_layout
 from rankgen_jax.checkpoints.hf import t5 as hf_t5
@@ -76,7 +77,8 @@ def read_source(
 
 
 def read_hf_folder(path: str) -> tuple[ModelConfig, dict, str | list[str] | None]:
-    """An HF folder with the reader its format needs: ranker, BERT family (plain or sentence-transformers), or T5.
+    """An HF folder with the reader its format needs: ranker, BERT family (plain or sentence-transformers), T5,
+    or a sentence-transformers Router of two towers.
 
     The tokenizer is a T5 folder's spiece.model path (or None), or the tokenizer
     files of a BERT-family backbone.
@@ -84,6 +86,8 @@ def read_hf_folder(path: str) -> tuple[ModelConfig, dict, str | list[str] | None
     config_path = os.path.join(path, "config.json")
     if os.path.isfile(config_path) and is_ranker_config(read_json(config_path)):
         return hf_ranker.load_ranker_folder(path)
+    if st_layout.is_router_folder(path):
+        return _read_router_folder(path)
     if hf_bert.is_bert_folder(path):
         return hf_bert.load_bert_folder(path)
     return hf_t5.load_hf_folder(path)
@@ -127,6 +131,27 @@ def source_provenance(source: str, path: str, model_id: str | None = None) -> di
             if isinstance(front.get(key), str) and front[key]:
                 provenance[key] = front[key]
     return provenance
+
+
+def _read_router_folder(path: str) -> tuple[ModelConfig, dict, str | list[str] | None]:
+    """A sentence-transformers Router folder as a two-tower dual encoder (query route -> query tower)."""
+    configs, params, tokenizer = [], {}, None
+    for tower, modules in st_layout.router_routes(path).items():
+        model_dir = st_layout.transformer_dir(modules)
+        config, tower_params, tower_tokenizer = read_hf_folder(model_dir)
+        if config.kind != "encoder":
+            raise RankgenError(f"{model_dir}: a Router route's Transformer should be a plain encoder, "
+                               f"got {describe_model(config)}")
+        head, kernel = st_layout.read_st_head(modules, config.encoder.d_model)
+        if kernel is not None:
+            tower_params["projection_layer"] = {"kernel": kernel}
+        configs.append(ModelConfig(encoder=config.encoder, head=head))
+        params[f"{tower}_tower"] = tower_params
+        tokenizer = tokenizer or tower_tokenizer
+    if configs[0] != configs[1]:
+        raise RankgenError(f"{path}: the query and document routes hold different models ({configs[0]} and "
+                           f"{configs[1]}); only towers of one architecture and head are supported")
+    return dataclasses.replace(configs[0], shared_towers=False), params, tokenizer
 
 
 def import_checkpoint(
@@ -182,18 +207,30 @@ def hf_layout(config: ModelConfig, fmt: str) -> str:
     return fmt
 
 
+def uses_router(config: ModelConfig, fmt: str) -> bool:
+    """Whether a two-tower export is a sentence-transformers Router (BERT family, or T5 in `t5-encoder`, with
+    a head sentence-transformers has); else it writes one folder per tower."""
+    return (config.kind == "dual_encoder" and not config.shared_towers and hf_layout(config, fmt) != "rankgen"
+            and config.head.pooling in st_layout.ST_MODE_OF_POOLING and config.num_scores == 1)
+
+
 def export_layout(config: ModelConfig, fmt: str) -> str:
     """What export_hf writes for this model and `fmt`, in words (the CLI prints it)."""
     kind = hf_layout(config, fmt)
+    st_head = (config.kind == "dual_encoder" and config.head.pooling in st_layout.ST_MODE_OF_POOLING
+               and config.num_scores == 1)
     if kind == "ranker":
         layout = "ranker format, modeling_ranker.py"
     elif kind == "bert":
-        layout = "BERT-family model" + (" with sentence-transformers files" if config.kind == "dual_encoder" else "")
+        layout = "BERT-family model" + (" with sentence-transformers files" if st_head else "")
     elif kind == "t5-encoder":
-        layout = "T5EncoderModel" + (", the encoder alone" if config.head is not None else "")
+        layout = "T5EncoderModel" + (" with sentence-transformers files" if st_head else
+                                     ", the encoder alone" if config.head is not None else "")
     else:
         layout = "RankGen format, modeling_rankgen.py"
-    if config.kind == "dual_encoder" and not config.shared_towers:
+    if uses_router(config, fmt):
+        layout += "; a sentence-transformers Router, one route per tower (query_0_Transformer/, document_0_Transformer/)"
+    elif config.kind == "dual_encoder" and not config.shared_towers:
         layout += "; one folder per tower, query_encoder/ and document_encoder/"
     return layout
 
@@ -202,11 +239,16 @@ def export_hf(checkpoint: str, out: str, fmt: str = "rankgen", overwrite: bool =
               step: int | None = None) -> ModelConfig:
     """Write a checkpoint's parameters as a HuggingFace folder (safetensors); returns the model's config.
 
-    T5: `fmt` picks the RankGen or the plain T5EncoderModel layout. BERT family:
-    the base model's layout, plus sentence-transformers files for dual encoders.
-    Two-tower dual encoders write `query_encoder/` and `document_encoder/`.
-    Cross encoders (either backbone) write the ranker format (modeling_ranker.py,
-    raw scores from AutoModel); `t5-encoder` writes a T5 ranker's encoder alone.
+    T5: `fmt` picks the RankGen or the plain T5EncoderModel layout (with the
+    head as sentence-transformers modules where they have its pooling). BERT
+    family: the base model's layout, plus sentence-transformers files for dual
+    encoders. Those files carry the model's input conventions as prompts and
+    max_seq_length, and a note says what they cannot express. Two-tower dual
+    encoders write a sentence-transformers Router (see uses_router), else
+    `query_encoder/` and `document_encoder/`. Cross encoders (either backbone)
+    write the ranker format (modeling_ranker.py, raw scores from AutoModel);
+    `t5-encoder` writes a T5 ranker's encoder alone. Every export records the
+    input conventions (input_conventions.json).
     """
     if fmt not in EXPORT_FORMATS:
         raise RankgenError(f"unknown export format {fmt!r}: expected one of {EXPORT_FORMATS}")
@@ -218,12 +260,18 @@ def export_hf(checkpoint: str, out: str, fmt: str = "rankgen", overwrite: bool =
         _note(f"note: {checkpoint} has no vocabulary; the exported folder will have no tokenizer files")
     conventions = native.load_input_conventions(checkpoint) or default_conventions(model_config.kind)
     # A cross encoder has one encoder whatever shared_towers says.
-    if model_config.kind == "dual_encoder" and not model_config.shared_towers:
+    if uses_router(model_config, fmt):
+        limits = _export_router(checkpoint, model_config, params, out, fmt, overwrite, conventions)
+    elif model_config.kind == "dual_encoder" and not model_config.shared_towers:
         single = dataclasses.replace(model_config, shared_towers=True)
+        limits = []
         for tower in ("query", "document"):
-            _export_one(checkpoint, single, params[f"{tower}_tower"], str(Path(out) / f"{tower}_encoder"), fmt, True)
+            limits = _export_one(checkpoint, single, params[f"{tower}_tower"], str(Path(out) / f"{tower}_encoder"),
+                                 fmt, True, conventions)
     else:
-        _export_one(checkpoint, model_config, params, out, fmt, overwrite)
+        limits = _export_one(checkpoint, model_config, params, out, fmt, overwrite, conventions)
+    for limit in limits:
+        _note(f"note: sentence-transformers cannot express how this model reads text: {limit}")
     record = Path(out) / CONVENTIONS_FILE
     if model_config.kind == "encoder":
         record.unlink(missing_ok=True)  # a bare encoder reads no text by itself; an older export's record is stale
@@ -232,22 +280,48 @@ def export_hf(checkpoint: str, out: str, fmt: str = "rankgen", overwrite: bool =
     return model_config
 
 
-def _export_one(checkpoint: str, model_config: ModelConfig, params: dict, out: str, fmt: str, overwrite: bool) -> None:
+def _tokenizer(checkpoint: str, config: ModelConfig) -> list[str] | None:
+    """What the HF writers take as a tokenizer: a T5 model's spiece.model, a BERT-family model's files."""
+    if config.encoder_type == "t5":
+        spiece = native.spiece_path(checkpoint)
+        return [spiece] if spiece else None
+    return native.tokenizer_files(native.vocab_path(checkpoint))
+
+
+def _export_one(checkpoint: str, model_config: ModelConfig, params: dict, out: str, fmt: str, overwrite: bool,
+                conventions: InputConventions) -> list[str]:
+    """One HF folder; returns what its sentence-transformers files cannot say about the conventions."""
     layout = hf_layout(model_config, fmt)
     if layout == "ranker":
-        if model_config.encoder_type == "t5":
-            spiece = native.spiece_path(checkpoint)
-            tokenizer = [spiece] if spiece else None
-        else:
-            tokenizer = native.tokenizer_files(native.vocab_path(checkpoint))
-        hf_ranker.save_ranker_folder(model_config, params, out, tokenizer, overwrite)
-    elif layout == "bert":
-        hf_bert.save_bert_folder(model_config, params, out, native.tokenizer_files(native.vocab_path(checkpoint)),
-                                 overwrite)
-    elif fmt == "rankgen" and model_config.head is None:
+        hf_ranker.save_ranker_folder(model_config, params, out, _tokenizer(checkpoint, model_config), overwrite)
+        return []
+    if layout == "bert":
+        return hf_bert.save_bert_folder(model_config, params, out, _tokenizer(checkpoint, model_config), overwrite,
+                                        conventions)
+    if fmt == "rankgen" and model_config.head is None:
         raise RankgenError(
             f"{checkpoint}: holds a bare encoder without a head; export it with --format t5-encoder"
         )
-    else:
-        hf_t5.save_hf_folder(model_config, params, out, fmt=fmt, spiece_model=native.spiece_path(checkpoint),
-                             overwrite=overwrite)
+    return hf_t5.save_hf_folder(model_config, params, out, fmt=fmt, spiece_model=native.spiece_path(checkpoint),
+                                overwrite=overwrite, conventions=conventions)
+
+
+def _export_router(checkpoint: str, model_config: ModelConfig, params: dict, out: str, fmt: str, overwrite: bool,
+                   conventions: InputConventions) -> list[str]:
+    """A two-tower dual encoder as a sentence-transformers Router: each tower's HF model and head in its route."""
+    single = dataclasses.replace(model_config, shared_towers=True)
+    routes = {}
+    for tower, sides in (("query", ("prefix",)), ("document", ("suffix",))):
+        tower_params = params[f"{tower}_tower"]
+        route = st_layout.st_route(single, tower_params, sides)
+        routes[tower] = dataclasses.replace(route, model_dir=st_layout.router_model_dir(tower))
+    common.prepare_out_dir(out, overwrite, (*hf_t5.STALE_FILES, *hf_bert.STALE_FILES, CONVENTIONS_FILE),
+                           st_layout.ST_MODULE_DIR)
+    bare = ModelConfig(encoder=model_config.encoder, head=None)
+    for tower, route in routes.items():
+        # The route's folder holds the tower's encoder alone; its head is the route's other modules.
+        _export_one(checkpoint, bare, params[f"{tower}_tower"], str(Path(out) / route.model_dir), "t5-encoder", True,
+                    conventions)
+    cap = hf_bert.positions(model_config.encoder) if model_config.encoder_type == "bert" else None
+    st_layout.write_router(out, routes, conventions, cap)
+    return st_layout.st_limits(conventions, list(routes.values()), cap)
