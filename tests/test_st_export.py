@@ -103,6 +103,17 @@ def test_what_sentence_transformers_cannot_express_is_said(minilm, tmp_path, cap
     assert np.abs(long_prefix - RankGenEncoder(minilm / "demo_like").encode(TEXTS[3:4], "prefix")).max() > 1e-3
 
 
+def test_without_markers_the_kept_end_is_expressed(minilm, tmp_path, capsys):
+    """No prompt to lose: a tokenizer truncating on the left keeps every text's end exactly."""
+    native.save_input_conventions(minilm / "ckpt", InputConventions(
+        prefix_marker="", suffix_marker="", prefix_length=48, suffix_length=48, prefix_keep="end", suffix_keep="end",
+        truncation="clean"))
+    export_hf(str(minilm / "ckpt"), str(minilm / "left"))
+    assert "cannot express" not in capsys.readouterr().err
+    assert json.loads((minilm / "left" / "config_sentence_transformers.json").read_text())["prompts"] == {}
+    _assert_same(_st(minilm / "left"), minilm / "left", tmp_path)
+
+
 def _two_tower_bert(root: Path) -> Path:
     """A random two-tower BERT dual encoder (MiniLM's tokenizer, mean pooling, projection, L2)."""
     encoder = BertConfig(d_model=32, d_ff=64, num_layers=2, num_heads=4, max_position_embeddings=64)
