@@ -104,7 +104,12 @@ BERT_TINY = BertConfig(vocab_size=64, d_model=32, d_ff=64, num_layers=2, num_hea
     (ModelConfig(encoder=T5_TINY, head=None), "t5-encoder", "T5 encoder (2 layers, d_model 128)", "T5EncoderModel"),
     (ModelConfig(encoder=T5_TINY), "rankgen", "T5 dual encoder (2 layers, d_model 128)",
      "RankGen format, modeling_rankgen.py"),
-    (ModelConfig(encoder=T5_TINY), "t5-encoder", "T5 dual encoder", "T5EncoderModel, the encoder alone"),
+    (ModelConfig(encoder=T5_TINY), "t5-encoder", "T5 dual encoder", "T5EncoderModel with sentence-transformers files"),
+    (ModelConfig(encoder=T5_TINY, head=HeadConfig(pooling="last2_avg")), "t5-encoder", "T5 dual encoder",
+     "T5EncoderModel, the encoder alone"),
+    (ModelConfig(encoder=BERT_TINY, shared_towers=False), "rankgen", "BERT-family dual encoder",
+     "BERT-family model with sentence-transformers files; a sentence-transformers Router, one route per tower "
+     "(query_0_Transformer/, document_0_Transformer/)"),
     (ModelConfig(encoder=T5_TINY, shared_towers=False), "rankgen",
      "T5 dual encoder (2 layers, d_model 128, separate query and document towers)",
      "RankGen format, modeling_rankgen.py; one folder per tower, query_encoder/ and document_encoder/"),

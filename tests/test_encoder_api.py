@@ -37,6 +37,8 @@ def folders(tmp_path_factory, spiece_model):
     config = json.loads((released / "config.json").read_text())
     config.pop("rankgen_jax", None)
     (released / "config.json").write_text(json.dumps(config))
+    # Nor do they record input conventions: they are read with the released code's.
+    (released / "input_conventions.json").unlink()
     renamed = root / "My fine-tuned ranker.v2"
     shutil.copytree(released, renamed)
     return {"ckpt": str(root / "ckpt"), "released": str(released), "renamed": str(renamed)}
@@ -96,11 +98,15 @@ def test_clean_truncation_keeps_eos(folders):
     short = [i for i in range(len(TEXTS)) if i not in long_rows]
     np.testing.assert_allclose(got_released[short], got_clean[short], atol=1e-6)
     assert np.abs(got_released[long_rows] - got_clean[long_rows]).max() > 1e-3
-    # LoadedModel's own default stays clean truncation: pad_batch's cut (keep the EOS) through the flax model.
+    # Clean truncation is pad_batch's cut (keep the EOS) through the flax model. The folder records no
+    # conventions, so LoadedModel reads it the released way unless told otherwise.
     model = clean.model
+    assert released.model.conventions.truncation == "released" and model.conventions.truncation == "clean"
     ids_BxL = pad_batch(model.tokenize(TEXTS, "suffix"), 24, model.text.pad_id)
     want = build_model(model.config).apply({"params": model.params}, ids_BxL, tower="query")
     np.testing.assert_allclose(model.encode(TEXTS, "suffix", 24), want, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(released.model.encode(TEXTS, "suffix", 24, truncation="clean"), want, atol=1e-5,
+                               rtol=1e-5)
     np.testing.assert_allclose(got_clean, want, atol=1e-5, rtol=1e-5)
     with pytest.raises(RankgenError, match="keep='end' needs truncation='clean'"):
         released.model.encode(TEXTS, "prefix", truncation="released", keep="end")
@@ -169,7 +175,9 @@ def test_cli_writes_npy_in_input_order_and_skips_bad_lines(folders, tmp_path, ca
     _run_cli(["--model", folders["renamed"], "--input", str(tmp_path / "in.jsonl"), "--kind", "suffix",
               "--output", str(out), "--batch_size", "4", "--max_length", "32"])
     captured = capsys.readouterr()
-    assert captured.err.count("\n") == 1 and "skipped 4 blank or malformed line(s)" in captured.err
+    # One line names the input conventions (the released ones: the folder records none), one the skipped lines.
+    assert captured.err.count("\n") == 2 and "skipped 4 blank or malformed line(s)" in captured.err
+    assert "released truncation" in captured.err and "no record: the released RankGen conventions" in captured.err
     assert "line 3, 4, 5, 6" in captured.err and "wrote 3 vectors of dim 32" in captured.out
     want = RankGenEncoder(folders["released"], devices=ONE_DEVICE).encode(
         [TEXTS[0], TEXTS[2], TEXTS[3]], "suffix", max_length=32)
@@ -182,7 +190,9 @@ def test_cli_writes_npy_in_input_order_and_skips_bad_lines(folders, tmp_path, ca
     (tmp_path / "in.txt").write_text("\n".join(TEXTS) + "\n")
     _run_cli(["--model", folders["ckpt"], "--input", str(tmp_path / "in.txt"), "--kind", "prefix",
               "--output", str(out), "--truncation", "clean"])
-    assert capsys.readouterr().err == "" and not ids_sidecar_path(out).exists()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "clean truncation" in err and "given: truncation" in err
+    assert not ids_sidecar_path(out).exists()
     clean = RankGenEncoder(folders["ckpt"], truncation="clean", devices=ONE_DEVICE)
     np.testing.assert_allclose(np.load(out), clean.encode(TEXTS, "prefix"), atol=1e-5, rtol=0)
 

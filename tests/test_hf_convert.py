@@ -383,14 +383,24 @@ def test_tokenizer_keeps_t5_sentinels_when_they_fit(tmp_path, tiny_spiece):
     assert len(transformers.AutoTokenizer.from_pretrained(str(tmp_path / "s"))) == 500
 
 
-def test_t5_encoder_export_drops_head_with_warning(tmp_path, caplog):
+def test_t5_encoder_export_keeps_the_head_in_sentence_transformers_modules(tmp_path, caplog):
+    """A plain T5EncoderModel has nowhere for the head: the sentence-transformers modules hold it, where they have
+    its pooling; otherwise it is dropped with a warning."""
     cfg = T5Config(vocab_size=100, **TINY)
     params = random_params(cfg, RANKGEN_HEAD)
+    hf.save_hf_folder(ModelConfig(cfg, RANKGEN_HEAD), params, str(tmp_path / "st"), fmt="t5-encoder")
+    assert not any("projection" in k for k in load_file(str(tmp_path / "st" / "model.safetensors")))
+    loaded_config, loaded_params, _ = hf.load_hf_folder(str(tmp_path / "st"))
+    assert loaded_config == ModelConfig(cfg, HeadConfig(pooling="first", projection_dim=cfg.d_model))
+    assert_same_params(loaded_params, params)
+
+    head = HeadConfig(pooling="first_last_avg")
+    params = random_params(cfg, head)
     with caplog.at_level(logging.WARNING, logger=hf.__name__):
-        hf.save_hf_folder(ModelConfig(cfg, RANKGEN_HEAD), params, str(tmp_path), fmt="t5-encoder")
+        hf.save_hf_folder(ModelConfig(cfg, head), params, str(tmp_path / "plain"), fmt="t5-encoder")
     assert any("head" in r.getMessage() and "not exported" in r.getMessage() for r in caplog.records)
-    assert not any("projection" in k for k in load_file(str(tmp_path / "model.safetensors")))
-    loaded_config, loaded_params, _ = hf.load_hf_folder(str(tmp_path))
+    assert not (tmp_path / "plain" / "modules.json").exists()
+    loaded_config, loaded_params, _ = hf.load_hf_folder(str(tmp_path / "plain"))
     assert loaded_config == ModelConfig(cfg, None)
     del params["projection_layer"]
     assert_same_params(loaded_params, params)

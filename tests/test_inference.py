@@ -93,7 +93,10 @@ def test_truncation_keeps_eos(checkpoints):
     clipped = pad_batch([ids], 16, 0)
     assert clipped[0, -1] == 1  # EOS kept at the end of the clipped row
     want = np.asarray(_jitted_apply(config, "query")(params, clipped))
-    np.testing.assert_allclose(model.encode([long_text], "suffix", max_length=16), want, atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(model.encode([long_text], "suffix", max_length=16, truncation="clean"), want,
+                               atol=2e-5, rtol=1e-5)
+    # A checkpoint without recorded input conventions is read the released way: the cut text loses its EOS.
+    assert model.input_ids([long_text], "suffix", 16) == [ids[:16]]
     # RankGen's limits: 512 prefix tokens, 128 continuation tokens; T5 has no position cap.
     assert model._max_length("prefix", None) == 512 and model._max_length("suffix", None) == 128
     assert model._max_length("raw", 2048) == 2048

@@ -1,28 +1,99 @@
-"""The main job end to end on a tiny random T5: evals before and after, plot, export, results."""
+"""The main job end to end on a tiny random T5: evals before and after, plot, export, results; and the
+export reads text as training did (input conventions travel with the model)."""
 
+import contextlib
+import io
 import json
 
+import numpy as np
+import pytest
+
+from rankgen_jax.checkpoints import native
 from rankgen_jax.cli.main import main
+from rankgen_jax.data.conventions import InputConventions
+from rankgen_jax.experiments.demo import SUFFIX_ITEMS_FILE, suffix_scores_file
+
+# Prefixes of about 48 words, cut to 24 tokens keeping their END: most prefixes are over-long, so which end
+# is kept changes the scores.
+PREFIX_TOKENS = 24
+JOB = ["train", "--job", "--gin_file=models/t5_1_1_tiny.gin",
+       "--gin.t5_config.vocab_size=8064", "--gin.DataConfig.source='examples'",
+       "--gin.DataConfig.batch_size=8", f"--gin.DataConfig.prefix_length={PREFIX_TOKENS}",
+       "--gin.DataConfig.prefix_keep='end'",
+       "--gin.DataConfig.continuation_length=32", "--gin.DataConfig.prefix_words=48",
+       "--gin.DataConfig.max_continuation_words=24", "--gin.DataConfig.holdout_documents=2",
+       "--gin.TrainerConfig.num_steps=3", "--gin.TrainerConfig.log_every=1",
+       "--gin.TrainerConfig.eval_every=3", "--gin.OptimizerConfig.name='adamw'",
+       "--gin.OptimizerConfig.learning_rate=1e-3", "--gin.JobConfig.suffix_eval_examples=12",
+       "--gin.JobConfig.suffix_eval_negatives=4"]
 
 
-def test_job_runs_end_to_end(tmp_path, capsys):
-    code = main(["train", "--job", f"--workdir={tmp_path}", "--gin_file=models/t5_1_1_tiny.gin",
-                 "--gin.t5_config.vocab_size=8064", "--gin.DataConfig.source='examples'",
-                 "--gin.DataConfig.batch_size=8", "--gin.DataConfig.prefix_length=48",
-                 "--gin.DataConfig.continuation_length=32", "--gin.DataConfig.prefix_words=48",
-                 "--gin.DataConfig.max_continuation_words=24", "--gin.DataConfig.holdout_documents=2",
-                 "--gin.TrainerConfig.num_steps=3", "--gin.TrainerConfig.log_every=1",
-                 "--gin.TrainerConfig.eval_every=3", "--gin.OptimizerConfig.name='adamw'",
-                 "--gin.OptimizerConfig.learning_rate=1e-3", "--gin.JobConfig.suffix_eval_examples=12",
-                 "--gin.JobConfig.suffix_eval_negatives=4"])
-    out = capsys.readouterr()
-    assert code == 0, out.err
-    results = json.loads((tmp_path / "results.json").read_text())
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    root = tmp_path_factory.mktemp("job")
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = main(JOB[:2] + [f"--workdir={root}"] + JOB[2:])
+    return root, code, stdout.getvalue()
+
+
+def test_job_runs_end_to_end(job):
+    root, code, out = job
+    assert code == 0
+    assert "held-out suffix identification" in out
+    results = json.loads((root / "results.json").read_text())
     for name in ("unigram", "token_overlap", "fine_tuned"):
         assert results[name]["n"] == 12
         assert 0.0 <= results[name]["accuracy_2way"] <= 1.0 and 0.0 <= results[name]["mrr_5way"] <= 1.0
         assert 0.0 <= results[name]["accuracy_pairwise"] <= 1.0
     assert "zero_shot" not in results  # random init: nothing to compare before training
-    assert (tmp_path / "train" / "demo_results.png").stat().st_size > 10_000
-    assert (tmp_path / "hf" / "modeling_rankgen.py").is_file()
-    assert "held-out suffix identification" in out.out
+    assert (root / "train" / "demo_results.png").stat().st_size > 10_000
+    assert (root / "hf" / "modeling_rankgen.py").is_file()
+
+
+def _scores(path):
+    return [np.asarray(json.loads(line)["scores"]) for line in path.read_text().splitlines()]
+
+
+def test_the_export_scores_as_the_training_run_evaluated(job, capsys):
+    """`score` on the HF export, with no flags, gives the scores of the job's own held-out evaluation."""
+    root, _, _ = job
+    trained = InputConventions(prefix_length=PREFIX_TOKENS, suffix_length=32, prefix_keep="end", truncation="clean")
+    assert native.load_input_conventions(root / "train") == trained
+    assert InputConventions.from_json((root / "hf" / "input_conventions.json").read_text(), "export") == trained
+    items = root / SUFFIX_ITEMS_FILE
+    evaluated = _scores(root / suffix_scores_file("fine_tuned"))
+    assert len(evaluated) == 12
+    # The items have prefixes longer than the limit, so the kept end matters.
+    out = root / "scored.jsonl"
+    assert main(["score", "--model", str(root / "hf"), "--input", str(items), "--output", str(out),
+                 "--no_progress"]) == 0
+    err = capsys.readouterr().err
+    assert "input conventions: markers 'pre ' / 'suffi '; prefix 24 tokens keeping the end" in err
+    assert "recorded in" in err
+    for got, want in zip(_scores(out), evaluated):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # The scores the released conventions (first 512 tokens) or the other end of the prefix give are others.
+    for flags in (["--prefix_keep", "start"], ["--prefix_length", "512", "--truncation", "released",
+                                               "--prefix_keep", "start"]):
+        other = root / "other.jsonl"
+        assert main(["score", "--model", str(root / "hf"), "--input", str(items), "--output", str(other),
+                     "--no_progress", *flags]) == 0
+        assert "given: " in capsys.readouterr().err
+        assert max(np.abs(a - b).max() for a, b in zip(_scores(other), evaluated)) > 1e-3
+    # An import of the export keeps the record, and `encode` / RankGenEncoder read with it.
+    assert main(["import", "--from", "hf", "--path", str(root / "hf"), "--out", str(root / "reimported")]) == 0
+    assert native.load_input_conventions(root / "reimported") == trained
+    prefixes = [json.loads(line)["prefix"] for line in items.read_text().splitlines()]
+    (root / "prefixes.txt").write_text("\n".join(prefixes) + "\n")
+    assert main(["encode", "--model", str(root / "reimported"), "--input", str(root / "prefixes.txt"),
+                 "--kind", "prefix", "--output", str(root / "prefixes.npy")]) == 0
+    assert "keeping the end" in capsys.readouterr().err
+    from rankgen_jax.inference.api import RankGenEncoder
+
+    encoder = RankGenEncoder(root / "hf")
+    assert encoder.conventions == trained and encoder.truncation == "clean"
+    assert sum(len(i) > PREFIX_TOKENS for i in encoder.model.tokenize(prefixes, "prefix")) >= 10
+    ids = encoder.input_ids(prefixes, "prefix")
+    assert max(len(i) for i in ids) == PREFIX_TOKENS and all(i[-1] == 1 for i in ids)
+    np.testing.assert_allclose(np.load(root / "prefixes.npy"), encoder.encode(prefixes, "prefix"), atol=1e-5)

@@ -64,7 +64,8 @@ def test_two_tower_export_writes_both_encoders(tmp_path):
     export_hf(str(tmp_path / "ckpt"), str(tmp_path / "hf"))
     ids = np.array([[2, 5, 9, 3, 0, 0]], np.int32)
     for tower in ("query", "document"):
-        model = AutoModel.from_pretrained(str(tmp_path / "hf" / f"{tower}_encoder")).eval()
+        # A sentence-transformers Router: each tower's HF model is its route's Transformer folder.
+        model = AutoModel.from_pretrained(str(tmp_path / "hf" / f"{tower}_0_Transformer")).eval()
         with torch.no_grad():
             cls = model(input_ids=torch.from_numpy(ids).long(), attention_mask=torch.from_numpy(ids != 0).long()).last_hidden_state[:, 0].numpy()
         want = np.asarray(build_model(config).apply({"params": params}, ids, tower=tower))

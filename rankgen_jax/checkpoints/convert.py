@@ -13,12 +13,15 @@ import os
 import sys
 from pathlib import Path
 
-from rankgen_jax.checkpoints import native
+from rankgen_jax.checkpoints import model_card, native
 from rankgen_jax.checkpoints.hf import bert as hf_bert
+from rankgen_jax.checkpoints.hf import common
 from rankgen_jax.checkpoints.hf import ranker as hf_ranker
+from rankgen_jax.checkpoints.hf import st_layout
 from rankgen_jax.checkpoints.hf import t5 as hf_t5
 from rankgen_jax.checkpoints.hf.common import is_ranker_config, read_json
 from rankgen_jax.checkpoints.t5x import load_t5x_checkpoint
+from rankgen_jax.data.conventions import CONVENTIONS_FILE, InputConventions, default_conventions
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.configs import HeadConfig, ModelConfig
 from rankgen_jax.models.factory import check_params_match, to_canonical_layout
@@ -75,7 +78,7 @@ def read_source(
 
 def read_hf_folder(path: str) -> tuple[ModelConfig, dict, str | list[str] | None]:
     """An HF folder with the reader its format needs: ranker or Bert/RobertaForSequenceClassification (cross
-    encoders), BERT family (plain or sentence-transformers), or T5.
+    encoders), BERT family (plain or sentence-transformers), T5, or a sentence-transformers Router of two towers.
 
     The tokenizer is a T5 folder's spiece.model path (or None), or the tokenizer
     files of a BERT-family backbone.
@@ -85,9 +88,72 @@ def read_hf_folder(path: str) -> tuple[ModelConfig, dict, str | list[str] | None
         return hf_ranker.load_ranker_folder(path)
     if hf_ranker.is_sequence_classification_folder(path):
         return hf_ranker.load_sequence_classification_folder(path)
+    if st_layout.is_router_folder(path):
+        return _read_router_folder(path)
     if hf_bert.is_bert_folder(path):
         return hf_bert.load_bert_folder(path)
     return hf_t5.load_hf_folder(path)
+
+
+def folder_conventions(path: str, config: ModelConfig) -> tuple[InputConventions, str]:
+    """(input conventions, where they come from) of an HF folder holding a model of `config`.
+
+    A record (input_conventions.json, which exports write) wins; else a
+    sentence-transformers folder's own files (prompts, max_seq_length,
+    truncation side); else the released RankGen conventions (cross encoders:
+    data.conventions.PAIR_DEFAULTS).
+    """
+    folder = Path(path)
+    record = folder / CONVENTIONS_FILE
+    if record.is_file():
+        return InputConventions.from_json(record.read_text(encoding="utf-8"), str(record)), f"recorded in {record}"
+    if (folder / "modules.json").is_file():
+        cap = None
+        if config.encoder_type == "bert":
+            cap = config.encoder.max_position_embeddings - config.encoder.position_offset
+        return st_layout.st_conventions(str(folder), cap), f"from the sentence-transformers files of {folder}"
+    return default_conventions(config.kind), no_record_origin(config)
+
+
+def no_record_origin(config: ModelConfig) -> str:
+    """Where the conventions of a model without a record come from, in words."""
+    what = "cross-encoder defaults" if config.kind == "cross_encoder" else "the released RankGen conventions"
+    return f"no record: {what}"
+
+
+def source_provenance(source: str, path: str, model_id: str | None = None) -> dict:
+    """Where an imported model comes from: the folder, and the license / base model its model card states."""
+    provenance = {"imported_from": str(path), "source_format": source}
+    if model_id:
+        provenance["model_id"] = model_id
+    card = Path(path) / "README.md"
+    if source == "hf" and card.is_file():
+        front = model_card.read_front_matter(card.read_text(encoding="utf-8", errors="replace"))
+        for key in ("license", "base_model"):
+            if isinstance(front.get(key), str) and front[key]:
+                provenance[key] = front[key]
+    return provenance
+
+
+def _read_router_folder(path: str) -> tuple[ModelConfig, dict, str | list[str] | None]:
+    """A sentence-transformers Router folder as a two-tower dual encoder (query route -> query tower)."""
+    configs, params, tokenizer = [], {}, None
+    for tower, modules in st_layout.router_routes(path).items():
+        model_dir = st_layout.transformer_dir(modules)
+        config, tower_params, tower_tokenizer = read_hf_folder(model_dir)
+        if config.kind != "encoder":
+            raise RankgenError(f"{model_dir}: a Router route's Transformer should be a plain encoder, "
+                               f"got {describe_model(config)}")
+        head, kernel = st_layout.read_st_head(modules, config.encoder.d_model)
+        if kernel is not None:
+            tower_params["projection_layer"] = {"kernel": kernel}
+        configs.append(ModelConfig(encoder=config.encoder, head=head))
+        params[f"{tower}_tower"] = tower_params
+        tokenizer = tokenizer or tower_tokenizer
+    if configs[0] != configs[1]:
+        raise RankgenError(f"{path}: the query and document routes hold different models ({configs[0]} and "
+                           f"{configs[1]}); only towers of one architecture and head are supported")
+    return dataclasses.replace(configs[0], shared_towers=False), params, tokenizer
 
 
 def import_checkpoint(
@@ -98,8 +164,14 @@ def import_checkpoint(
     vocab: str | None = None,
     head: HeadConfig | None = None,
     relpos_max_distance: int = 128,
+    model_id: str | None = None,
 ) -> ModelConfig:
-    """Convert a checkpoint into a new rankgen_jax checkpoint folder; returns its model config."""
+    """Convert a checkpoint into a new rankgen_jax checkpoint folder; returns its model config.
+
+    The folder records the model's input conventions (see folder_conventions;
+    T5X: the released RankGen ones) and its provenance (model_id: the
+    source's hub id, when known, becomes a trained model's base_model).
+    """
     _refuse_non_empty(out, overwrite)
     model_config, params, tokenizer = read_source(source, path, head, relpos_max_distance)
     if vocab is not None:
@@ -107,7 +179,12 @@ def import_checkpoint(
             raise RankgenError(f"{vocab}: no such vocabulary file or folder")
         tokenizer = vocab
     check_params_match(params, model_config, where=path)
-    native.save_params(out, model_config, params, vocab=tokenizer, overwrite=overwrite)
+    conventions = None
+    if model_config.kind != "encoder":  # a bare encoder reads no text until it is trained with a head
+        conventions = (folder_conventions(path, model_config)[0] if source == "hf"
+                       else default_conventions(model_config.kind))
+    native.save_params(out, model_config, params, vocab=tokenizer, overwrite=overwrite, conventions=conventions,
+                       provenance=source_provenance(source, path, model_id))
     return model_config
 
 
@@ -135,20 +212,32 @@ def hf_layout(config: ModelConfig, fmt: str) -> str:
     return fmt
 
 
+def uses_router(config: ModelConfig, fmt: str) -> bool:
+    """Whether a two-tower export is a sentence-transformers Router (BERT family, or T5 in `t5-encoder`, with
+    a head sentence-transformers has); else it writes one folder per tower."""
+    return (config.kind == "dual_encoder" and not config.shared_towers and hf_layout(config, fmt) != "rankgen"
+            and config.head.pooling in st_layout.ST_MODE_OF_POOLING and config.num_scores == 1)
+
+
 def export_layout(config: ModelConfig, fmt: str) -> str:
     """What export_hf writes for this model and `fmt`, in words (the CLI prints it)."""
     kind = hf_layout(config, fmt)
+    st_head = (config.kind == "dual_encoder" and config.head.pooling in st_layout.ST_MODE_OF_POOLING
+               and config.num_scores == 1)
     if kind == "sequence-classification":
         layout = f"{hf_ranker.SEQUENCE_CLASSIFICATION_ARCHITECTURES[config.encoder.variant]}, no remote code"
     elif kind == "ranker":
         layout = "ranker format, modeling_ranker.py"
     elif kind == "bert":
-        layout = "BERT-family model" + (" with sentence-transformers files" if config.kind == "dual_encoder" else "")
+        layout = "BERT-family model" + (" with sentence-transformers files" if st_head else "")
     elif kind == "t5-encoder":
-        layout = "T5EncoderModel" + (", the encoder alone" if config.head is not None else "")
+        layout = "T5EncoderModel" + (" with sentence-transformers files" if st_head else
+                                     ", the encoder alone" if config.head is not None else "")
     else:
         layout = "RankGen format, modeling_rankgen.py"
-    if config.kind == "dual_encoder" and not config.shared_towers:
+    if uses_router(config, fmt):
+        layout += "; a sentence-transformers Router, one route per tower (query_0_Transformer/, document_0_Transformer/)"
+    elif config.kind == "dual_encoder" and not config.shared_towers:
         layout += "; one folder per tower, query_encoder/ and document_encoder/"
     return layout
 
@@ -157,13 +246,17 @@ def export_hf(checkpoint: str, out: str, fmt: str = "rankgen", overwrite: bool =
               step: int | None = None) -> ModelConfig:
     """Write a checkpoint's parameters as a HuggingFace folder (safetensors); returns the model's config.
 
-    T5: `fmt` picks the RankGen or the plain T5EncoderModel layout. BERT family:
-    the base model's layout, plus sentence-transformers files for dual encoders.
-    Two-tower dual encoders write `query_encoder/` and `document_encoder/`.
-    Cross encoders whose head is HF's Bert/RobertaForSequenceClassification head
-    write that class; other cross encoders (either backbone) write the ranker
-    format (modeling_ranker.py, raw scores from AutoModel); `t5-encoder` writes a
-    T5 ranker's encoder alone.
+    T5: `fmt` picks the RankGen or the plain T5EncoderModel layout (with the
+    head as sentence-transformers modules where they have its pooling). BERT
+    family: the base model's layout, plus sentence-transformers files for dual
+    encoders. Those files carry the model's input conventions as prompts and
+    max_seq_length, and a note says what they cannot express. Two-tower dual
+    encoders write a sentence-transformers Router (see uses_router), else
+    `query_encoder/` and `document_encoder/`. Cross encoders whose head is HF's
+    Bert/RobertaForSequenceClassification head write that class; other cross
+    encoders (either backbone) write the ranker format (modeling_ranker.py, raw scores from AutoModel);
+    `t5-encoder` writes a T5 ranker's encoder alone. Every export records the
+    input conventions (input_conventions.json).
     """
     if fmt not in EXPORT_FORMATS:
         raise RankgenError(f"unknown export format {fmt!r}: expected one of {EXPORT_FORMATS}")
@@ -173,35 +266,74 @@ def export_hf(checkpoint: str, out: str, fmt: str = "rankgen", overwrite: bool =
     check_params_match(params, model_config, where=checkpoint)
     if native.vocab_path(checkpoint) is None:
         _note(f"note: {checkpoint} has no vocabulary; the exported folder will have no tokenizer files")
+    conventions = native.load_input_conventions(checkpoint) or default_conventions(model_config.kind)
     # A cross encoder has one encoder whatever shared_towers says.
-    if model_config.kind == "dual_encoder" and not model_config.shared_towers:
+    if uses_router(model_config, fmt):
+        limits = _export_router(checkpoint, model_config, params, out, fmt, overwrite, conventions)
+    elif model_config.kind == "dual_encoder" and not model_config.shared_towers:
         single = dataclasses.replace(model_config, shared_towers=True)
+        limits = []
         for tower in ("query", "document"):
-            _export_one(checkpoint, single, params[f"{tower}_tower"], str(Path(out) / f"{tower}_encoder"), fmt, True)
-        return model_config
-    _export_one(checkpoint, model_config, params, out, fmt, overwrite)
+            limits = _export_one(checkpoint, single, params[f"{tower}_tower"], str(Path(out) / f"{tower}_encoder"),
+                                 fmt, True, conventions)
+    else:
+        limits = _export_one(checkpoint, model_config, params, out, fmt, overwrite, conventions)
+    for limit in limits:
+        _note(f"note: sentence-transformers cannot express how this model reads text: {limit}")
+    record = Path(out) / CONVENTIONS_FILE
+    if model_config.kind == "encoder":
+        record.unlink(missing_ok=True)  # a bare encoder reads no text by itself; an older export's record is stale
+    else:
+        record.write_text(conventions.to_json(), encoding="utf-8")
     return model_config
 
 
-def _export_one(checkpoint: str, model_config: ModelConfig, params: dict, out: str, fmt: str, overwrite: bool) -> None:
+def _tokenizer(checkpoint: str, config: ModelConfig) -> list[str] | None:
+    """What the HF writers take as a tokenizer: a T5 model's spiece.model, a BERT-family model's files."""
+    if config.encoder_type == "t5":
+        spiece = native.spiece_path(checkpoint)
+        return [spiece] if spiece else None
+    return native.tokenizer_files(native.vocab_path(checkpoint))
+
+
+def _export_one(checkpoint: str, model_config: ModelConfig, params: dict, out: str, fmt: str, overwrite: bool,
+                conventions: InputConventions) -> list[str]:
+    """One HF folder; returns what its sentence-transformers files cannot say about the conventions."""
     layout = hf_layout(model_config, fmt)
     if layout == "sequence-classification":
-        hf_ranker.save_sequence_classification_folder(
-            model_config, params, out, native.tokenizer_files(native.vocab_path(checkpoint)), overwrite)
-    elif layout == "ranker":
-        if model_config.encoder_type == "t5":
-            spiece = native.spiece_path(checkpoint)
-            tokenizer = [spiece] if spiece else None
-        else:
-            tokenizer = native.tokenizer_files(native.vocab_path(checkpoint))
-        hf_ranker.save_ranker_folder(model_config, params, out, tokenizer, overwrite)
-    elif layout == "bert":
-        hf_bert.save_bert_folder(model_config, params, out, native.tokenizer_files(native.vocab_path(checkpoint)),
-                                 overwrite)
-    elif fmt == "rankgen" and model_config.head is None:
+        hf_ranker.save_sequence_classification_folder(model_config, params, out, _tokenizer(checkpoint, model_config),
+                                                      overwrite)
+        return []
+    if layout == "ranker":
+        hf_ranker.save_ranker_folder(model_config, params, out, _tokenizer(checkpoint, model_config), overwrite)
+        return []
+    if layout == "bert":
+        return hf_bert.save_bert_folder(model_config, params, out, _tokenizer(checkpoint, model_config), overwrite,
+                                        conventions)
+    if fmt == "rankgen" and model_config.head is None:
         raise RankgenError(
             f"{checkpoint}: holds a bare encoder without a head; export it with --format t5-encoder"
         )
-    else:
-        hf_t5.save_hf_folder(model_config, params, out, fmt=fmt, spiece_model=native.spiece_path(checkpoint),
-                             overwrite=overwrite)
+    return hf_t5.save_hf_folder(model_config, params, out, fmt=fmt, spiece_model=native.spiece_path(checkpoint),
+                                overwrite=overwrite, conventions=conventions)
+
+
+def _export_router(checkpoint: str, model_config: ModelConfig, params: dict, out: str, fmt: str, overwrite: bool,
+                   conventions: InputConventions) -> list[str]:
+    """A two-tower dual encoder as a sentence-transformers Router: each tower's HF model and head in its route."""
+    single = dataclasses.replace(model_config, shared_towers=True)
+    routes = {}
+    for tower, sides in (("query", ("prefix",)), ("document", ("suffix",))):
+        tower_params = params[f"{tower}_tower"]
+        route = st_layout.st_route(single, tower_params, sides)
+        routes[tower] = dataclasses.replace(route, model_dir=st_layout.router_model_dir(tower))
+    common.prepare_out_dir(out, overwrite, (*hf_t5.STALE_FILES, *hf_bert.STALE_FILES, CONVENTIONS_FILE),
+                           st_layout.ST_MODULE_DIR)
+    bare = ModelConfig(encoder=model_config.encoder, head=None)
+    for tower, route in routes.items():
+        # The route's folder holds the tower's encoder alone; its head is the route's other modules.
+        _export_one(checkpoint, bare, params[f"{tower}_tower"], str(Path(out) / route.model_dir), "t5-encoder", True,
+                    conventions)
+    cap = hf_bert.positions(model_config.encoder) if model_config.encoder_type == "bert" else None
+    st_layout.write_router(out, routes, conventions, cap)
+    return st_layout.st_limits(conventions, list(routes.values()), cap)

@@ -3,6 +3,10 @@
 Layout of CKPT_DIR (the same that `rankgen-jax train` writes into its workdir):
 
     model_config.json        ModelConfig (encoder + head)
+    input_conventions.json   how the model reads text (data/conventions.py): markers, lengths,
+                             kept ends, EOS handling; absent in folders made before it existed
+    provenance.json          where the model came from, when known: license, base model,
+                             the folder it was imported or trained from (for model cards)
     vocab/                   the tokenizer, when known: spiece.model (T5) or
                              tokenizer.json and its companions (BERT family)
     checkpoints/<step>/      Orbax CheckpointManager steps; item `params` holds
@@ -22,6 +26,7 @@ local folder "gs:/b". For gs:// epath reaches the bucket through tf.io.gfile
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 from typing import Sequence
@@ -32,6 +37,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from rankgen_jax.data.conventions import CONVENTIONS_FILE, InputConventions
 from rankgen_jax.models.configs import ModelConfig
 from rankgen_jax.errors import RankgenError
 
@@ -41,6 +47,7 @@ VOCAB_DIR = "vocab"
 TOKENIZER_FILES = ("spiece.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.txt", "vocab.json", "merges.txt")
 STEPS_DIR = "checkpoints"
+PROVENANCE_FILE = "provenance.json"
 
 
 def as_path(path: str | os.PathLike) -> epath.Path:
@@ -150,6 +157,39 @@ def save_model_config(path: str | os.PathLike, model_config: ModelConfig, vocab=
         (ckpt / VOCAB_DIR / name).write_bytes(source.read_bytes())
 
 
+def save_input_conventions(path: str | os.PathLike, conventions: InputConventions) -> None:
+    """Write input_conventions.json: how the model in this folder reads text."""
+    (as_path(path) / CONVENTIONS_FILE).write_text(conventions.to_json(), encoding="utf-8")
+
+
+def load_input_conventions(path: str | os.PathLike) -> InputConventions | None:
+    """The recorded input conventions of a checkpoint folder, or None when it has no record."""
+    file = as_path(path) / CONVENTIONS_FILE
+    if not file.is_file():
+        return None
+    return InputConventions.from_json(file.read_text(encoding="utf-8"), where=str(file))
+
+
+def save_provenance(path: str | os.PathLike, provenance: dict) -> None:
+    """Write provenance.json (license, base model, source folders; model cards read it)."""
+    (as_path(path) / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2, sort_keys=True) + "\n",
+                                                 encoding="utf-8")
+
+
+def load_provenance(path: str | os.PathLike) -> dict:
+    """A checkpoint folder's provenance.json ({} when it has none)."""
+    file = as_path(path) / PROVENANCE_FILE
+    if not file.is_file():
+        return {}
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise RankgenError(f"{file}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise RankgenError(f"{file}: expected a JSON object")
+    return data
+
+
 def save_params(
     path: str | os.PathLike,
     model_config: ModelConfig,
@@ -157,10 +197,19 @@ def save_params(
     step: int = 0,
     vocab=None,
     overwrite: bool = False,
+    conventions: InputConventions | None = None,
+    provenance: dict | None = None,
 ) -> None:
-    """Write a new checkpoint folder holding only parameters (what `import` produces)."""
+    """Write a new checkpoint folder holding only parameters (what `import` produces).
+
+    conventions / provenance, when given, are recorded beside the model.
+    """
     ckpt = ensure_writable_dir(path, overwrite)
     save_model_config(ckpt, model_config, vocab)
+    if conventions is not None:
+        save_input_conventions(ckpt, conventions)
+    if provenance:
+        save_provenance(ckpt, provenance)
     manager = step_manager(ckpt)
     manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params)))
     manager.wait_until_finished()
@@ -191,6 +240,15 @@ def spiece_path(path: str | os.PathLike) -> str | None:
     """The checkpoint's SentencePiece model, or None."""
     candidate = as_path(path) / VOCAB_DIR / "spiece.model"
     return str(candidate) if candidate.is_file() else None
+
+
+def latest_step(path: str | os.PathLike) -> int | None:
+    """The newest saved step of a checkpoint folder (None when it has none)."""
+    manager = step_manager(_require_checkpoint_dir(path))
+    try:
+        return manager.latest_step()
+    finally:
+        manager.close()
 
 
 def restore_params(path: str | os.PathLike, step: int | None = None) -> tuple[ModelConfig, dict]:

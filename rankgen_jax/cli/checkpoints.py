@@ -18,6 +18,8 @@ def add_import(subparsers) -> None:
     p.add_argument("--out", required=True, help="new checkpoint folder to write")
     p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out")
     p.add_argument("--vocab", help="SentencePiece model to store with the checkpoint (default: the source's spiece.model)")
+    p.add_argument("--model_id", help="the source's model hub id (e.g. sentence-transformers/all-MiniLM-L6-v2): "
+                   "the base_model of model cards of exports and of models trained from this checkpoint")
     t5x = p.add_argument_group("T5X only (its checkpoints store no model config)")
     t5x.add_argument("--pooling", choices=POOLINGS, default="first", help="dual-encoder pooling (default: first, as RankGen)")
     t5x.add_argument("--l2_normalize", action="store_true", help="L2-normalise vectors (Sentence-T5 / t5x_retrieval)")
@@ -35,7 +37,7 @@ def _run_import(args) -> None:
         raise RankgenError("--pooling / --l2_normalize / --no_head apply to --from t5x only (HF folders carry their config)")
     config = import_checkpoint(
         args.source, args.path, args.out, overwrite=args.overwrite, vocab=args.vocab,
-        head=head, relpos_max_distance=args.relpos_max_distance,
+        head=head, relpos_max_distance=args.relpos_max_distance, model_id=args.model_id,
     )
     print(f"imported a {describe_model(config)} to {args.out}")
 

@@ -13,6 +13,31 @@ from rankgen_jax.retrieval.dense_index import index_corpus, search_queries
 CORPUS_HELP = ("passages: TSV `id<TAB>text` (MS MARCO collection.tsv), JSON lines {\"id\", \"text\"} (also BEIR's "
                "{\"_id\", \"title\", \"text\"} and Tevatron's {\"docid\", ...}), or a BEIR folder; ids are kept as written")
 
+# Flags that override a model's recorded input conventions (data/conventions.py), named as its fields.
+CONVENTION_FLAGS = ("prefix_marker", "suffix_marker", "prefix_length", "suffix_length", "prefix_keep", "suffix_keep",
+                    "truncation")
+
+
+def add_convention_flags(p, truncation: bool = True) -> None:
+    """The flags that override how the model reads text; unset ones keep what is recorded with it."""
+    g = p.add_argument_group("input conventions (default: those recorded with the model; the released RankGen "
+                             "ones for a folder without a record)")
+    g.add_argument("--prefix_marker", help='text put before each prefix / query, e.g. "pre " ("" for none)')
+    g.add_argument("--suffix_marker", help='text put before each continuation / passage, e.g. "suffi "')
+    g.add_argument("--prefix_length", type=int, help="tokens per prefix / query")
+    g.add_argument("--suffix_length", type=int, help="tokens per continuation / passage")
+    g.add_argument("--prefix_keep", choices=("start", "end"), help="which end of an over-long prefix stays")
+    g.add_argument("--suffix_keep", choices=("start", "end"), help="which end of an over-long continuation stays")
+    if truncation:
+        g.add_argument("--truncation", choices=TRUNCATION_MODES,
+                       help="released: slice to the limit like the released code (a cut text loses EOS); "
+                       "clean: cut but keep EOS")
+
+
+def convention_args(args) -> dict:
+    """{InputConventions field: value} of the convention flags given (None for those not given)."""
+    return {name: getattr(args, name, None) for name in CONVENTION_FLAGS}
+
 
 def add_score(subparsers) -> None:
     p = subparsers.add_parser(
@@ -39,13 +64,14 @@ def add_score(subparsers) -> None:
     lm.add_argument("--lm_batch_size", type=int, default=16, help="sequences per LM forward pass (default 16)")
     lm.add_argument("--device", default="cpu", help="torch device of the LM, e.g. cpu or cuda (default cpu)")
     p.add_argument("--no_progress", action="store_true", help="no progress bar")
+    add_convention_flags(p)
     p.set_defaults(run=_run_score)
 
 
 def _run_score(args) -> dict:
     return run_score(args.input, args.output, method=args.method, model_path=args.model, batch_size=args.batch_size,
                      lm_path=args.lm, lm_reduce=args.lm_reduce, lm_batch_size=args.lm_batch_size,
-                     device=args.device, progress=not args.no_progress)
+                     device=args.device, progress=not args.no_progress, conventions=convention_args(args))
 
 
 def add_index(subparsers) -> None:
@@ -66,13 +92,14 @@ def add_index(subparsers) -> None:
     p.add_argument("--title_join", default=DEFAULT_TITLE_JOIN,
                    help="what joins a passage's title to its text: title + SEP + text (default: a space)")
     p.add_argument("--no_title", action="store_true", help="drop titles: encode the text alone")
+    add_convention_flags(p)
     p.set_defaults(run=_run_index)
 
 
 def _run_index(args) -> None:
     index_corpus(args.model, args.corpus, args.out, kind=args.kind, batch_size=args.batch_size,
                  encode_kind=args.encode_kind, max_length=args.max_length, overwrite=args.overwrite,
-                 title_join=None if args.no_title else args.title_join)
+                 title_join=None if args.no_title else args.title_join, conventions=convention_args(args))
     print(f"wrote the {args.kind} index of {args.corpus} to {args.out}")
 
 
@@ -94,13 +121,14 @@ def add_search(subparsers) -> None:
     p.add_argument("--format", choices=RUN_FORMATS, default="jsonl", help="output format (default: jsonl)")
     p.add_argument("--run_tag", default=DEFAULT_RUN_TAG, help=f"a TREC run's tag column (default {DEFAULT_RUN_TAG})")
     p.add_argument("--encode_kind", choices=["prefix", "suffix", "raw"], default="prefix")
+    add_convention_flags(p)
     p.set_defaults(run=_run_search)
 
 
 def _run_search(args) -> None:
     results = search_queries(args.model, args.index, args.queries, args.k, out_path=args.output,
                              encode_kind=args.encode_kind, split=args.split, out_format=args.format,
-                             run_tag=args.run_tag)
+                             run_tag=args.run_tag, conventions=convention_args(args))
     if not args.output:
         for line in run_lines(results, args.format, args.run_tag):
             print(line)
@@ -139,26 +167,27 @@ def _run_evaluate(args) -> dict:
 def add_encode(subparsers) -> None:
     p = subparsers.add_parser(
         "encode",
-        help="encode texts into an .npy of vectors with the released RankGen conventions",
+        help="encode texts into an .npy of vectors, read the way the model records (released RankGen by default)",
         description="Encode texts (JSONL with a \"text\" field, or the kind's \"prefix\" / \"suffix\" field; or "
         "plain text, one per line) with a dual encoder: a rankgen_jax checkpoint or training workdir, an exported "
-        "folder, or any HF folder in the released RankGen format. Writes [N, D] float32 vectors in input order. "
+        "folder, or any HF folder in the released RankGen format. Texts are read with the model's recorded input "
+        "conventions (markers, lengths, kept end, truncation; the released RankGen ones where none are recorded), "
+        "which one stderr line names; the flags below override them. Writes [N, D] float32 vectors in input order. "
         "Blank or malformed lines are skipped and counted on stderr; OUTPUT.ids.json then lists each row's "
         "input line number.",
     )
     p.add_argument("--model", required=True, help="checkpoint folder, training workdir or HF folder (dual encoder)")
     p.add_argument("--input", required=True, help="JSONL or plain-text file of texts")
     p.add_argument("--kind", required=True, choices=KINDS,
-                   help='prefix ("pre " marker, 512 tokens), suffix ("suffi ", 128) or raw (no marker, 512)')
+                   help='prefix (the prefix marker, released: "pre ", 512 tokens), suffix ("suffi ", 128) or raw '
+                   "(the prefix side without a marker)")
     p.add_argument("--output", required=True, help=".npy file to write")
-    p.add_argument("--truncation", choices=TRUNCATION_MODES, default="released",
-                   help="released: slice to max length like the released code (a cut text loses EOS; default); "
-                   "clean: cut but keep EOS")
     p.add_argument("--batch_size", type=int, help="rows per batch (default: chosen from device memory)")
-    p.add_argument("--max_length", type=int, help="tokens per text (default: the kind's)")
+    p.add_argument("--max_length", type=int, help="tokens per text (default: the kind's side's)")
+    add_convention_flags(p)
     p.set_defaults(run=_run_encode)
 
 
 def _run_encode(args) -> dict:
-    return run_encode(args.model, args.input, args.kind, args.output, truncation=args.truncation,
-                      batch_size=args.batch_size, max_length=args.max_length)
+    return run_encode(args.model, args.input, args.kind, args.output, batch_size=args.batch_size,
+                      max_length=args.max_length, conventions=convention_args(args))

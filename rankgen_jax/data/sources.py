@@ -24,8 +24,9 @@ import gin
 import numpy as np
 
 from rankgen_jax.data import lists
+from rankgen_jax.data.conventions import InputConventions
 from rankgen_jax.data.documents import Document, ReadStats, require_documents
-from rankgen_jax.data.example_source import ExampleTriples, build_examples
+from rankgen_jax.data.example_source import PREFIX_MARKER, SUFFIX_MARKER, ExampleTriples, build_examples
 from rankgen_jax.data.examples import ExampleConfig
 from rankgen_jax.data.jsonl import read_jsonl
 from rankgen_jax.data.text import load_text_encoder, pad_batch
@@ -194,6 +195,43 @@ def make_sources(config: DataConfig, layout: BatchLayout = TRIPLE_LAYOUT) -> tup
         return _record_sources(config, layout)
     raise RankgenError(
         f"unknown data source {config.source!r}: expected 'examples', 'seqio', 'books', 'random', 'lists' or 'pairs'")
+
+
+def training_conventions(config: DataConfig, layout: BatchLayout = TRIPLE_LAYOUT) -> InputConventions:
+    """How the sources `make_sources(config, layout)` builds read text (recorded beside the trained model).
+
+    Every source cuts with the final special token kept ("clean"). Triples and
+    dual-encoder lists: "pre " / "suffi " markers (a seqio task's own), the
+    prefix cut to prefix_length keeping `prefix_keep` (the seqio tasks keep
+    the start), continuations to continuation_length keeping their start.
+    Cross-encoder lists: no markers, the query's `prefix_keep` end. Labelled
+    pairs: no markers, both passages keep their start (joint pairs: half the
+    length each).
+    """
+    markers, prefix_keep = (PREFIX_MARKER, SUFFIX_MARKER), config.prefix_keep
+    prefix_length, suffix_length = config.prefix_length, config.continuation_length
+    if config.source == "seqio":
+        markers, prefix_keep = _seqio_markers(config.task), "start"
+    elif config.source == "lists" and layout.joint:
+        markers = ("", "")
+    elif config.source == "pairs":
+        markers, prefix_keep = ("", ""), "start"
+        if layout.joint:
+            prefix_length = config.prefix_length // 2
+            suffix_length = config.prefix_length - prefix_length
+        else:
+            suffix_length = config.prefix_length
+    return InputConventions(prefix_marker=markers[0], suffix_marker=markers[1], prefix_length=prefix_length,
+                            suffix_length=suffix_length, prefix_keep=prefix_keep, suffix_keep="start",
+                            truncation="clean")
+
+
+def _seqio_markers(task: str) -> tuple[str, str]:
+    """The markers of a RankGen seqio task (the registry is filled by entry points; others use RankGen's)."""
+    # seqio brings TensorFlow: only a seqio run, which has imported it already, gets here.
+    from rankgen_jax.data.seqio.tasks import is_rankgen_task, task_spec
+
+    return tuple(task_spec(task).markers) if task and is_rankgen_task(task) else (PREFIX_MARKER, SUFFIX_MARKER)
 
 
 def _record_sources(config: DataConfig, layout: BatchLayout) -> tuple[BatchSource, BatchSource]:

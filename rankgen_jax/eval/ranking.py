@@ -244,8 +244,12 @@ def score_file(
 
 def run_score(input_path: str, output_path: str | None = None, *, method: str = "model",
               model_path: str | None = None, batch_size: int = 64, lm_path: str | None = None,
-              lm_reduce: str = "mean", lm_batch_size: int = 16, device: str = "cpu", progress: bool = True) -> dict:
+              lm_reduce: str = "mean", lm_batch_size: int = 16, device: str = "cpu", progress: bool = True,
+              conventions: dict | None = None) -> dict:
     """What `rankgen-jax score` does: load the model or LM a method needs, score_file, print a summary.
+
+    The model reads text with its recorded input conventions, `conventions`
+    ({InputConventions field: value}) on top; one stderr line names them.
 
     Returns score_file's result. A file with no well-formed line is an
     error (and leaves no output behind).
@@ -261,7 +265,8 @@ def run_score(input_path: str, output_path: str | None = None, *, method: str = 
         # Imports jax: not at the top, so that the CLI imports this module before it sets XLA's flags.
         from rankgen_jax.inference.encoder import load_model
 
-        model = load_model(model_path)
+        model = load_model(model_path, conventions=conventions)
+        print(model.conventions_note(), file=sys.stderr)
     elif model_path:
         print(f"note: --model is not used with --method {method}", file=sys.stderr)
     if method in LM_METHODS:

@@ -12,12 +12,14 @@ import gin
 import numpy as np
 
 from rankgen_jax.checkpoints.convert import export_hf
+from rankgen_jax.data.conventions import InputConventions
 from rankgen_jax.data.documents import require_documents
 from rankgen_jax.data.example_source import build_examples
 from rankgen_jax.data.examples import ExampleConfig
-from rankgen_jax.data.sources import DataConfig
+from rankgen_jax.data.jsonl import write_jsonl
+from rankgen_jax.data.sources import DataConfig, training_conventions
 from rankgen_jax.eval.ranking import accuracy, mrr, pairwise_accuracy
-from rankgen_jax.experiments.stages import read_results, starting_checkpoint, write_results
+from rankgen_jax.experiments.stages import log, read_results, starting_checkpoint, write_results
 from rankgen_jax.inference.encoder import load_model
 from rankgen_jax.retrieval.sparse import token_overlap_scores, unigram_overlap_scores
 from rankgen_jax.train.config import TrainerConfig
@@ -72,11 +74,23 @@ def suffix_identification(score_lists: list[np.ndarray]) -> dict:
             "accuracy_pairwise": pairwise_accuracy(score_lists, gold)}
 
 
-def evaluate_model(path: str, items: list[dict], data: DataConfig) -> dict:
-    model = load_model(path)
-    scores = model.score([it["prefix"] for it in items], [it["candidates"] for it in items],
-                         prefix_length=data.prefix_length, suffix_length=data.continuation_length,
-                         prefix_keep=data.prefix_keep)
+# The held-out items (gold candidate first: label 0), and each model's scores of them, as `score` reads and writes.
+SUFFIX_ITEMS_FILE = "suffix_eval_items.jsonl"
+
+
+def suffix_scores_file(name: str) -> str:
+    return f"suffix_eval_scores_{name}.jsonl"
+
+
+def evaluate_model(path: str, items: list[dict], conventions: InputConventions | None = None,
+                   scores_out: Path | None = None) -> dict:
+    """Suffix identification of the model at `path`, read with its recorded input conventions
+    (or `conventions`); scores_out gets each item with its "scores", as `rankgen-jax score` writes them."""
+    model = load_model(path, conventions=None if conventions is None else dataclasses.asdict(conventions))
+    log("job", f"{path}: {model.conventions_note()}")
+    scores = model.score([it["prefix"] for it in items], [it["candidates"] for it in items])
+    if scores_out is not None:
+        write_jsonl(scores_out, ({**it, "scores": [float(x) for x in s]} for it, s in zip(items, scores)))
     return suffix_identification(scores)
 
 
@@ -148,21 +162,27 @@ def run_job(workdir: str) -> dict:
     items = []
     if job.suffix_eval_examples:
         items = held_out_suffix_sets(data, job.suffix_eval_examples, job.suffix_eval_negatives)
-        print(f"[job] {len(items)} held-out suffix identification items", flush=True)
+        write_jsonl(root / SUFFIX_ITEMS_FILE, ({**it, "label": 0} for it in items))
+        print(f"[job] {len(items)} held-out suffix identification items ({root / SUFFIX_ITEMS_FILE})", flush=True)
         results.setdefault("unigram", evaluate_unigram(items))
         results.setdefault("token_overlap", evaluate_token_overlap(items))
         if trainer.init_checkpoint and "zero_shot" not in results:
             print("[job] evaluating the starting model (zero-shot)", flush=True)
-            results["zero_shot"] = evaluate_model(trainer.init_checkpoint, items, data)
+            # Read as training reads text (which the fine-tuned model records), so the two compare like for like.
+            results["zero_shot"] = evaluate_model(trainer.init_checkpoint, items, training_conventions(data),
+                                                  root / suffix_scores_file("zero_shot"))
         write_results(root, results)
 
     print("[job] training", flush=True)
     results["train"] = train(str(root / "train"), trainer=trainer, data=data)
     if items:
         print("[job] evaluating the fine-tuned model", flush=True)
-        results["fine_tuned"] = evaluate_model(str(root / "train"), items, data)
+        results["fine_tuned"] = evaluate_model(str(root / "train"), items,
+                                               scores_out=root / suffix_scores_file("fine_tuned"))
     if job.plot:
         results["plot"] = str(plot_run(root / "train", results))
+    # Saved before the export, whose model card reports them.
+    write_results(root, results)
     if job.export:
         export_hf(str(root / "train"), str(root / "hf"), overwrite=True)
         results["export"] = str(root / "hf")

@@ -73,7 +73,7 @@ def pair_scores(model: LoadedModel, records: list[dict], length: int, batch_size
     for r in records:
         for key in ("a", "b"):
             index.setdefault(r[key], len(index))
-    vectors = _unit(model.encode(list(index), "raw", length, batch_size))
+    vectors = _unit(model.encode(list(index), "raw", length, batch_size, keep="start", truncation="clean"))
     if vectors.ndim == 2:
         vectors = vectors[:, None, :]  # one vector: one cosine for every perspective
     a_PxNxD = vectors[[index[r["a"]] for r in records]]

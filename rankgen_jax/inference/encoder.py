@@ -6,15 +6,17 @@ reads (T5, the released RankGen format, BERT / MiniLM / sentence-transformers),
 including the `query_encoder/` + `document_encoder/` pair a two-tower export
 writes. Nothing is written to disk.
 
-RankGen conventions (docs/design.md, 'RankGen format'): prefixes are `"pre " + text` through the
-query tower, continuations `"suffi " + text` through the document tower, and
-the score is the raw dot product of the two vectors.
-
-Truncation: by default ("clean") inputs longer than the limit are cut so that
-they keep their final special token (EOS / [SEP]), as everywhere else in this
-project. truncation="released" reproduces the released RankGen encoder, which
-pads the batch and then slices it to the limit, so an over-long input loses its
-EOS; use it to match scores of the released checkpoints exactly.
+Prefixes go through the query tower, continuations through the document
+tower, and the score is the raw dot product of the two vectors. How texts
+become ids (markers, each side's length, which end of an over-long text stays,
+EOS handling) are the model's input conventions (data/conventions.py): the
+ones recorded with it (input_conventions.json, written by training and
+exports), a sentence-transformers folder's own (prompts, max_seq_length), or
+for a folder without either the released RankGen ones ("pre " / "suffi ",
+512 / 128 tokens, and "released" truncation: the batch is padded and then
+sliced to the limit, so an over-long input loses its EOS, as in the released
+code). Arguments given to encode / score override them; `conventions_note`
+says which were used.
 
 Batches: `batch_size=None` picks the rows of each batch from a memory budget
 (see rows_for_memory); with a `mesh` of several devices the rows of every
@@ -34,19 +36,23 @@ import numpy as np
 from jax.sharding import Mesh
 
 from rankgen_jax.checkpoints import native
-from rankgen_jax.checkpoints.convert import read_source
+from rankgen_jax.checkpoints.convert import folder_conventions, no_record_origin, read_source
+from rankgen_jax.data.conventions import CONVENTIONS_FILE, InputConventions, default_conventions
 from rankgen_jax.models.configs import BertConfig, ModelConfig
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.factory import build_model, check_params_match, to_model_layout
 from rankgen_jax.runtime.partitioning import batch_sharding, replicated
 from rankgen_jax.data.text import TextEncoder, encode_pair_truncated, encode_truncated, load_text_encoder, pad_batch
 
-# kind -> (text marker, tower, default max_length in tokens)
+# kind -> (the released RankGen marker, tower, the released max_length in tokens); a model's own
+# markers and lengths are its input conventions (KIND_SIDES: which side's).
 ENCODE_KINDS: dict[str, tuple[str, str, int]] = {
     "prefix": ("pre ", "query", 512),
     "suffix": ("suffi ", "document", 128),
     "raw": ("", "query", 512),
 }
+# The conventions' side each kind reads with; "raw" is the prefix side without its marker.
+KIND_SIDES = {"prefix": "prefix", "suffix": "suffix", "raw": "prefix"}
 # Smallest padded length; shorter batches share this one compiled shape.
 MIN_BUCKET = 16
 # Up to this length buckets are powers of two, beyond it multiples of it: few
@@ -165,6 +171,11 @@ def _check_truncation(truncation: str, keep: str) -> None:
         raise RankgenError("keep='end' needs truncation='clean' (the released encoder always cuts the end)")
 
 
+def _check_kind(kind: str) -> None:
+    if kind not in ENCODE_KINDS:
+        raise RankgenError(f"unknown encode kind {kind!r}: expected one of {sorted(ENCODE_KINDS)}")
+
+
 @functools.lru_cache(maxsize=32)
 def _tower_fn(config: ModelConfig, tower: str, mesh: Mesh | None = None) -> Callable:
     """The jitted vectors function of one tower; cached on the (hashable) config, so models with
@@ -190,6 +201,8 @@ class LoadedModel:
     One jitted function per tower is kept (per config, see _tower_fn); jax
     compiles it once per padded (rows, length) shape, and `compiled_shapes`
     records the (tower, rows, length) shapes this model has run.
+    conventions: how texts become ids when a call does not say (module
+    docstring); conventions_origin: where they come from, in words.
     """
 
     config: ModelConfig
@@ -197,18 +210,39 @@ class LoadedModel:
     text: TextEncoder
     source: str = ""
     compiled_shapes: set = dataclasses.field(default_factory=set)
+    conventions: InputConventions | None = None
+    conventions_origin: str = ""
+
+    def __post_init__(self):
+        if self.conventions is None:
+            self.conventions = default_conventions(self.config.kind)
+            self.conventions_origin = self.conventions_origin or "no record: defaults for the model kind"
 
     @classmethod
-    def from_params(cls, config: ModelConfig, params: dict, text: TextEncoder, source: str = "") -> LoadedModel:
+    def from_params(cls, config: ModelConfig, params: dict, text: TextEncoder, source: str = "",
+                    conventions: InputConventions | None = None, conventions_origin: str = "") -> LoadedModel:
         """A model of parameters in memory, in the layout checkpoints store (e.g. a run's initial
-        parameters), checked against config and the tokenizer; source names them in errors."""
+        parameters), checked against config and the tokenizer; source names them in errors.
+        conventions default to those of a folder without a record (data.conventions.default_conventions)."""
         where = source or "parameters"
         check_params_match(params, config, where=where)
         if text.size > config.encoder.vocab_size:
             # Out-of-range ids would be clamped silently by the embedding lookup.
             raise RankgenError(f"{where}: the tokenizer has {text.size} ids "
                                f"but the model's vocab_size is {config.encoder.vocab_size}")
-        return cls(config=config, params=jax.device_put(to_model_layout(params, config)), text=text, source=source)
+        return cls(config=config, params=jax.device_put(to_model_layout(params, config)), text=text, source=source,
+                   conventions=conventions, conventions_origin=conventions_origin)
+
+    def override_conventions(self, **overrides) -> None:
+        """Replace some input conventions (InputConventions field names; None values are ignored)."""
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if given:
+            self.conventions = self.conventions.replace(**given)
+            self.conventions_origin += f"; given: {', '.join(sorted(given))}"
+
+    def conventions_note(self) -> str:
+        """One line for stderr: the input conventions this model reads text with, and where they come from."""
+        return f"input conventions: {self.conventions.describe()} ({self.conventions_origin})"
 
     @property
     def dim(self) -> int:
@@ -220,8 +254,23 @@ class LoadedModel:
         """Shape of one text's vectors: (D,), or (P, D) for a model with P perspective heads."""
         return (self.config.num_scores, self.dim) if self.config.num_scores > 1 else (self.dim,)
 
+    def _side(self, kind: str, max_length: int | None = None, truncation: str | None = None,
+              keep: str | None = None) -> tuple[str, int, str, str]:
+        """(marker, length limit, kept end, truncation) a kind reads with: the arguments given, else the conventions."""
+        _check_kind(kind)
+        side_keep = self.conventions.side(KIND_SIDES[kind])[2]
+        truncation = self.conventions.truncation if truncation is None else truncation
+        keep = side_keep if keep is None else keep
+        _check_truncation(truncation, keep)
+        return self._marker(kind), self._max_length(kind, max_length), keep, truncation
+
+    def _marker(self, kind: str) -> str:
+        _check_kind(kind)
+        return "" if kind == "raw" else self.conventions.side(KIND_SIDES[kind])[0]
+
     def _max_length(self, kind: str, max_length: int | None) -> int:
-        limit = ENCODE_KINDS[kind][2] if max_length is None else int(max_length)
+        _check_kind(kind)
+        limit = self.conventions.side(KIND_SIDES[kind])[1] if max_length is None else int(max_length)
         if limit < 1 + self.text.num_special:
             raise RankgenError(f"max_length={limit} leaves no room for text "
                                f"(the tokenizer adds {self.text.num_special} special tokens)")
@@ -234,20 +283,20 @@ class LoadedModel:
         Not truncated, unless keep_end_over is set: then texts longer than that
         many ids lose their beginning instead of their end.
         """
-        if kind not in ENCODE_KINDS:
-            raise RankgenError(f"unknown encode kind {kind!r}: expected one of {sorted(ENCODE_KINDS)}")
-        marker = ENCODE_KINDS[kind][0]
+        marker = self._marker(kind)
         if keep_end_over is not None:
             return [encode_truncated(self.text, marker, text, keep_end_over, keep="end") for text in texts]
         return [self.text.add_special(self.text.tokenize(marker + text)) for text in texts]
 
     def input_ids(
-        self, texts: Sequence[str], kind: str = "raw", max_length: int | None = None, truncation: str = "clean",
-        keep: str = "start",
+        self, texts: Sequence[str], kind: str = "raw", max_length: int | None = None, truncation: str | None = None,
+        keep: str | None = None,
     ) -> list[list[int]]:
-        """The token ids `encode` feeds the model for each text (marker, text, special tokens, cut to the limit)."""
-        _check_truncation(truncation, keep)
-        limit = self._max_length(kind, max_length)
+        """The token ids `encode` feeds the model for each text (marker, text, special tokens, cut to the limit).
+
+        max_length, truncation and keep default to the model's input conventions.
+        """
+        _, limit, keep, truncation = self._side(kind, max_length, truncation, keep)
         if truncation == "clean" and keep == "end":
             return self.tokenize(texts, kind, keep_end_over=limit)
         sequences = self.tokenize(texts, kind)
@@ -268,16 +317,17 @@ class LoadedModel:
 
     def encode(
         self, texts: Sequence[str], kind: str = "raw", max_length: int | None = None, batch_size: int | None = 64,
-        keep: str = "start", truncation: str = "clean", mesh: Mesh | None = None,
+        keep: str | None = None, truncation: str | None = None, mesh: Mesh | None = None,
         memory_budget_bytes: int | None = None, on_batch: Callable[[int], None] | None = None,
         bucket_step: int | None = None,
     ) -> np.ndarray:
         """Vectors [N, D] (float32) of `texts`, in input order ([N, P, D] with P perspective heads).
 
-        kind: "prefix" ("pre " marker, query tower, default 512 tokens),
-          "suffix" ("suffi " marker, document tower, default 128 tokens) or
-          "raw" (no marker, query tower, default 512 tokens). max_length is
-          capped by a BERT-family encoder's position table.
+        kind: "prefix" (the prefix side's marker, query tower), "suffix" (the
+          suffix side's, document tower) or "raw" (the prefix side without a
+          marker). max_length, truncation and keep default to the model's
+          input conventions (released RankGen: "pre " / "suffi ", 512 / 128
+          tokens); max_length is capped by a BERT-family encoder's position table.
         truncation: "clean" cuts long texts but keeps their final special token;
           "released" cuts them at the limit like the released RankGen code
           (their EOS is lost). See input_ids.
@@ -301,8 +351,7 @@ class LoadedModel:
             raise RankgenError("encode takes a list of texts, not a single string")
         if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
             raise RankgenError(f"batch_size must be >= 1 or None (from memory), got {batch_size}")
-        if kind not in ENCODE_KINDS:
-            raise RankgenError(f"unknown encode kind {kind!r}: expected one of {sorted(ENCODE_KINDS)}")
+        _check_kind(kind)
         if bucket_step is not None and (isinstance(bucket_step, bool) or not isinstance(bucket_step, int)
                                         or bucket_step < 1):
             raise RankgenError(f"bucket_step must be a positive integer or None, got {bucket_step!r}")
@@ -363,8 +412,8 @@ class LoadedModel:
         batch_size: int | None = 64,
         prefix_length: int | None = None,
         suffix_length: int | None = None,
-        prefix_keep: str = "start",
-        truncation: str = "clean",
+        prefix_keep: str | None = None,
+        truncation: str | None = None,
         mesh: Mesh | None = None,
         memory_budget_bytes: int | None = None,
     ) -> list[np.ndarray]:
@@ -372,7 +421,8 @@ class LoadedModel:
 
         With P perspective heads: [C_i, P], one dot product per perspective.
 
-        prefix_keep: "end" truncates long prefixes from the left (clean truncation only, see encode).
+        Lengths, prefix_keep and truncation default to the input conventions;
+        prefix_keep "end" truncates long prefixes from the left (clean truncation only, see encode).
         """
         if len(prefixes) != len(candidates):
             raise RankgenError(f"score: {len(prefixes)} prefixes but {len(candidates)} candidate lists")
@@ -387,16 +437,19 @@ class LoadedModel:
         return [(cand_MxD[bounds[i] : bounds[i + 1]] * prefix_NxD[i]).sum(-1) for i in range(len(candidates))]
 
     def score_pairs(
-        self, queries: Sequence[str], candidates: Sequence[Sequence[str]], query_length: int = 128,
-        candidate_length: int = 128, batch_size: int = 64, query_keep: str = "end",
+        self, queries: Sequence[str], candidates: Sequence[Sequence[str]], query_length: int | None = None,
+        candidate_length: int | None = None, batch_size: int = 64, query_keep: str | None = None,
     ) -> list[np.ndarray]:
         """Cross encoder: for each query, the scores [C_i] (or [C_i, N]) of `query + candidate` read together.
 
-        The query keeps its last query_length tokens (query_keep="start": its
-        first, as for passage pairs), each candidate its first candidate_length
-        (the layouts the list and pair trainers use).
+        Lengths and query_keep default to the input conventions' prefix and
+        suffix sides (without a record: the query keeps its last 128 tokens,
+        each candidate its first 128, the layout the list trainer uses).
         """
         _require_kind(self.config, self.source, "cross_encoder")
+        query_length = self.conventions.prefix_length if query_length is None else query_length
+        candidate_length = self.conventions.suffix_length if candidate_length is None else candidate_length
+        query_keep = self.conventions.prefix_keep if query_keep is None else query_keep
         if len(queries) != len(candidates):
             raise RankgenError(f"score_pairs: {len(queries)} queries but {len(candidates)} candidate lists")
         if query_keep not in ("start", "end"):
@@ -479,9 +532,13 @@ def _read_two_tower_hf(path: Path) -> tuple[ModelConfig, dict, TextEncoder]:
     return config, {"query_tower": query_params, "document_tower": document_params}, text
 
 
-def load_model(path: str, kind: str = "dual_encoder") -> LoadedModel:
+def load_model(path: str, kind: str = "dual_encoder", conventions: dict | None = None) -> LoadedModel:
     """A dual encoder (or, with kind="cross_encoder", a ranker) from a checkpoint folder /
-    training workdir (latest step) or an HF folder."""
+    training workdir (latest step) or an HF folder.
+
+    Its input conventions are the folder's (see the module docstring), with
+    `conventions` ({InputConventions field: value}; None values ignored) given on top.
+    """
     folder = Path(path)
     if not folder.exists():
         raise RankgenError(f"{path}: no such model folder")
@@ -496,12 +553,21 @@ def load_model(path: str, kind: str = "dual_encoder") -> LoadedModel:
             raise RankgenError(f"{path}: checkpoint has no tokenizer (no files under {native.VOCAB_DIR}/)")
         text = load_text_encoder(vocab)
         config, params = native.restore_params(folder)
+        recorded = native.load_input_conventions(folder)
+        origin = f"recorded in {folder / CONVENTIONS_FILE}"
+        if recorded is None:
+            recorded, origin = default_conventions(config.kind), no_record_origin(config)
     elif (folder / "config.json").is_file() or (folder / "modules.json").is_file():
         config, params, text = _read_hf(str(folder), kind)
+        recorded, origin = folder_conventions(str(folder), config)
     elif (folder / "query_encoder").is_dir() and (folder / "document_encoder").is_dir():
         config, params, text = _read_two_tower_hf(folder)
+        recorded, origin = folder_conventions(str(folder), config)
     else:
         raise RankgenError(
             f"{path}: neither a rankgen_jax checkpoint ({native.MODEL_CONFIG_FILE}) "
             "nor an HF model folder (config.json)")
-    return LoadedModel.from_params(config, params, text, source=str(path))
+    model = LoadedModel.from_params(config, params, text, source=str(path), conventions=recorded,
+                                    conventions_origin=origin)
+    model.override_conventions(**(conventions or {}))
+    return model

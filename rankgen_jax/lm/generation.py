@@ -246,11 +246,14 @@ class RankGenReranker:
         missing = sorted({p for p in prefixes if p not in self._prefix_vectors})
         vectors = {p: self._prefix_vectors[p] for p in prefixes if p in self._prefix_vectors}
         if missing:
-            encoded_NxD = self.model.encode(missing, kind="prefix", batch_size=self.batch_size, keep="end")
+            # Long LM contexts keep their end, the text the candidates continue (whatever the model records).
+            encoded_NxD = self.model.encode(missing, kind="prefix", batch_size=self.batch_size, keep="end",
+                                            truncation="clean")
             vectors.update(zip(missing, encoded_NxD))
         self._prefix_vectors = vectors
         flat = [c for cands in candidate_lists for c in cands]
-        cand_MxD = self.model.encode(flat, kind="suffix", batch_size=self.batch_size) if flat else None
+        cand_MxD = (self.model.encode(flat, kind="suffix", batch_size=self.batch_size, truncation="clean")
+                    if flat else None)
         out, k = [], 0
         for prefix, cands in zip(prefixes, candidate_lists):
             out.append(cand_MxD[k : k + len(cands)] @ vectors[prefix] if cands else np.zeros(0, np.float32))

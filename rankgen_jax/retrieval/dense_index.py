@@ -8,7 +8,8 @@ An index folder written by `index_corpus` holds:
 - index.faiss        the FAISS index (faiss.write_index);
 - ids.json           passage ids, one per index row, in row order;
 - index_config.json  model path, kind, dim, count, encode_kind, max_length,
-                     title_join, and the IVF / HNSW settings it was built with.
+                     title_join, the input conventions the passages were read with,
+                     and the IVF / HNSW settings it was built with.
 
 Corpus and query files are read by data/retrieval_files.py: MS MARCO / TREC
 TSV (`id \t text`), JSON lines (`{"id", "text"}`, BEIR's `{"_id", "title",
@@ -227,14 +228,16 @@ def index_corpus(
     ef_search: int = DEFAULT_EF_SEARCH,
     progress: bool = True,
     title_join: str | None = DEFAULT_TITLE_JOIN,
+    conventions: dict | None = None,
 ) -> dict[str, Any]:
     """Encode a corpus file (or a BEIR folder's corpus) with a dual encoder and write an index folder; returns its
     index_config.
 
     Passages go through the document tower ("suffix") by default, as RankGen
-    continuations do; a title joins its text as retrieval_files.join_title
-    does with title_join (None: titles dropped). A non-empty out_dir is
-    refused unless overwrite.
+    continuations do, read with the model's input conventions (`conventions`
+    on top, see load_model; one stderr line names them); a title joins its
+    text as retrieval_files.join_title does with title_join (None: titles
+    dropped). A non-empty out_dir is refused unless overwrite.
     """
     # Imports jax: not at the top, so that the CLI imports this module before it sets XLA's flags.
     from rankgen_jax.inference.encoder import load_model
@@ -251,8 +254,9 @@ def index_corpus(
     # Duplicate ids are refused here: search results would be ambiguous.
     passages = read_passages(corpus_path)
     ids, texts = passages.ids, passages.joined(title_join)
-    model = load_model(model_dir)
+    model = load_model(model_dir, conventions=conventions)
     _require_one_vector(model, model_dir)
+    print(model.conventions_note(), file=sys.stderr)
     vectors_NxD = encode_all(model, texts, encode_kind, max_length, batch_size, progress, "index")
     index = build_faiss_index(vectors_NxD, kind, nlist=nlist, hnsw_m=hnsw_m, nprobe=nprobe, ef_search=ef_search)
 
@@ -274,6 +278,7 @@ def index_corpus(
         "encode_kind": encode_kind,
         "max_length": max_length,
         "title_join": title_join,
+        "input_conventions": model.conventions.to_dict(),
         **index_settings(index),
     }
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
@@ -330,13 +335,16 @@ def search_queries(
     split: str | None = None,
     out_format: str = "jsonl",
     run_tag: str = DEFAULT_RUN_TAG,
+    conventions: dict | None = None,
 ) -> list[dict[str, Any]]:
     """Top-k passages for each query of a file: [{"query_id", "query", "ids", "scores"}], best first.
 
-    Queries go through the query tower ("prefix") by default. The queries of
-    a BEIR folder are those its split's qrels judge (default "test"). With
-    out_path, the results are also written there in out_format: "jsonl" (these
-    records), "trec" or "msmarco" (run files; retrieval_files.run_lines).
+    Queries go through the query tower ("prefix") by default, read with the
+    model's input conventions (`conventions` on top; one stderr line names
+    them). The queries of a BEIR folder are those its split's qrels judge
+    (default "test"). With out_path, the results are also written there in
+    out_format: "jsonl" (these records), "trec" or "msmarco" (run files;
+    retrieval_files.run_lines).
     """
     # Imports jax: not at the top, so that the CLI imports this module before it sets XLA's flags.
     from rankgen_jax.inference.encoder import load_model
@@ -351,8 +359,13 @@ def search_queries(
     loaded = load_index(index_dir)
     query_file = read_queries(queries_path, split=split)
     query_ids, queries = query_file.ids, query_file.joined(DEFAULT_TITLE_JOIN)
-    model = load_model(model_dir)
+    model = load_model(model_dir, conventions=conventions)
     _require_one_vector(model, model_dir)
+    print(model.conventions_note(), file=sys.stderr)
+    built = loaded.config.get("input_conventions")
+    if built is not None and built != model.conventions.to_dict():
+        print(f"note: {index_dir} was built with other input conventions ({built}); the queries are read with "
+              "those above", file=sys.stderr)
     if model.dim != loaded.index.d:
         raise RankgenError(f"{model_dir}: the model gives {model.dim}-dimensional vectors but the index in "
                            f"{index_dir} holds {loaded.index.d}-dimensional ones "

@@ -36,7 +36,7 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from rankgen_jax.checkpoints import native
-from rankgen_jax.data.sources import DataConfig, make_sources
+from rankgen_jax.data.sources import DataConfig, make_sources, training_conventions
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.losses import registry as losses
 from rankgen_jax.models.batch_layout import BatchLayout
@@ -113,9 +113,29 @@ def train(
                 native.save_model_config(workdir_path, model_config,
                                          data.vocab if data.source in TEXT_SOURCES else vocab)
                 (workdir_path / "config.gin").write_text(gin.config_str())
+                provenance = training_provenance(trainer)
+                if provenance:
+                    native.save_provenance(workdir_path, provenance)
+        if jax.process_index() == 0 and native.load_input_conventions(workdir_path) is None:
+            # How the data read text is how the model reads it; a run from before this record gets it on resume.
+            native.save_input_conventions(workdir_path, training_conventions(data, layout))
         put = functools.partial(put_batch, sharding=setup.batch_sharding, batch_size=data.batch_size)
         return _loop(trainer, workdir_path, state, start, data_start, train_source, eval_source, put,
                      setup.train_step, setup.eval_step, manager, optimizer, stopping.StopVote(mesh))
+
+
+def training_provenance(trainer: TrainerConfig) -> dict:
+    """What a run started from, for model cards: the init checkpoint, and its license and model id when known."""
+    if not trainer.init_checkpoint:
+        return {}
+    source = native.load_provenance(trainer.init_checkpoint)
+    provenance = {"trained_from": str(trainer.init_checkpoint)}
+    # The starting model is the trained one's base (when its hub id is known); its license carries over.
+    if source.get("model_id"):
+        provenance["base_model"] = source["model_id"]
+    if source.get("license"):
+        provenance["license"] = source["license"]
+    return provenance
 
 
 def _check_vocab_fits(data: DataConfig, source, model_config: ModelConfig) -> None:

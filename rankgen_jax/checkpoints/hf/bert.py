@@ -13,7 +13,9 @@ Canonical parameters are nested dicts of float32 numpy arrays named as in
 - A sentence-transformers folder (`modules.json`: Transformer -> Pooling
   [-> Dense] [-> Normalize]) imports as a dual encoder whose head is the
   pooling (mean or CLS), the bias-free Dense as `projection_layer/kernel`, and
-  L2 normalisation when Normalize is present. Export writes the same layout.
+  L2 normalisation when Normalize is present. Export writes the same layout
+  (`hf.st_layout` reads and writes the sentence-transformers files; a
+  two-tower model's Router layout is put together in `checkpoints.convert`).
 - Cross encoders (rankers) have their own format, written and read by
   `hf.ranker` from this module's tensor table; `checkpoints.convert` picks the
   format of a folder or a model.
@@ -25,16 +27,16 @@ files are refused.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 from typing import Any, Mapping
 
 import numpy as np
 
-from rankgen_jax.checkpoints.hf import common
+from rankgen_jax.checkpoints.hf import common, st_layout
+from rankgen_jax.data.conventions import RELEASED, InputConventions
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig
+from rankgen_jax.models.configs import BertConfig, ModelConfig
 
 BERT_MODEL_TYPES = ("bert", "distilbert", "roberta")
 BASE_ARCHITECTURES = {"bert": "BertModel", "distilbert": "DistilBertModel", "roberta": "RobertaModel"}
@@ -49,18 +51,8 @@ HEAD_PREFIXES = ("cls.", "lm_head.", "vocab_transform.", "vocab_layer_norm.", "v
 # Non-persistent buffers that older checkpoints (e.g. all-MiniLM-L6-v2) still store.
 BUFFER_SUFFIXES = (".position_ids", ".token_type_ids")
 
-# sentence-transformers module types and file names.
-ST_TRANSFORMER = "sentence_transformers.models.Transformer"
-ST_POOLING = "sentence_transformers.models.Pooling"
-ST_DENSE = "sentence_transformers.models.Dense"
-ST_NORMALIZE = "sentence_transformers.models.Normalize"
-ST_IDENTITY = "torch.nn.modules.linear.Identity"
-ST_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
-ST_MODULE_DIR = re.compile(r"^\d+_(Pooling|Dense|Normalize)$")
-# Pooling modes sentence-transformers knows; we support cls and mean only.
-ST_POOLING_MODES = ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens",
-                    "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken")
-ST_MODE_OF_POOLING = {"first": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens"}
+# sentence-transformers files (hf.st_layout), named here too for the modules that use this one's.
+ST_FILES, ST_MODULE_DIR, ST_MODE_OF_POOLING = st_layout.ST_FILES, st_layout.ST_MODULE_DIR, st_layout.ST_MODE_OF_POOLING
 # Files a previous export may have left that would shadow or confuse the new one.
 STALE_FILES = (*common.WEIGHT_FILES, "config.json", common.RANKER_MODELING_FILE, *TOKENIZER_FILES, *ST_FILES)
 
@@ -100,8 +92,7 @@ def is_bert_folder(path: str) -> bool:
     try:
         if not os.path.isfile(config_path) and os.path.isfile(os.path.join(path, "modules.json")):
             # Older sentence-transformers folders keep the HF model in the Transformer module's subfolder.
-            subdir = _st_modules(path)[0].get("path") or ""
-            config_path = os.path.join(path, subdir, "config.json")
+            config_path = os.path.join(st_layout.st_modules(path)[0]["path"], "config.json")
         return os.path.isfile(config_path) and is_bert_family(common.read_json(config_path))
     except (RankgenError, OSError):
         return False
@@ -326,88 +317,6 @@ def params_to_hf_state_dict(cfg: BertConfig, params: Mapping) -> dict[str, np.nd
 
 
 # ---------------------------------------------------------------------------
-# sentence-transformers modules
-
-
-def _st_modules(path: str) -> list[dict]:
-    """modules.json in idx order, checked to be Transformer -> Pooling [-> Dense] [-> Normalize]."""
-    modules_path = os.path.join(path, "modules.json")
-    try:
-        with open(modules_path, encoding="utf-8") as f:
-            modules = json.load(f)
-    except (OSError, ValueError) as e:
-        raise RankgenError(f"{modules_path}: cannot read ({e})") from None
-    if not isinstance(modules, list) or not all(
-            isinstance(m, dict) and isinstance(m.get("type"), str) and isinstance(m.get("idx", 0), int)
-            for m in modules):
-        raise RankgenError(f"{modules_path}: expected a list of modules, each with a 'type' and an integer 'idx'")
-    modules = sorted(modules, key=lambda m: m.get("idx", 0))
-    types = [m["type"] for m in modules]
-    if types[:2] != [ST_TRANSFORMER, ST_POOLING] or types[2:] not in (
-            [], [ST_DENSE], [ST_NORMALIZE], [ST_DENSE, ST_NORMALIZE]):
-        chain = " -> ".join(t.rsplit(".", 1)[-1] for t in types) or "empty"
-        raise RankgenError(f"{modules_path}: unsupported module chain {chain}"
-                           " (expected Transformer -> Pooling [-> Dense] [-> Normalize])")
-    return modules
-
-
-def _read_st_head(path: str, modules: list[dict], d_model: int) -> tuple[HeadConfig, np.ndarray | None]:
-    """The head a checked module chain describes -> (head config, projection kernel [d, P] or None)."""
-    types = [m["type"] for m in modules]
-    pooling_dir = os.path.join(path, modules[1].get("path", ""))
-    pooling_path = os.path.join(pooling_dir, "config.json")
-    if not os.path.isfile(pooling_path):
-        raise RankgenError(f"{pooling_path}: missing (the Pooling module's config)")
-    pooling_cfg = common.read_json(pooling_path)
-    width = pooling_cfg.get("word_embedding_dimension", d_model)
-    if width != d_model:
-        raise RankgenError(f"{pooling_path}: word_embedding_dimension={width}, but the encoder has d_model={d_model}")
-    modes = [m for m in ST_POOLING_MODES if pooling_cfg.get(m)]
-    if modes == ["pooling_mode_mean_tokens"]:
-        pooling = "mean"
-    elif modes == ["pooling_mode_cls_token"]:
-        pooling = "first"
-    else:
-        raise RankgenError(f"{pooling_path}: pooling modes {modes or 'none'} are not supported"
-                           " (exactly one of pooling_mode_mean_tokens or pooling_mode_cls_token)")
-
-    kernel = None
-    if ST_DENSE in types:
-        kernel = _read_st_dense(os.path.join(path, modules[2].get("path", "")), d_model)
-    head = HeadConfig(pooling=pooling, projection_dim=0 if kernel is None else int(kernel.shape[1]),
-                      l2_normalize=ST_NORMALIZE in types)
-    return head, kernel
-
-
-def _read_st_dense(dense_dir: str, d_model: int) -> np.ndarray:
-    """A bias-free, identity-activation sentence-transformers Dense module -> kernel [d, P]."""
-    config_path = os.path.join(dense_dir, "config.json")
-    if not os.path.isfile(config_path):
-        raise RankgenError(f"{config_path}: missing (the Dense module's config)")
-    dense_cfg = common.read_json(config_path)
-    if dense_cfg.get("bias", True):
-        raise RankgenError(f"{config_path}: a Dense module with a bias is not supported (only bias-free projections)")
-    activation = dense_cfg.get("activation_function", ST_IDENTITY)
-    if str(activation).rsplit(".", 1)[-1] != "Identity":
-        raise RankgenError(f"{config_path}: Dense activation {activation} is not supported (only Identity)")
-    in_features, out_features = dense_cfg.get("in_features"), dense_cfg.get("out_features")
-    if in_features != d_model or not isinstance(out_features, int) or out_features <= 0:
-        raise RankgenError(f"{config_path}: in_features={in_features}, out_features={out_features}"
-                           f" do not fit the encoder (d_model={d_model})")
-    state_dict = common.read_state_dict(dense_dir)
-    if "linear.weight" not in state_dict:
-        raise RankgenError(f"{dense_dir}: missing tensor linear.weight")
-    extra = sorted(set(state_dict) - {"linear.weight"})
-    if extra:
-        raise RankgenError(f"{dense_dir}: unexpected tensor {extra[0]} (a bias-free Dense has linear.weight only)")
-    weight = np.asarray(state_dict["linear.weight"], dtype=np.float32)
-    if weight.shape != (out_features, in_features):
-        raise RankgenError(f"{dense_dir}: tensor linear.weight has shape {weight.shape},"
-                           f" but config.json implies {(out_features, in_features)}")
-    return np.ascontiguousarray(weight.T)
-
-
-# ---------------------------------------------------------------------------
 # Folders
 
 
@@ -427,10 +336,12 @@ def load_bert_folder(path: str) -> tuple[ModelConfig, dict, list[str]]:
                            " read it with hf.ranker.load_ranker_folder (or `rankgen-jax import --from hf`)")
     head, modules, model_dir = None, None, path
     if os.path.isfile(os.path.join(path, "modules.json")):
-        modules = _st_modules(path)
+        modules = st_layout.st_modules(path)
+        if st_layout.module_kind(modules[0]["type"]) == "Router":
+            raise RankgenError(f"{path}: a sentence-transformers Router (two towers); read it with "
+                               "checkpoints.convert.read_hf_folder (or `rankgen-jax import --from hf`)")
         # Current sentence-transformers keeps the HF model in the root (path ""); older ones in a subfolder.
-        subdir = modules[0].get("path") or ""
-        model_dir = os.path.join(path, subdir) if subdir else path
+        model_dir = st_layout.transformer_dir(modules)
     config_path = os.path.join(model_dir, "config.json")
     if not os.path.isfile(config_path):
         raise RankgenError(f"{model_dir}: no config.json (not an HF model folder)")
@@ -449,7 +360,7 @@ def load_bert_folder(path: str) -> tuple[ModelConfig, dict, list[str]]:
         cfg = dataclasses.replace(cfg, has_pooler=has_pooler)
     params = hf_state_dict_to_params(cfg, state_dict, model_dir)
     if modules is not None:
-        head, kernel = _read_st_head(path, modules, cfg.d_model)
+        head, kernel = st_layout.read_st_head(modules, cfg.d_model)
         if kernel is not None:
             params["projection_layer"] = {"kernel": kernel}
     model_config = ModelConfig(encoder=cfg, head=head)
@@ -458,16 +369,21 @@ def load_bert_folder(path: str) -> tuple[ModelConfig, dict, list[str]]:
     return model_config, params, tokenizer_files
 
 
-def _st_max_seq_length(cfg: BertConfig) -> int:
-    return min(512, cfg.max_position_embeddings - cfg.position_offset)
+def positions(cfg: BertConfig) -> int:
+    """The longest input the encoder's position table takes."""
+    return cfg.max_position_embeddings - cfg.position_offset
 
 
 def save_bert_folder(model_config: ModelConfig, params: Mapping, out_dir: str,
-                     tokenizer_files: list[str] | None = None, overwrite: bool = False) -> None:
+                     tokenizer_files: list[str] | None = None, overwrite: bool = False,
+                     conventions: InputConventions | None = None) -> list[str]:
     """Write config.json + model.safetensors (HF base-model names) + tokenizer files, and for a dual
     encoder the sentence-transformers modules (Pooling [, Dense] [, Normalize]).
 
-    A cross encoder is refused: `hf.ranker.save_ranker_folder` writes rankers.
+    conventions (default: the released RankGen ones) set the prompts and
+    max_seq_length; returns what the sentence-transformers files cannot say
+    about them (hf.st_layout.st_limits). A cross encoder is refused:
+    `hf.ranker.save_ranker_folder` writes rankers.
     """
     cfg = model_config.encoder
     out_dir = os.fspath(out_dir)
@@ -481,19 +397,7 @@ def save_bert_folder(model_config: ModelConfig, params: Mapping, out_dir: str,
     # Check and gather everything first, so bad input fails before anything is written.
     hf = {"architectures": [BASE_ARCHITECTURES[cfg.variant]], **bert_config_to_hf(cfg)}
     state_dict = params_to_hf_state_dict(cfg, params)
-    head = model_config.head
-    write_st = head is not None and head.pooling in ST_MODE_OF_POOLING
-    if head is not None and not write_st:
-        print(f"note: pooling {head.pooling!r} has no sentence-transformers equivalent; wrote the HF encoder only"
-              f" (head not exported)")
-    dense_weight = None
-    if write_st and head.projection_dim != 0:
-        out_features = head.output_dim(cfg.d_model)
-        kernel = np.asarray(common.get_path(params, ("projection_layer", "kernel")), dtype=np.float32)
-        if kernel.shape != (cfg.d_model, out_features):
-            raise RankgenError(f"parameter projection_layer/kernel has shape {kernel.shape},"
-                               f" but the model config needs {(cfg.d_model, out_features)}")
-        dense_weight = np.ascontiguousarray(kernel.T)
+    route = st_layout.st_route(model_config, params)
     tokenizers = common.read_files(list(tokenizer_files or []))
     if not cfg.has_pooler and cfg.variant != "distilbert":
         print(f"note: the encoder has no pooler; HF {BASE_ARCHITECTURES[cfg.variant]} will initialise"
@@ -503,40 +407,8 @@ def save_bert_folder(model_config: ModelConfig, params: Mapping, out_dir: str,
     common.write_safetensors(os.path.join(out_dir, common.SAFETENSORS_FILE), state_dict)
     common.write_json(os.path.join(out_dir, "config.json"), hf)
     common.write_files(out_dir, tokenizers)
-    if write_st:
-        _write_st_modules(cfg, head, dense_weight, out_dir)
-
-
-def _write_st_modules(cfg: BertConfig, head: HeadConfig, dense_weight: np.ndarray | None, out_dir: str) -> None:
-    """modules.json, sentence_bert_config.json, config_sentence_transformers.json and the module folders."""
-    modules = [{"idx": 0, "name": "0", "path": "", "type": ST_TRANSFORMER},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": ST_POOLING}]
-    pooling = {"word_embedding_dimension": cfg.d_model, **{m: False for m in ST_POOLING_MODES},
-               "include_prompt": True}
-    pooling[ST_MODE_OF_POOLING[head.pooling]] = True
-    os.makedirs(os.path.join(out_dir, "1_Pooling"), exist_ok=True)
-    common.write_json(os.path.join(out_dir, "1_Pooling", "config.json"), pooling)
-    if dense_weight is not None:
-        idx = len(modules)
-        dense_dir = f"{idx}_Dense"
-        modules.append({"idx": idx, "name": str(idx), "path": dense_dir, "type": ST_DENSE})
-        os.makedirs(os.path.join(out_dir, dense_dir), exist_ok=True)
-        common.write_json(os.path.join(out_dir, dense_dir, "config.json"), {
-            "in_features": cfg.d_model, "out_features": int(dense_weight.shape[0]), "bias": False,
-            "activation_function": ST_IDENTITY})
-        common.write_safetensors(os.path.join(out_dir, dense_dir, common.SAFETENSORS_FILE), {"linear.weight": dense_weight})
-    if head.l2_normalize:
-        idx = len(modules)
-        # Normalize has no files; sentence-transformers still expects its folder to exist.
-        os.makedirs(os.path.join(out_dir, f"{idx}_Normalize"), exist_ok=True)
-        modules.append({"idx": idx, "name": str(idx), "path": f"{idx}_Normalize", "type": ST_NORMALIZE})
-    with open(os.path.join(out_dir, "modules.json"), "w", encoding="utf-8") as f:
-        # A list, which common.write_json (objects only) does not take.
-        json.dump(modules, f, indent=2)
-        f.write("\n")
-    common.write_json(os.path.join(out_dir, "sentence_bert_config.json"),
-                {"max_seq_length": _st_max_seq_length(cfg), "do_lower_case": False})
-    # Our score is a raw dot product (equal to cosine when the vectors are L2-normalised).
-    common.write_json(os.path.join(out_dir, "config_sentence_transformers.json"),
-                {"__version__": {"sentence_transformers": "3.0.0"}, "prompts": {}, "default_prompt_name": None,
-                 "similarity_fn_name": "dot"})
+    if route is None:
+        return []
+    conventions = conventions or RELEASED
+    st_layout.write_st_modules(out_dir, route, conventions, positions(cfg))
+    return st_layout.st_limits(conventions, [route], positions(cfg))

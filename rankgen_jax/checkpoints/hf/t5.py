@@ -6,7 +6,11 @@ supported (docs/design.md, 'RankGen format'):
 
 - `t5-encoder`: a plain `T5EncoderModel` (`shared.weight`, `encoder.block...`).
   Reading also accepts `T5Model` / `T5ForConditionalGeneration` folders, whose
-  decoder and LM head are dropped.
+  decoder and LM head are dropped. A dual encoder whose pooling
+  sentence-transformers has (first token, mean) also gets its head as
+  sentence-transformers modules (Transformer -> Pooling [-> Dense]
+  [-> Normalize], `hf.st_layout`), the Sentence-T5 / GTR layout; such a folder
+  reads back as that dual encoder.
 - `rankgen`: the released RankGen `T5EncoderWithProjection` (`t5_encoder.*`,
   `projection.weight`) with `modeling_rankgen.py` for `trust_remote_code`.
   Heads other than RankGen's (pooling, projection width, L2) are stored under
@@ -30,6 +34,7 @@ from typing import Any, Mapping
 import numpy as np
 import sentencepiece
 
+from rankgen_jax.checkpoints.hf import st_layout
 from rankgen_jax.checkpoints.hf.common import (
     RANKER_MODELING_FILE,
     RANKGEN_MODELING_FILE,
@@ -50,6 +55,7 @@ from rankgen_jax.checkpoints.hf.common import (
     write_json,
     write_safetensors,
 )
+from rankgen_jax.data.conventions import RELEASED, InputConventions
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.configs import RANKGEN_HEAD, HeadConfig, ModelConfig, T5Config
 
@@ -63,7 +69,7 @@ HEAD_CONFIG_KEY = "rankgen_jax"
 RANKGEN_PREFIX = "t5_encoder."
 # Files a previous export may have left that would shadow or confuse the new one.
 STALE_FILES = (*WEIGHT_FILES, "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "spiece.model",
-               "config.json", RANKGEN_MODELING_FILE, RANKER_MODELING_FILE)
+               "config.json", RANKGEN_MODELING_FILE, RANKER_MODELING_FILE, *st_layout.ST_FILES)
 
 # HF T5Config defaults, used for keys an (older) config.json leaves out.
 _HF_DEFAULTS = {
@@ -219,10 +225,14 @@ def _check_format(fmt: str) -> None:
 # State dicts
 
 
-def params_to_hf_state_dict(model_config: ModelConfig, params: Mapping, fmt: str) -> dict[str, np.ndarray]:
-    """Canonical params -> HF state dict (float32 numpy, contiguous) for format `fmt`."""
+def params_to_hf_state_dict(model_config: ModelConfig, params: Mapping, fmt: str,
+                            head_kept: bool = False) -> dict[str, np.ndarray]:
+    """Canonical params -> HF state dict (float32 numpy, contiguous) for format `fmt`.
+
+    head_kept: the caller stores a t5-encoder folder's head elsewhere (sentence-transformers modules).
+    """
     _check_format(fmt)
-    if fmt == "t5-encoder" and model_config.head is not None:
+    if fmt == "t5-encoder" and model_config.head is not None and not head_kept:
         # A plain T5EncoderModel has nowhere to keep the head; say so once.
         logger.warning("format 't5-encoder' stores the encoder only: the %s head (%s) is not exported",
                        model_config.kind.replace("_", "-"), _describe_head(model_config))
@@ -309,6 +319,15 @@ def load_hf_folder(path: str) -> tuple[ModelConfig, dict, str | list[str] | None
     head = head_from_hf(hf, config_path) if fmt == "rankgen" else None
     model_config = ModelConfig(encoder=encoder, head=head)
     params = hf_state_dict_to_params(model_config, read_state_dict(path), fmt, path)
+    if fmt == "t5-encoder" and os.path.isfile(os.path.join(path, "modules.json")):
+        # A sentence-transformers T5 (Sentence-T5 / GTR layout): the modules are the head.
+        modules = st_layout.st_modules(path)
+        if os.path.normpath(st_layout.transformer_dir(modules)) != os.path.normpath(path):
+            raise RankgenError(f"{path}/modules.json: the Transformer module should be the folder itself (path '')")
+        head, kernel = st_layout.read_st_head(modules, encoder.d_model)
+        model_config = ModelConfig(encoder=encoder, head=head)
+        if kernel is not None:
+            params["projection_layer"] = {"kernel": kernel}
     spiece = os.path.join(path, "spiece.model")
     return model_config, params, spiece if os.path.isfile(spiece) else None
 
@@ -352,12 +371,17 @@ def write_tokenizer(spiece_bytes: bytes, extra_ids: int, out_dir: str) -> None:
 
 
 def save_hf_folder(model_config: ModelConfig, params: Mapping, out_dir: str, fmt: str = "rankgen",
-                   spiece_model: str | None = None, overwrite: bool = False) -> None:
+                   spiece_model: str | None = None, overwrite: bool = False,
+                   conventions: InputConventions | None = None) -> list[str]:
     """Write safetensors + config.json (+ modeling_rankgen.py for fmt='rankgen') + tokenizer files.
 
-    A cross encoder has no RankGen layout (it has a score layer): fmt='rankgen'
-    refuses it (`hf.ranker.save_ranker_folder` writes rankers), fmt='t5-encoder'
-    writes its encoder alone.
+    fmt='t5-encoder' of a dual encoder adds its head as sentence-transformers
+    modules where they have its pooling, with prompts and max_seq_length from
+    `conventions` (default: the released RankGen ones); returns what those
+    files cannot say about them (hf.st_layout.st_limits). A cross encoder has
+    no RankGen layout (it has a score layer): fmt='rankgen' refuses it
+    (`hf.ranker.save_ranker_folder` writes rankers), fmt='t5-encoder' writes
+    its encoder alone.
     """
     _check_format(fmt)
     if fmt == "rankgen" and model_config.kind == "cross_encoder":
@@ -367,14 +391,15 @@ def save_hf_folder(model_config: ModelConfig, params: Mapping, out_dir: str, fmt
         raise RankgenError("format 'rankgen' needs a dual-encoder head (ModelConfig.head is None);"
                            " export the bare encoder with fmt='t5-encoder'")
     # Check everything first, so bad input fails before anything is written.
-    state_dict = params_to_hf_state_dict(model_config, params, fmt)
+    route = st_layout.st_route(model_config, params) if fmt == "t5-encoder" else None
+    state_dict = params_to_hf_state_dict(model_config, params, fmt, head_kept=route is not None)
     extra_ids, spiece_bytes = None, None
     if spiece_model is not None:
         extra_ids = tokenizer_extra_ids(model_config.encoder, spiece_model)
         # Read now: spiece_model may be out_dir/spiece.model, which overwrite clears.
         with open(spiece_model, "rb") as f:
             spiece_bytes = f.read()
-    prepare_out_dir(out_dir, overwrite, STALE_FILES)
+    prepare_out_dir(out_dir, overwrite, STALE_FILES, st_layout.ST_MODULE_DIR)
     write_safetensors(os.path.join(out_dir, SAFETENSORS_FILE), state_dict)
     hf = t5_config_to_hf(model_config.encoder)
     if fmt == "rankgen":
@@ -387,3 +412,8 @@ def save_hf_folder(model_config: ModelConfig, params: Mapping, out_dir: str, fmt
     write_json(os.path.join(out_dir, "config.json"), hf)
     if spiece_model is not None:
         write_tokenizer(spiece_bytes, extra_ids, out_dir)
+    if route is None:
+        return []
+    conventions = conventions or RELEASED
+    st_layout.write_st_modules(out_dir, route, conventions, None)
+    return st_layout.st_limits(conventions, [route], None)
