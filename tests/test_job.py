@@ -97,3 +97,25 @@ def test_the_export_scores_as_the_training_run_evaluated(job, capsys):
     ids = encoder.input_ids(prefixes, "prefix")
     assert max(len(i) for i in ids) == PREFIX_TOKENS and all(i[-1] == 1 for i in ids)
     np.testing.assert_allclose(np.load(root / "prefixes.npy"), encoder.encode(prefixes, "prefix"), atol=1e-5)
+
+
+def test_the_export_carries_a_model_card_of_the_run(job):
+    """README.md with hub metadata (read by huggingface_hub), the conventions, the run's gin config and results."""
+    hub = pytest.importorskip("huggingface_hub")
+    root, _, _ = job
+    card = hub.ModelCard.load(root / "hf" / "README.md")
+    meta = card.data.to_dict()
+    assert meta["library_name"] == "transformers" and meta["pipeline_tag"] == "feature-extraction"
+    assert "license" not in meta and "base_model" not in meta  # random init: nothing it derives from
+    assert {"rankgen-jax", "t5", "dual-encoder"} <= set(meta["tags"])
+    text = card.text
+    assert "2 layers, d_model 128" in text and "the first token's hidden state" in text
+    assert "| maximum length (tokens) | 24 | 32 |" in text and "| an over-long text keeps its | end | start |" in text
+    assert "DataConfig.prefix_keep = 'end'" in text and "DataConfig.source = 'examples'" in text
+    assert "`TrainerConfig.num_steps = 3`" in text and "this export is step 3" in text
+    operative = (root / "train" / "operative_config.gin").read_text()
+    assert operative.strip() in text
+    results = json.loads((root / "results.json").read_text())
+    row = next(line for line in text.splitlines() if line.startswith("| fine_tuned |"))
+    assert row == ("| fine_tuned | 12 | " + " | ".join(f"{results['fine_tuned'][k]:.4g}"
+                                                    for k in ("accuracy_2way", "accuracy_5way", "mrr_5way")) + " |")

@@ -21,7 +21,8 @@ MINILM_DIR = Path(minilm.__file__).parent / "model"
 
 
 def test_minilm_import_train_export(tmp_path, capsys):
-    assert main(["import", "--from", "hf", "--path", str(MINILM_DIR), "--out", str(tmp_path / "ckpt")]) == 0
+    assert main(["import", "--from", "hf", "--path", str(MINILM_DIR), "--out", str(tmp_path / "ckpt"),
+                 "--model_id", "sentence-transformers/all-MiniLM-L6-v2"]) == 0
     config = native.load_model_config(tmp_path / "ckpt")
     assert config.encoder_type == "bert" and config.kind == "dual_encoder"
     assert config.head == HeadConfig("mean", 0, True)
@@ -54,6 +55,20 @@ def test_minilm_import_train_export(tmp_path, capsys):
     torch_vectors = pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
     jax_vectors = np.asarray(build_model(trained_config).apply({"params": params}, ids))
     assert np.abs(torch_vectors - jax_vectors).max() < 1e-4
+
+    # The model card names what it was fine-tuned from and keeps the source's license (read by huggingface_hub).
+    hub = pytest.importorskip("huggingface_hub")
+    meta = hub.ModelCard.load(tmp_path / "hf" / "README.md").data.to_dict()
+    assert meta["base_model"] == "sentence-transformers/all-MiniLM-L6-v2" and meta["license"] == "apache-2.0"
+    assert meta["library_name"] == "sentence-transformers" and meta["pipeline_tag"] == "sentence-similarity"
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert "Fine-tuned from" in card and "over-long prefixes / queries keep their start, not their end" in card
+    # An export of the import itself is a conversion of MiniLM: its card says so.
+    export_hf(str(tmp_path / "ckpt"), str(tmp_path / "hf_import"))
+    meta = hub.ModelCard.load(tmp_path / "hf_import" / "README.md").data.to_dict()
+    assert meta["base_model"] == "sentence-transformers/all-MiniLM-L6-v2" and meta["license"] == "apache-2.0"
+    card = (tmp_path / "hf_import" / "README.md").read_text()
+    assert "Imported with `rankgen-jax import --from hf`" in card and "No training record" not in card
 
 
 def test_two_tower_export_writes_both_encoders(tmp_path):

@@ -1,5 +1,12 @@
 """Model cards: the README.md of an export, with the model hub's metadata front matter.
 
+A card says what the model is (architecture, head, score), how it reads text
+(its input conventions, and what sentence-transformers cannot express of
+them), how to load it, where it comes from (license and base model from the
+checkpoint's provenance.json) and, for a training workdir, the run: the
+operative gin config (data, loss, steps) and the held-out results a job wrote
+next to it (results.json).
+
 Front matter is the YAML block between two `---` lines at the top of a
 model card. Only flat keys with scalar or list values are read or written
 here (what the hub's model metadata uses); strings are written JSON-quoted,
@@ -8,8 +15,13 @@ which YAML reads as the same strings.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+from pathlib import Path
+
+from rankgen_jax.data.conventions import InputConventions
+from rankgen_jax.models.configs import ModelConfig
 
 
 def read_front_matter(text: str) -> dict:
@@ -27,9 +39,17 @@ def read_front_matter(text: str) -> dict:
             key, value = match.group(1), match.group(2).strip()
             out[key] = _scalar(value) if value else []
         elif key is not None and isinstance(out.get(key), list) and re.match(r"^\s*-\s+", line):
-            out[key].append(_scalar(re.sub(r"^\s*-\s+", "", line).strip()))
-        else:
-            key = None  # nested mappings and anything else are not read
+            item = re.sub(r"^\s*-\s+", "", line).strip()
+            if re.match(r"^[\w-]+:(\s|$)", item):  # a list of mappings (model-index): not read
+                out.pop(key)
+                key = None
+            else:
+                out[key].append(_scalar(item))
+        elif not line.startswith((" ", "\t")) or key is None:
+            key = None  # anything else at the top level is not read
+        elif key in out and out[key] == []:
+            out.pop(key)  # a nested mapping: not read
+            key = None
     return {}  # no closing line: not front matter
 
 
@@ -37,3 +57,248 @@ def _scalar(value: str):
     if value[:1] in ('"', "'") and value[-1:] == value[:1] and len(value) >= 2:
         return json.loads(value) if value[0] == '"' else value[1:-1].replace("''", "'")
     return value
+
+
+# ---------------------------------------------------------------------------
+# Writing
+
+CARD_FILE = "README.md"
+OPERATIVE_GIN = "operative_config.gin"
+# Where the jobs (experiments/demo.py and the others) keep results beside their train workdir.
+RESULTS_FILE = "results.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class CardFacts:
+    """What a model card says: the model, how it is stored and read, where it comes from, how it was trained.
+
+    layout: the export's layout in words; library: "sentence-transformers" or
+    "transformers"; st_limits: what the sentence-transformers files cannot
+    say about the conventions; step: the exported step; provenance: the
+    checkpoint's provenance.json; operative_gin / results: a training
+    workdir's operative gin config and the job's held-out results (None when
+    absent).
+    """
+
+    model_config: ModelConfig
+    conventions: InputConventions | None
+    layout: str
+    library: str
+    st_limits: tuple[str, ...]
+    step: int | None
+    provenance: dict
+    operative_gin: str | None = None
+    results: dict | None = None
+    results_path: str = ""
+
+
+def training_facts(checkpoint: str) -> tuple[str | None, dict | None, str]:
+    """(operative gin, held-out results, results path) of a training workdir: its operative_config.gin, and the
+    results.json a job wrote next to it (None where absent)."""
+    folder = Path(checkpoint)
+    gin_file = folder / OPERATIVE_GIN
+    operative = gin_file.read_text(encoding="utf-8") if gin_file.is_file() else None
+    results, results_path = None, ""
+    for candidate in (folder / RESULTS_FILE, folder.parent / RESULTS_FILE):
+        if operative is not None and candidate.is_file():
+            try:
+                results = json.loads(candidate.read_text(encoding="utf-8"))
+            except json.JSONDecodeError:
+                results = None  # a results file being rewritten: the card goes without it
+            results_path = str(candidate)
+            break
+    return operative, (results if isinstance(results, dict) else None), results_path
+
+
+def _yaml_value(value) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def front_matter(facts: CardFacts) -> dict:
+    """The hub metadata: library, pipeline tag, license and base model when known, tags."""
+    config = facts.model_config
+    if config.kind == "cross_encoder":
+        pipeline = "text-ranking"
+    elif facts.library == "sentence-transformers":
+        pipeline = "sentence-similarity"
+    else:
+        pipeline = "feature-extraction"
+    tags = ["rankgen-jax", config.encoder_type, config.kind.replace("_", "-")]
+    if facts.library == "sentence-transformers":
+        tags.append("sentence-transformers")
+    if config.kind == "dual_encoder" and config.head.pooling == "first" and config.encoder_type == "t5":
+        tags.append("rankgen")
+    meta = {"library_name": facts.library, "pipeline_tag": pipeline}
+    if facts.provenance.get("license"):
+        meta["license"] = facts.provenance["license"]
+    # A trained model's base is what it started from; an exported import is a conversion of its source.
+    base = facts.provenance.get("base_model") if facts.provenance.get("trained_from") else \
+        facts.provenance.get("model_id")
+    if base:
+        meta["base_model"] = base
+    meta["tags"] = tags
+    return meta
+
+
+def _render_front_matter(meta: dict) -> str:
+    lines = ["---"]
+    for key, value in meta.items():
+        if isinstance(value, list):
+            lines.append(f"{key}:")
+            lines += [f"- {_yaml_value(v)}" for v in value]
+        else:
+            lines.append(f"{key}: {_yaml_value(value)}")
+    return "\n".join(lines + ["---", ""])
+
+
+def _architecture(config: ModelConfig) -> list[str]:
+    encoder = config.encoder
+    kind = {"encoder": "a bare encoder (no head)", "dual_encoder": "a dual encoder",
+            "cross_encoder": "a cross encoder (ranker)"}[config.kind]
+    if config.encoder_type == "t5":
+        backbone = (f"T5 encoder ({'T5 1.1, gated GELU' if encoder.mlp_activation == 'gated-gelu' else 'T5 1.0, ReLU'}"
+                    f"): {encoder.num_layers} layers, d_model {encoder.d_model}, {encoder.num_heads} heads, "
+                    f"d_ff {encoder.d_ff}, vocabulary {encoder.vocab_size}")
+    else:
+        backbone = (f"{encoder.variant} encoder: {encoder.num_layers} layers, d_model {encoder.d_model}, "
+                    f"{encoder.num_heads} heads, d_ff {encoder.d_ff}, vocabulary {encoder.vocab_size}, "
+                    f"{encoder.max_position_embeddings} positions")
+    lines = [f"- Model: {kind} on a {backbone}."]
+    if config.kind == "dual_encoder" and not config.shared_towers:
+        lines.append("- Towers: separate query (prefix) and document (continuation) encoders, each with its head.")
+    head = config.head
+    if head is not None:
+        width = head.output_dim(encoder.d_model)
+        projection = "no projection" if head.projection_dim == 0 else f"a bias-free projection to {width} dims"
+        pooling = {"first": "the first token's hidden state", "mean": "the mean over non-padding tokens"}.get(
+            head.pooling, f"{head.pooling} pooling")
+        lines.append(f"- Head: {pooling}, {projection}" + (", L2-normalised" if head.l2_normalize else "") + ".")
+        if config.kind == "dual_encoder":
+            per = f", {config.num_scores} perspective heads (one vector each)" if config.num_scores > 1 else ""
+            lines.append(f"- Score: the dot product of the prefix and the continuation vectors{per}.")
+        else:
+            lines.append(f"- Scores: {config.num_scores} per (query, candidate) pair, read together.")
+    return lines
+
+
+def _conventions(facts: CardFacts) -> list[str]:
+    c = facts.conventions
+    if c is None:
+        return ["A bare encoder reads no text by itself: train it with a head first."]
+    eos = ("released: the batch is padded, then cut at the limit, so an over-long text loses its final special "
+           "token" if c.truncation == "released" else "clean: an over-long text is cut and keeps its final special "
+           "token (EOS / [SEP])")
+    lines = ["How this model reads text (also in `input_conventions.json`; rankgen-jax reads it by default):", "",
+             "| | prefix / query | continuation / document |", "| --- | --- | --- |",
+             f"| marker (text put before it) | {c.prefix_marker!r} | {c.suffix_marker!r} |",
+             f"| maximum length (tokens) | {c.prefix_length} | {c.suffix_length} |",
+             f"| an over-long text keeps its | {c.prefix_keep} | {c.suffix_keep} |", "",
+             f"Truncation: {eos}."]
+    if facts.st_limits:
+        lines += ["", "What the sentence-transformers files cannot express (encode with rankgen-jax for exactly "
+                  "these conventions):", ""] + [f"- {limit}" for limit in facts.st_limits]
+    return lines
+
+
+def _usage(facts: CardFacts) -> list[str]:
+    config = facts.model_config
+    c = facts.conventions
+    if facts.library == "sentence-transformers":
+        return ["```python", "from sentence_transformers import SentenceTransformer", "",
+                'model = SentenceTransformer("path/to/this/folder")',
+                "prefixes = model.encode_query([\"...\"])      # the query prompt"
+                + (f" {c.prefix_marker!r}" if c and c.prefix_marker else ""),
+                "continuations = model.encode_document([\"...\"])" + (
+                    f"  # the document prompt {c.suffix_marker!r}" if c and c.suffix_marker else ""),
+                "scores = model.similarity(prefixes, continuations)  # dot products", "```"]
+    if config.kind == "cross_encoder":
+        return ["```python", "from transformers import AutoModel", "",
+                'model = AutoModel.from_pretrained("path/to/this/folder", trust_remote_code=True)  # raw scores',
+                "```"]
+    if "RankGen format" in facts.layout:
+        prefix_marker = c.prefix_marker if c else ""
+        return ["```python", "from transformers import AutoModel, AutoTokenizer", "",
+                'model = AutoModel.from_pretrained("path/to/this/folder", trust_remote_code=True)',
+                'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")',
+                f"batch = tokenizer([{prefix_marker!r} + prefix], return_tensors=\"pt\")  # cut as in the table above",
+                "prefix_vectors = model(**batch)", "```"]
+    return ["```python", "from transformers import AutoModel", "",
+            'encoder = AutoModel.from_pretrained("path/to/this/folder")', "```"]
+
+
+def _gin_bindings(operative: str, configurables: tuple[str, ...]) -> list[str]:
+    """The `Name.param = value` lines of an operative gin config for the configurables (or `Name.param` bindings) named."""
+    names = "|".join(re.escape(c) if "." in c else re.escape(c) + r"\.\w+" for c in configurables)
+    return [line for line in operative.splitlines() if re.match(rf"^({names})\s*=", line)]
+
+
+def _results_table(results: dict) -> list[str]:
+    """Every evaluation in a job's results: flat tables of numbers with a count `n` (one row per evaluated model)."""
+    rows = {name: value for name, value in results.items() if isinstance(value, dict) and "n" in value
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values())}
+    if not rows:
+        return []
+    columns = list(dict.fromkeys(k for value in rows.values() for k in value))
+    lines = ["| model | " + " | ".join(columns) + " |", "| --- " * (len(columns) + 1) + "|"]
+    for name, value in rows.items():
+        cells = [("" if k not in value else f"{value[k]:.4g}" if isinstance(value[k], float) else str(value[k]))
+                 for k in columns]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _training(facts: CardFacts) -> list[str]:
+    provenance = facts.provenance
+    lines = []
+    if provenance.get("imported_from"):
+        lines.append(f"Imported with `rankgen-jax import --from {provenance.get('source_format', 'hf')}` from "
+                     f"`{provenance['imported_from']}`"
+                     + (f" ({provenance['model_id']})" if provenance.get("model_id") else "") + ".")
+    if provenance.get("trained_from"):
+        lines.append(f"Fine-tuned from `{provenance['trained_from']}`"
+                     + (f" ({provenance['base_model']})" if provenance.get("base_model") else "") + ".")
+    if facts.operative_gin is None:
+        if not lines:
+            lines.append("No training record: the checkpoint was written without a training run.")
+        return lines
+    lines.append("Trained with `rankgen-jax train`" + (f"; this export is step {facts.step}." if facts.step is not None
+                                                       else "."))
+    data = _gin_bindings(facts.operative_gin, ("DataConfig",))
+    if data:
+        lines += ["", "Data (from the run's operative gin config):", "", "```", *data, "```"]
+    setup = _gin_bindings(facts.operative_gin, ("LossConfig.name", "OptimizerConfig.name",
+                                                "OptimizerConfig.learning_rate", "TrainerConfig.num_steps",
+                                                "TrainerConfig.max_minutes", "DataConfig.batch_size"))
+    if setup:
+        lines += ["", "Loss and schedule: " + "; ".join(f"`{line.strip()}`" for line in setup) + "."]
+    trained = (facts.results or {}).get("train")
+    if isinstance(trained, dict) and isinstance(trained.get("loss"), (int, float)):
+        lines += ["", f"Last logged training loss: {trained['loss']:.4g}"
+                  + (f" ({int(trained['steps'])} steps)." if isinstance(trained.get("steps"), (int, float)) else ".")]
+    lines += ["", "<details><summary>The operative gin config of the run</summary>", "", "```",
+              facts.operative_gin.rstrip(), "```", "", "</details>"]
+    if facts.results:
+        table = _results_table(facts.results)
+        if table:
+            lines += ["", f"Held-out results of the job this run belongs to (`{facts.results_path}`; for the "
+                      "main job: suffix identification on held-out books, the gold continuation against InBook "
+                      "negatives, `n` items):", "", *table]
+    return lines
+
+
+def render_card(facts: CardFacts, title: str) -> str:
+    """The whole README.md of an export."""
+    sections = [_render_front_matter(front_matter(facts)), f"# {title}", "",
+                "Exported by rankgen-jax (`rankgen-jax export-hf`): " + facts.layout + ".", "",
+                "## Model", "", *_architecture(facts.model_config), "",
+                "## Inputs", "", *_conventions(facts), "",
+                "## Usage", "", *_usage(facts), "",
+                "## Provenance and training", "", *_training(facts), ""]
+    return "\n".join(sections)
+
+
+def write_model_card(out: str, facts: CardFacts) -> Path:
+    """Write out/README.md; returns its path."""
+    path = Path(out) / CARD_FILE
+    path.write_text(render_card(facts, Path(out).resolve().name), encoding="utf-8")
+    return path

@@ -1,0 +1,29 @@
+"""Model cards: front matter the hub's own parser reads, for each kind of model; the front-matter reader."""
+
+import pytest
+
+from rankgen_jax.checkpoints.model_card import CardFacts, read_front_matter, render_card
+from rankgen_jax.data.conventions import PAIR_DEFAULTS, RELEASED
+from rankgen_jax.models.configs import BertConfig, ModelConfig
+
+hub = pytest.importorskip("huggingface_hub")
+
+
+def test_front_matter_reader():
+    text = '---\nlicense: apache-2.0\nbase_model: "a/b"\ntags:\n- x\n- \'y z\'\nmodel-index:\n  - name: m\n---\n# T\n'
+    assert read_front_matter(text) == {"license": "apache-2.0", "base_model": "a/b", "tags": ["x", "y z"]}
+    assert read_front_matter("# no front matter\n") == {} and read_front_matter("---\nlicense: mit\n") == {}
+
+
+@pytest.mark.parametrize("kind, library, pipeline", [("cross_encoder", "transformers", "text-ranking"),
+                                                     ("dual_encoder", "sentence-transformers", "sentence-similarity")])
+def test_cards_parse_as_hub_metadata(tmp_path, kind, library, pipeline):
+    config = ModelConfig(encoder=BertConfig(), kind=kind)
+    facts = CardFacts(model_config=config, conventions=PAIR_DEFAULTS if kind == "cross_encoder" else RELEASED,
+                      layout="test layout", library=library, st_limits=("a limit",), step=0,
+                      provenance={"imported_from": "/x", "source_format": "hf", "license": "mit", "model_id": "o/m"})
+    (tmp_path / "README.md").write_text(render_card(facts, "m"))
+    meta = hub.ModelCard.load(tmp_path / "README.md").data.to_dict()
+    assert meta["library_name"] == library and meta["pipeline_tag"] == pipeline
+    assert meta["license"] == "mit" and meta["base_model"] == "o/m"
+    assert "- a limit" in (tmp_path / "README.md").read_text()
