@@ -9,10 +9,15 @@ from rankgen_jax.models.configs import BertConfig, ModelConfig
 hub = pytest.importorskip("huggingface_hub")
 
 
-def test_front_matter_reader():
-    text = '---\nlicense: apache-2.0\nbase_model: "a/b"\ntags:\n- x\n- \'y z\'\nmodel-index:\n  - name: m\n---\n# T\n'
-    assert read_front_matter(text) == {"license": "apache-2.0", "base_model": "a/b", "tags": ["x", "y z"]}
-    assert read_front_matter("# no front matter\n") == {} and read_front_matter("---\nlicense: mit\n") == {}
+def test_front_matter_reader(tmp_path):
+    card = tmp_path / "README.md"
+    card.write_text('---\nlicense: apache-2.0\nbase_model: "a/b"\ntags:\n- x\n- \'y z\'\n---\n# T\n')
+    assert read_front_matter(card) == {"license": "apache-2.0", "base_model": "a/b", "tags": ["x", "y z"]}
+    for text in ("# no front matter\n", "---\nlicense: [unclosed\n---\n"):
+        card.write_text(text)
+        assert read_front_matter(card) == {}
+    card.write_bytes(b"---\nlicense: \xff\n---\n")
+    assert read_front_matter(card) == {}
 
 
 @pytest.mark.parametrize("kind, library, pipeline", [("cross_encoder", "transformers", "text-ranking"),

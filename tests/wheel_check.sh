@@ -87,7 +87,8 @@ printf '%s\n' "Emma Woodhouse, handsome, clever, and rich." "It was a dark and s
 "$RANKGEN" encode --model "$RUN/hf" --input texts.txt --kind prefix --output jax.npy
 
 step "a command that needs an extra says which"
-if "$RANKGEN" index --model "$RUN/hf" --corpus texts.txt --out "$RUN/index" 2> index.txt; then
+printf 'd1\tEmma Woodhouse, handsome, clever, and rich.\nd2\tIt was a dark and stormy night.\n' > corpus.tsv
+if "$RANKGEN" index --model "$RUN/hf" --corpus corpus.tsv --out "$RUN/index" 2> index.txt; then
     echo "index ran without faiss" >&2; exit 1
 fi
 cat index.txt

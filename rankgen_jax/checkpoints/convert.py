@@ -128,7 +128,7 @@ def source_provenance(source: str, path: str, model_id: str | None = None) -> di
         provenance["model_id"] = model_id
     card = Path(path) / "README.md"
     if source == "hf" and card.is_file():
-        front = model_card.read_front_matter(card.read_text(encoding="utf-8", errors="replace"))
+        front = model_card.read_front_matter(card)
         for key in ("license", "base_model"):
             if isinstance(front.get(key), str) and front[key]:
                 provenance[key] = front[key]

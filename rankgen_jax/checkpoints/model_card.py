@@ -8,9 +8,7 @@ operative gin config (data, loss, steps) and the held-out results a job wrote
 next to it (results.json).
 
 Front matter is the YAML block between two `---` lines at the top of a
-model card. Only flat keys with scalar or list values are read or written
-here (what the hub's model metadata uses); strings are written JSON-quoted,
-which YAML reads as the same strings.
+model card; huggingface_hub reads and writes it, as the hub does.
 """
 
 from __future__ import annotations
@@ -20,43 +18,21 @@ import json
 import re
 from pathlib import Path
 
+import huggingface_hub
+import yaml
+
 from rankgen_jax.data.conventions import InputConventions
 from rankgen_jax.models.configs import ModelConfig
 
 
-def read_front_matter(text: str) -> dict:
-    """The flat keys of a card's front matter: {key: str} or {key: [str, ...]} ({} when there is none)."""
-    lines = text.splitlines()
-    if not lines or lines[0].strip() != "---":
+def read_front_matter(card: Path) -> dict:
+    """The metadata front matter of a model card file, as the hub reads it ({} when it has none or it does not
+    parse: a source's card is informative, never a reason to refuse an import)."""
+    try:
+        meta = huggingface_hub.metadata_load(card)
+    except (yaml.YAMLError, UnicodeDecodeError):
         return {}
-    out: dict = {}
-    key = None
-    for line in lines[1:]:
-        if line.strip() == "---":
-            return out
-        match = re.match(r"^([A-Za-z_][\w-]*):\s*(.*)$", line)
-        if match:
-            key, value = match.group(1), match.group(2).strip()
-            out[key] = _scalar(value) if value else []
-        elif key is not None and isinstance(out.get(key), list) and re.match(r"^\s*-\s+", line):
-            item = re.sub(r"^\s*-\s+", "", line).strip()
-            if re.match(r"^[\w-]+:(\s|$)", item):  # a list of mappings (model-index): not read
-                out.pop(key)
-                key = None
-            else:
-                out[key].append(_scalar(item))
-        elif not line.startswith((" ", "\t")) or key is None:
-            key = None  # anything else at the top level is not read
-        elif key in out and out[key] == []:
-            out.pop(key)  # a nested mapping: not read
-            key = None
-    return {}  # no closing line: not front matter
-
-
-def _scalar(value: str):
-    if value[:1] in ('"', "'") and value[-1:] == value[:1] and len(value) >= 2:
-        return json.loads(value) if value[0] == '"' else value[1:-1].replace("''", "'")
-    return value
+    return meta if isinstance(meta, dict) else {}
 
 
 # ---------------------------------------------------------------------------
@@ -110,10 +86,6 @@ def training_facts(checkpoint: str) -> tuple[str | None, dict | None, str]:
     return operative, (results if isinstance(results, dict) else None), results_path
 
 
-def _yaml_value(value) -> str:
-    return json.dumps(value, ensure_ascii=False)
-
-
 def front_matter(facts: CardFacts) -> dict:
     """The hub metadata: library, pipeline tag, license and base model when known, tags."""
     config = facts.model_config
@@ -141,14 +113,7 @@ def front_matter(facts: CardFacts) -> dict:
 
 
 def _render_front_matter(meta: dict) -> str:
-    lines = ["---"]
-    for key, value in meta.items():
-        if isinstance(value, list):
-            lines.append(f"{key}:")
-            lines += [f"- {_yaml_value(v)}" for v in value]
-        else:
-            lines.append(f"{key}: {_yaml_value(value)}")
-    return "\n".join(lines + ["---", ""])
+    return "---\n" + huggingface_hub.ModelCardData(**meta).to_yaml() + "\n---\n"
 
 
 def _architecture(config: ModelConfig) -> list[str]:

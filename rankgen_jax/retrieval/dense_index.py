@@ -242,6 +242,9 @@ def index_corpus(
     # Imports jax: not at the top, so that the CLI imports this module before it sets XLA's flags.
     from rankgen_jax.inference.encoder import load_model
 
+    # Imported before the (slow) encoding, so a missing retrieval extra fails at once.
+    import faiss
+
     if kind not in INDEX_KINDS:
         raise RankgenError(f"unknown index kind {kind!r}: expected one of {INDEX_KINDS}")
     _check_encode_args(encode_kind, batch_size)
@@ -259,9 +262,6 @@ def index_corpus(
     print(model.conventions_note(), file=sys.stderr)
     vectors_NxD = encode_all(model, texts, encode_kind, max_length, batch_size, progress, "index")
     index = build_faiss_index(vectors_NxD, kind, nlist=nlist, hnsw_m=hnsw_m, nprobe=nprobe, ef_search=ef_search)
-
-    import faiss
-
     out.mkdir(parents=True, exist_ok=True)
     # The config goes first and comes back last: a run that dies mid-write
     # leaves a folder load_index refuses, never an old config over new files.
