@@ -41,7 +41,8 @@ def released_class(folders):  # noqa: F811 (the fixture above)
 
 @pytest.mark.parametrize("batch_size", [None, 4])
 def test_released_form_matches_the_released_computation(folders, released_class, batch_size):  # noqa: F811
-    encoder = RankGenEncoder(folders["released"], devices=ONE_DEVICE, batch_size=batch_size)
+    # max_batch_size: the released constructor's name for batch_size.
+    encoder = RankGenEncoder(folders["released"], devices=ONE_DEVICE, max_batch_size=batch_size)
     for vectors_type in ("prefix", "suffix"):
         out = encoder.encode(TEXTS, vectors_type=vectors_type, return_input_ids=True)
         want, want_ids = released_class(TEXTS, vectors_type, batch_size or RELEASED_BATCH_SIZE)
@@ -81,6 +82,16 @@ def test_released_form_strings_torch_and_bad_input(folders, released_class, caps
         encoder.encode(["a", 3], vectors_type="prefix")
     with pytest.raises(RankgenError, match="the released form"):
         encoder.encode(TEXTS[0], "prefix")
+
+
+def test_released_constructor_names(folders):  # noqa: F811
+    with pytest.raises(RankgenError, match="batch_size=4 and max_batch_size=8 disagree"):
+        RankGenEncoder(folders["released"], devices=ONE_DEVICE, batch_size=4, max_batch_size=8)
+    with pytest.raises(RankgenError, match=r"model_size must be one of \['base', 'large', 'xl'\]"):
+        RankGenEncoder(folders["released"], devices=ONE_DEVICE, model_size="small")
+    with pytest.raises(RankgenError, match="model_size='xl' means d_model 2048, but this model has d_model 32"):
+        RankGenEncoder(folders["released"], devices=ONE_DEVICE, model_size="xl")
+    assert RankGenEncoder(folders["released"], devices=ONE_DEVICE, max_batch_size=4).batch_size == 4
 
 
 def test_readme_released_usage_runs_as_written(folders):  # noqa: F811

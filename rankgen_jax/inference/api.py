@@ -41,6 +41,8 @@ PROGRESS_MIN_TEXTS = 1000
 SHOWN_SKIPPED = 5
 # The released RankGenEncoder's max_batch_size: its input_ids rows are padded per batch of this many texts.
 RELEASED_BATCH_SIZE = 32
+# The released model sizes' T5 d_model (the released class's model_size names).
+RELEASED_D_MODEL = {"base": 768, "large": 1024, "xl": 2048}
 # What the released-RankGen form of encode() returns its embeddings as: NumPy, or torch tensors.
 RETURN_TENSORS = ("np", "pt")
 
@@ -65,13 +67,25 @@ class RankGenEncoder:
         memory_budget_bytes: int | None = None,
         prefix_keep: str | None = None,
         conventions: dict | None = None,
+        max_batch_size: int | None = None,
+        model_size: str | None = None,
     ):
         """Load `path`; batch_size None sizes batches from memory; devices default to all local devices.
 
         truncation, max_length_prefix / max_length_suffix, prefix_keep and
         conventions ({InputConventions field: value}) override the model's
         input conventions; None keeps the recorded ones (`.conventions`).
+        max_batch_size and model_size are the released RankGenEncoder's names:
+        the first is batch_size, the second ("base", "large", "xl") is checked
+        against the loaded model's d_model.
         """
+        if max_batch_size is not None:
+            if batch_size is not None and batch_size != max_batch_size:
+                raise RankgenError(f"batch_size={batch_size!r} and max_batch_size={max_batch_size!r} disagree: "
+                                   "they are the same setting; give one")
+            batch_size = max_batch_size
+        if model_size is not None and model_size not in RELEASED_D_MODEL:
+            raise RankgenError(f"model_size must be one of {sorted(RELEASED_D_MODEL)}, got {model_size!r}")
         if truncation is not None and truncation not in TRUNCATION_MODES:
             raise RankgenError(f"truncation must be one of {TRUNCATION_MODES}, got {truncation!r}")
         self.batch_size = None if batch_size is None else _positive(batch_size, "batch_size")
@@ -94,6 +108,10 @@ class RankGenEncoder:
         if not devices:
             raise RankgenError("RankGenEncoder: devices is empty")
         self.model = load_model(str(path), conventions=overrides)
+        d_model = getattr(self.model.config.encoder, "d_model", None)
+        if model_size is not None and d_model != RELEASED_D_MODEL[model_size]:
+            raise RankgenError(f"{path}: model_size={model_size!r} means d_model {RELEASED_D_MODEL[model_size]}, "
+                               f"but this model has d_model {d_model}")
         used = self.model.conventions
         self.truncation = used.truncation
         # "raw" inputs go through the query tower like prefixes, so they share its limit.
