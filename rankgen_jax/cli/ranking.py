@@ -1,4 +1,5 @@
-"""`rankgen-jax score`, `encode`, `index`, `search` and `evaluate`: a trained model's scores, vectors and runs."""
+"""`rankgen-jax score`, `encode`, `index`, `search`, `evaluate` and `mine-negatives`: a trained model's scores, vectors,
+runs and hard negatives."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from rankgen_jax.data.retrieval_files import DEFAULT_RUN_TAG, DEFAULT_TITLE_JOIN
 from rankgen_jax.eval.ranking import METHODS, run_score
 from rankgen_jax.eval.retrieval_metrics import DEFAULT_MEASURES, MISSING_QUERIES, evaluate_files
 from rankgen_jax.inference.api import KINDS, TRUNCATION_MODES, run_encode
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.retrieval import mining
 from rankgen_jax.retrieval.dense_index import index_corpus, search_queries
 
 CORPUS_HELP = ("passages: TSV `id<TAB>text` (MS MARCO collection.tsv), JSON lines {\"id\", \"text\"} (also BEIR's "
@@ -191,3 +194,78 @@ def add_encode(subparsers) -> None:
 def _run_encode(args) -> dict:
     return run_encode(args.model, args.input, args.kind, args.output, batch_size=args.batch_size,
                       max_length=args.max_length, conventions=convention_args(args))
+
+
+def add_mine_negatives(subparsers) -> None:
+    p = subparsers.add_parser(
+        "mine-negatives", help="hard negatives for training queries from BM25 or a dense model, as Tevatron JSONL",
+        description="Rank the corpus for each training query with BM25 (bm25s; lower-cased words of 2+ characters, "
+        "English stopwords removed, no stemming, Lucene's BM25 with --bm25_k1 / --bm25_b, default 0.9 / 0.4 as "
+        "Pyserini) or a dual encoder (--model, with --index an index folder of `rankgen-jax index`, else the corpus "
+        "is encoded into an exact index), keep the passages at the --depth ranks (1-based, both ends, equal scores "
+        "by docid descending), drop the query's positives (and with --drop_judged the passages its qrels judge), "
+        "keep --negatives of them and write Tevatron JSON lines {query_id, query, positive_passages, "
+        "negative_passages}. Resumable: rerunning the same command continues an interrupted run "
+        "(OUTPUT.progress.json records what is done). The last stdout line is a JSON summary.",
+    )
+    q = p.add_argument_group("training queries (a Tevatron file, or queries with qrels)")
+    q.add_argument("--train_file", help="Tevatron training JSON lines (its positives are kept, its negatives "
+                   "replaced)")
+    q.add_argument("--queries", help="queries: TSV `qid<TAB>text`, JSON lines, or a BEIR folder (its --split's qrels "
+                   "give the positives unless --qrels is given)")
+    q.add_argument("--qrels", help="qrels (TREC, MS MARCO, BEIR file or folder): the positives of --queries; with "
+                   "--train_file, what --drop_judged drops")
+    q.add_argument("--split", help="a BEIR folder's qrels split (default: test)")
+    q.add_argument("--positive_level", type=int, default=1, help="qrels label of a positive (default: >= 1)")
+    p.add_argument("--corpus", required=True, help=CORPUS_HELP)
+    p.add_argument("--output", required=True, help="Tevatron JSON-lines file to write (or to resume)")
+    r = p.add_argument_group("retriever (one of --bm25, --model)")
+    r.add_argument("--bm25", action="store_true", help="BM25 over the corpus (bm25s, the retrieval extra)")
+    r.add_argument("--bm25_k1", type=float, default=mining.DEFAULT_BM25_K1, help="BM25 k1 (default %(default)s, "
+                   "Pyserini's)")
+    r.add_argument("--bm25_b", type=float, default=mining.DEFAULT_BM25_B, help="BM25 b (default %(default)s, "
+                   "Pyserini's)")
+    r.add_argument("--bm25_keep_stopwords", action="store_true", help="keep English stopwords in BM25's tokens")
+    r.add_argument("--model", help="dual encoder (checkpoint, training workdir or HF folder)")
+    r.add_argument("--index", help="index folder built from this corpus with `rankgen-jax index` and --model "
+                   "(default: encode the corpus into an exact index in memory)")
+    r.add_argument("--batch_size", type=int, default=64, help="texts per encoder call (default 64)")
+    m = p.add_argument_group("mining")
+    m.add_argument("--depth", default=mining.DEFAULT_DEPTH,
+                   help="ranks to take candidates from, 1-based, both ends: FROM-TO, TO (= 1-TO), or ranges joined "
+                   "by commas (default: %(default)s)")
+    m.add_argument("--negatives", type=int, default=mining.DEFAULT_NEGATIVES,
+                   help="negatives per query (default %(default)s; fewer when the range holds fewer)")
+    m.add_argument("--pick", choices=mining.PICKS, default="first",
+                   help="first: the best-ranked candidates (default); sample: a seeded sample, written in rank order")
+    m.add_argument("--seed", type=int, default=0, help="seed of --pick sample (default 0)")
+    m.add_argument("--drop_judged", choices=mining.DROP_JUDGED,
+                   help="also drop what the qrels judge for the query: relevant (label > 0 at any level) or all "
+                   "(label 0 and negative labels too); default: only the positives are dropped")
+    m.add_argument("--on_missing", choices=mining.ON_MISSING, default="error",
+                   help="a positive or qrels passage missing from the corpus: error (default) or skip (counted)")
+    m.add_argument("--title_join", default=DEFAULT_TITLE_JOIN,
+                   help="what joins a passage's title to its text for the retriever (default: a space)")
+    m.add_argument("--no_title", action="store_true", help="the retriever reads passages without their titles")
+    m.add_argument("--query_batch", type=int, default=mining.DEFAULT_QUERY_BATCH,
+                   help="queries per written batch (default %(default)s)")
+    m.add_argument("--overwrite", action="store_true", help="start over instead of resuming an existing --output")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar")
+    add_convention_flags(p)
+    p.set_defaults(run=_run_mine_negatives)
+
+
+def _run_mine_negatives(args) -> dict:
+    if args.bm25 == (args.model is not None):
+        raise RankgenError("give one retriever: --bm25 or --model")
+    summary = mining.mine_negatives(
+        args.output, args.corpus, train_file=args.train_file, queries_path=args.queries, qrels_path=args.qrels,
+        split=args.split, retriever="bm25" if args.bm25 else "dense", model_dir=args.model, index_dir=args.index,
+        depth=args.depth, negatives=args.negatives, pick=args.pick, seed=args.seed, drop_judged=args.drop_judged,
+        positive_level=args.positive_level, on_missing=args.on_missing,
+        title_join=None if args.no_title else args.title_join, bm25_k1=args.bm25_k1, bm25_b=args.bm25_b,
+        bm25_stopwords=None if args.bm25_keep_stopwords else mining.DEFAULT_STOPWORDS, batch_size=args.batch_size,
+        query_batch=args.query_batch, overwrite=args.overwrite, progress=not args.no_progress,
+        conventions=convention_args(args))
+    print(json.dumps(summary))
+    return summary
