@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import random
 import sys
@@ -139,6 +140,8 @@ class Bm25Retriever:
         # must come after the CLI sets XLA's flags.
         import bm25s
 
+        # bm25s sets its logger to DEBUG on import, which prints its steps wherever logging is configured.
+        logging.getLogger("bm25s").setLevel(logging.WARNING)
         self._bm25s = bm25s
         self.ids = ids
         self.stopwords = stopwords
