@@ -196,18 +196,20 @@ def _run_encode(args) -> dict:
                       max_length=args.max_length, conventions=convention_args(args))
 
 
+MINE_NEGATIVES_DESCRIPTION = (
+    "Rank the corpus for each training query with BM25 (bm25s; lower-cased words of 2+ characters, "
+    "English stopwords removed, no stemming, Lucene's BM25 with --bm25_k1 / --bm25_b, default 0.9 / 0.4 as "
+    "Pyserini) or a dual encoder (--model, with --index an index folder of `rankgen-jax index`, else the corpus "
+    "is encoded into an exact index), keep the passages at the --depth ranks (1-based, both ends, equal scores "
+    "by docid descending), drop the query's positives (and with --drop_judged the passages its qrels judge), "
+    "keep --negatives of them and write Tevatron JSON lines {query_id, query, positive_passages, "
+    "negative_passages}. Resumable: rerunning the same command continues an interrupted run "
+    "(OUTPUT.progress.json records what is done). The last stdout line is a JSON summary.")
+
+
 def add_mine_negatives(subparsers) -> None:
-    p = subparsers.add_parser(
-        "mine-negatives", help="hard negatives for training queries from BM25 or a dense model, as Tevatron JSONL",
-        description="Rank the corpus for each training query with BM25 (bm25s; lower-cased words of 2+ characters, "
-        "English stopwords removed, no stemming, Lucene's BM25 with --bm25_k1 / --bm25_b, default 0.9 / 0.4 as "
-        "Pyserini) or a dual encoder (--model, with --index an index folder of `rankgen-jax index`, else the corpus "
-        "is encoded into an exact index), keep the passages at the --depth ranks (1-based, both ends, equal scores "
-        "by docid descending), drop the query's positives (and with --drop_judged the passages its qrels judge), "
-        "keep --negatives of them and write Tevatron JSON lines {query_id, query, positive_passages, "
-        "negative_passages}. Resumable: rerunning the same command continues an interrupted run "
-        "(OUTPUT.progress.json records what is done). The last stdout line is a JSON summary.",
-    )
+    p = subparsers.add_parser("mine-negatives", description=MINE_NEGATIVES_DESCRIPTION,
+                              help="hard negatives for training queries from BM25 or a dense model, as Tevatron JSONL")
     q = p.add_argument_group("training queries (a Tevatron file, or queries with qrels)")
     q.add_argument("--train_file", help="Tevatron training JSON lines (its positives are kept, its negatives "
                    "replaced)")

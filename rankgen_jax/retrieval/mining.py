@@ -1,4 +1,5 @@
-"""Hard-negative mining: rank the corpus for each training query, keep passages at a depth range, write Tevatron JSON lines.
+"""Hard-negative mining: rank the corpus for each training query, keep passages at depth ranges, write Tevatron
+JSON lines.
 
 Queries and their positives come from a Tevatron training file
 (`{"query_id", "query", "positive_passages", ...}`; its negatives are
@@ -64,11 +65,13 @@ import numpy as np
 from tqdm import tqdm
 
 from rankgen_jax.data import jsonl
-from rankgen_jax.data.retrieval_files import (DEFAULT_TITLE_JOIN, Passage, Qrels, TextFile, TrainingQuery,
-                                              check_qrels, is_beir_folder, iter_training_queries, read_passages,
-                                              read_qrels, read_queries, training_query_record)
+from rankgen_jax.data.retrieval_files import (BEIR_CORPUS, BEIR_QUERIES, DEFAULT_TITLE_JOIN, Passage, Qrels,
+                                              TextFile, TrainingQuery, check_qrels, is_beir_folder,
+                                              iter_training_queries, read_passages, read_qrels, read_queries,
+                                              training_query_record)
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.retrieval.dense_index import build_faiss_index, encode_all, load_index, search_index
+from rankgen_jax.retrieval.dense_index import (CONFIG_FILE, IDS_FILE, INDEX_FILE, build_faiss_index, encode_all,
+                                              load_index, search_index)
 
 RETRIEVERS = ("bm25", "dense")
 PICKS = ("first", "sample")
@@ -82,22 +85,16 @@ DEFAULT_STOPWORDS = "en"
 DEFAULT_QUERY_BATCH = 256
 PROGRESS_SUFFIX = ".progress.json"
 PROGRESS_VERSION = 1
-# Skip reasons.
+# Why a query is skipped. Qrels judge it, but none at positive_level:
 NO_POSITIVE = "no positive passage in the qrels"
+# A query of the queries file that the qrels never name:
 NOT_JUDGED = "no judgement in the qrels"
+# on_missing="skip" and a positive's id is not a corpus id (a training file's query; a qrels query losing them all):
 POSITIVE_MISSING = "a positive passage not in the corpus"
+# The retriever ranks fewer passages than the first depth range starts at (BM25: few share a query term):
 NOTHING_RANKED = "the retriever ranks no passage in the depth range"
+# Something is ranked in range, but only the query's positives (or, with drop_judged, judged passages):
 ALL_DROPPED = "every passage in the depth range is a positive or judged"
-
-
-@dataclasses.dataclass(frozen=True)
-class MiningQuery:
-    """A training query: its id, text, positives (to write and to drop) and where it was read."""
-
-    query_id: str
-    query: str
-    positives: tuple[Passage, ...]
-    source: str
 
 
 def parse_depth(depth: str | Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
@@ -232,7 +229,7 @@ def _missing_positives(queries: list[tuple[int, TrainingQuery]], corpus: TextFil
 
 def load_training_queries(corpus: TextFile, train_file: str | None = None, queries_path: str | None = None,
                           qrels_path: str | None = None, split: str | None = None, positive_level: int = 1,
-                          on_missing: str = "error") -> tuple[list[MiningQuery], Qrels | None, dict[str, int]]:
+                          on_missing: str = "error") -> tuple[list[TrainingQuery], Qrels | None, dict[str, int]]:
     """(queries to mine, the qrels or None, {skip reason: count}) from a Tevatron file or queries + qrels.
 
     With a training file, qrels (optional) only say what is judged. Ids missing
@@ -273,8 +270,8 @@ def load_training_queries(corpus: TextFile, train_file: str | None = None, queri
             print(f"{train_file}: skipped {missing.count} queries: {missing.describe()}", file=sys.stderr)
             skipped[POSITIVE_MISSING] = missing.count
         dropped = set(missing.numbers())
-        queries = [MiningQuery(q.query_id, q.query, q.positives, f"{train_file}:{n}")
-                   for n, q in numbered if n not in dropped]
+        # Their negatives are what mining replaces.
+        queries = [dataclasses.replace(q, negatives=()) for n, q in numbered if n not in dropped]
         return queries, qrels, skipped
     if qrels is None:
         raise RankgenError(f"{queries_path}: a queries file needs qrels to say its positives")
@@ -288,7 +285,7 @@ def load_training_queries(corpus: TextFile, train_file: str | None = None, queri
         positives = tuple(corpus.passage(d) for d, label in qrels.labels.get(qid, {}).items()
                           if label >= positive_level)
         if positives:
-            queries.append(MiningQuery(qid, texts[row], positives, f"{query_file.path}:{query_file.lines[row]}"))
+            queries.append(TrainingQuery(qid, texts[row], positives, ()))
             continue
         # Its positives all named passages missing from the corpus (on_missing="skip"), or it had none.
         reason = POSITIVE_MISSING if qid in had_positive else NO_POSITIVE if qid in judged else NOT_JUDGED
@@ -307,7 +304,7 @@ def _pick(candidates: list[int], negatives: int, pick: str, seed: int, query_id:
     return [candidates[i] for i in chosen]
 
 
-def mine_query(query: MiningQuery, ranked: list[tuple[int, float]], corpus: TextFile,
+def mine_query(query: TrainingQuery, ranked: list[tuple[int, float]], corpus: TextFile,
                ranges: tuple[tuple[int, int], ...], negatives: int, pick: str, seed: int,
                judged: dict[str, int] | None, drop_judged: str | None) -> tuple[list[Passage] | None, str | None]:
     """(negative passages, None) of one query from its ranking, or (None, the skip reason)."""
@@ -324,11 +321,16 @@ def mine_query(query: MiningQuery, ranked: list[tuple[int, float]], corpus: Text
 
 
 def _input_stamp(path: str | None) -> dict | None:
-    """The resolved path and size of an input (a folder: of its files), so a resume sees a changed input."""
+    """The resolved path and size of an input (a folder: of the files read there), so a resume sees a changed input."""
     if path is None:
         return None
     p = Path(path)
-    files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+    files = [p]
+    if p.is_dir():
+        # A BEIR folder's corpus, queries and qrels; an index folder's files. Not all its files: the output may be
+        # written in the folder.
+        files = [p / name for name in (BEIR_CORPUS, BEIR_QUERIES, CONFIG_FILE, IDS_FILE, INDEX_FILE)]
+        files = [f for f in files if f.is_file()] + sorted((p / "qrels").glob("*.tsv"))
     return {"path": str(p.resolve()), "bytes": sum(f.stat().st_size for f in files)}
 
 
@@ -480,7 +482,7 @@ def mine_negatives(
                     if mined is None:
                         record["skipped"][reason] = record["skipped"].get(reason, 0) + 1
                         continue
-                    written = TrainingQuery(query.query_id, query.query, query.positives, tuple(mined))
+                    written = dataclasses.replace(query, negatives=tuple(mined))
                     lines.append((json.dumps(training_query_record(written), ensure_ascii=False) + "\n")
                                  .encode("utf-8"))
                     record["written"] += 1
