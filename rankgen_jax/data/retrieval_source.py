@@ -58,7 +58,7 @@ TOO_FEW_NEGATIVES = ("fill", "skip")
 NO_RELEVANT = "no passage the qrels judge relevant"
 NO_NEGATIVE = "no negative passage"
 TOO_FEW = "fewer negatives than hard_negatives (too_few_negatives='skip')"
-NEGATIVE_IS_POSITIVE = "negatives that are also the query's positives or judged relevant (dropped from its pool)"
+NEGATIVE_IS_POSITIVE = "negatives that are also the query's positives or judged relevant, left out of its pool"
 
 
 @dataclasses.dataclass(frozen=True)
