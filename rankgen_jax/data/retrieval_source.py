@@ -18,9 +18,9 @@ rows of the full batch): the query is the r-th of that batch in a seeded epoch
 order (lists.RecordBatches); its positive is one of its positives drawn
 uniformly ("sample") or always its first ("first"); its K = hard_negatives
 negatives are drawn without replacement from its pool. With fewer than K in the
-pool, too_few_negatives says what happens: "fill" (the default, as Tevatron's
-trainer does) takes each negative once and draws the rest with replacement
-from the pool, for triples; a list leaves those slots empty under its
+pool, too_few_negatives says what happens: "fill" (the default; Tevatron's
+trainer also draws with replacement then) takes each negative once and draws
+the rest with replacement from the pool, for triples; a list leaves those slots empty under its
 candidate_mask instead; "skip" drops the query when the data are read
 (counted). A query with no negative at all is always skipped when K > 0:
 there is nothing to fill with. Nothing is ever padded with unrelated text.
@@ -54,11 +54,6 @@ from rankgen_jax.models.batch_layout import TRIPLES, BatchLayout
 
 POSITIVE_CHOICES = ("sample", "first")
 TOO_FEW_NEGATIVES = ("fill", "skip")
-# Skip and drop reasons, counted per query (SkippedLines numbers them by the query's line or position).
-NO_RELEVANT = "no passage the qrels judge relevant"
-NO_NEGATIVE = "no negative passage"
-TOO_FEW = "fewer negatives than hard_negatives (too_few_negatives='skip')"
-NEGATIVE_IS_POSITIVE = "negatives that are also the query's positives or judged relevant, left out of its pool"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +74,13 @@ class SamplingRules:
         if self.too_few_negatives not in TOO_FEW_NEGATIVES:
             raise RankgenError(f"DataConfig.too_few_negatives must be one of {TOO_FEW_NEGATIVES}, "
                                f"got {self.too_few_negatives!r}")
+
+
+# Skip and drop reasons, counted per query (SkippedLines numbers them by the query's file line).
+NO_RELEVANT = "no passage the qrels judge relevant"
+NO_NEGATIVE = "no negative passage"
+TOO_FEW = "fewer negatives than hard_negatives (too_few_negatives='skip')"
+NEGATIVE_IS_POSITIVE = "negatives that are also the query's positives or judged relevant, left out of its pool"
 
 
 @dataclasses.dataclass
@@ -109,7 +111,7 @@ def _filtered(queries: Sequence[tuple[int, TrainingQuery]], rules: SamplingRules
     Each query comes with the file line naming it in skip counts (its record in
     a Tevatron file, its first judgement in qrels).
     """
-    skipped, dropped, kept = skipped or jsonl.SkippedLines(), 0, []
+    skipped, dropped, kept = skipped if skipped is not None else jsonl.SkippedLines(), 0, []
     for number, query in queries:
         not_negative = {p.id for p in query.positives}
         if qrels is not None:
