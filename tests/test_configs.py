@@ -43,7 +43,8 @@ def test_json_round_trip_and_errors():
         HeadConfig(pooling="max")
 
 
-@pytest.mark.parametrize("name", ["demo_minilm.gin", "demo_t5_scratch.gin", "rankgen_t5_tiny_books.gin", "rankgen_t5_xl_paper.gin"])
+@pytest.mark.parametrize("name", ["demo_minilm.gin", "demo_t5_scratch.gin", "rankgen_t5_tiny_books.gin", "rankgen_t5_xl_paper.gin",
+                                  "retrieval_t5_tiny_tevatron.gin"])
 def test_shipped_gin_configs_parse(name):
     from rankgen_jax.data.sources import DataConfig
     from rankgen_jax.experiments.gin_runs import experiment_configurables

@@ -73,7 +73,7 @@ def _epoch_order(count: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(count)
 
 
-class _RecordBatches:
+class RecordBatches:
     """Batch `index` of an endless sequence of seeded epochs over the records (resume needs only the index)."""
 
     def __init__(self, records: list[dict], batch_size: int, seed: int, where: str):
@@ -90,27 +90,25 @@ class _RecordBatches:
         return [self.records[i] for i in picked[rows or slice(None)]], row_numbers
 
 
-class ListBatches:
-    """Candidate lists as the layout wants them: query + candidates or triples (separate towers), or joint pairs."""
+class ListEncoder:
+    """Candidate-list records to the arrays of a layout: query + candidates or triples (separate towers), or joint pairs.
 
-    def __init__(self, records: list[dict], text: TextEncoder, batch_size: int, layout: BatchLayout, query_length: int,
-                 candidate_length: int, list_size: int = 0, seed: int = 0, query_keep: str = "end",
-                 where: str = "lists"):
-        self.text, self.layout = text, layout
+    Lists are cut or padded to list_size candidates (padding masked); float_keys
+    are the record fields copied as [B, C] float arrays; seed and the batch
+    index and row numbers seed each row's tie-break noise.
+    """
+
+    def __init__(self, text: TextEncoder, layout: BatchLayout, query_length: int, candidate_length: int,
+                 list_size: int, float_keys: Sequence[str] = (), seed: int = 0, query_keep: str = "end"):
+        self.text, self.layout, self.list_size, self.float_keys, self.seed = text, layout, list_size, list(float_keys), seed
         self.query_length, self.candidate_length, self.query_keep = query_length, candidate_length, query_keep
-        self.list_size = list_size or max(len(r["candidates"]) for r in records)
-        if layout.form == TRIPLES and self.list_size < 1:
-            raise RankgenError(f"{where}: triples need at least the positive candidate")
-        self.float_keys = [k for k in LIST_FLOAT_KEYS if all(k in r for r in records)]
-        self.batches = _RecordBatches(records, batch_size, seed, where)
-        self.batch_size, self.seed = batch_size, seed
 
     def _candidate_ids(self, candidates: Sequence[str]) -> np.ndarray:
         ids = [encode_truncated(self.text, SUFFIX_MARKER, c, self.candidate_length) for c in candidates]
         return pad_batch(ids, self.candidate_length, self.text.pad_id)
 
-    def batch(self, index: int, rows: slice | None = None) -> dict[str, np.ndarray]:
-        records, row_numbers = self.batches.members(index, rows)
+    def encode(self, records: Sequence[dict], row_numbers: Sequence[int], index: int) -> dict[str, np.ndarray]:
+        """The arrays of these records, rows `row_numbers` of batch `index`."""
         size, num = self.list_size, len(records)
         mask_BxC = np.zeros((num, size), np.int32)
         floats = {k: np.zeros((num, size), np.float32) for k in self.float_keys}
@@ -121,6 +119,7 @@ class ListBatches:
                 floats[k][b, :count] = record[k][:count]
         tie_BxC = np.stack([np.random.default_rng([self.seed, index, r, 7]).random(size) for r in row_numbers])
         out = {"candidate_mask": mask_BxC, "tie_break": tie_BxC.astype(np.float32), **floats}
+        # Padding repeats the first candidate (real text, so no tower sees an empty input); the mask hides it.
         padded = [(r["candidates"][:size] + [r["candidates"][0]] * size)[:size] for r in records]
         if self.layout.joint:
             pairs = [encode_pair_truncated(self.text, r["query"], c, self.query_length, self.candidate_length,
@@ -143,6 +142,27 @@ class ListBatches:
         return out
 
 
+class ListBatches:
+    """Candidate-list records as batches of the layout's arrays (ListEncoder), in seeded epochs."""
+
+    def __init__(self, records: list[dict], text: TextEncoder, batch_size: int, layout: BatchLayout, query_length: int,
+                 candidate_length: int, list_size: int = 0, seed: int = 0, query_keep: str = "end",
+                 where: str = "lists"):
+        self.text, self.layout = text, layout
+        self.list_size = list_size or max(len(r["candidates"]) for r in records)
+        if layout.form == TRIPLES and self.list_size < 1:
+            raise RankgenError(f"{where}: triples need at least the positive candidate")
+        float_keys = [k for k in LIST_FLOAT_KEYS if all(k in r for r in records)]
+        self.encoder = ListEncoder(text, layout, query_length, candidate_length, self.list_size, float_keys, seed,
+                                   query_keep)
+        self.batches = RecordBatches(records, batch_size, seed, where)
+        self.batch_size, self.seed = batch_size, seed
+
+    def batch(self, index: int, rows: slice | None = None) -> dict[str, np.ndarray]:
+        records, row_numbers = self.batches.members(index, rows)
+        return self.encoder.encode(records, row_numbers, index)
+
+
 class PairBatches:
     """Labelled passage pairs for multi-perspective matching: [B, N] labels per batch."""
 
@@ -153,7 +173,7 @@ class PairBatches:
             raise RankgenError(f"{where}: records have different numbers of perspective labels {sorted(sizes)}")
         self.text, self.layout, self.length = text, layout, length
         self.num_perspectives = sizes.pop()
-        self.batches = _RecordBatches(records, batch_size, seed, where)
+        self.batches = RecordBatches(records, batch_size, seed, where)
         self.batch_size = batch_size
 
     def batch(self, index: int, rows: slice | None = None) -> dict[str, np.ndarray]:

@@ -726,13 +726,18 @@ def iter_training_queries(path: str | Path,
 
 def read_training_queries(path: str | Path, quiet: bool = False) -> list[TrainingQuery]:
     """Every usable query of a Tevatron training file; skips summarised on stderr, a query id twice an error."""
+    return [query for _, query in read_numbered_training_queries(path, quiet)]
+
+
+def read_numbered_training_queries(path: str | Path, quiet: bool = False) -> list[tuple[int, TrainingQuery]]:
+    """(line number, query) of every usable query of a Tevatron training file, as read_training_queries reads them."""
     skipped = jsonl.SkippedLines()
     queries, first_line = [], {}
     for number, query in iter_training_queries(path, skipped):
         previous = first_line.setdefault(query.query_id, number)
         if previous != number:
             raise RankgenError(f"{path}: query id {query.query_id!r} occurs twice (lines {previous} and {number})")
-        queries.append(query)
+        queries.append((number, query))
     _report_read(path, "training query", len(queries), skipped, quiet)
     return queries
 

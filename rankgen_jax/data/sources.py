@@ -12,23 +12,28 @@ triples (rankgen_jax.models.batch_layout): right-padded int32 `query_ids`
 [B, Lq] (prefixes, "pre " marker), `positive_ids` [B, Lc] (gold
 continuations, "suffi " marker) and, with negatives, `negative_ids` [B, Lc]
 (another span of the same book). List and pair sources ("lists", "pairs",
-rankgen_jax.data.lists) build the arrays of the BatchLayout they are given.
+rankgen_jax.data.lists) and retrieval data ("retrieval": Tevatron files or
+BEIR / qrels + a run, rankgen_jax.data.retrieval_source) build the arrays of
+the BatchLayout they are given.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
+from pathlib import Path
 from typing import Protocol
 
 import gin
 import numpy as np
 
-from rankgen_jax.data import lists
+from rankgen_jax.data import lists, retrieval_source
 from rankgen_jax.data.conventions import InputConventions
 from rankgen_jax.data.documents import Document, ReadStats, require_documents
 from rankgen_jax.data.example_source import PREFIX_MARKER, SUFFIX_MARKER, ExampleTriples, build_examples
 from rankgen_jax.data.examples import ExampleConfig
 from rankgen_jax.data.jsonl import read_jsonl
+from rankgen_jax.data.retrieval_files import DEFAULT_TITLE_JOIN, is_beir_folder, read_passages, read_qrels
 from rankgen_jax.data.text import load_text_encoder, pad_batch
 from rankgen_jax.data.vocab import BUNDLED_CORPUS, EOS_ID
 from rankgen_jax.errors import RankgenError, check_field_types
@@ -55,10 +60,35 @@ class DataConfig:
       "random" (uniform random ids; for benchmarks and tests); "lists"
       (candidate lists from JSON lines: rankers and distillation) or "pairs"
       (labelled passage pairs: multi-perspective matching), read from
-      `train_file` / `eval_file` (see rankgen_jax.data.lists).
+      `train_file` / `eval_file` (see rankgen_jax.data.lists); "retrieval"
+      (queries with positive and hard-negative passages, see below).
     holdout_documents: the last N documents (by id) form the eval source.
     prefix_keep: "end" cuts over-long prefixes from the left, keeping the text
       nearest the continuation; "start" keeps their beginning.
+
+    Source "retrieval" (rankgen_jax.data.retrieval_source has the sampling rules)
+    reads either Tevatron training files, `train_file` / `eval_file`
+    (`{"query_id", "query", "positive_passages", "negative_passages"}`), or
+    `retrieval_corpus` (a BEIR folder, or a TSV / JSON-lines passages file)
+    with `queries` (a queries file or BEIR folder; default retrieval_corpus),
+    `qrels` (a qrels file, or a BEIR folder read at `split`; default
+    retrieval_corpus) and `eval_qrels` (default: the qrels folder at
+    `eval_split`); a query's positives are the passages its qrels judge >= 1.
+    negatives_run: a run (TREC, MS MARCO or search's JSON lines) whose
+      passages for a query, minus those the qrels judge relevant, are its
+      negative pool; with Tevatron files, `qrels` / `eval_qrels` (optional)
+      likewise keep relevant passages out of the files' negatives.
+    hard_negatives: K negatives per query and step, drawn from its pool without
+      replacement ([B, K, Lc] `negative_ids`; 0: in-batch negatives only);
+      `with_negative` does not apply.
+    positive_choice: "sample" (one of the query's positives, drawn per step and
+      row) or "first" (always its first).
+    too_few_negatives: a pool smaller than K: "fill" draws the missing ones
+      with replacement from the pool (triples) or leaves masked slots (lists);
+      "skip" leaves the query out (counted). An empty pool is always skipped.
+    title_join: joins a passage's title to its text (None: titles dropped).
+    list_size: candidate lists (listwise losses, cross encoders) hold
+      list_size candidates (0: 1 + hard_negatives): positives (label 1) first.
     """
 
     source: str = "books"
@@ -81,6 +111,17 @@ class DataConfig:
     eval_file: str = ""
     list_size: int = 0  # candidates per list (0: the longest list in the file); padded with a mask
     tfdata_threads: int = 1  # source "seqio": tf.data threads (more where the host has idle cores)
+    retrieval_corpus: str = ""  # source "retrieval" without Tevatron files: passages or a BEIR folder
+    queries: str = ""
+    qrels: str = ""
+    eval_qrels: str = ""
+    split: str = "train"
+    eval_split: str = "dev"
+    negatives_run: str = ""
+    hard_negatives: int = 1
+    positive_choice: str = "sample"
+    too_few_negatives: str = "fill"
+    title_join: str | None = DEFAULT_TITLE_JOIN
 
     def __post_init__(self):
         check_field_types(self)  # gin hands values over unchecked
@@ -193,8 +234,10 @@ def make_sources(config: DataConfig, layout: BatchLayout = TRIPLE_LAYOUT) -> tup
         return _seqio_sources(config)
     if config.source in ("lists", "pairs"):
         return _record_sources(config, layout)
-    raise RankgenError(
-        f"unknown data source {config.source!r}: expected 'examples', 'seqio', 'books', 'random', 'lists' or 'pairs'")
+    if config.source == "retrieval":
+        return _retrieval_sources(config, layout)
+    raise RankgenError(f"unknown data source {config.source!r}: expected 'examples', 'seqio', 'books', 'random', "
+                       "'lists', 'pairs' or 'retrieval'")
 
 
 def training_conventions(config: DataConfig, layout: BatchLayout = TRIPLE_LAYOUT) -> InputConventions:
@@ -204,7 +247,7 @@ def training_conventions(config: DataConfig, layout: BatchLayout = TRIPLE_LAYOUT
     dual-encoder lists: "pre " / "suffi " markers (a seqio task's own), the
     prefix cut to prefix_length keeping `prefix_keep` (the seqio tasks keep
     the start), continuations to continuation_length keeping their start.
-    Cross-encoder lists: no markers, the query's `prefix_keep` end. Labelled
+    Cross-encoder lists (and retrieval data): no markers, the query's `prefix_keep` end. Labelled
     pairs: no markers, both passages keep their start (joint pairs: half the
     length each).
     """
@@ -212,7 +255,7 @@ def training_conventions(config: DataConfig, layout: BatchLayout = TRIPLE_LAYOUT
     prefix_length, suffix_length = config.prefix_length, config.continuation_length
     if config.source == "seqio":
         markers, prefix_keep = _seqio_markers(config.task), "start"
-    elif config.source == "lists" and layout.joint:
+    elif config.source in ("lists", "retrieval") and layout.joint:
         markers = ("", "")
     elif config.source == "pairs":
         markers, prefix_keep = ("", ""), "start"
@@ -251,6 +294,54 @@ def _record_sources(config: DataConfig, layout: BatchLayout) -> tuple[BatchSourc
                 records, text, config.batch_size, layout, config.prefix_length, config.continuation_length,
                 config.list_size, seed, query_keep=config.prefix_keep, where=path))
     return sources[0], sources[1]
+
+
+def _retrieval_sources(config: DataConfig, layout: BatchLayout) -> tuple[BatchSource, BatchSource]:
+    """Queries with positives and hard negatives: from Tevatron files, or passages + queries + qrels (+ a run)."""
+    rules = retrieval_source.SamplingRules(config.hard_negatives, config.positive_choice, config.too_few_negatives,
+                                           config.title_join)
+    if config.train_file or config.eval_file:
+        if config.retrieval_corpus:
+            raise RankgenError("DataConfig.source='retrieval' reads Tevatron files (train_file, eval_file) or "
+                               "retrieval_corpus + qrels, not both")
+        if not config.train_file or not config.eval_file:
+            raise RankgenError("DataConfig.source='retrieval' with Tevatron files needs DataConfig.train_file and "
+                               "DataConfig.eval_file")
+        pools = []
+        for path, qrels, split in ((config.train_file, config.qrels, config.split),
+                                   (config.eval_file, config.eval_qrels or _folder(config.qrels), config.eval_split)):
+            judged = read_qrels(qrels, split=split if Path(qrels).is_dir() else None) if qrels else None
+            pools.append(retrieval_source.tevatron_queries(path, rules, judged))
+    else:
+        if not config.retrieval_corpus:
+            raise RankgenError("DataConfig.source='retrieval' needs Tevatron files (DataConfig.train_file, "
+                               "eval_file) or DataConfig.retrieval_corpus (a BEIR folder, or passages with "
+                               "DataConfig.queries and DataConfig.qrels)")
+        corpus_folder = _folder(config.retrieval_corpus)
+        queries, qrels = config.queries or corpus_folder, config.qrels or corpus_folder
+        eval_qrels = config.eval_qrels or _folder(qrels)
+        for name, value in (("queries", queries), ("qrels", qrels), ("eval_qrels", eval_qrels)):
+            if not value:
+                raise RankgenError(f"DataConfig.source='retrieval': DataConfig.{name} is needed when "
+                                   f"retrieval_corpus ({config.retrieval_corpus}) is not a BEIR folder"
+                                   + ("" if name != "eval_qrels" else " and qrels is a file"))
+        passages = read_passages(config.retrieval_corpus)
+        pools = [retrieval_source.qrels_queries(
+            retrieval_source.QrelsFiles(config.retrieval_corpus, queries, judged, split, config.negatives_run),
+            rules, passages) for judged, split in ((qrels, config.split), (eval_qrels, config.eval_split))]
+    text = load_text_encoder(config.vocab)
+    sources = []
+    for pool, seed in zip(pools, (config.seed, config.seed + 10_000)):
+        print(pool.summary(), file=sys.stderr, flush=True)
+        sources.append(retrieval_source.RetrievalBatches(
+            pool, text, config.batch_size, layout, config.prefix_length, config.continuation_length, rules,
+            config.list_size, seed, query_keep=config.prefix_keep))
+    return sources[0], sources[1]
+
+
+def _folder(path: str) -> str:
+    """path when it is a BEIR folder (which holds its own queries and qrels), else ""."""
+    return path if path and is_beir_folder(path) else ""
 
 
 def _seqio_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:

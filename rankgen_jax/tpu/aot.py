@@ -251,8 +251,12 @@ def batch_shapes(data, layout: BatchLayout) -> dict[str, tuple[int, ...]]:
     # A candidate list's length is known only once its file is read, so lists and pairs are not compiled.
     if layout.form != TRIPLES or data.source in ("lists", "pairs"):
         raise RankgenError(f"compile supports dual encoders trained on triples (DataConfig.source 'books', "
-                           f"'examples', 'seqio' or 'random'), not kind {layout.model_kind!r} with source "
+                           f"'examples', 'seqio', 'random' or 'retrieval'), not kind {layout.model_kind!r} with source "
                            f"{data.source!r} and a loss of {layout.form}")
+    if data.source == "retrieval":  # K hard negatives per query (data.retrieval_source)
+        lengths = layout.lengths(data.prefix_length, data.continuation_length, optional=data.hard_negatives > 0)
+        return {key: (data.batch_size, data.hard_negatives, length) if key == "negative_ids" else
+                (data.batch_size, length) for key, length in lengths.items()}
     lengths = layout.lengths(data.prefix_length, data.continuation_length, optional=data.with_negative)
     return {key: (data.batch_size, length) for key, length in lengths.items()}
 

@@ -67,7 +67,7 @@ class TrainerConfig:
 
 
 # Sources that tokenise text with DataConfig.vocab (the checkpoint's own tokenizer by default).
-TEXT_SOURCES = ("books", "examples", "lists", "pairs")
+TEXT_SOURCES = ("books", "examples", "lists", "pairs", "retrieval")
 
 
 @gin.configurable

@@ -74,9 +74,9 @@ def train(
     vocab = checkpointing.local_vocab(vocab)
     if model_config.kind == "encoder":
         raise RankgenError("ModelConfig.kind='encoder' has no head to train: use dual_encoder or cross_encoder")
-    if model_config.kind == "cross_encoder" and data.source not in ("lists", "pairs"):
-        raise RankgenError(f"a cross encoder trains on candidate lists or pairs (DataConfig.source 'lists' or "
-                           f"'pairs'), not {data.source!r}")
+    if model_config.kind == "cross_encoder" and data.source not in ("lists", "pairs", "retrieval"):
+        raise RankgenError(f"a cross encoder trains on candidate lists or pairs (DataConfig.source 'lists', "
+                           f"'pairs' or 'retrieval'), not {data.source!r}")
     # The model kind and the batch form its loss reads fix what a batch holds (models.batch_layout).
     layout = BatchLayout(model_config.kind, losses.batch_form(loss.name))
     options = StepOptions(loss.name, tuple(sorted(loss.options().items())), trainer.num_chunks, trainer.accum_steps,
