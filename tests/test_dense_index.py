@@ -101,7 +101,7 @@ def test_index_corpus_and_search_queries_equal_brute_force(tmp_path, model_dir, 
     out = tmp_path / "index"
     config = index_corpus(model_dir, str(corpus), str(out), batch_size=8, progress=False)
     assert f"{corpus}: skipped 1 lines: 1 malformed JSON (line {len(PASSAGES) + 1})" in capsys.readouterr().err
-    assert sorted(p.name for p in out.iterdir()) == ["ids.json", "index.faiss", "index_config.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["ids.json", "index.faiss", "index_config.json", "vectors.npy"]
     assert json.loads((out / "ids.json").read_text()) == [f"p{i}" for i in range(len(PASSAGES))]
     assert json.loads((out / "index_config.json").read_text()) == config
     assert config["kind"] == "flat" and config["count"] == len(PASSAGES) and config["encode_kind"] == "suffix"
