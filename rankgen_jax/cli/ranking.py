@@ -105,6 +105,7 @@ def add_index(subparsers) -> None:
     p.add_argument("--title_join", default=DEFAULT_TITLE_JOIN,
                    help="what joins a passage's title to its text: title + SEP + text (default: a space)")
     p.add_argument("--no_title", action="store_true", help="drop titles: encode the text alone")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar")
     add_convention_flags(p)
     p.set_defaults(run=_run_index)
 
@@ -114,7 +115,8 @@ def _run_index(args) -> None:
                           encode_kind=args.encode_kind, max_length=args.max_length, overwrite=args.overwrite,
                           title_join=None if args.no_title else args.title_join, conventions=convention_args(args),
                           num_shards=args.num_shards, shard_index=args.shard_index, index_factory=args.index_factory,
-                          train_sample=args.train_sample, train_seed=args.train_seed, nprobe=args.nprobe)
+                          train_sample=args.train_sample, train_seed=args.train_seed, nprobe=args.nprobe,
+                          progress=not args.no_progress)
     what = config.get("index_factory") or config["kind"]
     shard = f"shard {args.shard_index} of {args.num_shards} " if args.num_shards > 1 else ""
     print(f"wrote the {what} index of {shard}{args.corpus} ({config['count']} passages) to {args.out}")
@@ -140,6 +142,7 @@ def add_search(subparsers) -> None:
     p.add_argument("--format", choices=RUN_FORMATS, default="jsonl", help="output format (default: jsonl)")
     p.add_argument("--run_tag", default=DEFAULT_RUN_TAG, help=f"a TREC run's tag column (default {DEFAULT_RUN_TAG})")
     p.add_argument("--encode_kind", choices=["prefix", "suffix", "raw"], default="prefix")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar")
     add_convention_flags(p)
     p.set_defaults(run=_run_search)
 
@@ -147,7 +150,8 @@ def add_search(subparsers) -> None:
 def _run_search(args) -> None:
     results = search_queries(args.model, args.index, args.queries, args.k, out_path=args.output,
                              encode_kind=args.encode_kind, split=args.split, out_format=args.format,
-                             run_tag=args.run_tag, conventions=convention_args(args))
+                             run_tag=args.run_tag, conventions=convention_args(args),
+                             progress=not args.no_progress)
     if not args.output:
         for line in run_lines(results, args.format, args.run_tag):
             print(line)
