@@ -217,7 +217,7 @@ def test_search_shards_merges_exactly_with_ties(tmp_path, num_shards):
     # Small integer vectors: many exactly equal scores, also across shard boundaries and at the k-th place.
     rng = np.random.default_rng(7)
     vectors = rng.integers(-1, 2, size=(40, 3)).astype(np.float32)
-    queries = rng.integers(-1, 2, size=(25, 3)).astype(np.float32)  # >= 20 queries: FAISS's BLAS path too
+    queries = rng.integers(-1, 2, size=(25, 3)).astype(np.float32)
     ids = [f"doc-{i:02d}" for i in range(40)]
     folders = [write_shard_folder(tmp_path / f"shard{s}", vectors[s::num_shards], ids[s::num_shards], s, num_shards,
                                   40) for s in range(num_shards)]
@@ -228,7 +228,7 @@ def test_search_shards_merges_exactly_with_ties(tmp_path, num_shards):
         got = search_shards(shards, queries, k)
         assert [g[0] for g in got] == [[ids[r] for r in row] for row in want_rows.tolist()]
         np.testing.assert_allclose([g[1] for g in got], want_scores, atol=1e-6)
-        assert [search_shards(shards, queries[q : q + 1], k)[0] for q in range(3)] == got[:3]  # FAISS's other path
+        assert [search_shards(shards, queries[q : q + 1], k)[0] for q in range(3)] == got[:3]  # one at a time
 
 
 def test_check_shards_refuses_bad_sets(tmp_path):
