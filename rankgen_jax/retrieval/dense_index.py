@@ -123,17 +123,19 @@ def _ivf_of(index):
         return None
 
 
-def new_faiss_index(
-    dim: int,
-    num_vectors: int,
-    kind: str | None = None,
-    nlist: int | None = None,
-    hnsw_m: int = DEFAULT_HNSW_M,
-    nprobe: int | None = None,
-    ef_search: int = DEFAULT_EF_SEARCH,
-    index_factory: str | None = None,
-    train_rows: int | None = None,
-):
+@dataclasses.dataclass(frozen=True)
+class IndexSpec:
+    """Which FAISS index to build: a kind and its settings, or a factory string (see new_faiss_index)."""
+
+    kind: str | None = None
+    nlist: int | None = None
+    hnsw_m: int = DEFAULT_HNSW_M
+    nprobe: int | None = None
+    ef_search: int = DEFAULT_EF_SEARCH
+    index_factory: str | None = None
+
+
+def new_faiss_index(dim: int, num_vectors: int, spec: IndexSpec = IndexSpec(), train_rows: int | None = None):
     """An empty inner-product index for num_vectors dim-dimensional vectors, to be trained on train_rows of them.
 
     kind "flat" (the default): exact search (IndexFlatIP). "ivf": IndexIVFFlat;
@@ -148,6 +150,7 @@ def new_faiss_index(
     """
     import faiss  # optional (the retrieval extra); each function that needs it imports it
 
+    kind, nlist, hnsw_m, nprobe, ef_search, index_factory = dataclasses.astuple(spec)
     train_rows = num_vectors if train_rows is None else train_rows
     if nprobe is not None and (isinstance(nprobe, bool) or nprobe < 1):
         raise RankgenError(f"nprobe must be a positive integer, got {nprobe!r}")
@@ -230,8 +233,7 @@ def build_faiss_index(
     num, dim = vectors_NxD.shape
     if num == 0:
         raise RankgenError("no vectors to index")
-    index = new_faiss_index(dim, num, kind, nlist=nlist, hnsw_m=hnsw_m, nprobe=nprobe, ef_search=ef_search,
-                            index_factory=index_factory)
+    index = new_faiss_index(dim, num, IndexSpec(kind, nlist, hnsw_m, nprobe, ef_search, index_factory))
     train_faiss_index(index, vectors_NxD)
     index.add(vectors_NxD)
     return index
@@ -271,18 +273,9 @@ def default_train_sample(num_vectors: int, ivf_lists: int = 0) -> int:
     return min(num_vectors, max(DEFAULT_TRAIN_SAMPLE, KMEANS_MAX_POINTS_PER_LIST * ivf_lists))
 
 
-def build_faiss_index_from_file(
-    vectors_path: str | Path,
-    kind: str | None = None,
-    nlist: int | None = None,
-    hnsw_m: int = DEFAULT_HNSW_M,
-    nprobe: int | None = None,
-    ef_search: int = DEFAULT_EF_SEARCH,
-    index_factory: str | None = None,
-    train_sample: int | None = None,
-    train_seed: int = 0,
-    chunk_rows: int = ADD_CHUNK_ROWS,
-) -> tuple[Any, dict[str, Any]]:
+def build_faiss_index_from_file(vectors_path: str | Path, spec: IndexSpec = IndexSpec(),
+                                train_sample: int | None = None, train_seed: int = 0,
+                                chunk_rows: int = ADD_CHUNK_ROWS) -> tuple[Any, dict[str, Any]]:
     """(index, settings) over the rows of a .npy [N, D] file, read chunk_rows at a time.
 
     An index that needs training trains on train_sample rows (default:
@@ -300,25 +293,24 @@ def build_faiss_index_from_file(
     if len(shape) != 2 or shape[0] == 0:
         raise RankgenError(f"{vectors_path}: expected a non-empty [N, D] array, got shape {shape}")
     num, dim = shape
-    if index_factory is not None:
+    if spec.index_factory is not None:
         # Built once untrained to learn whether it needs training and its IVF list count.
-        probe = new_faiss_index(dim, num, kind, nprobe=nprobe, ef_search=ef_search, index_factory=index_factory)
+        probe = new_faiss_index(dim, num, spec)
         needs_training, ivf = not probe.is_trained, _ivf_of(probe)
         lists = 0 if ivf is None else int(ivf.nlist)
     else:
-        needs_training = kind == "ivf"
-        lists = default_nlist(num) if nlist is None else nlist
+        needs_training = spec.kind == "ivf"
+        lists = default_nlist(num) if spec.nlist is None else spec.nlist
     trained_on = None
     if needs_training:
         trained_on = min(num, default_train_sample(num, lists) if train_sample is None else train_sample)
-    index = new_faiss_index(dim, num, kind, nlist=nlist, hnsw_m=hnsw_m, nprobe=nprobe, ef_search=ef_search,
-                            index_factory=index_factory, train_rows=trained_on)
+    index = new_faiss_index(dim, num, spec, train_rows=trained_on)
     if trained_on is not None:
         rows = np.sort(np.random.default_rng(train_seed).choice(num, trained_on, replace=False))
         train_faiss_index(index, vector_rows(vectors_path, rows))
     for start in range(0, num, chunk_rows):
         index.add(_as_matrix(vector_rows(vectors_path, slice(start, start + chunk_rows)), str(vectors_path)))
-    return index, {**index_settings(index, index_factory), "train_sample": trained_on, "train_seed": train_seed}
+    return index, {**index_settings(index, spec.index_factory), "train_sample": trained_on, "train_seed": train_seed}
 
 
 def search_index(index, queries_QxD: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -560,6 +552,7 @@ def index_corpus(
     import faiss
 
     _check_shard(num_shards, shard_index)
+    spec = IndexSpec(kind, nlist, hnsw_m, nprobe, ef_search, index_factory)
     if index_factory is None and kind is not None and kind not in INDEX_KINDS:
         raise RankgenError(f"unknown index kind {kind!r}: expected one of {INDEX_KINDS}")
     _check_encode_args(encode_kind, batch_size)
@@ -580,17 +573,14 @@ def index_corpus(
     if index_factory is not None:
         # Checked for the model's dimension before the (slow) encoding: FAISS refuses e.g. PQ48 on 64 dimensions.
         rows = len(shard_positions(shard_index, num_shards, scan.count))
-        new_faiss_index(model.dim, rows, kind, nlist=nlist, nprobe=nprobe, ef_search=ef_search,
-                        index_factory=index_factory, train_rows=min(rows, train_sample or rows))
+        new_faiss_index(model.dim, rows, spec, train_rows=min(rows, train_sample or rows))
     out.mkdir(parents=True, exist_ok=True)
     # The config goes first and comes back last: a run that dies mid-write
     # leaves a folder load_index refuses, never an old config over new files.
     (out / CONFIG_FILE).unlink(missing_ok=True)
     count = encode_shard(model, scan, out, shard_index, num_shards, encode_kind, max_length, batch_size, title_join,
                          progress)
-    index, settings = build_faiss_index_from_file(out / VECTORS_FILE, kind, nlist=nlist, hnsw_m=hnsw_m,
-                                                  nprobe=nprobe, ef_search=ef_search, index_factory=index_factory,
-                                                  train_sample=train_sample, train_seed=train_seed)
+    index, settings = build_faiss_index_from_file(out / VECTORS_FILE, spec, train_sample, train_seed)
     faiss.write_index(index, str(out / INDEX_FILE))
     config = {
         "format_version": FORMAT_VERSION,
