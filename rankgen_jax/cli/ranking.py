@@ -11,7 +11,7 @@ from rankgen_jax.eval.retrieval_metrics import DEFAULT_MEASURES, MISSING_QUERIES
 from rankgen_jax.inference.api import KINDS, TRUNCATION_MODES, run_encode
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.retrieval import mining
-from rankgen_jax.retrieval.dense_index import index_corpus, search_queries
+from rankgen_jax.retrieval.dense_index import DEFAULT_TRAIN_SAMPLE, index_corpus, search_queries
 
 CORPUS_HELP = ("passages: TSV `id<TAB>text` (MS MARCO collection.tsv), JSON lines {\"id\", \"text\"} (also BEIR's "
                "{\"_id\", \"title\", \"text\"} and Tevatron's {\"docid\", ...}), or a BEIR folder; ids are kept as written")
@@ -85,8 +85,21 @@ def add_index(subparsers) -> None:
     p.add_argument("--model", required=True, help="dual-encoder checkpoint, training workdir or HF folder")
     p.add_argument("--corpus", required=True, help=CORPUS_HELP)
     p.add_argument("--out", required=True, help="index folder to write")
-    p.add_argument("--kind", choices=["flat", "ivf", "hnsw"], default="flat",
+    p.add_argument("--kind", choices=["flat", "ivf", "hnsw"],
                    help="flat: exact inner product (default); ivf / hnsw: approximate, for millions of vectors")
+    p.add_argument("--index_factory",
+                   help='a FAISS index factory string instead of --kind, e.g. "IVF4096,PQ64" or "HNSW32" '
+                   "(inner-product metric)")
+    p.add_argument("--train_sample", type=int,
+                   help="vectors an index that needs training (IVF, PQ) trains on, drawn at random from the shard "
+                   f"(default: {DEFAULT_TRAIN_SAMPLE}, or 256 per IVF list if more; all when fewer)")
+    p.add_argument("--train_seed", type=int, default=0, help="seed of the training sample (default 0)")
+    p.add_argument("--nprobe", type=int, help="IVF lists searched (default: min(nlist, 8))")
+    p.add_argument("--num_shards", type=int, default=1,
+                   help="split the corpus into this many shards (one run, e.g. one host, per shard; default 1)")
+    p.add_argument("--shard_index", type=int, default=0,
+                   help="the shard this run encodes, 0 .. num_shards-1: the passages at positions p (0-based, "
+                   "usable passages in file order) with p %% num_shards == shard_index (default 0)")
     p.add_argument("--encode_kind", choices=["suffix", "prefix", "raw"], default="suffix",
                    help="text marker and tower of the passages (default: suffix)")
     p.add_argument("--max_length", type=int, help="tokens per passage (default: the encode kind's)")
@@ -95,15 +108,21 @@ def add_index(subparsers) -> None:
     p.add_argument("--title_join", default=DEFAULT_TITLE_JOIN,
                    help="what joins a passage's title to its text: title + SEP + text (default: a space)")
     p.add_argument("--no_title", action="store_true", help="drop titles: encode the text alone")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar")
     add_convention_flags(p)
     p.set_defaults(run=_run_index)
 
 
 def _run_index(args) -> None:
-    index_corpus(args.model, args.corpus, args.out, kind=args.kind, batch_size=args.batch_size,
-                 encode_kind=args.encode_kind, max_length=args.max_length, overwrite=args.overwrite,
-                 title_join=None if args.no_title else args.title_join, conventions=convention_args(args))
-    print(f"wrote the {args.kind} index of {args.corpus} to {args.out}")
+    config = index_corpus(args.model, args.corpus, args.out, kind=args.kind, batch_size=args.batch_size,
+                          encode_kind=args.encode_kind, max_length=args.max_length, overwrite=args.overwrite,
+                          title_join=None if args.no_title else args.title_join, conventions=convention_args(args),
+                          num_shards=args.num_shards, shard_index=args.shard_index, index_factory=args.index_factory,
+                          train_sample=args.train_sample, train_seed=args.train_seed, nprobe=args.nprobe,
+                          progress=not args.no_progress)
+    what = config.get("index_factory") or config["kind"]
+    shard = f"shard {args.shard_index} of {args.num_shards} " if args.num_shards > 1 else ""
+    print(f"wrote the {what} index of {shard}{args.corpus} ({config['count']} passages) to {args.out}")
 
 
 def add_search(subparsers) -> None:
@@ -112,9 +131,11 @@ def add_search(subparsers) -> None:
                               "made by `rankgen-jax index`; writes JSONL {query_id, query, ids, scores}, a TREC run "
                               "(qid Q0 docid rank score tag) or an MS MARCO run (qid<TAB>pid<TAB>rank). Runs list "
                               "each query's passages in trec_eval's order (score descending, equal scores by docid "
-                              "descending), ranks from 1.")
+                              "descending), ranks from 1. The top K of an index's shards (`index --num_shards`) merge "
+                              "into exactly that of one index over the corpus (equal scores by corpus position).")
     p.add_argument("--model", required=True, help="the model the index was built with")
-    p.add_argument("--index", required=True, help="index folder")
+    p.add_argument("--index", required=True, nargs="+",
+                   help="index folder; or the shard folders of one index, or a folder holding them")
     p.add_argument("--queries", required=True,
                    help="queries: TSV `qid<TAB>text` (MS MARCO queries.*.tsv), JSON lines {\"id\", \"text\"} (or "
                    "BEIR's / Tevatron's), or a BEIR folder (the queries its --split judges)")
@@ -124,6 +145,7 @@ def add_search(subparsers) -> None:
     p.add_argument("--format", choices=RUN_FORMATS, default="jsonl", help="output format (default: jsonl)")
     p.add_argument("--run_tag", default=DEFAULT_RUN_TAG, help=f"a TREC run's tag column (default {DEFAULT_RUN_TAG})")
     p.add_argument("--encode_kind", choices=["prefix", "suffix", "raw"], default="prefix")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar")
     add_convention_flags(p)
     p.set_defaults(run=_run_search)
 
@@ -131,7 +153,8 @@ def add_search(subparsers) -> None:
 def _run_search(args) -> None:
     results = search_queries(args.model, args.index, args.queries, args.k, out_path=args.output,
                              encode_kind=args.encode_kind, split=args.split, out_format=args.format,
-                             run_tag=args.run_tag, conventions=convention_args(args))
+                             run_tag=args.run_tag, conventions=convention_args(args),
+                             progress=not args.no_progress)
     if not args.output:
         for line in run_lines(results, args.format, args.run_tag):
             print(line)

@@ -5,7 +5,8 @@ stays "007", and a JSON integer id becomes its decimal string. No reader
 makes ids up (from line numbers or otherwise): a record without an id is bad
 input.
 
-Passages and queries (`read_passages`, `read_queries`; `iter_texts` streams one file):
+Passages and queries (`read_passages`, `read_queries`; `iter_texts` streams one file, `passages_file`
+names the file read_passages reads):
 - TSV (MS MARCO / TREC: collection.tsv, queries.dev.tsv): `id \\t text`, exactly
   two tab-separated fields a line, no header;
 - JSON lines (`*.jsonl`, `*.json`): this project's `{"id", "text"}`, BEIR's
@@ -330,11 +331,11 @@ def read_texts(path: str | Path, format: str = "auto", what: str = "passage", qu
         texts.append(passage.text)
         titles.append(passage.title)
         lines.append(number)
-    _report_read(path, what, len(ids), skipped, quiet)
+    report_read(path, what, len(ids), skipped, quiet)
     return TextFile(str(path), ids, texts, titles, lines, rows, skipped)
 
 
-def _report_read(path: str | Path, what: str, usable: int, skipped: jsonl.SkippedLines, quiet: bool) -> None:
+def report_read(path: str | Path, what: str, usable: int, skipped: jsonl.SkippedLines, quiet: bool) -> None:
     """RankgenError when a file gave nothing usable; else its skipped lines summarised on stderr (unless quiet)."""
     if not usable:
         reason = f" ({skipped.describe()})" if skipped.count else " (the file is empty)"
@@ -361,6 +362,11 @@ def read_passages(path: str | Path, quiet: bool = False) -> TextFile:
     """The passages of a TSV or JSON-lines file, or of a BEIR folder's corpus.jsonl."""
     file = _beir_file(Path(path), BEIR_CORPUS) if Path(path).is_dir() else path
     return read_texts(file, what="passage", quiet=quiet)
+
+
+def passages_file(path: str | Path) -> Path:
+    """The file read_passages reads: path itself, or a BEIR folder's corpus.jsonl."""
+    return _beir_file(Path(path), BEIR_CORPUS) if Path(path).is_dir() else _existing_file(path, "passage")
 
 
 def read_queries(path: str | Path, split: str | None = None, quiet: bool = False) -> TextFile:
@@ -738,7 +744,7 @@ def read_numbered_training_queries(path: str | Path, quiet: bool = False) -> lis
         if previous != number:
             raise RankgenError(f"{path}: query id {query.query_id!r} occurs twice (lines {previous} and {number})")
         queries.append((number, query))
-    _report_read(path, "training query", len(queries), skipped, quiet)
+    report_read(path, "training query", len(queries), skipped, quiet)
     return queries
 
 

@@ -1,15 +1,34 @@
-"""FAISS inner-product indexes over the project's encoder vectors: build, save, load, search.
+"""FAISS inner-product indexes over the project's encoder vectors: build, save, load, search, in shards.
 
 RankGen scores are raw dot products of a prefix (query tower) and a suffix
 (document tower) vector, so every index here uses the inner-product metric
 (no normalisation: cosine only when the model's vectors are unit length).
 
 An index folder written by `index_corpus` holds:
-- index.faiss        the FAISS index (faiss.write_index);
-- ids.json           passage ids, one per index row, in row order;
-- index_config.json  model path, kind, dim, count, encode_kind, max_length,
-                     title_join, the input conventions the passages were read with,
-                     and the IVF / HNSW settings it was built with.
+- vectors.npy        the passages' vectors, float32 [rows, D], in row order (a plain .npy file);
+- ids.json           passage ids, one per row, in row order (a JSON list of strings);
+- index.faiss        the FAISS index (faiss.write_index) of those vectors, row i having FAISS id i;
+- index_config.json  model path, kind (or index_factory), dim, count, encode_kind, max_length,
+                     title_join, the input conventions the passages were read with, the IVF / HNSW
+                     settings and training sample it was built with, and which shard of which corpus
+                     it holds (shard_index, num_shards, shard_rule, corpus_count, corpus_digest).
+
+Shards: with num_shards N, shard I holds the passages at positions p with
+p % N == I, where p counts the corpus's usable passages (skipped lines do not
+count) from 0 in file order; N runs, one per host, cover the corpus once. The
+corpus is streamed twice: once to count its passages, digest them and refuse
+duplicate ids, once to encode the shard's passages a chunk at a time, each
+chunk's vectors appended to vectors.npy, so that memory does not grow with the
+corpus except by 8 bytes a passage for the duplicate check and by what the
+FAISS index itself holds (a flat index: the shard's vectors; IVF-PQ: its codes).
+The index is built from vectors.npy a chunk at a time, after training (IVF, PQ)
+on a seeded sample of its rows.
+
+Search over the shards of a corpus (`search_shards`) merges their top k into
+exactly the top k of one flat index over the whole corpus, in one order:
+score descending, equal scores by corpus position ascending. Each shard
+returns its k best and every passage tied with its k-th, so a tie at the k-th
+place is resolved by position whichever shard holds the passages.
 
 Corpus and query files are read by data/retrieval_files.py: MS MARCO / TREC
 TSV (`id \t text`), JSON lines (`{"id", "text"}`, BEIR's `{"_id", "title",
@@ -19,25 +38,41 @@ are written as search's JSON lines, a TREC run or an MS MARCO run.
 
 from __future__ import annotations
 
+import array
 import dataclasses
+import hashlib
 import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 from tqdm import tqdm
 
-from rankgen_jax.data.retrieval_files import (DEFAULT_RUN_TAG, DEFAULT_TITLE_JOIN, RUN_FORMATS, read_passages,
-                                              read_queries, write_run)
+from rankgen_jax.data import jsonl
+from rankgen_jax.data.retrieval_files import (DEFAULT_RUN_TAG, DEFAULT_TITLE_JOIN, RUN_FORMATS, Passage, iter_texts,
+                                              join_title, passages_file, read_queries, report_read, write_run)
 from rankgen_jax.errors import RankgenError
 
 INDEX_KINDS = ("flat", "ivf", "hnsw")
 INDEX_FILE = "index.faiss"
 IDS_FILE = "ids.json"
+VECTORS_FILE = "vectors.npy"
 CONFIG_FILE = "index_config.json"
-FORMAT_VERSION = 1
+# 2: vectors.npy and the shard and training fields; folders of version 1 (no vectors.npy) still load.
+FORMAT_VERSION = 2
+# Passage at corpus position p (0-based, usable passages in file order) goes to shard p % num_shards.
+SHARD_RULE = "round_robin"
+# Index settings every shard of one corpus must share, for their scores to be comparable and their rows one corpus.
+SHARD_SHARED_KEYS = ("model", "corpus_count", "corpus_digest", "num_shards", "shard_rule", "metric", "dim",
+                     "encode_kind", "max_length", "title_join", "input_conventions")
+# Training sample of an index that needs training (IVF, PQ), unless given: at most this many rows, or 256 per
+# IVF list when that is more (FAISS's k-means uses at most 256 points per centroid).
+DEFAULT_TRAIN_SAMPLE = 100_000
+KMEANS_MAX_POINTS_PER_LIST = 256
+# Rows of vectors.npy read at a time when adding them to an index (16 MiB at 256 dimensions).
+ADD_CHUNK_ROWS = 16_384
 # FAISS k-means wants at least this many training points per IVF list (it warns below it).
 POINTS_PER_LIST = 39
 DEFAULT_HNSW_M = 32
@@ -72,70 +107,210 @@ def default_nlist(num_vectors: int) -> int:
     return max(1, min(round(4 * math.sqrt(num_vectors)), num_vectors // POINTS_PER_LIST))
 
 
+def _faiss_reason(error: Exception) -> str:
+    """The last line of a FAISS RuntimeError (the rest is a C++ stack)."""
+    text = str(error).strip()
+    return text.splitlines()[-1] if text else "unknown error"
+
+
+def _ivf_of(index):
+    """The IVF part of an index (a factory string's "IVF4096,PQ64" is an IndexIVFPQ), or None."""
+    import faiss
+
+    try:
+        return faiss.extract_index_ivf(index)
+    except RuntimeError:  # FAISS's answer for an index without an IVF part
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexSpec:
+    """Which FAISS index to build: a kind and its settings, or a factory string (see new_faiss_index)."""
+
+    kind: str | None = None
+    nlist: int | None = None
+    hnsw_m: int = DEFAULT_HNSW_M
+    nprobe: int | None = None
+    ef_search: int = DEFAULT_EF_SEARCH
+    index_factory: str | None = None
+
+
+def new_faiss_index(dim: int, num_vectors: int, spec: IndexSpec = IndexSpec(), train_rows: int | None = None):
+    """An empty inner-product index for num_vectors dim-dimensional vectors, to be trained on train_rows of them.
+
+    kind "flat" (the default): exact search (IndexFlatIP). "ivf": IndexIVFFlat;
+    nlist defaults to default_nlist(num_vectors) and is clipped to
+    train_rows / 39 (at least 1) so small corpora train cleanly; nprobe (lists
+    searched) defaults to min(nlist, 8), and nprobe = nlist makes the search
+    exact. "hnsw": IndexHNSWFlat with hnsw_m links per node and efSearch =
+    ef_search. index_factory instead of a kind: faiss.index_factory's string
+    ("IVF4096,PQ64", "HNSW32", "OPQ16,IVF1024,PQ16", ...) with the inner-product
+    metric; nprobe and ef_search apply to its IVF or HNSW part.
+    train_rows defaults to num_vectors.
+    """
+    import faiss  # optional (the retrieval extra); each function that needs it imports it
+
+    kind, nlist, hnsw_m, nprobe, ef_search, index_factory = dataclasses.astuple(spec)
+    train_rows = num_vectors if train_rows is None else train_rows
+    if nprobe is not None and (isinstance(nprobe, bool) or nprobe < 1):
+        raise RankgenError(f"nprobe must be a positive integer, got {nprobe!r}")
+    if isinstance(ef_search, bool) or ef_search < 1:
+        raise RankgenError(f"ef_search must be a positive integer, got {ef_search!r}")
+    if index_factory is not None:
+        if kind is not None:
+            raise RankgenError(f"give an index kind ({kind!r}) or an index factory string ({index_factory!r}), "
+                               "not both")
+        if nlist is not None:
+            raise RankgenError(f"nlist comes from the index factory string ({index_factory!r}); drop it")
+        if not isinstance(index_factory, str) or not index_factory.strip():
+            raise RankgenError(f"index_factory must be a non-empty FAISS factory string, got {index_factory!r}")
+        try:
+            index = faiss.index_factory(int(dim), index_factory, faiss.METRIC_INNER_PRODUCT)
+        except RuntimeError as e:
+            raise RankgenError(f"index factory string {index_factory!r} for {dim}-dimensional vectors: FAISS "
+                               f"refuses it ({_faiss_reason(e)})") from None
+        ivf = _ivf_of(index)
+        if ivf is not None:
+            if train_rows < ivf.nlist:
+                raise RankgenError(f"index factory string {index_factory!r}: {ivf.nlist} IVF lists need at least "
+                                   f"{ivf.nlist} training vectors, there are {train_rows}")
+            ivf.nprobe = min(ivf.nlist, 8 if nprobe is None else int(nprobe))
+        if isinstance(index, faiss.IndexHNSW):
+            index.hnsw.efSearch = int(ef_search)
+        return index
+    kind = "flat" if kind is None else kind
+    if kind not in INDEX_KINDS:
+        raise RankgenError(f"unknown index kind {kind!r}: expected one of {INDEX_KINDS}")
+    if kind == "flat":
+        return faiss.IndexFlatIP(int(dim))
+    if kind == "ivf":
+        if nlist is not None and (isinstance(nlist, bool) or nlist < 1):
+            raise RankgenError(f"nlist must be a positive integer, got {nlist!r}")
+        cap = max(1, train_rows // POINTS_PER_LIST)
+        if nlist is not None and nlist > cap:
+            print(f"note: nlist {nlist} lowered to {cap} for {train_rows} training vectors "
+                  f"(k-means needs {POINTS_PER_LIST} training vectors per list)", file=sys.stderr)
+        lists = min(default_nlist(num_vectors) if nlist is None else int(nlist), cap)
+        quantizer = faiss.IndexFlatIP(int(dim))
+        index = faiss.IndexIVFFlat(quantizer, int(dim), lists, faiss.METRIC_INNER_PRODUCT)
+        if train_rows < POINTS_PER_LIST:
+            # One list (nlist was clipped to 1): its centroid is just the mean, so
+            # FAISS's "provide at least 39 training points" warning is noise here.
+            index.cp.min_points_per_centroid = 1
+        index.nprobe = min(lists, 8 if nprobe is None else int(nprobe))
+        return index
+    if isinstance(hnsw_m, bool) or hnsw_m < 2:
+        raise RankgenError(f"hnsw_m must be an integer >= 2, got {hnsw_m!r}")
+    index = faiss.IndexHNSWFlat(int(dim), int(hnsw_m), faiss.METRIC_INNER_PRODUCT)
+    index.hnsw.efSearch = int(ef_search)
+    return index
+
+
+def train_faiss_index(index, sample_NxD: Any) -> None:
+    """Train an index that needs it (IVF, PQ) on sample_NxD; RankgenError with FAISS's reason when it cannot."""
+    if index.is_trained:
+        return
+    try:
+        index.train(_as_matrix(sample_NxD, "training vectors"))
+    except RuntimeError as e:
+        raise RankgenError(f"cannot train the index on {len(sample_NxD)} vectors ({_faiss_reason(e)})") from None
+
+
 def build_faiss_index(
     vectors_NxD: Any,
-    kind: str = "flat",
+    kind: str | None = None,
     nlist: int | None = None,
     hnsw_m: int = DEFAULT_HNSW_M,
     nprobe: int | None = None,
     ef_search: int = DEFAULT_EF_SEARCH,
+    index_factory: str | None = None,
 ):
-    """An inner-product FAISS index holding the rows of vectors_NxD (row i gets id i).
+    """An inner-product FAISS index holding the rows of vectors_NxD (row i gets id i), trained on all of them.
 
-    kind "flat": exact search (IndexFlatIP). "ivf": IndexIVFFlat trained on the
-    vectors themselves; nlist defaults to default_nlist(N) and is clipped to
-    N / 39 (at least 1) so small corpora train cleanly; nprobe (lists searched)
-    defaults to min(nlist, 8), and nprobe = nlist makes the search exact.
-    "hnsw": IndexHNSWFlat with hnsw_m links per node and efSearch = ef_search.
+    kind, index_factory and the settings: see new_faiss_index.
     """
-    import faiss  # optional (the retrieval extra); each function that needs it imports it
-
-    if kind not in INDEX_KINDS:
-        raise RankgenError(f"unknown index kind {kind!r}: expected one of {INDEX_KINDS}")
     vectors_NxD = _as_matrix(vectors_NxD, "vectors")
     num, dim = vectors_NxD.shape
     if num == 0:
         raise RankgenError("no vectors to index")
-    if kind == "flat":
-        index = faiss.IndexFlatIP(dim)
-    elif kind == "ivf":
-        if nlist is not None and (isinstance(nlist, bool) or nlist < 1):
-            raise RankgenError(f"nlist must be a positive integer, got {nlist!r}")
-        cap = max(1, num // POINTS_PER_LIST)
-        if nlist is not None and nlist > cap:
-            print(f"note: nlist {nlist} lowered to {cap} for {num} vectors "
-                  f"(k-means needs {POINTS_PER_LIST} training vectors per list)", file=sys.stderr)
-        lists = default_nlist(num) if nlist is None else min(int(nlist), cap)
-        if nprobe is not None and (isinstance(nprobe, bool) or nprobe < 1):
-            raise RankgenError(f"nprobe must be a positive integer, got {nprobe!r}")
-        quantizer = faiss.IndexFlatIP(dim)
-        index = faiss.IndexIVFFlat(quantizer, dim, lists, faiss.METRIC_INNER_PRODUCT)
-        if num < POINTS_PER_LIST:
-            # One list (nlist was clipped to 1): its centroid is just the mean, so
-            # FAISS's "provide at least 39 training points" warning is noise here.
-            index.cp.min_points_per_centroid = 1
-        index.train(vectors_NxD)
-        index.nprobe = min(lists, 8 if nprobe is None else int(nprobe))
-    else:
-        if isinstance(hnsw_m, bool) or hnsw_m < 2:
-            raise RankgenError(f"hnsw_m must be an integer >= 2, got {hnsw_m!r}")
-        if isinstance(ef_search, bool) or ef_search < 1:
-            raise RankgenError(f"ef_search must be a positive integer, got {ef_search!r}")
-        index = faiss.IndexHNSWFlat(dim, int(hnsw_m), faiss.METRIC_INNER_PRODUCT)
-        index.hnsw.efSearch = int(ef_search)
+    index = new_faiss_index(dim, num, IndexSpec(kind, nlist, hnsw_m, nprobe, ef_search, index_factory))
+    train_faiss_index(index, vectors_NxD)
     index.add(vectors_NxD)
     return index
 
 
-def index_settings(index) -> dict[str, Any]:
-    """The kind and search settings of an index built by build_faiss_index (for index_config.json)."""
+def index_settings(index, index_factory: str | None = None) -> dict[str, Any]:
+    """The kind and search settings of an index built by new_faiss_index (for index_config.json)."""
     import faiss
 
+    if index_factory is not None:
+        settings: dict[str, Any] = {"kind": "factory", "index_factory": index_factory}
+        ivf = _ivf_of(index)
+        if ivf is not None:
+            settings.update(nlist=int(ivf.nlist), nprobe=int(ivf.nprobe))
+        if isinstance(index, faiss.IndexHNSW):
+            settings["ef_search"] = int(index.hnsw.efSearch)
+        return settings
     if isinstance(index, faiss.IndexIVF):
         return {"kind": "ivf", "nlist": int(index.nlist), "nprobe": int(index.nprobe)}
     if isinstance(index, faiss.IndexHNSW):
         return {"kind": "hnsw", "hnsw_m": int(index.hnsw.nb_neighbors(1)), "ef_search": int(index.hnsw.efSearch)}
     return {"kind": "flat"}
+
+
+def vector_rows(vectors_path: str | Path, rows: slice | np.ndarray) -> np.ndarray:
+    """A float32 copy of some rows of a .npy file, read through a memory map that is closed again.
+
+    Closing the map keeps the pages read out of the process's resident memory,
+    so reading a large file a chunk at a time needs only a chunk of memory.
+    """
+    mapped = np.load(vectors_path, mmap_mode="r")
+    return np.array(mapped[rows], dtype=np.float32)
+
+
+def default_train_sample(num_vectors: int, ivf_lists: int = 0) -> int:
+    """Rows an index trains on by default: DEFAULT_TRAIN_SAMPLE, or 256 per IVF list if more; at most all."""
+    return min(num_vectors, max(DEFAULT_TRAIN_SAMPLE, KMEANS_MAX_POINTS_PER_LIST * ivf_lists))
+
+
+def build_faiss_index_from_file(vectors_path: str | Path, spec: IndexSpec = IndexSpec(),
+                                train_sample: int | None = None, train_seed: int = 0,
+                                chunk_rows: int = ADD_CHUNK_ROWS) -> tuple[Any, dict[str, Any]]:
+    """(index, settings) over the rows of a .npy [N, D] file, read chunk_rows at a time.
+
+    An index that needs training trains on train_sample rows (default:
+    default_train_sample) drawn without replacement with numpy's
+    default_rng(train_seed), in row order; all rows when train_sample >= N.
+    settings: index_settings plus train_sample (rows trained on, None when the
+    index needs no training) and train_seed.
+    """
+    if train_sample is not None and (isinstance(train_sample, bool) or not isinstance(train_sample, int)
+                                     or train_sample < 1):
+        raise RankgenError(f"train_sample must be a positive integer, got {train_sample!r}")
+    if isinstance(train_seed, bool) or not isinstance(train_seed, int):
+        raise RankgenError(f"train_seed must be an integer, got {train_seed!r}")
+    shape = np.load(vectors_path, mmap_mode="r").shape
+    if len(shape) != 2 or shape[0] == 0:
+        raise RankgenError(f"{vectors_path}: expected a non-empty [N, D] array, got shape {shape}")
+    num, dim = shape
+    if spec.index_factory is not None:
+        # Built once untrained to learn whether it needs training and its IVF list count.
+        probe = new_faiss_index(dim, num, spec)
+        needs_training, ivf = not probe.is_trained, _ivf_of(probe)
+        lists = 0 if ivf is None else int(ivf.nlist)
+    else:
+        needs_training = spec.kind == "ivf"
+        lists = default_nlist(num) if spec.nlist is None else spec.nlist
+    trained_on = None
+    if needs_training:
+        trained_on = min(num, default_train_sample(num, lists) if train_sample is None else train_sample)
+    index = new_faiss_index(dim, num, spec, train_rows=trained_on)
+    if trained_on is not None:
+        rows = np.sort(np.random.default_rng(train_seed).choice(num, trained_on, replace=False))
+        train_faiss_index(index, vector_rows(vectors_path, rows))
+    for start in range(0, num, chunk_rows):
+        index.add(_as_matrix(vector_rows(vectors_path, slice(start, start + chunk_rows)), str(vectors_path)))
+    return index, {**index_settings(index, spec.index_factory), "train_sample": trained_on, "train_seed": train_seed}
 
 
 def search_index(index, queries_QxD: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -213,11 +388,132 @@ def _check_encode_args(encode_kind: str, batch_size: int) -> None:
         raise RankgenError(f"batch_size must be a positive integer, got {batch_size!r}")
 
 
+def _check_shard(num_shards: int, shard_index: int) -> None:
+    for name, value, low in (("num_shards", num_shards, 1), ("shard_index", shard_index, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise RankgenError(f"{name} must be an integer >= {low}, got {value!r}")
+    if shard_index >= num_shards:
+        raise RankgenError(f"shard_index {shard_index} is not below num_shards {num_shards} (shards count from 0)")
+
+
+def shard_positions(shard_index: int, num_shards: int, corpus_count: int) -> np.ndarray:
+    """Corpus positions of a shard's rows, in row order: shard_index, shard_index + num_shards, ... (SHARD_RULE)."""
+    return np.arange(shard_index, corpus_count, num_shards, dtype=np.int64)
+
+
+def _digest_passage(digest, passage: Passage) -> None:
+    # Length-prefixed fields, so that no two different corpora give the same byte stream.
+    for field in (passage.id, passage.title, passage.text):
+        raw = field.encode("utf-8")
+        digest.update(len(raw).to_bytes(8, "little"))
+        digest.update(raw)
+
+
+@dataclasses.dataclass
+class CorpusScan:
+    """A corpus file streamed once: its usable passages' count and digest (id, title and text of each, in order)."""
+
+    path: str
+    count: int
+    digest: str
+    skipped: jsonl.SkippedLines
+
+
+def scan_corpus(corpus_path: str | Path, quiet: bool = False) -> CorpusScan:
+    """Stream a corpus (a file or a BEIR folder): count its passages, digest them, refuse a duplicate id.
+
+    Bad lines are skipped and counted as read_passages does (summarised on
+    stderr unless quiet). A duplicate id is a RankgenError naming both lines.
+    The duplicate check keeps one 64-bit hash per passage (8 bytes each, not
+    the ids); equal hashes are confirmed on the ids by a second pass over the
+    passages holding them, so a hash collision never refuses a corpus.
+    """
+    file = passages_file(corpus_path)
+    skipped = jsonl.SkippedLines()
+    hashes = array.array("q")
+    digest = hashlib.blake2b(digest_size=16)
+    for _, passage in iter_texts(file, skipped=skipped):
+        # str's hash differs between processes (hash randomisation) but not within this one: enough here.
+        hashes.append(hash(passage.id))
+        _digest_passage(digest, passage)
+    report_read(file, "passage", len(hashes), skipped, quiet)
+    sorted_hashes = np.sort(np.frombuffer(hashes, np.int64))
+    repeated = sorted_hashes[1:][sorted_hashes[1:] == sorted_hashes[:-1]]
+    if repeated.size:
+        suspects, first_line = set(repeated.tolist()), {}
+        for number, passage in iter_texts(file):
+            if hash(passage.id) in suspects:
+                line = first_line.setdefault(passage.id, number)
+                if line != number:
+                    raise RankgenError(f"{file}: passage id {passage.id!r} occurs twice (lines {line} and "
+                                       f"{number}); ids must be unique")
+    return CorpusScan(str(file), len(hashes), digest.hexdigest(), skipped)
+
+
+def _shard_passages(scan: CorpusScan, shard_index: int, num_shards: int) -> Iterator[Passage]:
+    """The shard's passages, streamed again; RankgenError when the file no longer matches its scan."""
+    digest = hashlib.blake2b(digest_size=16)
+    position = -1
+    for position, (_, passage) in enumerate(iter_texts(scan.path)):
+        _digest_passage(digest, passage)
+        if position % num_shards == shard_index:
+            yield passage
+    if position + 1 != scan.count or digest.hexdigest() != scan.digest:
+        raise RankgenError(f"{scan.path}: the file changed while it was being indexed; index it again")
+
+
+def _npy_header(file, rows: int, dim: int) -> None:
+    np.lib.format.write_array_header_1_0(
+        file, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False,
+               "shape": (rows, dim)})
+
+
+def encode_shard(model, scan: CorpusScan, out: Path, shard_index: int, num_shards: int, encode_kind: str,
+                 max_length: int | None, batch_size: int, title_join: str | None, progress: bool) -> int:
+    """Encode a shard's passages into out/vectors.npy and out/ids.json, a chunk at a time; returns its row count.
+
+    Memory holds one chunk of texts and vectors: each chunk's vectors are
+    appended to the .npy file (its header, written first, has the row count the
+    scan gives) and its ids to the JSON list.
+    """
+    rows = len(shard_positions(shard_index, num_shards, scan.count))
+    chunk_size = batch_size * ENCODE_CHUNK_BATCHES
+    written = 0
+    with (open(out / VECTORS_FILE, "wb") as vectors_file, open(out / IDS_FILE, "w", encoding="utf-8") as ids_file,
+          tqdm(total=rows, unit="text", desc=f"index shard {shard_index}/{num_shards}", file=sys.stderr,
+               dynamic_ncols=True, disable=not progress) as bar):
+        _npy_header(vectors_file, rows, model.dim)
+        ids_file.write("[")
+        ids: list[str] = []
+        texts: list[str] = []
+
+        def flush() -> None:
+            nonlocal written
+            vectors_NxD = model.encode(texts, kind=encode_kind, max_length=max_length, batch_size=batch_size,
+                                       bucket_step=ENCODE_BUCKET_STEP)
+            vectors_file.write(np.ascontiguousarray(vectors_NxD, dtype="<f4").tobytes())
+            ids_file.write(("," if written else "") + ",".join(json.dumps(i, ensure_ascii=False) for i in ids))
+            written += len(ids)
+            bar.update(len(ids))
+            ids.clear()
+            texts.clear()
+
+        for passage in _shard_passages(scan, shard_index, num_shards):
+            ids.append(passage.id)
+            texts.append(join_title(passage.title, passage.text, title_join))
+            if len(texts) == chunk_size:
+                flush()
+        if texts:
+            flush()
+        ids_file.write("]")
+    return written
+
+
 def index_corpus(
     model_dir: str,
     corpus_path: str,
     out_dir: str,
-    kind: str = "flat",
+    kind: str | None = None,
     batch_size: int = 64,
     encode_kind: str = "suffix",
     max_length: int | None = None,
@@ -229,15 +525,25 @@ def index_corpus(
     progress: bool = True,
     title_join: str | None = DEFAULT_TITLE_JOIN,
     conventions: dict | None = None,
+    num_shards: int = 1,
+    shard_index: int = 0,
+    index_factory: str | None = None,
+    train_sample: int | None = None,
+    train_seed: int = 0,
 ) -> dict[str, Any]:
-    """Encode a corpus file (or a BEIR folder's corpus) with a dual encoder and write an index folder; returns its
-    index_config.
+    """Encode a corpus file (or a BEIR folder's corpus), or one shard of it, with a dual encoder and write an index
+    folder; returns its index_config.
 
     Passages go through the document tower ("suffix") by default, as RankGen
     continuations do, read with the model's input conventions (`conventions`
     on top, see load_model; one stderr line names them); a title joins its
     text as retrieval_files.join_title does with title_join (None: titles
-    dropped). A non-empty out_dir is refused unless overwrite.
+    dropped). The corpus is streamed (see the module docstring): shard
+    shard_index of num_shards takes the passages at positions p % num_shards
+    == shard_index. kind ("flat" by default, "ivf", "hnsw") or index_factory (a
+    FAISS factory string) picks the index; one that needs training trains on
+    train_sample rows drawn with train_seed (build_faiss_index_from_file). A
+    non-empty out_dir is refused unless overwrite.
     """
     # Imports jax: not at the top, so that the CLI imports this module before it sets XLA's flags.
     from rankgen_jax.inference.encoder import load_model
@@ -245,7 +551,9 @@ def index_corpus(
     # Imported before the (slow) encoding, so a missing retrieval extra fails at once.
     import faiss
 
-    if kind not in INDEX_KINDS:
+    _check_shard(num_shards, shard_index)
+    spec = IndexSpec(kind, nlist, hnsw_m, nprobe, ef_search, index_factory)
+    if index_factory is None and kind is not None and kind not in INDEX_KINDS:
         raise RankgenError(f"unknown index kind {kind!r}: expected one of {INDEX_KINDS}")
     _check_encode_args(encode_kind, batch_size)
     out = Path(out_dir)
@@ -254,32 +562,44 @@ def index_corpus(
     # Checked before the (slow) encoding, so a wrong folder fails at once.
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise RankgenError(f"{out_dir}: folder is not empty; choose another or pass overwrite (--overwrite)")
-    # Duplicate ids are refused here: search results would be ambiguous.
-    passages = read_passages(corpus_path)
-    ids, texts = passages.ids, passages.joined(title_join)
+    # Duplicate ids are refused here, before encoding: search results would be ambiguous.
+    scan = scan_corpus(corpus_path)
+    if shard_index >= scan.count:
+        raise RankgenError(f"{corpus_path}: shard {shard_index} of {num_shards} would be empty: the corpus has only "
+                           f"{scan.count} passages")
     model = load_model(model_dir, conventions=conventions)
     _require_one_vector(model, model_dir)
     print(model.conventions_note(), file=sys.stderr)
-    vectors_NxD = encode_all(model, texts, encode_kind, max_length, batch_size, progress, "index")
-    index = build_faiss_index(vectors_NxD, kind, nlist=nlist, hnsw_m=hnsw_m, nprobe=nprobe, ef_search=ef_search)
+    if index_factory is not None:
+        # Checked for the model's dimension before the (slow) encoding: FAISS refuses e.g. PQ48 on 64 dimensions.
+        rows = len(shard_positions(shard_index, num_shards, scan.count))
+        new_faiss_index(model.dim, rows, spec, train_rows=min(rows, train_sample or rows))
     out.mkdir(parents=True, exist_ok=True)
     # The config goes first and comes back last: a run that dies mid-write
     # leaves a folder load_index refuses, never an old config over new files.
     (out / CONFIG_FILE).unlink(missing_ok=True)
+    count = encode_shard(model, scan, out, shard_index, num_shards, encode_kind, max_length, batch_size, title_join,
+                         progress)
+    index, settings = build_faiss_index_from_file(out / VECTORS_FILE, spec, train_sample, train_seed)
     faiss.write_index(index, str(out / INDEX_FILE))
-    (out / IDS_FILE).write_text(json.dumps(ids, ensure_ascii=False), encoding="utf-8")
     config = {
         "format_version": FORMAT_VERSION,
         "model": str(Path(model_dir).resolve()),
-        "corpus": str(Path(corpus_path).resolve()),
+        "corpus": str(Path(scan.path).resolve()),
         "metric": "inner_product",
         "dim": int(model.dim),
-        "count": len(ids),
+        "count": count,
         "encode_kind": encode_kind,
         "max_length": max_length,
         "title_join": title_join,
         "input_conventions": model.conventions.to_dict(),
-        **index_settings(index),
+        **settings,
+        "num_shards": num_shards,
+        "shard_index": shard_index,
+        "shard_rule": SHARD_RULE,
+        "corpus_count": scan.count,
+        "corpus_digest": scan.digest,
+        "vectors_file": VECTORS_FILE,
     }
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return config
@@ -322,9 +642,144 @@ def load_index(index_dir: str) -> LoadedIndex:
     return LoadedIndex(index=index, ids=ids, config=config, path=str(index_dir))
 
 
+def index_folders(index_dirs: str | Sequence[str]) -> list[str]:
+    """The index folders named: each path an index folder, or a folder whose subfolders are (the shards).
+
+    RankgenError for a path that is neither.
+    """
+    paths = [index_dirs] if isinstance(index_dirs, (str, Path)) else list(index_dirs)
+    if not paths:
+        raise RankgenError("no index folder given")
+    folders = []
+    for path in map(Path, paths):
+        if not path.is_dir():
+            raise RankgenError(f"{path}: no such index folder")
+        if (path / CONFIG_FILE).is_file():
+            folders.append(str(path))
+            continue
+        inside = sorted(str(sub) for sub in path.iterdir() if (sub / CONFIG_FILE).is_file())
+        if not inside:
+            raise RankgenError(f"{path}: neither an index folder (no {CONFIG_FILE}) nor a folder of them "
+                               "(no subfolder holds one)")
+        folders.extend(inside)
+    return folders
+
+
+def _shard_of(config: dict) -> tuple[int, int]:
+    """(shard_index, num_shards) of an index config; a folder from before shards is shard 0 of 1."""
+    return int(config.get("shard_index", 0)), int(config.get("num_shards", 1))
+
+
+def check_shards(folders: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+    """(folder, config) of each shard of one corpus, by shard index; RankgenError for a bad set.
+
+    The shards must agree on SHARD_SHARED_KEYS (model, corpus, encoding and
+    input conventions) and cover shards 0 .. N-1 exactly once. Only the
+    configs are read.
+    """
+    shards = []
+    for folder in folders:
+        for name in (INDEX_FILE, IDS_FILE):
+            if not (Path(folder) / name).is_file():
+                raise RankgenError(f"{Path(folder) / name}: missing (is {folder} a folder written by index_corpus?)")
+        path = Path(folder) / CONFIG_FILE
+        config = _read_json(path)
+        if not isinstance(config, dict) or not all(key in config for key in ("kind", "dim", "count")):
+            raise RankgenError(f"{path}: expected an object with kind, dim and count")
+        try:
+            index, num = _shard_of(config)
+        except (TypeError, ValueError):
+            raise RankgenError(f"{path}: shard_index and num_shards must be integers") from None
+        shards.append((folder, config, index, num))
+    first_folder, first = shards[0][0], shards[0][1]
+    for folder, config, _, _ in shards[1:]:
+        for key in SHARD_SHARED_KEYS:
+            if config.get(key) != first.get(key):
+                raise RankgenError(f"{folder} and {first_folder} are not shards of one index: their {key} "
+                                   f"differs ({config.get(key)!r} and {first.get(key)!r})")
+    num_shards = shards[0][3]
+    by_index: dict[int, str] = {}
+    for folder, _, index, num in shards:
+        if not 0 <= index < num_shards:
+            raise RankgenError(f"{folder}: shard {index} is outside 0..{num_shards - 1}")
+        if index in by_index:
+            raise RankgenError(f"shard {index} of {num_shards} is given twice: {by_index[index]} and {folder}")
+        by_index[index] = folder
+    missing = [i for i in range(num_shards) if i not in by_index]
+    if missing:
+        raise RankgenError(f"shards {missing} of {num_shards} are missing (given: "
+                           f"{', '.join(f'{i}: {by_index[i]}' for i in sorted(by_index))}); search needs them all")
+    corpus_count = first.get("corpus_count")
+    for folder, config, index, _ in shards:
+        if corpus_count is not None and config["count"] != len(shard_positions(index, num_shards, corpus_count)):
+            raise RankgenError(f"{folder}: holds {config['count']} passages, but shard {index} of {num_shards} of a "
+                               f"{corpus_count}-passage corpus has "
+                               f"{len(shard_positions(index, num_shards, corpus_count))}")
+    return [(folder, config) for folder, config, _, _ in sorted(shards, key=lambda shard: shard[2])]
+
+
+def _search_with_ties(index, queries_QxD: np.ndarray, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per query (scores, rows) of its k best rows and of every further row tied with its k-th, best first.
+
+    The index is asked for k + 1 rows, then twice as many for the queries whose
+    last row still ties with their k-th, until it does not or all rows are in.
+    """
+    total = int(index.ntotal)
+    k = min(k, total)
+    results: list[Any] = [None] * len(queries_QxD)
+    pending = np.arange(len(queries_QxD))
+    want = min(k + 1, total)
+    while pending.size:
+        scores_QxW, rows_QxW = search_index(index, queries_QxD[pending], want)
+        kth_Q = scores_QxW[:, k - 1]
+        if want < total:
+            again_Q = (rows_QxW[:, -1] >= 0) & (scores_QxW[:, -1] == kth_Q)
+        else:
+            again_Q = np.zeros(len(pending), bool)
+        for j in np.flatnonzero(~again_Q):
+            keep = rows_QxW[j] >= 0  # FAISS pads with -1 when an approximate index finds fewer
+            keep &= (np.arange(want) < k) | (scores_QxW[j] >= kth_Q[j])
+            results[pending[j]] = (scores_QxW[j][keep], rows_QxW[j][keep])
+        pending = pending[again_Q]
+        want = min(2 * want, total)
+    return results
+
+
+def search_shards(shards: Sequence[tuple[str, dict[str, Any]]], queries_QxD: Any,
+                  k: int) -> list[tuple[list[str], list[float]]]:
+    """(ids, scores) of each query's top k over the shards of one corpus (check_shards' list), best first.
+
+    One shard is loaded at a time. The merged order is score descending, equal
+    scores by corpus position ascending (see the module docstring), the same
+    for any number of shards: for flat shards the result is that of one flat
+    index over the whole corpus.
+    """
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise RankgenError(f"k must be a positive integer, got {k!r}")
+    queries_QxD = _as_matrix(queries_QxD, "queries")
+    num_queries = len(queries_QxD)
+    found_scores: list[list[np.ndarray]] = [[] for _ in range(num_queries)]
+    found_positions: list[list[np.ndarray]] = [[] for _ in range(num_queries)]
+    found_ids: list[list[str]] = [[] for _ in range(num_queries)]
+    for folder, config in shards:
+        loaded = load_index(folder)
+        shard_index, num_shards = _shard_of(config)
+        for q, (scores_K, rows_K) in enumerate(_search_with_ties(loaded.index, queries_QxD, int(k))):
+            found_scores[q].append(scores_K)
+            found_positions[q].append(shard_index + rows_K * num_shards)
+            found_ids[q].extend(loaded.ids[r] for r in rows_K)
+        del loaded  # one shard's index in memory at a time
+    results = []
+    for q in range(num_queries):
+        scores_C = np.concatenate(found_scores[q])
+        order = np.lexsort((np.concatenate(found_positions[q]), -scores_C))[: int(k)]
+        results.append(([found_ids[q][c] for c in order], [float(scores_C[c]) for c in order]))
+    return results
+
+
 def search_queries(
     model_dir: str,
-    index_dir: str,
+    index_dir: str | Sequence[str],
     queries_path: str,
     k: int,
     out_path: str | None = None,
@@ -339,11 +794,13 @@ def search_queries(
 ) -> list[dict[str, Any]]:
     """Top-k passages for each query of a file: [{"query_id", "query", "ids", "scores"}], best first.
 
-    Queries go through the query tower ("prefix") by default, read with the
-    model's input conventions (`conventions` on top; one stderr line names
-    them). The queries of a BEIR folder are those its split's qrels judge
-    (default "test"). With out_path, the results are also written there in
-    out_format: "jsonl" (these records), "trec" or "msmarco" (run files;
+    index_dir: an index folder, the shard folders of one corpus, or a folder
+    holding them (index_folders); shards are checked (check_shards) and merged
+    (search_shards). Queries go through the query tower ("prefix") by default,
+    read with the model's input conventions (`conventions` on top; one stderr
+    line names them). The queries of a BEIR folder are those its split's qrels
+    judge (default "test"). With out_path, the results are also written there
+    in out_format: "jsonl" (these records), "trec" or "msmarco" (run files;
     retrieval_files.run_lines).
     """
     # Imports jax: not at the top, so that the CLI imports this module before it sets XLA's flags.
@@ -356,35 +813,28 @@ def search_queries(
         raise RankgenError(f"{out_path}: the output would overwrite the queries file")
     if out_format not in RUN_FORMATS:
         raise RankgenError(f"unknown output format {out_format!r}: expected one of {RUN_FORMATS}")
-    loaded = load_index(index_dir)
+    shards = check_shards(index_folders(index_dir))
+    where = shards[0][0] if len(shards) == 1 else f"the {len(shards)} shards in {', '.join(f for f, _ in shards)}"
+    built = shards[0][1]
     query_file = read_queries(queries_path, split=split)
     query_ids, queries = query_file.ids, query_file.joined(DEFAULT_TITLE_JOIN)
     model = load_model(model_dir, conventions=conventions)
     _require_one_vector(model, model_dir)
     print(model.conventions_note(), file=sys.stderr)
-    built = loaded.config.get("input_conventions")
-    if built is not None and built != model.conventions.to_dict():
-        print(f"note: {index_dir} was built with other input conventions ({built}); the queries are read with "
-              "those above", file=sys.stderr)
-    if model.dim != loaded.index.d:
+    built_conventions = built.get("input_conventions")
+    if built_conventions is not None and built_conventions != model.conventions.to_dict():
+        print(f"note: {where} was built with other input conventions ({built_conventions}); the queries are read "
+              "with those above", file=sys.stderr)
+    if model.dim != built["dim"]:
         raise RankgenError(f"{model_dir}: the model gives {model.dim}-dimensional vectors but the index in "
-                           f"{index_dir} holds {loaded.index.d}-dimensional ones "
-                           f"(built with {loaded.config.get('model')})")
-    built_with = loaded.config.get("model")
+                           f"{where} holds {built['dim']}-dimensional ones (built with {built.get('model')})")
+    built_with = built.get("model")
     if built_with and Path(built_with) != Path(model_dir).resolve():
         # Same size vectors from another model are silently meaningless; say so, but allow moved folders.
-        print(f"note: {index_dir} was built with {built_with}, searching with {model_dir}", file=sys.stderr)
+        print(f"note: {where} was built with {built_with}, searching with {model_dir}", file=sys.stderr)
     vectors_QxD = encode_all(model, queries, encode_kind, max_length, batch_size, progress, "queries")
-    scores_QxK, rows_QxK = loaded.search(vectors_QxD, k)
-    results = []
-    for query_id, query, scores_K, rows_K in zip(query_ids, queries, scores_QxK, rows_QxK):
-        found = rows_K >= 0  # FAISS pads with -1 when an approximate index finds fewer than k
-        results.append({
-            "query_id": query_id,
-            "query": query,
-            "ids": [loaded.ids[r] for r in rows_K[found]],
-            "scores": [float(s) for s in scores_K[found]],
-        })
+    results = [{"query_id": query_id, "query": query, "ids": ids, "scores": scores}
+               for query_id, query, (ids, scores) in zip(query_ids, queries, search_shards(shards, vectors_QxD, k))]
     if out_path is not None:
         write_run(out_path, results, out_format, run_tag)
     return results
