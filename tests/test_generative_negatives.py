@@ -456,6 +456,10 @@ def test_merge_refuses_missing_shards_or_other_settings(lm_dir, two_shards, tmp_
         merge_negatives(str(path), [str(shards[0]), str(plain)], str(merged))
     with pytest.raises(RankgenError, match="--out must differ"):
         merge_negatives(str(path), [str(s) for s in shards], str(shards[0]))
+    header, rest = shards[1].read_bytes().split(b"\n", 1)
+    shards[1].write_bytes(header.replace(b'"shard_index": 1', b'"shard_index": 7') + b"\n" + rest)
+    with pytest.raises(RankgenError, match="s1.jsonl: its header lacks a valid shard_index"):
+        merge_negatives(str(path), [str(s) for s in shards], str(merged))
     assert not merged.exists()
 
 

@@ -37,11 +37,11 @@ def add_generate_negatives(subparsers) -> None:
 
 
 def _run_generate_negatives(args) -> dict:
+    shard = dict(num_shards=args.num_shards, shard_index=args.shard_index)
     return generate_negatives(
         args.lm, args.input, args.out, batch_size=args.batch_size, top_p=args.top_p, min_words=args.min_words,
         max_words=args.max_words, max_new_tokens=args.max_new_tokens, seed=args.seed, device=args.device,
-        max_prompt_tokens=args.max_prompt_tokens, num_shards=args.num_shards, shard_index=args.shard_index,
-        progress=not args.no_progress,
+        max_prompt_tokens=args.max_prompt_tokens, progress=not args.no_progress, **shard,
     )
 
 

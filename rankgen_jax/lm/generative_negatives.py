@@ -553,10 +553,20 @@ def _open_shard(path: Path) -> _ShardFile:
         raise RankgenError(f"shard file {path} does not exist or is not a file")
     f = open(path, "rb")
     header = _parse_header(f.readline())
-    if header is None or not all(k in header for k in ("shard_index", "num_shards", "settings")):
+    if header is None:
         f.close()
         raise RankgenError(f"shard file {path} has no shard header on its first line: not written by "
                            "generate-negatives --num_shards N --shard_index I")
+    settings, num_shards, index = header.get("settings"), header.get("num_shards"), header.get("shard_index")
+
+    def whole(value, low):  # an int (not a bool) of at least `low`
+        return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+    if not (isinstance(settings, dict) and whole(settings.get("batch_size"), 1) and whole(num_shards, 2)
+            and whole(index, 0) and index < num_shards):
+        f.close()
+        raise RankgenError(f"shard file {path}: its header lacks a valid shard_index, num_shards or "
+                           "settings.batch_size")
     return _ShardFile(path, header, f)
 
 
