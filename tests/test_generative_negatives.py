@@ -1,4 +1,4 @@
-"""`generate-negatives`: nucleus samples from a tiny local GPT-2, word limits, determinism, resume, bad input, errors."""
+"""`generate-negatives` and `merge-negatives`: tiny local GPT-2, word limits, determinism, resume, shards, errors."""
 
 import json
 
