@@ -1,11 +1,11 @@
-"""`generate-negatives`: nucleus samples from a tiny local GPT-2, word limits, determinism, resume, bad input, errors."""
+"""`generate-negatives` and `merge-negatives`: tiny local GPT-2, word limits, determinism, resume, shards, errors."""
 
 import json
 
 import pytest
 
 from rankgen_jax.cli.main import build_parser
-from rankgen_jax.lm.generative_negatives import generate_negatives, trim_continuation
+from rankgen_jax.lm.generative_negatives import generate_negatives, merge_negatives, trim_continuation
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.data.vocab import REPO_ROOT
 
@@ -147,19 +147,21 @@ def test_each_batch_gets_its_own_seed(lm_dir, tmp_path):
     assert negs[:4] != negs[4:]
 
 
-def test_resume_mid_batch_keeps_later_batches_identical(lm_dir, records, tmp_path):
+def test_resume_mid_batch_matches_uninterrupted_run(lm_dir, records, tmp_path):
     path, objs = records
     full = tmp_path / "full.jsonl"
     generate_negatives(lm_dir, str(path), str(full), **FAST)
-    full_rows = read_jsonl(full)
-    # 6 lines done: batch 1 (records 4-7) is split, so 6-7 are resampled as a batch of 2 (documented caveat);
-    # batch 2 (records 8-9) keeps its grid position and seed, so its text is unchanged.
+    # 6 lines done: batch 1 (records 4-7) is split. It is sampled again as the whole batch (records 4-5
+    # included, not written again), so 6-7 get the text of the uninterrupted run.
     part = tmp_path / "part.jsonl"
     part.write_bytes(b"".join(full.read_bytes().splitlines(keepends=True)[:6]))
-    generate_negatives(lm_dir, str(path), str(part), **FAST)
-    rows = read_jsonl(part)
-    assert [r["id"] for r in rows] == [o["id"] for o in objs]
-    assert rows[:6] == full_rows[:6] and rows[8:] == full_rows[8:]
+    stats = generate_negatives(lm_dir, str(path), str(part), **FAST)
+    assert stats["skipped_existing"] == 6 and stats["done"] == 4
+    assert part.read_bytes() == full.read_bytes()
+    # Sampled as a batch of 2 (as a resume did before), records 6-7 get other text: the test can fail.
+    alone = write_jsonl(tmp_path / "alone.jsonl", objs[6:8])
+    generate_negatives(lm_dir, str(alone), str(tmp_path / "alone_out.jsonl"), seed=1, **FAST)
+    assert read_jsonl(tmp_path / "alone_out.jsonl") != read_jsonl(full)[6:8]
 
 
 def test_resume_without_ids_matches_by_position(lm_dir, tmp_path):
@@ -267,4 +269,222 @@ def test_subparser_runs_and_reports_errors(lm_dir, records, tmp_path, capsys):
     args = parser.parse_args(["generate-negatives", "--lm", lm_dir, "--input", str(tmp_path / "x.jsonl"),
                               "--out", str(out)])
     with pytest.raises(RankgenError, match="x.jsonl does not exist"):
+        args.run(args)
+
+
+# ------------------------------------------------------------------------------------------
+# Sharded runs and merge-negatives
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def mixed_input(tmp_path):
+    """11 good records (ids on some, none on others), a bad line and a repeated id: 3 batches of 4."""
+    texts = prefixes(11)
+    objs = [{"id": f"doc{i}", "doc_id": i // 3, "prefix": p} if i % 3 else {"doc_id": i // 3, "prefix": p}
+            for i, p in enumerate(texts)]
+    lines = [json.dumps(o) for o in objs]
+    lines.insert(5, '{"prefix": "unterminated')
+    lines.insert(7, json.dumps({"id": "doc1", "prefix": "a repeated id is left out"}))
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path, objs
+
+
+def shard_run(lm_dir, path, out, index, num_shards=2, **overrides):
+    return generate_negatives(lm_dir, str(path), str(out), **{**FAST, **overrides}, num_shards=num_shards,
+                              shard_index=index)
+
+
+def test_two_shards_merge_to_one_unsharded_run(lm_dir, mixed_input, tmp_path, capsys):
+    path, objs = mixed_input
+    full = tmp_path / "full.jsonl"
+    generate_negatives(lm_dir, str(path), str(full), seed=5, **FAST)
+    shards = [tmp_path / f"neg-{i:05d}-of-00002.jsonl" for i in range(2)]
+    # Shard 1 runs first, in a process whose torch RNG has moved: a batch's text must not depend on either.
+    import torch
+    torch.rand(100)
+    stats = [shard_run(lm_dir, path, shards[1], 1, seed=5), shard_run(lm_dir, path, shards[0], 0, seed=5)]
+    # Shard 0 samples batches 0 and 2 (records 0-3, 8-10), shard 1 batch 1 (records 4-7).
+    assert [s["done"] for s in stats] == [4, 7] and all(s["bad_lines"] == 2 for s in stats)
+    header, *rows = read_jsonl(shards[0])
+    assert header["generate_negatives_shard"]["shard_index"] == 0
+    assert header["generate_negatives_shard"]["settings"]["seed"] == 5
+    assert [r["prefix"] for r in rows] == [o["prefix"] for o in objs[:4] + objs[8:]]
+    merged = tmp_path / "merged.jsonl"
+    capsys.readouterr()
+    result = merge_negatives(str(path), [str(s) for s in reversed(shards)], str(merged))
+    assert result == {"records": 11, "shards": 2, "bad_lines": 2}
+    assert "11 records from 2 shards" in capsys.readouterr().out
+    assert merged.read_bytes() == full.read_bytes()
+    # Three shards (batch 2 alone in shard 2) give the same file too.
+    three = [tmp_path / f"three-{i}.jsonl" for i in range(3)]
+    for i, out in enumerate(three):
+        shard_run(lm_dir, path, out, i, num_shards=3, seed=5)
+    merge_negatives(str(path), [str(s) for s in three], str(merged))
+    assert merged.read_bytes() == full.read_bytes()
+
+
+def test_merged_shards_read_as_a_generative_task_source(lm_dir, tmp_path):
+    """What the generative seqio tasks read (prefix, continuation, generative_negative, doc_id) survives a merge."""
+    objs = [{"id": i, "doc_id": f"d{i // 4}", "prefix": p, "continuation": "gold text here"}
+            for i, p in enumerate(prefixes(8))]
+    path = write_jsonl(tmp_path / "in.jsonl", objs)
+    shards = [tmp_path / f"s{i}.jsonl" for i in range(2)]
+    for i, out in enumerate(shards):
+        shard_run(lm_dir, path, out, i)
+    merged = tmp_path / "merged.jsonl"
+    merge_negatives(str(path), [str(s) for s in shards], str(merged))
+    pytest.importorskip("seqio")
+    from rankgen_jax.data.seqio import tasks  # imports seqio and tensorflow
+
+    stats = tasks.ReadStats()
+    examples = list(tasks._generative_records(str(merged), stats))
+    assert [(e.doc_id, e.prefix) for e in examples] == [(o["doc_id"], o["prefix"]) for o in objs]
+    assert [e.negatives[0] for e in examples] == [r["generative_negative"] for r in read_jsonl(merged)]
+    assert stats.skipped == {}
+
+
+def test_resumed_interrupted_shard_equals_uninterrupted_one(lm_dir, mixed_input, tmp_path):
+    path, _ = mixed_input
+    whole = tmp_path / "whole.jsonl"
+    shard_run(lm_dir, path, whole, 0)
+    lines = whole.read_bytes().splitlines(keepends=True)
+    # Killed while writing batch 0: the header, two records and half of the third.
+    part = tmp_path / "part.jsonl"
+    part.write_bytes(b"".join(lines[:3]) + lines[3][:20])
+    stats = shard_run(lm_dir, path, part, 0)
+    assert stats["skipped_existing"] == 2 and stats["done"] == 5
+    assert part.read_bytes() == whole.read_bytes()
+    # Killed while writing the header: the file starts again.
+    part.write_bytes(lines[0][:30])
+    shard_run(lm_dir, path, part, 0)
+    assert part.read_bytes() == whole.read_bytes()
+    assert shard_run(lm_dir, path, part, 0)["done"] == 0
+
+
+def test_shard_resume_refuses_other_settings_or_shard(lm_dir, mixed_input, tmp_path):
+    path, _ = mixed_input
+    out = tmp_path / "s0.jsonl"
+    shard_run(lm_dir, path, out, 0)
+    before = out.read_bytes()
+    with pytest.raises(RankgenError, match=r"other settings \(seed 0 vs 1"):
+        shard_run(lm_dir, path, out, 0, seed=1)
+    with pytest.raises(RankgenError, match="is shard 0 of 2, not shard 1 of 2"):
+        shard_run(lm_dir, path, out, 1)
+    with pytest.raises(RankgenError, match="is shard 0 of 2 .* merge-negatives"):
+        generate_negatives(lm_dir, str(path), str(out), **FAST)
+    other = write_jsonl(tmp_path / "other.jsonl", [{"prefix": p} for p in prefixes(3)])
+    with pytest.raises(RankgenError, match="input_sha256"):
+        shard_run(lm_dir, other, out, 0)
+    assert out.read_bytes() == before
+    plain = tmp_path / "plain.jsonl"
+    generate_negatives(lm_dir, str(path), str(plain), **FAST)
+    with pytest.raises(RankgenError, match="no shard header"):
+        shard_run(lm_dir, path, plain, 0)
+    with pytest.raises(RankgenError, match=r"--shard_index must be in \[0, 2\)"):
+        shard_run(lm_dir, path, tmp_path / "x.jsonl", 2)
+    with pytest.raises(RankgenError, match="--num_shards must be at least 1"):
+        shard_run(lm_dir, path, tmp_path / "x.jsonl", 0, num_shards=0)
+
+
+@pytest.fixture
+def two_shards(lm_dir, mixed_input, tmp_path):
+    path, _ = mixed_input
+    shards = [tmp_path / f"s{i}.jsonl" for i in range(2)]
+    for i, out in enumerate(shards):
+        shard_run(lm_dir, path, out, i)
+    return path, shards
+
+
+def test_merge_refuses_missing_or_duplicated_records(two_shards, tmp_path):
+    path, shards = two_shards
+    merged = tmp_path / "merged.jsonl"
+    good = [s.read_bytes() for s in shards]
+    s1 = good[1].splitlines(keepends=True)  # header, then records 4-7 (ids doc4, doc5, none, doc7)
+    # A record left out of the middle.
+    shards[1].write_bytes(b"".join(s1[:2] + s1[3:]))
+    with pytest.raises(RankgenError, match=r"shard 1 \(.*s1.jsonl\) line 3: the record of input line 7 "
+                                           r"\(id \"doc5\"\) is missing; found prefix"):
+        merge_negatives(str(path), [str(s) for s in shards], str(merged))
+    # An unfinished shard: its last batch not written, the last line cut.
+    shards[1].write_bytes(b"".join(s1[:3]) + s1[3][:10])
+    with pytest.raises(RankgenError, match=r"shard 1 .* ends after 2 records: the record of input line 9 .* and 1 "
+                                           "more of its records are missing"):
+        merge_negatives(str(path), [str(s) for s in shards], str(merged))
+    # A record written twice, in its place and at the end.
+    shards[1].write_bytes(b"".join(s1[:3] + s1[2:]))
+    with pytest.raises(RankgenError, match=r"shard 1 .* line 4: duplicated record: id \"doc5\" was merged already"):
+        merge_negatives(str(path), [str(s) for s in shards], str(merged))
+    shards[1].write_bytes(good[1] + s1[1])
+    with pytest.raises(RankgenError, match=r"shard 1 .* line 6: duplicated record: id \"doc4\" comes after"):
+        merge_negatives(str(path), [str(s) for s in shards], str(merged))
+    # Another shard's record in this one (shard 0's record 8 before shard 1's record 5).
+    s0 = good[0].splitlines(keepends=True)
+    shards[1].write_bytes(b"".join(s1[:2]) + s0[5] + b"".join(s1[2:]))
+    with pytest.raises(RankgenError, match=r"shard 1 .* line 3: the record of input line 7 .* is missing; "
+                                           r"found id \"doc8\""):
+        merge_negatives(str(path), [str(s) for s in shards], str(merged))
+    assert not merged.exists() and not list(tmp_path.glob("merged.jsonl*"))  # a refused merge writes nothing
+
+
+def test_merge_refuses_missing_shards_or_other_settings(lm_dir, two_shards, tmp_path):
+    path, shards = two_shards
+    merged = tmp_path / "merged.jsonl"
+    with pytest.raises(RankgenError, match="missing shard 1 of 2"):
+        merge_negatives(str(path), [str(shards[0])], str(merged))
+    with pytest.raises(RankgenError, match="shard 0 is given twice"):
+        merge_negatives(str(path), [str(shards[0]), str(shards[0])], str(merged))
+    other_seed = tmp_path / "seed1.jsonl"
+    shard_run(lm_dir, path, other_seed, 1, seed=1)
+    with pytest.raises(RankgenError, match=r"seed1.jsonl was made with other settings than .*s0.jsonl \(seed 1 vs 0\)"):
+        merge_negatives(str(path), [str(shards[0]), str(other_seed)], str(merged))
+    other_words = tmp_path / "words.jsonl"
+    shard_run(lm_dir, path, other_words, 1, max_words=14)
+    with pytest.raises(RankgenError, match=r"other settings .*max_words 14 vs 12"):
+        merge_negatives(str(path), [str(shards[0]), str(other_words)], str(merged))
+    three = tmp_path / "three.jsonl"
+    shard_run(lm_dir, path, three, 1, num_shards=3)
+    with pytest.raises(RankgenError, match="one of 3 shards, .* one of 2: not the same run"):
+        merge_negatives(str(path), [str(shards[0]), str(three)], str(merged))
+    other = write_jsonl(tmp_path / "other.jsonl", [{"prefix": p} for p in prefixes(3)])
+    with pytest.raises(RankgenError, match="not the file the shards were made from"):
+        merge_negatives(str(other), [str(s) for s in shards], str(merged))
+    plain = tmp_path / "plain.jsonl"
+    generate_negatives(lm_dir, str(path), str(plain), **FAST)
+    with pytest.raises(RankgenError, match="plain.jsonl has no shard header"):
+        merge_negatives(str(path), [str(shards[0]), str(plain)], str(merged))
+    with pytest.raises(RankgenError, match="--out must differ"):
+        merge_negatives(str(path), [str(s) for s in shards], str(shards[0]))
+    header, rest = shards[1].read_bytes().split(b"\n", 1)
+    shards[1].write_bytes(header.replace(b'"shard_index": 1', b'"shard_index": 7') + b"\n" + rest)
+    with pytest.raises(RankgenError, match="s1.jsonl: its header lacks a valid shard_index"):
+        merge_negatives(str(path), [str(s) for s in shards], str(merged))
+    assert not merged.exists()
+
+
+def test_sharded_cli_path(lm_dir, mixed_input, tmp_path, capsys):
+    path, _ = mixed_input
+    parser = build_parser()
+    full = tmp_path / "full.jsonl"
+    common = ["--lm", lm_dir, "--input", str(path), "--batch_size", "3", "--max_new_tokens", "16",
+              "--min_words", "2", "--max_words", "8", "--no_progress"]
+    args = parser.parse_args(["generate-negatives", *common, "--out", str(full)])
+    assert (args.num_shards, args.shard_index) == (1, 0)
+    args.run(args)
+    shards = []
+    for i in range(2):
+        shards.append(tmp_path / f"neg-{i:05d}-of-00002.jsonl")
+        args = parser.parse_args(["generate-negatives", *common, "--out", str(shards[-1]), "--num_shards", "2",
+                                  "--shard_index", str(i)])
+        args.run(args)
+    assert "(shard 1 of 2): 5 generated" in capsys.readouterr().out  # batches 1 and 3: records 3-5, 9-10
+    merged = tmp_path / "merged.jsonl"
+    args = parser.parse_args(["merge-negatives", "--input", str(path), "--shards", *map(str, shards),
+                              "--out", str(merged)])
+    args.run(args)
+    assert merged.read_bytes() == full.read_bytes()
+    args = parser.parse_args(["merge-negatives", "--input", str(path), "--shards", str(shards[1]),
+                              "--out", str(merged)])
+    with pytest.raises(RankgenError, match="missing shard 0 of 2"):
         args.run(args)

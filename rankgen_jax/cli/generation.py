@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rankgen_jax.eval.generation_metrics import MAUVE_MAX_LENGTH, REP_WINDOW, run_generation_metrics
 from rankgen_jax.lm.generation import RERANKERS, SAMPLERS, STRATEGIES, Decoding, generate_file
-from rankgen_jax.lm.generative_negatives import generate_negatives
+from rankgen_jax.lm.generative_negatives import generate_negatives, merge_negatives
 
 
 def add_generate_negatives(subparsers) -> None:
@@ -14,7 +14,9 @@ def add_generate_negatives(subparsers) -> None:
         description="Read JSONL objects with a \"prefix\" and write them back with a \"generative_negative\": "
         "a nucleus sample (top-p, as RankGen) from a local HuggingFace causal LM folder, cut to "
         "--min_words..--max_words words at a sentence end. Rerun with the same arguments to resume: "
-        "records already in --out are skipped.",
+        "records already in --out are skipped. Across machines: run --num_shards N --shard_index I on each "
+        "(shard I samples the batches k with k mod N = I, each under seed + k, into its own --out), then "
+        "merge-negatives; the merged file equals one unsharded run's.",
     )
     p.add_argument("--lm", required=True, help="local HuggingFace causal LM folder (model + tokenizer)")
     p.add_argument("--input", required=True, help="JSONL file with a \"prefix\" string per line")
@@ -27,16 +29,39 @@ def add_generate_negatives(subparsers) -> None:
     p.add_argument("--max_prompt_tokens", type=int, help="keep the last N prompt tokens (default: context size - max_new_tokens)")
     p.add_argument("--seed", type=int, default=0, help="batch k samples under seed + k (default 0)")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
+    p.add_argument("--num_shards", type=int, default=1,
+                   help="split the work into N shards, one per machine; N > 1 writes a shard file (default 1)")
+    p.add_argument("--shard_index", type=int, default=0, help="the shard this run samples, 0..N-1 (default 0)")
     p.add_argument("--no_progress", action="store_true", help="no progress bar")
     p.set_defaults(run=_run_generate_negatives)
 
 
 def _run_generate_negatives(args) -> dict:
+    shard = dict(num_shards=args.num_shards, shard_index=args.shard_index)
     return generate_negatives(
         args.lm, args.input, args.out, batch_size=args.batch_size, top_p=args.top_p, min_words=args.min_words,
         max_words=args.max_words, max_new_tokens=args.max_new_tokens, seed=args.seed, device=args.device,
-        max_prompt_tokens=args.max_prompt_tokens, progress=not args.no_progress,
+        max_prompt_tokens=args.max_prompt_tokens, progress=not args.no_progress, **shard,
     )
+
+
+def add_merge_negatives(subparsers) -> None:
+    p = subparsers.add_parser(
+        "merge-negatives",
+        help="join the shard files of `generate-negatives --num_shards N` into one file, in input order",
+        description="Read the input given to generate-negatives and the N shard files it wrote with --num_shards N "
+        "--shard_index I, check that they are the N shards of one run (same LM, input, seed, top_p, word and "
+        "token limits, batch size; each index once) and that every input record is in its shard exactly once, "
+        "and write the records in input order: the file one unsharded run writes.",
+    )
+    p.add_argument("--input", required=True, help="the JSONL file the shards were made from")
+    p.add_argument("--shards", required=True, nargs="+", help="the N shard files, in any order")
+    p.add_argument("--out", required=True, help="JSONL file to write (replaced; nothing written on an error)")
+    p.set_defaults(run=_run_merge_negatives)
+
+
+def _run_merge_negatives(args) -> dict:
+    return merge_negatives(args.input, args.shards, args.out)
 
 
 def add_generate(subparsers) -> None:

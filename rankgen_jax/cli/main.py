@@ -23,6 +23,7 @@ SUBCOMMANDS = (
     training.add_train,
     ranking.add_score,
     generation.add_generate_negatives,
+    generation.add_merge_negatives,
     training.add_pipeline,
     ranking.add_index,
     ranking.add_search,

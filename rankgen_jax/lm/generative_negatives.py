@@ -12,19 +12,34 @@ records already in the output (a truncated last line is dropped) and the
 final file holds every input record once.
 
 Identity of a record: its `"id"` when present, else its position among the
-id-less records. The output keeps the objects exactly as given (no extra id
-field), so id-less records are matched by position; that is sound because the
-output is always written in input order. Every matched record's prefix is
-checked against the input, so an output from a different input is refused.
+id-less records (of its shard, when sharded). The output keeps the objects
+exactly as given (no extra id field), so id-less records are matched by
+position; that is sound because the output is always written in input order.
+Every matched record's prefix is checked against the input, so an output from
+a different input is refused.
 
-Reproducibility: batches are aligned to a fixed grid over the good input
-records (batch k = records [k*B, (k+1)*B)) and batch k samples under
-`torch.manual_seed(seed + k)`. A run resumed after whole batches therefore
-writes byte-identical text to an uninterrupted run. Caveat: if the output
-holds part of a batch (a different --batch_size, or records done by another
-run), the rest of that batch is sampled as a smaller batch and its text
-differs from an uninterrupted run (still a valid sample); all later batches
-are unaffected. Text also differs across devices and torch versions.
+Reproducibility: the good input records (those with a non-empty string prefix,
+a repeated id's later records left out) are numbered by their position in the
+input, and batch k is records [k*B, (k+1)*B) of that numbering, whatever has
+been done already. Batch k samples under `torch.manual_seed(seed + k)`, always
+as the whole batch (the same rows, so the same padding and the same random
+draws); on a resume the rows already in the output are sampled again and not
+written. A batch's text is therefore a function of the input, the settings and
+k alone: a resumed run, or shards that together cover the input, write
+byte-identical records to one uninterrupted run (on the same device type and
+torch / transformers versions; text differs across those).
+
+Sharding (`num_shards` N > 1, `shard_index` I): shard I takes batch k when
+k % N == I, so shards need nothing from each other and every shard is
+resumable like a plain run. A shard's output starts with one header line,
+`{"generate_negatives_shard": {"shard_index", "num_shards", "settings",
+"made_with"}}`: `settings` (the sha256 of the LM folder's files and of the
+input file, batch size, top_p, seed, word limits, token limits, retries)
+must match to resume a shard or to merge shards; `made_with` (paths, device,
+torch and transformers versions) is informational. `merge_negatives` reads the
+input and the N shard files and writes the records in input order, the same
+bytes one unsharded run writes, after checking that every good input record is
+in its shard exactly once.
 """
 
 from __future__ import annotations
@@ -51,6 +66,8 @@ _SENTENCE_END = re.compile(r"[.!?](?:[\"'\u201d\u2019)\]]*)$")
 _WORD = re.compile(r"\S+")
 # Samples below min_words get this many more tries before they are kept as they are.
 RESAMPLE_TRIES = 2
+# The key of a shard file's first line (see the module docstring).
+SHARD_HEADER = "generate_negatives_shard"
 
 
 def trim_continuation(text: str, min_words: int, max_words: int) -> str:
@@ -79,12 +96,18 @@ def count_words(text: str) -> int:
     return len(text.split())
 
 
+def shard_of_position(position: int, batch_size: int, num_shards: int) -> int:
+    """The shard that samples the good input record at `position`: its batch index modulo the shard count."""
+    return (position // batch_size) % num_shards
+
+
 @dataclass
 class _Record:
-    """One good input record waiting to be generated."""
+    """One good input record of this run's shard."""
 
-    position: int  # ordinal among the good input records (drives batching and seeding)
+    position: int  # ordinal among the good input records (drives batching, seeding and sharding)
     obj: dict
+    done: bool  # already in the output: sampled with its batch again, not written again
 
 
 @dataclass
@@ -94,6 +117,7 @@ class _Done:
     by_id: dict[str, str] = field(default_factory=dict)  # id key -> prefix digest
     positional: list[str] = field(default_factory=list)  # prefix digests of id-less records, in order
     count: int = 0
+    header: dict | None = None  # a shard file's first line (the value under SHARD_HEADER)
 
 
 def _digest(prefix: str) -> str:
@@ -107,6 +131,19 @@ def _id_key(obj: dict) -> str | None:
     return json.dumps(obj["id"], sort_keys=True)
 
 
+def _identity(obj: dict) -> tuple:
+    """What makes two records the same record: id and prefix."""
+    return _id_key(obj), _digest(obj["prefix"])
+
+
+def _describe(obj: dict) -> str:
+    """A record as an error message names it: its id, else the start of its prefix."""
+    if obj.get("id") is not None:
+        return f"id {json.dumps(obj['id'])}"
+    prefix = obj["prefix"]
+    return f"prefix {json.dumps(prefix[:40] + ('...' if len(prefix) > 40 else ''))}"
+
+
 def _parse_output_line(raw: bytes):
     """A generated output record, None for a blank line; raises ValueError for anything else."""
     if not raw.strip():
@@ -116,6 +153,17 @@ def _parse_output_line(raw: bytes):
             and isinstance(obj.get("generative_negative"), str)):
         raise ValueError("not a generated record")
     return obj
+
+
+def _parse_header(raw: bytes) -> dict | None:
+    """The shard header of a first line, or None when the line is no header."""
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except ValueError:
+        return None
+    if isinstance(obj, dict) and set(obj) == {SHARD_HEADER} and isinstance(obj[SHARD_HEADER], dict):
+        return obj[SHARD_HEADER]
+    return None
 
 
 def _read_done(output: Path) -> _Done:
@@ -131,6 +179,12 @@ def _read_done(output: Path) -> _Done:
         for n, raw in enumerate(f, start=1):
             if broken is not None:
                 raise RankgenError(f"output {output} line {broken} is not a generated record; use a new --out")
+            if n == 1 and (header := _parse_header(raw)) is not None:
+                if not raw.endswith(b"\n"):
+                    break  # a header cut before its newline: written again
+                done.header = header
+                good_end += len(raw)
+                continue
             try:
                 obj = _parse_output_line(raw)
             except ValueError:
@@ -160,14 +214,14 @@ class _InputStats:
     skipped_existing: int = 0
 
 
-def _iter_pending(input_path: Path, done: _Done, stats: _InputStats, on_bad):
-    """Yield the good input records not yet in the output; count bad lines and already-done records.
+def _iter_good_records(input_path: Path, stats: _InputStats, on_bad):
+    """(line number, position, object) of the good input records, positions counted from 0.
 
-    `on_bad()` is called for every bad line, so the progress bar (whose total
-    leaves out only the records already done) still reaches its end.
+    Bad lines (malformed JSON, no non-empty string prefix) and records whose id
+    was seen before (a repeated id would make resuming ambiguous; the first one
+    is kept) are counted in `stats` and reported through `on_bad()`.
     """
     seen_ids: set[str] = set()
-    idless = 0
     position = 0
 
     def skip(reason: str, number: int) -> None:
@@ -178,12 +232,30 @@ def _iter_pending(input_path: Path, done: _Done, stats: _InputStats, on_bad):
         key = _id_key(obj)
         if key is not None:
             if key in seen_ids:
-                # A repeated id would make resuming ambiguous; keep the first one only.
                 stats.bad_lines += 1
                 stats.duplicate_ids += 1
                 on_bad()
                 continue
             seen_ids.add(key)
+        yield n, position, obj
+        position += 1
+
+
+def _iter_shard_records(input_path: Path, done: _Done, stats: _InputStats, *, batch_size: int, num_shards: int,
+                        shard_index: int, on_skip):
+    """This shard's good input records, each marked done when the output holds it already.
+
+    `on_skip()` is called for every input line this run does not generate
+    (bad lines, other shards' records, records already done), so the progress
+    bar, whose total is the input's lines, still reaches its end.
+    """
+    idless = 0  # id-less records of this shard seen so far: their identity in the output
+    for n, position, obj in _iter_good_records(input_path, stats, on_skip):
+        if shard_of_position(position, batch_size, num_shards) != shard_index:
+            on_skip()
+            continue
+        key = _id_key(obj)
+        if key is not None:
             existing = done.by_id.get(key)
         else:
             existing = done.positional[idless] if idless < len(done.positional) else None
@@ -195,13 +267,12 @@ def _iter_pending(input_path: Path, done: _Done, stats: _InputStats, on_bad):
                     "from another input; use a new --out"
                 )
             stats.skipped_existing += 1
-        else:
-            yield _Record(position, obj)
-        position += 1
+            on_skip()
+        yield _Record(position, obj, existing is not None)
 
 
 def _grid_batches(records, batch_size: int):
-    """Group pending records by their fixed batch index (position // batch_size), in order."""
+    """Group records by their fixed batch index (position // batch_size), in order."""
     current, index = [], None
     for rec in records:
         k = rec.position // batch_size
@@ -218,6 +289,26 @@ def _count_lines(path: Path) -> int:
     """Non-blank lines, for the progress bar total (cheap: no JSON parsing)."""
     with open_binary(path) as f:
         return sum(1 for line in f if line.strip())
+
+
+def _file_sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _folder_sha256(folder: Path) -> str:
+    """sha256 over the relative path and bytes of every file in the folder (hidden entries left out).
+
+    Path-independent, so copies of one LM on different machines agree; it reads
+    the weights once (seconds per GB).
+    """
+    digest = hashlib.sha256()
+    files = sorted(p for p in folder.rglob("*")
+                   if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    for path in files:
+        digest.update(path.relative_to(folder).as_posix().encode("utf-8") + b"\0")
+        digest.update(_file_sha256(path).encode("ascii") + b"\n")
+    return digest.hexdigest()
 
 
 def _sample(model, tokenizer, prompts: list[str], *, max_prompt_tokens: int, top_p: float,
@@ -241,18 +332,91 @@ def _sample(model, tokenizer, prompts: list[str], *, max_prompt_tokens: int, top
     return tokenizer.batch_decode(new, skip_special_tokens=True), tokens
 
 
+def _sample_batch(model, tokenizer, prompts: list[str], seed: int, *, min_words: int, max_words: int,
+                  **sample) -> tuple[list[str], int]:
+    """A grid batch's trimmed negatives, sampled under `seed` alone (retries for short ones included)."""
+    import torch  # heavy and optional (the torch extra): only where an LM runs
+
+    # Seeding here, per batch, makes the draws independent of whatever ran before in this process.
+    torch.manual_seed(seed)
+    texts, tokens = _sample(model, tokenizer, prompts, **sample)
+    results = [trim_continuation(t, min_words, max_words) for t in texts]
+    for _ in range(RESAMPLE_TRIES):
+        retry = [i for i, r in enumerate(results) if count_words(r) < min_words]
+        if not retry:
+            break
+        texts, n = _sample(model, tokenizer, [prompts[i] for i in retry], **sample)
+        tokens += n
+        for i, t in zip(retry, texts):
+            again = trim_continuation(t, min_words, max_words)
+            # Keep the longer of the two, so a retry never makes a short sample worse.
+            if count_words(again) > count_words(results[i]):
+                results[i] = again
+    return results, tokens
+
+
+def _shard_header(lm_dir: str, source: Path, *, shard_index: int, num_shards: int, settings: dict,
+                  device: str) -> dict:
+    import torch  # heavy and optional (the torch extra): only where an LM runs
+    import transformers  # heavy and optional, as torch
+
+    return {
+        "shard_index": shard_index,
+        "num_shards": num_shards,
+        "settings": {"lm_sha256": _folder_sha256(Path(lm_dir)), "input_sha256": _file_sha256(source), **settings},
+        "made_with": {"lm": str(lm_dir), "input": str(source), "device": device, "torch": torch.__version__,
+                      "transformers": transformers.__version__},
+    }
+
+
+def _settings_difference(found: dict, wanted: dict) -> str:
+    """The settings two shard headers disagree on, for an error message ('' when none)."""
+    keys = sorted(set(found) | set(wanted))
+    return ", ".join(f"{k} {json.dumps(found.get(k))} vs {json.dumps(wanted.get(k))}"
+                     for k in keys if found.get(k) != wanted.get(k))
+
+
+def _check_output_header(output: Path, done: _Done, header: dict | None) -> None:
+    """Refuse to resume an output whose shard header (or its absence) disagrees with this run's."""
+    if header is None:
+        if done.header is not None:
+            raise RankgenError(
+                f"output {output} is shard {done.header.get('shard_index')} of {done.header.get('num_shards')} "
+                "(written with --num_shards); resume it with the same --num_shards / --shard_index, or combine "
+                "the shards with merge-negatives"
+            )
+        return
+    if done.header is None:
+        if done.count:
+            raise RankgenError(f"output {output} holds records but no shard header (an unsharded run's output); "
+                               "use a new --out for each shard")
+        return
+    where = (done.header.get("shard_index"), done.header.get("num_shards"))
+    if where != (header["shard_index"], header["num_shards"]):
+        raise RankgenError(f"output {output} is shard {where[0]} of {where[1]}, not shard {header['shard_index']} "
+                           f"of {header['num_shards']}; use a new --out")
+    difference = _settings_difference(done.header.get("settings") or {}, header["settings"])
+    if difference:
+        raise RankgenError(f"output {output} was made with other settings ({difference}; the file's first); "
+                           "rerun with its settings or use a new --out")
+
+
 def generate_negatives(lm_dir: str, input_path: str, output_path: str, *, batch_size: int = 8, top_p: float = 0.9,
                        min_words: int = 10, max_words: int = 128, max_new_tokens: int = 192, seed: int = 0,
-                       device: str = "cpu", max_prompt_tokens: int | None = None, progress: bool = True) -> dict:
+                       device: str = "cpu", max_prompt_tokens: int | None = None, num_shards: int = 1,
+                       shard_index: int = 0, progress: bool = True) -> dict:
     """Add a sampled `"generative_negative"` to every record of a prefix JSONL file (resumable).
+
+    With `num_shards` N > 1 only shard `shard_index`'s batches are sampled and
+    the output is a shard file (see the module docstring); `merge_negatives`
+    joins the N shard files.
 
     Returns stats: `done` (records generated by this run), `skipped_existing`
     (already in the output), `bad_lines` (malformed JSON, missing or empty
     prefix, repeated id), `short` (still under `min_words` after the retries;
-    kept), `seconds`, `tokens_per_second` (generated tokens, retries included).
+    kept), `seconds`, `tokens_per_second` (generated tokens, retries and
+    resampled done rows included).
     """
-    import torch  # heavy and optional (the torch extra): only where an LM runs
-
     if batch_size < 1:
         raise RankgenError(f"--batch_size must be at least 1, got {batch_size}")
     if not 0.0 < top_p <= 1.0:
@@ -261,6 +425,11 @@ def generate_negatives(lm_dir: str, input_path: str, output_path: str, *, batch_
         raise RankgenError(f"need 1 <= --min_words <= --max_words, got {min_words} and {max_words}")
     if max_new_tokens < 1:
         raise RankgenError(f"--max_new_tokens must be at least 1, got {max_new_tokens}")
+    if num_shards < 1:
+        raise RankgenError(f"--num_shards must be at least 1, got {num_shards}")
+    if not 0 <= shard_index < num_shards:
+        raise RankgenError(f"--shard_index must be in [0, {num_shards}) for --num_shards {num_shards}, "
+                           f"got {shard_index}")
     source, output = Path(input_path), Path(output_path)
     if not source.is_file():
         raise RankgenError(f"input {input_path} does not exist or is not a file")
@@ -270,6 +439,8 @@ def generate_negatives(lm_dir: str, input_path: str, output_path: str, *, batch_
         raise RankgenError("--out must differ from --input")
     # Check (and repair) the output before loading the model, so a bad --out fails fast.
     done = _read_done(output)
+    if num_shards == 1:
+        _check_output_header(output, done, None)
 
     config, model, tokenizer = load_lm_and_tokenizer(lm_dir, device)
     if max_prompt_tokens is None:
@@ -281,36 +452,42 @@ def generate_negatives(lm_dir: str, input_path: str, output_path: str, *, batch_
             f"no room for a prompt: max_new_tokens {max_new_tokens} fills the model's context; "
             "lower --max_new_tokens or set --max_prompt_tokens"
         )
+    header = None
+    if num_shards > 1:
+        settings = dict(batch_size=batch_size, top_p=top_p, seed=seed, min_words=min_words, max_words=max_words,
+                        max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens,
+                        resample_tries=RESAMPLE_TRIES)
+        header = _shard_header(lm_dir, source, shard_index=shard_index, num_shards=num_shards,
+                               settings=settings, device=device)
+        _check_output_header(output, done, header)
 
     stats = _InputStats()
-    total = max(_count_lines(source) - done.count, 0)
-    bar = tqdm(total=total, unit="line", desc="generate-negatives", dynamic_ncols=True, disable=not progress,
-               file=sys.stderr)
+    bar = tqdm(total=_count_lines(source), unit="line", desc="generate-negatives", dynamic_ncols=True,
+               disable=not progress, file=sys.stderr)
     generated = short = tokens = 0
     start = time.perf_counter()
-    sample = dict(max_prompt_tokens=max_prompt_tokens, top_p=top_p, max_new_tokens=max_new_tokens, device=device)
+    sample = dict(max_prompt_tokens=max_prompt_tokens, top_p=top_p, max_new_tokens=max_new_tokens, device=device,
+                  min_words=min_words, max_words=max_words)
     try:
         with open(output, "a", encoding="utf-8") as out:
-            pending = _iter_pending(source, done, stats, on_bad=lambda: bar.update(1))
-            for index, batch in _grid_batches(pending, batch_size):
-                torch.manual_seed(seed + index)
-                prompts = [rec.obj["prefix"] for rec in batch]
-                texts, n = _sample(model, tokenizer, prompts, **sample)
+            if header is not None and done.header is None:
+                out.truncate(0)  # blank lines only (or nothing): the header must be the first line
+                out.write(json.dumps({SHARD_HEADER: header}, ensure_ascii=False) + "\n")
+                out.flush()
+            records = _iter_shard_records(source, done, stats, batch_size=batch_size, num_shards=num_shards,
+                                          shard_index=shard_index, on_skip=lambda: bar.update(1))
+            for index, batch in _grid_batches(records, batch_size):
+                pending = [rec for rec in batch if not rec.done]
+                if not pending:
+                    continue
+                # The whole grid batch is sampled, done rows included: the same rows as in an uninterrupted run.
+                results, n = _sample_batch(model, tokenizer, [rec.obj["prefix"] for rec in batch], seed + index,
+                                           **sample)
                 tokens += n
-                results = [trim_continuation(t, min_words, max_words) for t in texts]
-                for _ in range(RESAMPLE_TRIES):
-                    retry = [i for i, r in enumerate(results) if count_words(r) < min_words]
-                    if not retry:
-                        break
-                    texts, n = _sample(model, tokenizer, [prompts[i] for i in retry], **sample)
-                    tokens += n
-                    for i, t in zip(retry, texts):
-                        again = trim_continuation(t, min_words, max_words)
-                        # Keep the longer of the two, so a retry never makes a short sample worse.
-                        if count_words(again) > count_words(results[i]):
-                            results[i] = again
                 lines = []
                 for rec, text in zip(batch, results):
+                    if rec.done:
+                        continue
                     words = count_words(text)
                     short += words < min_words
                     lines.append(json.dumps({**rec.obj, "generative_negative": text,
@@ -318,8 +495,8 @@ def generate_negatives(lm_dir: str, input_path: str, output_path: str, *, batch_
                 # One write + flush per batch: a killed run loses at most this batch.
                 out.write("".join(lines))
                 out.flush()
-                generated += len(batch)
-                bar.update(len(batch))
+                generated += len(pending)
+                bar.update(len(pending))
                 elapsed = time.perf_counter() - start
                 bar.set_postfix(tok_s=f"{tokens / elapsed:.0f}" if elapsed > 0 else "-", refresh=False)
     finally:
@@ -334,9 +511,170 @@ def generate_negatives(lm_dir: str, input_path: str, output_path: str, *, batch_
         "seconds": seconds,
         "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
     }
+    shard = f" (shard {shard_index} of {num_shards})" if num_shards > 1 else ""
     print(
-        f"generate-negatives: {generated} generated, {stats.skipped_existing} already done, "
+        f"generate-negatives{shard}: {generated} generated, {stats.skipped_existing} already done, "
         f"{stats.bad_lines} bad lines skipped, {short} short (< {min_words} words) in {seconds:.1f}s "
         f"({result['tokens_per_second']:.0f} tokens/s) -> {output}"
     )
     return result
+
+
+@dataclass
+class _ShardFile:
+    """One shard file being merged: its header and a reader over its records, in file order."""
+
+    path: Path
+    header: dict
+    lines: object = None  # the open file, positioned after the header
+    line_number: int = 1
+    count: int = 0  # records read so far
+
+    def next_record(self) -> tuple[bytes, dict] | None:
+        """The next record line and its object; None at the end (a last line cut before its newline is the end)."""
+        for raw in self.lines:
+            self.line_number += 1
+            try:
+                obj = _parse_output_line(raw)
+            except ValueError:
+                if not raw.endswith(b"\n"):
+                    return None  # a shard killed while writing: its unfinished tail is missing, not corrupt
+                raise RankgenError(f"shard file {self.path} line {self.line_number} is not a generated record")
+            if not raw.endswith(b"\n"):
+                return None  # complete JSON but maybe a cut-off longer line: a resume would regenerate it
+            if obj is not None:
+                self.count += 1
+                return raw, obj
+        return None
+
+
+def _open_shard(path: Path) -> _ShardFile:
+    if not path.is_file():
+        raise RankgenError(f"shard file {path} does not exist or is not a file")
+    f = open(path, "rb")
+    header = _parse_header(f.readline())
+    if header is None:
+        f.close()
+        raise RankgenError(f"shard file {path} has no shard header on its first line: not written by "
+                           "generate-negatives --num_shards N --shard_index I")
+    settings, num_shards, index = header.get("settings"), header.get("num_shards"), header.get("shard_index")
+
+    def whole(value, low):  # an int (not a bool) of at least `low`
+        return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+    if not (isinstance(settings, dict) and whole(settings.get("batch_size"), 1) and whole(num_shards, 2)
+            and whole(index, 0) and index < num_shards):
+        f.close()
+        raise RankgenError(f"shard file {path}: its header lacks a valid shard_index, num_shards or "
+                           "settings.batch_size")
+    return _ShardFile(path, header, f)
+
+
+def merge_negatives(input_path: str, shard_paths: list[str], output_path: str) -> dict:
+    """Join the shard files of one sharded `generate_negatives` run into the file one unsharded run writes.
+
+    Checks that the shards are the N shards of one run (same settings, each
+    index once, made from this input) and that every good input record is in
+    its shard (`shard_of_position`), in order, exactly once; a missing or
+    duplicated record is a RankgenError naming the shard file, its line and the
+    record. The output is written in input order (the shards' lines as they
+    are) to a temporary file renamed into place, so a refused merge writes
+    nothing. Returns `records`, `shards`, `bad_lines` (input lines that are no
+    record, as generate-negatives skips them).
+    """
+    source, output = Path(input_path), Path(output_path)
+    if not source.is_file():
+        raise RankgenError(f"input {input_path} does not exist or is not a file")
+    if not shard_paths:
+        raise RankgenError("merge-negatives needs the shard files (--shards)")
+    if not output.parent.is_dir():
+        raise RankgenError(f"output folder {output.parent} does not exist")
+    given = [Path(p) for p in shard_paths]
+    if output.exists() and any(output.resolve() == p.resolve() for p in [source, *given] if p.exists()):
+        raise RankgenError("--out must differ from --input and from every shard file")
+    shards: list[_ShardFile] = []
+    try:
+        for path in given:
+            shards.append(_open_shard(path))
+        by_index = _check_shard_set(shards)
+        first = shards[0]
+        if _file_sha256(source) != first.header["settings"].get("input_sha256"):
+            raise RankgenError(f"input {input_path} is not the file the shards were made from (its sha256 differs "
+                               f"from {first.path}'s header)")
+        batch_size, num_shards = first.header["settings"]["batch_size"], first.header["num_shards"]
+        stats = _InputStats()
+        partial = output.with_name(output.name + ".partial")
+        merged = 0
+        seen: set[tuple] = set()  # identities merged so far, to tell a duplicated record from a missing one
+        try:
+            with open(partial, "wb") as out:
+                records = _iter_good_records(source, stats, lambda: None)
+                for n, position, obj in records:
+                    shard = by_index[shard_of_position(position, batch_size, num_shards)]
+                    found = shard.next_record()
+                    if found is None:
+                        missing = 1 + sum(shard_of_position(p, batch_size, num_shards) == shard.header["shard_index"]
+                                          for _, p, _ in records)
+                        raise RankgenError(
+                            f"shard {shard.header['shard_index']} ({shard.path}) ends after {shard.count} records: "
+                            f"the record of input line {n} ({_describe(obj)}) and {missing - 1} more of its records "
+                            "are missing; finish that shard (rerun it to resume) before merging"
+                        )
+                    raw, got = found
+                    if _identity(got) != _identity(obj):
+                        where = f"shard {shard.header['shard_index']} ({shard.path}) line {shard.line_number}"
+                        if _identity(got) in seen:
+                            raise RankgenError(f"{where}: duplicated record: {_describe(got)} was merged already")
+                        raise RankgenError(
+                            f"{where}: the record of input line {n} ({_describe(obj)}) is missing; found "
+                            f"{_describe(got)} in its place (a shard edited, or made from another input)"
+                        )
+                    seen.add(_identity(got))
+                    out.write(raw)
+                    merged += 1
+                for shard in shards:
+                    extra = shard.next_record()
+                    if extra is not None:
+                        what = "duplicated record" if _identity(extra[1]) in seen else "a record not in the input"
+                        raise RankgenError(
+                            f"shard {shard.header['shard_index']} ({shard.path}) line {shard.line_number}: {what}: "
+                            f"{_describe(extra[1])} comes after the last record of the shard's part of the input"
+                        )
+            os.replace(partial, output)
+        finally:
+            partial.unlink(missing_ok=True)
+    finally:
+        for shard in shards:
+            shard.lines.close()
+    made_with = {json.dumps({k: v for k, v in (s.header.get("made_with") or {}).items()
+                             if k in ("device", "torch", "transformers")}, sort_keys=True) for s in shards}
+    note = ("; note: the shards ran on different devices or torch / transformers versions, so the text may "
+            "differ from one run's") if len(made_with) > 1 else ""
+    print(f"merge-negatives: {merged} records from {len(shards)} shards, {stats.bad_lines} bad input lines "
+          f"skipped -> {output}{note}")
+    return {"records": merged, "shards": len(shards), "bad_lines": stats.bad_lines}
+
+
+def _check_shard_set(shards: list[_ShardFile]) -> dict[int, _ShardFile]:
+    """The shards by index, after checking they are all N shards of one run with one set of settings."""
+    first = shards[0]
+    for shard in shards[1:]:
+        if shard.header["num_shards"] != first.header["num_shards"]:
+            raise RankgenError(f"shard file {shard.path} is one of {shard.header['num_shards']} shards, "
+                               f"{first.path} one of {first.header['num_shards']}: not the same run")
+        difference = _settings_difference(shard.header["settings"], first.header["settings"])
+        if difference:
+            raise RankgenError(f"shard file {shard.path} was made with other settings than {first.path} "
+                               f"({difference}); shards of one run must share them")
+    by_index: dict[int, _ShardFile] = {}
+    for shard in shards:
+        index = shard.header["shard_index"]
+        if index in by_index:
+            raise RankgenError(f"shard {index} is given twice: {by_index[index].path} and {shard.path}")
+        by_index[index] = shard
+    num_shards = first.header["num_shards"]
+    missing = [i for i in range(num_shards) if i not in by_index]
+    if missing:
+        raise RankgenError(f"missing shard{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} of "
+                           f"{num_shards} (given: {', '.join(str(s.path) for s in shards)})")
+    return by_index
