@@ -24,6 +24,7 @@ SUBCOMMANDS = (
     ranking.add_score,
     generation.add_generate_negatives,
     training.add_pipeline,
+    training.add_retrieval_example,
     ranking.add_index,
     ranking.add_search,
     ranking.add_evaluate,
