@@ -12,7 +12,7 @@ AOT_STAMP := $(AOT_VENV)/.installed
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: venv aot-venv demo smoke test test-all test-aot wheel-check bench clean
+.PHONY: venv aot-venv demo retrieval-example smoke test test-all test-aot wheel-check bench clean
 
 # Creates or updates .venv only when requirements.txt or pyproject.toml changed.
 venv: $(STAMP)
@@ -28,6 +28,11 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 # of training), evaluate against its zero-shot self and the unigram baseline, plot, export.
 demo: venv
 	.venv/bin/rankgen-jax train
+
+# BEIR folder from the books -> MiniLM in-batch -> BM25 negatives -> hard-negative training -> 2-shard index,
+# TREC run, nDCG@10 / RR@10 / R@100 on the test books (runs/retrieval_example/retrieval_table.md).
+retrieval-example: venv
+	.venv/bin/rankgen-jax retrieval-example --workdir runs/retrieval_example
 
 # Quick check of the model core: random T5 -> checkpoint -> HF export -> same vectors in PyTorch.
 smoke: venv

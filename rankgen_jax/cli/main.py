@@ -25,6 +25,7 @@ SUBCOMMANDS = (
     generation.add_generate_negatives,
     generation.add_merge_negatives,
     training.add_pipeline,
+    training.add_retrieval_example,
     ranking.add_index,
     ranking.add_search,
     ranking.add_evaluate,

@@ -59,6 +59,23 @@ def _run_pipeline(args) -> dict:
         return run_pipeline(args.workdir)
 
 
+def add_retrieval_example(subparsers) -> None:
+    p = subparsers.add_parser(
+        "retrieval-example", help="the end-to-end retrieval example on the bundled books (MiniLM, a few minutes)",
+        description="Build a BEIR folder from the bundled books, train MiniLM with in-batch negatives, mine BM25 "
+        "negatives, train with hard negatives, then index each model in 2 shards, search (TREC run) and evaluate "
+        "nDCG@10 / RR@10 / R@100 on the test books; resumes stage by stage.")
+    p.add_argument("--workdir", required=True, help="folder for the collection, models, indexes, runs and results.json")
+    p.set_defaults(run=_run_retrieval_example)
+
+
+def _run_retrieval_example(args) -> dict:
+    # Imports jax, which must start after main() sets XLA's flags.
+    from rankgen_jax.experiments.retrieval_example import run_retrieval_example
+
+    return run_retrieval_example(args.workdir)
+
+
 def add_sweep(subparsers) -> None:
     p = subparsers.add_parser("sweep", help="expand a grid of gin overrides into training runs",
                               description="Run every combination of a JSON grid of gin overrides (see "

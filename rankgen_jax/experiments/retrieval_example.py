@@ -1,0 +1,123 @@
+"""A small end-to-end retrieval example on the bundled books: BEIR folder -> train (in-batch) -> mine BM25 hard
+negatives -> train with hard negatives -> for each model: index (2 shards) -> search (TREC run) -> evaluate.
+
+The collection (data/beir_books.py) has prefixes as queries and their gold continuations as passages; the test
+split's books are not trained on. Three models are compared on the test qrels: the starting model (zero-shot
+MiniLM by default), the model trained with in-batch negatives only, and the model trained from the same start
+with `hard_negatives` BM25-mined negatives per query as well. Each stage resumes from its output
+(stages.StageRun); results.json and retrieval_table.md hold the table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from rankgen_jax.data.beir_books import BooksCollectionConfig, build_books_collection
+from rankgen_jax.data.sources import DataConfig
+from rankgen_jax.eval.retrieval_metrics import evaluate_files
+from rankgen_jax.experiments.stages import MINILM, StageRun, aligned_table, is_done, mark_done, starting_checkpoint
+from rankgen_jax.resources import BUNDLED_CORPUS
+from rankgen_jax.retrieval.dense_index import index_corpus, search_queries
+from rankgen_jax.retrieval.mining import mine_negatives
+from rankgen_jax.train.config import LossConfig, TrainerConfig
+from rankgen_jax.train.loop import train
+from rankgen_jax.train.optimizers import OptimizerConfig
+
+MEASURES = ("nDCG@10", "RR@10", "R@100")
+MODELS = ("zero_shot", "in_batch", "hard_negatives")
+NUM_SHARDS = 2
+TABLE_FILE = "retrieval_table.md"
+
+
+@dataclasses.dataclass(frozen=True)
+class RetrievalExampleConfig:
+    """init_from_hf: an HF folder or "minilm", imported once; init_checkpoint (a rankgen_jax checkpoint) wins
+    when set. Both trained models start from it and take `train_steps` steps of `batch_size` queries."""
+
+    init_from_hf: str = MINILM
+    init_checkpoint: str = ""
+    collection: BooksCollectionConfig = BooksCollectionConfig()
+    train_steps: int = 60
+    batch_size: int = 16
+    hard_negatives: int = 1
+    mining_depth: str = "3-50"
+    mined_negatives: int = 8
+    prefix_length: int = 128
+    continuation_length: int = 96
+    learning_rate: float = 5e-5
+    logit_scale: float = 20.0
+    k: int = 100
+    encode_batch_size: int = 64
+
+
+def _train(workdir: Path, init: Path, config: RetrievalExampleConfig, data: DataConfig) -> None:
+    if is_done(workdir):
+        return
+    trainer = TrainerConfig(num_steps=config.train_steps, log_every=10, eval_every=0,
+                            checkpoint_every=config.train_steps, init_checkpoint=str(init), async_checkpoints=False)
+    optimizer = OptimizerConfig(name="adamw", learning_rate=config.learning_rate, warmup_steps=5, weight_decay=0.01)
+    train(str(workdir), trainer=trainer, data=data, loss=LossConfig(name="in_batch_softmax",
+                                                                     logit_scale=config.logit_scale),
+          optimizer=optimizer)
+    mark_done(workdir)
+
+
+def _index_search_evaluate(model: str, beir: Path, root: Path, config: RetrievalExampleConfig) -> dict:
+    index_root = root / "index"
+    for shard in range(NUM_SHARDS):
+        out = index_root / f"shard{shard}"
+        if not (out / "index_config.json").is_file():
+            index_corpus(model, str(beir), str(out), batch_size=config.encode_batch_size, overwrite=True,
+                         progress=False, num_shards=NUM_SHARDS, shard_index=shard)
+    run = root / "test.trec"
+    search_queries(model, str(index_root), str(beir), config.k, out_path=str(run), split="test", out_format="trec",
+                   batch_size=config.encode_batch_size, progress=False)
+    return {**evaluate_files(str(run), str(beir), list(MEASURES), split="test"), "run": str(run)}
+
+
+def table_markdown(results: dict) -> str:
+    lines = ["| model | " + " | ".join(MEASURES) + " |", "| --- |" + " ---: |" * len(MEASURES)]
+    for name in MODELS:
+        if name in results.get("test", {}):
+            row = results["test"][name]
+            lines.append(f"| {name} | " + " | ".join(f"{row[m]:.3f}" for m in MEASURES) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def run_retrieval_example(workdir: str, config: RetrievalExampleConfig = RetrievalExampleConfig(),
+                          corpus: str | Path = BUNDLED_CORPUS) -> dict:
+    """Run (or resume) the example in workdir; returns results.json's contents."""
+    job = StageRun(workdir, "retrieval-example")
+    root, results = job.root, job.results
+    beir = root / "beir"
+    if "collection" not in results:
+        results["collection"] = job.stage("collection", build_books_collection, corpus, beir, config.collection)
+    init = starting_checkpoint(config.init_checkpoint, config.init_from_hf, root)
+    common = dict(source="retrieval", batch_size=config.batch_size, prefix_length=config.prefix_length,
+                  continuation_length=config.continuation_length, prefix_keep="end", split="train",
+                  eval_split="test")
+    job.stage("train_in_batch", _train, root / "train_in_batch", init, config,
+              DataConfig(**common, retrieval_corpus=str(beir), hard_negatives=0))
+    mined = {}
+    for split in ("train", "test"):
+        mined[split] = root / f"bm25_negatives_{split}.jsonl"
+        if f"mining_{split}" not in results:
+            results[f"mining_{split}"] = job.stage(f"mine_{split}", lambda out, s: mine_negatives(
+                out, str(beir), queries_path=str(beir), qrels_path=str(beir), split=s, retriever="bm25",
+                depth=config.mining_depth, negatives=config.mined_negatives, progress=False), str(mined[split]), split)
+    hard = DataConfig(**common, train_file=str(mined["train"]), eval_file=str(mined["test"]), qrels=str(beir),
+                      hard_negatives=config.hard_negatives)
+    job.stage("train_hard_negatives", _train, root / "train_hard_negatives", init, config, hard)
+    models = {"zero_shot": str(init), "in_batch": str(root / "train_in_batch"),
+              "hard_negatives": str(root / "train_hard_negatives")}
+    table = results.setdefault("test", {})
+    for name, model in models.items():
+        job.evaluate(table, name, _index_search_evaluate, model, beir, root / name, config,
+                     describe=lambda r: ", ".join(f"{m} {r[m]:.3f}" for m in MEASURES))
+    (root / TABLE_FILE).write_text(table_markdown(results), encoding="utf-8")
+    results = job.finish()
+    print(aligned_table({n: [table[n][m] for m in MEASURES] for n in MODELS}, MEASURES, name_width=16))
+    print(f"(test split: {results['collection']['test_queries']} queries over {results['collection']['passages']} "
+          f"passages; {root / TABLE_FILE})")
+    return results
