@@ -77,6 +77,16 @@ def _run_score(args) -> dict:
                      device=args.device, progress=not args.no_progress, conventions=convention_args(args))
 
 
+def _add_title_flags(parser, join_help: str, no_title_help: str) -> None:
+    parser.add_argument("--title_join", default=DEFAULT_TITLE_JOIN, help=join_help)
+    parser.add_argument("--no_title", action="store_true", help=no_title_help)
+
+
+def _title_join(args) -> str | None:
+    """The title_join the library takes: None drops titles."""
+    return None if args.no_title else args.title_join
+
+
 def add_index(subparsers) -> None:
     p = subparsers.add_parser("index", help="encode a corpus into a FAISS index",
                               description="Encode passages (MS MARCO / TREC TSV, JSON lines, or a BEIR folder) with a "
@@ -105,9 +115,8 @@ def add_index(subparsers) -> None:
     p.add_argument("--max_length", type=int, help="tokens per passage (default: the encode kind's)")
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out")
-    p.add_argument("--title_join", default=DEFAULT_TITLE_JOIN,
-                   help="what joins a passage's title to its text: title + SEP + text (default: a space)")
-    p.add_argument("--no_title", action="store_true", help="drop titles: encode the text alone")
+    _add_title_flags(p, "what joins a passage's title to its text: title + SEP + text (default: a space)",
+                     "drop titles: encode the text alone")
     p.add_argument("--no_progress", action="store_true", help="no progress bar")
     add_convention_flags(p)
     p.set_defaults(run=_run_index)
@@ -116,7 +125,7 @@ def add_index(subparsers) -> None:
 def _run_index(args) -> None:
     config = index_corpus(args.model, args.corpus, args.out, kind=args.kind, batch_size=args.batch_size,
                           encode_kind=args.encode_kind, max_length=args.max_length, overwrite=args.overwrite,
-                          title_join=None if args.no_title else args.title_join, conventions=convention_args(args),
+                          title_join=_title_join(args), conventions=convention_args(args),
                           num_shards=args.num_shards, shard_index=args.shard_index, index_factory=args.index_factory,
                           train_sample=args.train_sample, train_seed=args.train_seed, nprobe=args.nprobe,
                           progress=not args.no_progress)
@@ -269,9 +278,8 @@ def add_mine_negatives(subparsers) -> None:
                    "(label 0 and negative labels too); default: only the positives are dropped")
     m.add_argument("--on_missing", choices=mining.ON_MISSING, default="error",
                    help="a positive or qrels passage missing from the corpus: error (default) or skip (counted)")
-    m.add_argument("--title_join", default=DEFAULT_TITLE_JOIN,
-                   help="what joins a passage's title to its text for the retriever (default: a space)")
-    m.add_argument("--no_title", action="store_true", help="the retriever reads passages without their titles")
+    _add_title_flags(m, "what joins a passage's title to its text for the retriever (default: a space)",
+                     "the retriever reads passages without their titles")
     m.add_argument("--query_batch", type=int, default=mining.DEFAULT_QUERY_BATCH,
                    help="queries per written batch (default %(default)s)")
     m.add_argument("--overwrite", action="store_true", help="start over instead of resuming an existing --output")
@@ -288,7 +296,7 @@ def _run_mine_negatives(args) -> dict:
         split=args.split, retriever="bm25" if args.bm25 else "dense", model_dir=args.model, index_dir=args.index,
         depth=args.depth, negatives=args.negatives, pick=args.pick, seed=args.seed, drop_judged=args.drop_judged,
         positive_level=args.positive_level, on_missing=args.on_missing,
-        title_join=None if args.no_title else args.title_join, bm25_k1=args.bm25_k1, bm25_b=args.bm25_b,
+        title_join=_title_join(args), bm25_k1=args.bm25_k1, bm25_b=args.bm25_b,
         bm25_stopwords=None if args.bm25_keep_stopwords else mining.DEFAULT_STOPWORDS, batch_size=args.batch_size,
         query_batch=args.query_batch, overwrite=args.overwrite, progress=not args.no_progress,
         conventions=convention_args(args))
