@@ -167,20 +167,30 @@ def test_seqio_triples_resume_equals_sequential(demo_task):
     assert resumed.pad_id == 0 and resumed.vocab_size == 8000
 
 
-def test_examples_cross_into_tf_data_in_chunks_and_come_out_one_by_one_in_order():
+def test_groups_cross_into_tf_data_in_chunks_and_come_out_one_record_per_group_then_row_by_row():
     rng = np.random.default_rng(0)
     examples = [{**{key: rng.integers(0, 99, rng.integers(1, 30)).astype(np.int32) for key in st.ID_FEATURES},
-                 st.DOC_ID: f"doc{i // 7}"} for i in range(150)]  # 2 full chunks of 64 and one of 22
-    chunks = list(st._chunks(iter(examples), 64))
-    assert [len(c[st.DOC_ID]) for c in chunks] == [64, 64, 22]
-    ds = st._unchunk(tf.data.Dataset.from_generator(lambda: iter(chunks), output_signature=st._CHUNK_SIGNATURE))
+                 st.DOC_ID: f"doc{i // 5}"} for i in range(150)]
+    groups = [examples[i : i + 5] for i in range(0, 150, 5)]  # 30 groups of 5 rows: chunks of 12, 12 and 6 groups
+    chunks = list(st._chunks(iter(groups), 5, 64))
+    assert [len(c[st.DOC_ID]) for c in chunks] == [60, 60, 30]
+    records = st._group_records(
+        tf.data.Dataset.from_generator(lambda: iter(chunks), output_signature=st._CHUNK_SIGNATURE), 5)
+    as_records = list(records.as_numpy_iterator())
+    assert len(as_records) == 30
+    for record, group in zip(as_records, groups):
+        assert [d.decode() for d in record[st.DOC_ID]] == [e[st.DOC_ID] for e in group]
+        for key in st.ID_FEATURES:
+            assert np.array_equal(record[key], np.concatenate([e[key] for e in group]))
+            assert record[key + "_lengths"].tolist() == [len(e[key]) for e in group]
+    ds = st.ungroup_examples(records)
     assert all(isinstance(spec, tf.TensorSpec) for spec in ds.element_spec.values())
     out = list(ds.as_numpy_iterator())
     assert len(out) == len(examples)
     for got, want in zip(out, examples):
         assert got[st.DOC_ID].decode() == want[st.DOC_ID]
         assert all(np.array_equal(got[key], want[key]) for key in st.ID_FEATURES)
-    assert list(st._chunks(iter([]))) == []
+    assert list(st._chunks(iter([]), 5)) == []
 
 
 def test_more_tfdata_threads_read_the_same_batches(demo_task):

@@ -102,6 +102,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import json
 import logging
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -273,20 +274,24 @@ def _split(items: Iterable, split: str, holdout: int) -> Iterator:
         yield from buffer
 
 
-def _inbook_units(spec: RankGenTaskSpec, split: str, stats: ReadStats) -> Iterator[list[Example]]:
-    """Each usable document's examples (InBook negatives), for one split."""
+def _inbook_units(spec: RankGenTaskSpec, split: str, stats: ReadStats) -> Iterator[Document]:
+    """Each usable document of one split (its examples are cut later, only for the blocks that are read)."""
     if spec.validation_documents is not None:
-        docs = _usable_documents(spec.documents if split == TRAIN else spec.validation_documents, spec, stats)
+        yield from _usable_documents(spec.documents if split == TRAIN else spec.validation_documents, spec, stats)
     else:
-        # Only documents that leave the look-behind buffer are split into sentences, so reading the
-        # validation split costs one pass over the files but no example building for train documents.
-        docs = _split(_usable_documents(spec.documents, spec, stats), split, spec.holdout_documents)
-    for doc in docs:
-        examples = make_examples(doc, spec.example_config)
-        if examples:
-            yield examples
-        else:
-            stats.skip(SHORT_DOCUMENT, doc.id)
+        # Only documents that leave the look-behind buffer reach the caller, so reading the validation
+        # split costs one pass over the files but no example building for train documents.
+        yield from _split(_usable_documents(spec.documents, spec, stats), split, spec.holdout_documents)
+
+
+def _unit_examples(spec: RankGenTaskSpec, unit: Document | list[Example], stats: ReadStats) -> list[Example]:
+    """A stream unit's examples: a document's are cut here (none fit: counted), generative ones are ready."""
+    if not isinstance(unit, Document):
+        return unit
+    examples = make_examples(unit, spec.example_config)
+    if not examples:
+        stats.skip(SHORT_DOCUMENT, unit.id)
+    return examples
 
 
 def _generative_records(path: str, stats: ReadStats) -> Iterator[Example]:
@@ -349,7 +354,8 @@ def _alternate(streams: Sequence[Iterator]) -> Iterator:
                 live.remove(stream)
 
 
-def _units(spec: RankGenTaskSpec, split: str, stats: ReadStats) -> Iterator[list[Example]]:
+def _units(spec: RankGenTaskSpec, split: str, stats: ReadStats) -> Iterator[Document | list[Example]]:
+    """The split's documents in reading order: Documents (InBook) and runs of generative Examples."""
     streams = []
     if spec.reads_documents:
         streams.append(_inbook_units(spec, split, stats))
@@ -362,17 +368,33 @@ def _block_seed(seed: int, block: int) -> int:
     return int(np.random.SeedSequence([seed % (1 << 64), block]).generate_state(1, np.uint64)[0] >> 1)
 
 
-def _grouped_examples(spec: RankGenTaskSpec, units: Iterator[list[Example]], seed: int) -> Iterator[Example]:
-    """Documents' examples in whole groups of `group_size`, shuffled block by block (see the module docstring)."""
+def _blocks(spec: RankGenTaskSpec, units: Iterator, stats: ReadStats,
+            owns_block: Callable[[int], bool] = lambda block: True) -> Iterator[tuple[int, list[list[Example]]]]:
+    """(block index, its documents' examples) for every block of `shuffle_block_documents` units it owns.
+
+    Block membership is decided before any example is cut, so a reader that owns only some blocks
+    (a Beam shard) cuts and tokenises only those, and every reader agrees on what each block holds.
+    """
     for block_index in itertools.count():
         block = list(itertools.islice(units, spec.shuffle_block_documents))
         if not block:
             return
-        examples = [example for unit in block for example in unit]
-        for group in same_document_batches(
-            examples, spec.group_size, _block_seed(seed, block_index), mix_documents=spec.mix_documents
-        ):
-            yield from group
+        if owns_block(block_index):
+            examples = [_unit_examples(spec, unit, stats) for unit in block]
+            yield block_index, [unit for unit in examples if unit]
+
+
+def _block_groups(spec: RankGenTaskSpec, block_index: int, block: list[list[Example]], seed: int) -> Iterator[list[Example]]:
+    examples = [example for unit in block for example in unit]
+    return same_document_batches(examples, spec.group_size, _block_seed(seed, block_index),
+                                 mix_documents=spec.mix_documents)
+
+
+def _groups(spec: RankGenTaskSpec, units: Iterator, seed: int, stats: ReadStats,
+            owns_block: Callable[[int], bool] = lambda block: True) -> Iterator[list[Example]]:
+    """Whole groups of `group_size` examples, shuffled block by block (see the module docstring)."""
+    for block_index, block in _blocks(spec, units, stats, owns_block):
+        yield from _block_groups(spec, block_index, block, seed)
 
 
 def _check_split_readable(spec: RankGenTaskSpec, split: str) -> None:
@@ -438,21 +460,79 @@ def scan_task(name: str, split: str = TRAIN, seed: int = 0) -> TaskScan:
     spec = task_spec(name)
     _check_split_readable(spec, split)
     stats = ReadStats()
-    units = list(_units(spec, split, stats))
-    emitted = sum(1 for _ in _grouped_examples(spec, iter(units), seed))
-    total = sum(len(unit) for unit in units)
-    return TaskScan(examples=emitted, documents=len(units), dropped_examples=total - emitted, stats=stats)
+    documents = total = emitted = 0
+    for block_index, block in _blocks(spec, _units(spec, split, stats), stats):
+        documents += len(block)
+        total += sum(len(unit) for unit in block)
+        emitted += sum(len(group) for group in _block_groups(spec, block_index, block, seed))
+    return TaskScan(examples=emitted, documents=documents, dropped_examples=total - emitted, stats=stats)
+
+
+# ------------------------------------------------------------------------------------------
+# Reading by source shard (the Beam cache, data/seqio/beam_cache.py)
+# ------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceSharding:
+    """How a cache pipeline reads the tasks: shard i of `num_shards` holds the blocks b with b % num_shards == i.
+
+    seed: orders every block's groups; the cache then holds the groups of the uncached stream at this
+      seed, whatever the number of shards or workers.
+    stats_dir: the cache folder; each shard writes what it skipped to `read_stats_path` there.
+    """
+
+    num_shards: int
+    seed: int = 0
+    stats_dir: str = ""
+
+
+# seqio's Beam transform (PreprocessTask) calls the source's get_dataset with a ShardInfo that indexes
+# `list_shards`, while training passes one that names a host. The two are told apart by this setting,
+# which the cache pipeline makes in its driver and in every worker before reading; None: training.
+_SOURCE_SHARDING: SourceSharding | None = None
+
+
+def set_source_sharding(sharding: SourceSharding | None) -> None:
+    """Read RankGen sources by source shard (`sharding`) from now on in this process, or by host (None)."""
+    global _SOURCE_SHARDING
+    _SOURCE_SHARDING = sharding
+
+
+def read_stats_path(stats_dir: str, task: str, split: str, shard: int | None = None, num_shards: int = 0) -> str:
+    """Where a cached task keeps what its read skipped: one file per split (merged), or one per source shard."""
+    task_dir = f"{stats_dir.rstrip('/')}/{seqio.get_task_dir_from_name(task)}"
+    if shard is None:
+        return f"{task_dir}/read_stats.{split}.json"
+    return f"{task_dir}/read_stats/{split}-{shard:05d}-of-{num_shards:05d}.json"
+
+
+def stats_record(stats: ReadStats, groups: int, examples: int) -> dict:
+    """ReadStats and the groups / examples read, as the JSON the cache keeps."""
+    return {"groups": groups, "examples": examples, "files": stats.files, "documents": stats.documents,
+            "skipped": dict(stats.skipped), "first_skipped": dict(stats.first_skipped)}
+
+
+def _merged(first: ReadStats, second: ReadStats) -> ReadStats:
+    out = ReadStats(first.files + second.files, first.documents + second.documents,
+                    dict(first.skipped), dict(first.first_skipped))
+    for reason, count in second.skipped.items():
+        out.skipped[reason] = out.skipped.get(reason, 0) + count
+        out.first_skipped.setdefault(reason, second.first_skipped[reason])
+    return out
 
 
 # ------------------------------------------------------------------------------------------
 # seqio: source, preprocessors, registration
 # ------------------------------------------------------------------------------------------
 
-# The generator hands examples to tf.data in chunks: each element crossing from Python costs
-# a few hundred microseconds, as much as making and tokenising the example (docs/performance.md).
-# A chunk is each id feature's values end to end plus their lengths; `_unchunk` splits it.
-_CHUNK_EXAMPLES = 64
+# The source emits one record per same-document group: each id feature's rows end to end with
+# their lengths, and the rows' doc_ids. That record is what the Beam cache stores (so its global
+# reshuffle moves whole groups); `ungroup_examples`, after the cache point, splits it into rows.
 _LENGTHS = "_lengths"
+# The generator hands groups to tf.data several at a time: each element crossing from Python costs
+# a few hundred microseconds, as much as making and tokenising an example (docs/performance.md).
+_CHUNK_EXAMPLES = 64
 _CHUNK_SIGNATURE = {
     **{key: tf.TensorSpec([None], tf.int32) for key in ID_FEATURES},
     **{key + _LENGTHS: tf.TensorSpec([None], tf.int32) for key in ID_FEATURES},
@@ -460,10 +540,11 @@ _CHUNK_SIGNATURE = {
 }
 
 
-def _chunks(examples: Iterator[dict], size: int = _CHUNK_EXAMPLES) -> Iterator[dict]:
-    """Examples ({id feature: int32 ids, DOC_ID: str}) grouped `size` at a time into one flat chunk each."""
+def _chunks(groups: Iterator[list[dict]], rows_per_group: int, size: int = _CHUNK_EXAMPLES) -> Iterator[dict]:
+    """Groups of examples ({id feature: int32 ids, DOC_ID: str}), whole groups at a time, as flat chunks."""
+    per_chunk = max(1, size // rows_per_group)
     while True:
-        taken = list(itertools.islice(examples, size))
+        taken = [row for group in itertools.islice(groups, per_chunk) for row in group]
         if not taken:
             return
         chunk = {DOC_ID: np.array([e[DOC_ID] for e in taken], dtype=object)}
@@ -473,20 +554,39 @@ def _chunks(examples: Iterator[dict], size: int = _CHUNK_EXAMPLES) -> Iterator[d
         yield chunk
 
 
-def _unchunk(chunks: tf.data.Dataset) -> tf.data.Dataset:
-    """The examples of `_chunks`' chunks, one element each, in order."""
+def _group_records(chunks: tf.data.Dataset, rows_per_group: int) -> tf.data.Dataset:
+    """One record per group of `rows_per_group` rows from `_chunks`' chunks, in order."""
 
-    def ragged(chunk):
-        rows = {key: tf.RaggedTensor.from_row_lengths(chunk[key], chunk[key + _LENGTHS]) for key in ID_FEATURES}
-        return {**rows, DOC_ID: chunk[DOC_ID]}
+    def split_groups(chunk):
+        out = {DOC_ID: tf.reshape(chunk[DOC_ID], [-1, rows_per_group])}
+        for key in ID_FEATURES:
+            rows = tf.RaggedTensor.from_row_lengths(chunk[key], chunk[key + _LENGTHS])
+            out[key] = tf.RaggedTensor.from_uniform_row_length(rows, rows_per_group)
+        return out
+
+    def flatten(group):
+        out = {DOC_ID: group[DOC_ID]}
+        for key in ID_FEATURES:
+            out[key], out[key + _LENGTHS] = group[key].flat_values, tf.cast(group[key].row_lengths(), tf.int32)
+        return out
+
+    return chunks.map(split_groups).unbatch().map(flatten)
+
+
+def ungroup_examples(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """seqio post-cache preprocessor: the rows of each group record, one example each, in order."""
+
+    def ragged(group):
+        rows = {key: tf.RaggedTensor.from_row_lengths(group[key], group[key + _LENGTHS]) for key in ID_FEATURES}
+        return {**rows, DOC_ID: group[DOC_ID]}
 
     # Unbatched, each row is a plain tensor typed as a ragged one of rank 0; seqio wants TensorSpecs.
     plain = lambda example: {key: tf.identity(value) for key, value in example.items()}  # noqa: E731
-    return chunks.map(ragged).unbatch().map(plain)
+    return dataset.map(ragged).unbatch().map(plain)
 
 
 class RankGenDataSource(seqio.FunctionDataSource):
-    """A FunctionDataSource that takes ShardInfo itself: each host tokenises only its rows of every group."""
+    """A FunctionDataSource that takes ShardInfo itself: a host's rows of every group, or a Beam source shard."""
 
     def __init__(self, dataset_fn, splits: Iterable[str] = SPLITS):
         super().__init__(dataset_fn=dataset_fn, splits=splits, caching_permitted=True)
@@ -500,6 +600,13 @@ class RankGenDataSource(seqio.FunctionDataSource):
         # The source orders whole same-document groups by seed; seqio must not shuffle examples.
         return True
 
+    def list_shards(self, split: str) -> Sequence[str]:
+        """One name per source shard while a cache pipeline reads (`set_source_sharding`), else the split."""
+        sharding = _SOURCE_SHARDING
+        if sharding is None:
+            return [split]
+        return [f"{split}-{k:05d}-of-{sharding.num_shards:05d}" for k in range(sharding.num_shards)]
+
     def get_dataset(self, split: str = TRAIN, shuffle: bool = True, seed: int | None = None,
                     shard_info: seqio.ShardInfo | None = None, *, sequence_length=None, use_cached=False,
                     num_epochs=1) -> tf.data.Dataset:
@@ -507,43 +614,65 @@ class RankGenDataSource(seqio.FunctionDataSource):
         return self._dataset_fn(split=split, shuffle_files=shuffle, seed=seed, shard_info=shard_info)
 
 
+def _write_json(path: str, record: dict) -> None:
+    directory = path.rsplit("/", 1)[0]
+    tf.io.gfile.makedirs(directory)
+    with tf.io.gfile.GFile(path, "w") as f:
+        f.write(json.dumps(record, indent=2, sort_keys=True))
+
+
 def _make_dataset_fn(name: str) -> Callable[..., tf.data.Dataset]:
     def dataset_fn(split: str, shuffle_files: bool = False, seed: int | None = None,
                    shard_info: seqio.ShardInfo | None = None) -> tf.data.Dataset:
-        """RankGen triples of task `name`, tokenised, in seeded same-document groups."""
+        """RankGen triples of task `name`, tokenised, one record per seeded same-document group."""
         del shuffle_files  # the order is set by `seed` alone (see the module docstring)
         spec = task_spec(name)
         _check_split_readable(spec, split)
         text = load_text_encoder(spec.vocab_path)
-        seed = 0 if seed is None else int(seed)
-        shards = shard_info.num_shards if shard_info else 1
-        shard = shard_info.index if shard_info else 0
-        if spec.group_size % shards:
-            raise RankgenError(
-                f"task {name!r}: group_size={spec.group_size} is not divisible by the {shards} data shards (hosts)"
-            )
-        rows_per_shard = spec.group_size // shards
+        sharding = _SOURCE_SHARDING
+        stats_path = None
+        if sharding is not None and shard_info is not None:
+            # A cache pipeline's source shard: whole groups of the blocks it owns, at the pipeline's seed
+            # (seqio's per-shard seed would give each shard other groups than the uncached stream has).
+            shard, shards = shard_info.index, shard_info.num_shards
+            rows = range(spec.group_size)
+            seed = sharding.seed
+            owns_block = lambda block: block % shards == shard  # noqa: E731
+            if sharding.stats_dir:
+                stats_path = read_stats_path(sharding.stats_dir, name, split, shard, shards)
+        else:
+            seed = 0 if seed is None else int(seed)
+            shards = shard_info.num_shards if shard_info else 1
+            shard = shard_info.index if shard_info else 0
+            if spec.group_size % shards:
+                raise RankgenError(
+                    f"task {name!r}: group_size={spec.group_size} is not divisible by the {shards} data shards (hosts)"
+                )
+            # Host `shard` owns a contiguous block of rows in every group (decided before
+            # tokenising, so the other hosts' rows cost no tokenizer time here).
+            rows_per_host = spec.group_size // shards
+            rows = range(shard * rows_per_host, (shard + 1) * rows_per_host)
+            owns_block = lambda block: True  # noqa: E731
         pre, suffi = spec.markers
 
         def ids(s: str) -> np.ndarray:
             return np.asarray(text.add_special(text.tokenize(s)), np.int32)
 
-        def examples():
-            stats = ReadStats()
-            for i, example in enumerate(_grouped_examples(spec, _units(spec, split, stats), seed)):
-                # Host `shard` owns a contiguous block of rows in every group (decided before
-                # tokenising, so the other hosts' rows cost no tokenizer time here).
-                if (i % spec.group_size) // rows_per_shard != shard:
-                    continue
-                yield {
-                    QUERY: ids(pre + example.prefix),
-                    POSITIVE: ids(suffi + example.continuation),
-                    NEGATIVE: ids(suffi + example.negatives[0]),
-                    DOC_ID: example.doc_id,
-                }
-            log.info("%s (%s): %s", name, split, stats.summary())
+        def groups():
+            read_stats, block_stats = ReadStats(), ReadStats()
+            count = 0
+            for count, group in enumerate(_groups(spec, _units(spec, split, read_stats), seed, block_stats,
+                                                  owns_block), 1):
+                yield [{QUERY: ids(pre + group[i].prefix), POSITIVE: ids(suffi + group[i].continuation),
+                        NEGATIVE: ids(suffi + group[i].negatives[0]), DOC_ID: group[i].doc_id} for i in rows]
+            if stats_path is not None:
+                # Every shard reads all documents to find its blocks: shard 0 alone reports the reading's skips.
+                stats = _merged(read_stats, block_stats) if shard == 0 else block_stats
+                _write_json(stats_path, stats_record(stats, count, count * len(rows)))
+            log.info("%s (%s): %s", name, split, _merged(read_stats, block_stats).summary())
 
-        return _unchunk(tf.data.Dataset.from_generator(lambda: _chunks(examples()), output_signature=_CHUNK_SIGNATURE))
+        chunks = tf.data.Dataset.from_generator(lambda: _chunks(groups(), len(rows)), output_signature=_CHUNK_SIGNATURE)
+        return _group_records(chunks, len(rows))
 
     return dataset_fn
 
@@ -611,8 +740,8 @@ def register_rankgen_task(
         name,
         source=RankGenDataSource(_make_dataset_fn(name)),
         output_features=output_features,
-        # Length trimming needs `sequence_length`, so it runs after the cache point.
-        preprocessors=[seqio.CacheDatasetPlaceholder(), trim_keeping_last_token],
+        # The cache holds whole groups (see `_group_records`); length trimming needs `sequence_length`.
+        preprocessors=[seqio.CacheDatasetPlaceholder(), ungroup_examples, trim_keeping_last_token],
         shuffle_buffer_size=None,
     )
 
