@@ -12,10 +12,12 @@ import argparse
 import sys
 from typing import Any
 
-from rankgen_jax.cli import checkpoints, generation, ranking, training
+from rankgen_jax.cli import checkpoints, data, generation, ranking, training
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.runtime.process import configure_xla_flags, reexec_with_malloc_tunables
 
+# The commands configured with gin: they take --gin.Name.param=value bindings (args.gin_bindings).
+GIN_COMMANDS = training.GIN_COMMANDS + data.GIN_COMMANDS
 # In the order `rankgen-jax --help` lists them.
 SUBCOMMANDS = (
     checkpoints.add_import,
@@ -24,6 +26,7 @@ SUBCOMMANDS = (
     ranking.add_score,
     generation.add_generate_negatives,
     generation.add_merge_negatives,
+    data.add_cache_tasks,
     training.add_pipeline,
     training.add_retrieval_example,
     ranking.add_index,
@@ -46,6 +49,8 @@ EXTRA_OF_MODULE = {
     "faiss": "retrieval",
     "bm25s": "retrieval",
     "seqio": "data",
+    "apache_beam": "beam",
+    "array_record": "beam",
     "tensorflow": "data",
     "mauve": "metrics",
 }
@@ -82,8 +87,8 @@ def run_command(argv: list[str]) -> Any:
     """
     argv, bindings = _split_gin_bindings(argv)
     args = build_parser().parse_args(argv)
-    if bindings and args.command not in training.GIN_COMMANDS:
-        raise RankgenError(f"--gin.* bindings apply to {', '.join(training.GIN_COMMANDS)} only")
+    if bindings and args.command not in GIN_COMMANDS:
+        raise RankgenError(f"--gin.* bindings apply to {', '.join(GIN_COMMANDS)} only")
     args.gin_bindings = bindings
     return args.run(args)
 

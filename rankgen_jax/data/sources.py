@@ -106,6 +106,7 @@ class DataConfig:
     max_continuation_words: int = 128
     prefix_keep: str = "end"
     task: str = ""  # seqio task or mixture name (source "seqio"), e.g. "rankgen_demo"
+    seqio_cache_dir: str = ""  # source "seqio": read the task(s) from this cache (`rankgen-jax cache-tasks`)
     seed: int = 0
     train_file: str = ""  # sources "lists" / "pairs"
     eval_file: str = ""
@@ -272,9 +273,9 @@ def training_conventions(config: DataConfig, layout: BatchLayout = TRIPLE_LAYOUT
 def _seqio_markers(task: str) -> tuple[str, str]:
     """The markers of a RankGen seqio task (the registry is filled by entry points; others use RankGen's)."""
     # seqio brings TensorFlow: only a seqio run, which has imported it already, gets here.
-    from rankgen_jax.data.seqio.tasks import is_rankgen_task, task_spec
+    from rankgen_jax.data.seqio.tasks import is_rankgen_task, task_markers
 
-    return tuple(task_spec(task).markers) if task and is_rankgen_task(task) else (PREFIX_MARKER, SUFFIX_MARKER)
+    return task_markers(task) if task and is_rankgen_task(task) else (PREFIX_MARKER, SUFFIX_MARKER)
 
 
 def _record_sources(config: DataConfig, layout: BatchLayout) -> tuple[BatchSource, BatchSource]:
@@ -345,7 +346,7 @@ def _folder(path: str) -> str:
 
 
 def _seqio_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
-    """A registered seqio task or mixture; each host reads only its share.
+    """A registered seqio task or mixture, built on the fly or read from seqio_cache_dir; each host reads its share.
 
     The project's tasks are registered by `import tasks` (tasks/rankgen_tasks.py), which the
     entry points do when their gin config mentions seqio; the library never imports tasks/.
@@ -359,11 +360,19 @@ def _seqio_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
 
     if not config.task:
         raise RankgenError("DataConfig.source='seqio' needs DataConfig.task (e.g. 'rankgen_demo')")
+    cached = bool(config.seqio_cache_dir)
+    if cached:
+        import tensorflow as tf
+
+        if not tf.io.gfile.isdir(config.seqio_cache_dir):
+            raise RankgenError(f"DataConfig.seqio_cache_dir={config.seqio_cache_dir!r}: no such folder "
+                               "(write it with `rankgen-jax cache-tasks --output_cache_dir DIR`)")
+        seqio.add_global_cache_dirs([config.seqio_cache_dir])
     shard = seqio.ShardInfo(jax.process_index(), jax.process_count()) if jax.process_count() > 1 else None
     lengths = TRIPLE_LAYOUT.lengths(config.prefix_length, config.continuation_length)
     return tuple(
         SeqioTriples(config.task, split, config.batch_size, lengths, seed=config.seed + offset, shard_info=shard,
-                     with_negative=config.with_negative, threads=config.tfdata_threads)
+                     with_negative=config.with_negative, use_cached=cached, threads=config.tfdata_threads)
         for split, offset in (("train", 0), ("validation", 10_000))
     )
 

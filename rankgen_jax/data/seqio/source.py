@@ -25,11 +25,29 @@ Mixtures are mixed one whole batch at a time (seeded, identically on every
 host), so a batch never mixes domains or documents; seqio's own
 `Mixture.get_dataset` mixes single examples, which is right only for
 `mix_documents` tasks.
+
+Reading a cached task (`use_cached=True`, DataConfig.seqio_cache_dir)
+---------------------------------------------------------------------
+`rankgen-jax cache-tasks` (data/seqio/beam_cache.py) stores one record per
+whole group of g examples; the post-cache `ungroup_examples` splits each into
+its rows. Files are read in order (no file shuffle: `seed` does not reorder a
+cached task, its order is fixed when the cache is written), so the stream is
+deterministic and `batch(index)` resumes exactly by skipping, as uncached,
+but skipping only parses records (no sentence splitting or tokenising).
+
+Multi-host, each host reads its own files: seqio gives host h the files
+h, h+n, h+2n, ... (when there are fewer files than hosts, every n-th record of
+all files instead), and the host's local batch of B/n rows is B/(n*g) whole
+groups of its own. So B/n must be a multiple of the cached g, and a global
+batch holds n*B/(n*g) groups, at least one per host; uncached, with B == g,
+the hosts share one group instead. Hosts' streams are independent: a host
+whose files hold fewer groups starts its next epoch sooner.
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import weakref
 from typing import Iterator, Mapping
 
@@ -42,6 +60,7 @@ from rankgen_jax.data.seqio.tasks import (
     NEGATIVE,
     POSITIVE,
     QUERY,
+    cache_stats_path,
     is_rankgen_task,
     task_spec,
     trim_ids_keeping_last,
@@ -112,7 +131,8 @@ class SeqioTriples:
     lengths: {"query_ids": Lq, "positive_ids": Lc, "negative_ids": Lc} (negative defaults to positive).
     seed: orders the stream (passed to the task's source; seqio shuffles nothing).
     shard_info: this host's share (multi-host); `batch` then returns the local batch, see the module docstring.
-    use_cached: read a Beam-cached copy of the task(s) (loses same-document groups).
+    use_cached: read the task(s) from seqio's cache as `rankgen-jax cache-tasks` wrote it (whole
+      groups; see the module docstring), found in `seqio.add_global_cache_dirs` folders.
     threads: tf.data threads of the pipeline. One suits a host whose cores all run the
       train step (see `_dataset`); a TPU VM, whose cores are free, can give it more.
     """
@@ -151,7 +171,10 @@ class SeqioTriples:
         self.threads = int(threads)
         self._tasks, self._weights = self._tasks_and_weights(provider)
         for task in self._tasks:
-            self._check_grouping(task.name, hosts)
+            if use_cached:
+                self._check_cached_grouping(task, hosts)
+            else:
+                self._check_grouping(task.name, hosts)
         keys = ID_FEATURES if with_negative else ID_FEATURES[:2]
         lengths = dict(lengths)
         lengths.setdefault(NEGATIVE, lengths.get(POSITIVE))
@@ -192,6 +215,31 @@ class SeqioTriples:
             raise RankgenError(
                 f"task {task_name!r}: batch_size={self.batch_size} is not a multiple of its "
                 f"group_size={spec.group_size}, so batches would split same-document groups"
+            )
+
+    def _check_cached_grouping(self, task: seqio.Task, hosts: int) -> None:
+        """The task is cached by cache-tasks, and every host's local batch is whole cached groups."""
+        if task.cache_dir is None:
+            searched = ", ".join(seqio.utils.get_global_cache_dirs()) or "none set"
+            raise RankgenError(
+                f"task {task.name!r} is not cached in any seqio cache folder ({searched}): build it with "
+                f"`rankgen-jax cache-tasks --tasks {task.name} --output_cache_dir DIR` and set "
+                "DataConfig.seqio_cache_dir = DIR"
+            )
+        path = cache_stats_path(task.cache_dir, self.split)
+        if not tf.io.gfile.exists(path):
+            raise RankgenError(
+                f"task {task.name!r} cached in {task.cache_dir} has no {path.rsplit('/', 1)[-1]}: it was not "
+                "written by `rankgen-jax cache-tasks` (or not for this split), so its records are not whole groups"
+            )
+        with tf.io.gfile.GFile(path) as f:
+            cached = json.load(f)
+        group_size = int(cached["group_size"])
+        if not cached["mix_documents"] and self.local_batch_size % group_size:
+            raise RankgenError(
+                f"task {task.name!r} is cached in groups of {group_size}: each of the {hosts} hosts' "
+                f"{self.local_batch_size} rows (batch_size={self.batch_size}) must be a multiple of it, so that "
+                "every local batch is whole same-document groups"
             )
 
     def _dataset(self, start: int):

@@ -199,6 +199,13 @@ def is_rankgen_task(name: str) -> bool:
     return name in _TASK_ARGS
 
 
+def task_markers(name: str) -> tuple[str, str]:
+    """A registered task's (prefix, continuation) markers, without resolving its data paths (a cached read has none)."""
+    if name not in _TASK_ARGS:
+        raise RankgenError(f"{name!r} is not a registered RankGen task")
+    return tuple(_TASK_ARGS[name]["markers"])
+
+
 def task_spec(name: str) -> RankGenTaskSpec:
     """The resolved spec of a task registered by `register_rankgen_task`; RankgenError for unset or bad values."""
     if name not in _TASK_ARGS:
@@ -445,6 +452,11 @@ def _check_split_readable(spec: RankGenTaskSpec, split: str) -> None:
             )
 
 
+def check_split_readable(name: str, split: str) -> None:
+    """RankgenError when task `name`'s split cannot give one example (bad paths, too few documents)."""
+    _check_split_readable(task_spec(name), split)
+
+
 @dataclasses.dataclass
 class TaskScan:
     """What one pass over a split gives: whole-group examples, documents used, and skipped input."""
@@ -505,6 +517,11 @@ def read_stats_path(stats_dir: str, task: str, split: str, shard: int | None = N
     if shard is None:
         return f"{task_dir}/read_stats.{split}.json"
     return f"{task_dir}/read_stats/{split}-{shard:05d}-of-{num_shards:05d}.json"
+
+
+def cache_stats_path(task_cache_dir: str, split: str) -> str:
+    """The cache's own record of a split (group size, seed, groups, examples, skipped input), beside seqio's files."""
+    return f"{task_cache_dir.rstrip('/')}/rankgen_stats.{split}.json"
 
 
 def stats_record(stats: ReadStats, groups: int, examples: int) -> dict:
