@@ -50,7 +50,6 @@ EXTRA_OF_MODULE = {
     "bm25s": "retrieval",
     "seqio": "data",
     "apache_beam": "beam",
-    "array_record": "beam",
     "tensorflow": "data",
     "mauve": "metrics",
 }
