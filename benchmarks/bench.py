@@ -117,10 +117,13 @@ def _run_child(case: BenchCase) -> dict | None:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-# The other benchmarks of `make bench`, each its own module and process: (report key, module, --quick args).
+# The other benchmarks of `make bench`, each its own module and process: (report key, module, args, --quick args).
 MODULE_BENCHMARKS = [
-    ("encode", "benchmarks.encode", ["--texts", "400", "--size", "tiny"]),
-    ("data", "benchmarks.data_pipeline", ["--steps", "5", "--rounds", "2", "--source_batches", "30"]),
+    ("encode", "benchmarks.encode", [], ["--texts", "400", "--size", "tiny"]),
+    ("data", "benchmarks.data_pipeline", [], ["--steps", "5", "--rounds", "2", "--source_batches", "30"]),
+    # The Beam cache pipeline and training from its cache (the beam extra).
+    ("data_cache", "benchmarks.data_pipeline", ["--cache"],
+     ["--cache_copies", "1", "--steps", "5", "--rounds", "2", "--source_batches", "30"]),
 ]
 
 
@@ -246,8 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fp32 matmul peak after the train steps: {peak_after:.1f} GFLOP/s; the highest reading of the run: "
           f"{run_peak:.1f}, the median: {report['matmul_peak_median']:.1f}", flush=True)
     out_dir = Path(args.out).parent
-    for name, module, quick_args in MODULE_BENCHMARKS:
-        report[name] = _run_module(module, out_dir / f"{name}.json", quick_args if args.quick else [])
+    for name, module, module_args, quick_args in MODULE_BENCHMARKS:
+        report[name] = _run_module(module, out_dir / f"{name}.json", module_args + (quick_args if args.quick else []))
     report["seconds"] = time.time() - started
     write_json(args.out, report)
     if args.report:

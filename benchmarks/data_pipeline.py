@@ -57,6 +57,26 @@ The flat dict `run()` returns (also written as JSON by `main`):
   peak_rss_mib                  peak resident memory of the process
   malloc_tunables               GLIBC_TUNABLES of the run (main() re-executes with runtime.MALLOC_TUNABLES)
 
+With `--cache` (needs the beam extra) the benchmark runs on `rankgen_folder_inbook`
+over the bundled books copied `--cache_copies` times (so that the Beam runs have
+work to split), and adds:
+
+3. The Beam cache pipeline (`rankgen-jax cache-tasks`, data/seqio/beam_cache.py)
+   over that task, both splits, with the DirectRunner in one process and with 2
+   worker processes (multi_processing): wall seconds from pipeline start to the
+   merged stats, and examples written per second (worker start-up included).
+4. Reading the cache (`DataConfig.seqio_cache_dir`) as the trainer does, next to
+   building the same task uncached (section 1's seqio rate), and a fourth train
+   step condition, "cached": cached batches through `prefetch_batches`.
+
+  beam_1_worker_seconds, beam_2_workers_seconds            the pipeline's wall time
+  beam_1_worker_examples_per_second, beam_2_workers_...    examples cached / wall time
+  beam_examples, beam_groups                                what one run cached (train + validation)
+  beam_2_vs_1_workers                                       beam_1 seconds / beam_2 seconds (speed-up)
+  cached_first_batch_seconds, cached_examples_per_second   the cached source alone, as seqio_* above
+  cached_vs_uncached_read                                   cached_examples_per_second / seqio_examples_per_second
+  cached_step_seconds(_best), cached_vs_synthetic(_best, _paired)   as for "real"
+
 Numbers, not pass/fail; on a shared machine they are noisy.
 """
 
@@ -67,8 +87,11 @@ import dataclasses
 import gc
 import os
 import resource
+import shutil
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from benchmarks.report import write_json
 from rankgen_jax.runtime.process import configure_xla_flags, reexec_with_malloc_tunables
@@ -86,6 +109,56 @@ def _bind_task_options(options: dict) -> None:
     with gin.unlock_config():
         for key, value in options.items():
             gin.bind_parameter(f"rankgen_task_options.{key}", value)
+
+
+CACHE_TASK = "rankgen_folder_inbook"
+
+
+def _copied_corpus(folder: Path, copies: int) -> Path:
+    """The bundled books `copies` times over, each copy its own documents (file names differ)."""
+    from rankgen_jax.resources import BUNDLED_CORPUS
+
+    books = sorted(Path(BUNDLED_CORPUS).rglob("*.txt"))
+    folder.mkdir(parents=True, exist_ok=True)
+    for copy in range(copies):
+        for book in books:
+            shutil.copyfile(book, folder / f"{copy:02d}_{book.parent.name}_{book.name}")
+    return folder
+
+
+def time_cache_pipeline(out: Path, workers: int, source_shards: int) -> tuple[float, int, int]:
+    """(wall seconds, examples, groups) of one cache-tasks run of CACHE_TASK with the DirectRunner."""
+    import gin
+
+    from rankgen_jax.data.seqio.beam_cache import CachePlan, cache_tasks
+
+    options = ["--runner=DirectRunner"]
+    if workers > 1:
+        options += [f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
+    plan = CachePlan((CACHE_TASK,), str(out), source_shards=source_shards, output_shards=source_shards,
+                     overwrite=True)
+    began = time.perf_counter()
+    stats = cache_tasks(plan, options, modules=("tasks.rankgen_tasks",), gin_text=gin.config_str())[CACHE_TASK]
+    seconds = time.perf_counter() - began
+    return seconds, sum(s["examples"] for s in stats.values()), sum(s["groups"] for s in stats.values())
+
+
+def run_cache_pipelines(work: Path, copies: int, source_shards: int, shuffle_block_documents: int) -> tuple[dict, Path]:
+    """Section 3: bind CACHE_TASK to the copied books and time the pipeline with 1 and 2 workers."""
+    _bind_task_options({"shuffle_block_documents": shuffle_block_documents})
+    import gin
+
+    corpus = _copied_corpus(work / "books", copies)
+    with gin.unlock_config():
+        gin.bind_parameter("rankgen_data_paths.folder", str(corpus))
+    row = {"cache_copies": copies, "cache_documents": len(list(corpus.iterdir())), "source_shards": source_shards,
+           "shuffle_block_documents": shuffle_block_documents}
+    for workers, name in ((1, "beam_1_worker"), (2, "beam_2_workers")):
+        seconds, examples, groups = time_cache_pipeline(work / f"cache_{workers}", workers, source_shards)
+        row.update({f"{name}_seconds": seconds, f"{name}_examples_per_second": examples / seconds,
+                    "beam_examples": examples, "beam_groups": groups})
+    row["beam_2_vs_1_workers"] = row["beam_1_worker_seconds"] / row["beam_2_workers_seconds"]
+    return row, work / "cache_2"
 
 
 def time_source(source, num_batches: int, start: int = 0) -> tuple[float, float, float]:
@@ -111,9 +184,10 @@ def _release(source) -> None:
 def run(size: str = "tiny", batch_size: int = 32, prefix_length: int = 256, continuation_length: int = 128,
         with_negative: bool = True, task: str = "rankgen_demo", steps: int = 20, rounds: int = 3,
         warmup_steps: int = 3, source_batches: int = 100, task_options: dict | None = None,
-        measure_examples: bool = True) -> dict:
+        measure_examples: bool = True, cache_dir: str = "") -> dict:
     """Run the benchmark in this process; see the module docstring.
 
+    cache_dir: a cache of `task` (cache-tasks): also time reading it and the train step fed from it.
     task_options: extra `rankgen_task_options` gin bindings (e.g. prefix_words for short test
     settings); group_size is always bound to batch_size (one same-document group per batch, as
     RankGen trains). The example source gets the same prefix / continuation word settings.
@@ -147,6 +221,12 @@ def run(size: str = "tiny", batch_size: int = 32, prefix_length: int = 256, cont
     seqio_source, seqio_eval = make_sources(dataclasses.replace(base, source="seqio"))
     first, rate, slowest = time_source(seqio_source, source_batches)
     row.update(seqio_first_batch_seconds=first, seqio_examples_per_second=rate, seqio_max_batch_seconds=slowest)
+    conditions = SOURCES + (("cached",) if cache_dir else ())
+    if cache_dir:
+        cached_source, cached_eval = make_sources(dataclasses.replace(base, source="seqio", seqio_cache_dir=cache_dir))
+        first, rate, _ = time_source(cached_source, source_batches)
+        row.update(cached_first_batch_seconds=first, cached_examples_per_second=rate,
+                   cached_vs_uncached_read=rate / row["seqio_examples_per_second"])
     if measure_examples:
         began = time.perf_counter()
         examples_source, _ = make_sources(dataclasses.replace(base, source="examples"))
@@ -163,7 +243,7 @@ def run(size: str = "tiny", batch_size: int = 32, prefix_length: int = 256, cont
     step_options = StepOptions("in_batch_softmax", (), num_chunks=1)
     fns = build_step_functions(config, step_options, tx, schedule, {}, mesh, rules, seed=0)
     put = lambda local: put_batch(local, sharding=fns.batch_sharding, batch_size=batch_size)  # noqa: E731
-    timed = {name: [] for name in SOURCES}  # per round: seconds per step
+    timed = {name: [] for name in conditions}  # per round: seconds per step
     with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
         state = fns.init()
         synthetic = [jax.device_put(random_source.batch(i), fns.batch_sharding) for i in range(2)]
@@ -179,6 +259,8 @@ def run(size: str = "tiny", batch_size: int = 32, prefix_length: int = 256, cont
             "real": prefetch_batches(seqio_source, source_batches, source_batches + batches_needed, put),
             "prefetch_random": prefetch_batches(random_source, 0, batches_needed, put),
         }
+        if cache_dir:
+            streams["cached"] = prefetch_batches(cached_source, source_batches, source_batches + batches_needed, put)
 
         def steps_of(name: str, count: int):
             nonlocal state, metrics
@@ -188,14 +270,14 @@ def run(size: str = "tiny", batch_size: int = 32, prefix_length: int = 256, cont
             jax.block_until_ready(metrics)
             return (time.perf_counter() - began) / count
 
-        for name in SOURCES:
+        for name in conditions:
             steps_of(name, warmup_steps)
         for r in range(rounds):
-            for name in (SOURCES if r % 2 == 0 else SOURCES[::-1]):
+            for name in (conditions if r % 2 == 0 else conditions[::-1]):
                 timed[name].append(steps_of(name, steps))
                 if name == "real":
                     row["loss"] = float(metrics["loss"])
-    for name in SOURCES:
+    for name in conditions:
         row[f"{name}_step_seconds"] = float(np.mean(timed[name]))
         row[f"{name}_step_seconds_best"] = float(np.min(timed[name]))
     row["synthetic_examples_per_second"] = batch_size / row["synthetic_step_seconds"]
@@ -204,7 +286,10 @@ def run(size: str = "tiny", batch_size: int = 32, prefix_length: int = 256, cont
     row["real_vs_synthetic_best"] = row["real_step_seconds_best"] / row["synthetic_step_seconds_best"] - 1
     row["prefetch_random_vs_synthetic"] = row["prefetch_random_step_seconds"] / row["synthetic_step_seconds"] - 1
     # Paired: each round's conditions ran back to back, under about the same background load.
-    for name in ("real", "prefetch_random"):
+    if cache_dir:
+        row["cached_vs_synthetic"] = row["cached_step_seconds"] / row["synthetic_step_seconds"] - 1
+        row["cached_vs_synthetic_best"] = row["cached_step_seconds_best"] / row["synthetic_step_seconds_best"] - 1
+    for name in conditions[1:]:
         ratios = np.asarray(timed[name]) / np.asarray(timed["synthetic"])
         row[f"{name}_vs_synthetic_paired"] = float(np.median(ratios) - 1)
     row["step_seconds_spread"] = float(max((max(v) - min(v)) / min(v) for v in timed.values()))
@@ -215,7 +300,7 @@ def run(size: str = "tiny", batch_size: int = 32, prefix_length: int = 256, cont
     row["malloc_tunables"] = os.environ.get("GLIBC_TUNABLES", "")
     for stream in streams.values():
         stream.close()
-    for source in (seqio_source, seqio_eval):
+    for source in (seqio_source, seqio_eval) + ((cached_source, cached_eval) if cache_dir else ()):
         _release(source)
     gc.collect()
     return row
@@ -244,6 +329,18 @@ def summary(row: dict) -> str:
         f"{row['prefetch_random_step_seconds']:.3f} s ({row['prefetch_random_vs_synthetic']:+.1%}; paired "
         f"{row['prefetch_random_vs_synthetic_paired']:+.1%}); rounds differ by up to {row['step_seconds_spread']:.0%}",
     ]
+    if "cached_step_seconds" in row:
+        lines += [
+            f"  Beam cache of {row['beam_examples']} examples ({row['beam_groups']} groups, {row['cache_documents']} "
+            f"documents, {row['source_shards']} source shards): 1 worker {row['beam_1_worker_seconds']:.1f} s "
+            f"({row['beam_1_worker_examples_per_second']:.0f} examples/s), 2 workers {row['beam_2_workers_seconds']:.1f} s "
+            f"({row['beam_2_workers_examples_per_second']:.0f} examples/s): {row['beam_2_vs_1_workers']:.2f}x",
+            f"  cached read          {row['cached_examples_per_second']:9.0f} examples/s  "
+            f"({row['cached_vs_uncached_read']:.1f}x building uncached; first batch {row['cached_first_batch_seconds']:.2f} s)",
+            f"  step time: cached (via prefetch_batches) {row['cached_step_seconds']:.3f} s "
+            f"({row['cached_vs_synthetic']:+.1%} vs synthetic; paired {row['cached_vs_synthetic_paired']:+.1%}, "
+            f"best rounds {row['cached_vs_synthetic_best']:+.1%})",
+        ]
     return "\n".join(lines)
 
 
@@ -260,10 +357,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     parser.add_argument("--warmup_steps", type=int, default=3)
     parser.add_argument("--source_batches", type=int, default=100, help="batches read per source alone (default 100)")
+    parser.add_argument("--cache", action="store_true",
+                        help=f"also time the Beam cache pipeline (1 and 2 workers) and training from the cache, on "
+                        f"{CACHE_TASK} over copies of the bundled books (replaces --task)")
+    parser.add_argument("--cache_copies", type=int, default=4, help="copies of the bundled books for --cache (default 4)")
+    parser.add_argument("--source_shards", type=int, default=8, help="Beam source shards for --cache (default 8)")
     parser.add_argument("--out", default="runs/bench/data.json")
     args = parser.parse_args(argv)
-    row = run(args.size, args.batch_size, args.prefix_length, args.continuation_length, not args.no_negative,
-              args.task, args.steps, args.rounds, args.warmup_steps, args.source_batches)
+    cache_row, cache_dir, task = {}, "", args.task
+    with tempfile.TemporaryDirectory(prefix="bench_cache_") as work:
+        if args.cache:
+            _bind_task_options({"group_size": args.batch_size})
+            # Blocks of 2 documents: enough blocks for every source shard to have work.
+            cache_row, cache_path = run_cache_pipelines(Path(work), args.cache_copies, args.source_shards, 2)
+            cache_dir, task = str(cache_path), CACHE_TASK
+        row = run(args.size, args.batch_size, args.prefix_length, args.continuation_length, not args.no_negative,
+                  task, args.steps, args.rounds, args.warmup_steps, args.source_batches, cache_dir=cache_dir)
+    row.update(cache_row)
     print(summary(row))
     write_json(args.out, row)
     return 0

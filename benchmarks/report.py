@@ -143,6 +143,7 @@ def render_markdown(report: dict) -> str:
                       "`tests/test_train_step.py`."]
     lines += _encode_section(report.get("encode"))
     lines += _data_section(report.get("data"))
+    lines += _cache_section(report.get("data_cache"))
     return "\n".join(lines) + "\n"
 
 
@@ -208,3 +209,39 @@ def _data_section(row: dict | None) -> list[str]:
                         f"target within 5%: {'met' if abs(paired) <= 0.05 else 'not met'}. The random source through "
                         f"the same prefetch thread: {row['prefetch_random_vs_synthetic_paired']:+.1%}. First seqio batch "
                         f"{row['seqio_first_batch_seconds']:.1f} s."]
+
+
+def _cache_section(row: dict | None) -> list[str]:
+    lines = ["", "## Beam cache (`rankgen-jax cache-tasks`) and training from it", ""]
+    if not row:
+        return lines + ["Not run, or failed (see the output of `make bench`; it needs the beam extra)."]
+    lines += [
+        f"Task `{row['task']}` over the bundled books copied {row['cache_copies']} times ({row['cache_documents']} "
+        f"documents, blocks of {row['shuffle_block_documents']}, {row['source_shards']} source shards); both splits, "
+        f"{row['beam_examples']:,} examples in {row['beam_groups']:,} groups of {row['batch_size']}. Beam wall time runs "
+        "from pipeline start to the merged stats (worker start-up included); the reads are one process each, as the "
+        f"trainer reads (batch {row['batch_size']}, prefix {row['prefix_length']}, continuation "
+        f"{row['continuation_length']} + negative).",
+        "",
+    ]
+    lines += _table(["what", "seconds", "examples/s"], [
+        ["Beam, DirectRunner, 1 worker", f"{row['beam_1_worker_seconds']:.1f}",
+         f"{row['beam_1_worker_examples_per_second']:,.0f}"],
+        ["Beam, DirectRunner, 2 worker processes", f"{row['beam_2_workers_seconds']:.1f}",
+         f"{row['beam_2_workers_examples_per_second']:,.0f}"],
+        ["building the task uncached (1 process)", "", f"{row['seqio_examples_per_second']:,.0f}"],
+        ["reading the cache (1 process)", "", f"{row['cached_examples_per_second']:,.0f}"],
+    ])
+    lines += [""]
+    lines += _table(["step fed by", "s/step (mean)", "s/step (best round)", "vs synthetic (paired)"], [
+        ["synthetic (on device)", f"{row['synthetic_step_seconds']:.3f}", f"{row['synthetic_step_seconds_best']:.3f}", ""],
+        ["uncached seqio via prefetch", f"{row['real_step_seconds']:.3f}", f"{row['real_step_seconds_best']:.3f}",
+         f"{row['real_vs_synthetic_paired']:+.1%}"],
+        ["cached seqio via prefetch", f"{row['cached_step_seconds']:.3f}", f"{row['cached_step_seconds_best']:.3f}",
+         f"{row['cached_vs_synthetic_paired']:+.1%}"],
+    ])
+    paired = row["cached_vs_synthetic_paired"]
+    return lines + ["", f"- 2 Beam workers vs 1: **{row['beam_2_vs_1_workers']:.2f}x** faster; reading the cache is "
+                        f"**{row['cached_vs_uncached_read']:.1f}x** building uncached. Cached-data step time vs "
+                        f"synthetic: **{paired:+.1%}** paired per round (rounds differ by up to "
+                        f"{row['step_seconds_spread']:.0%}), target within 5%: {'met' if abs(paired) <= 0.05 else 'not met'}."]

@@ -1,4 +1,4 @@
-"""Tiny randomly initialised models (a GPT-2 causal LM, a T5 RankGen dual encoder) for tests and benchmarks.
+"""Tiny randomly initialised models (a GPT-2 causal LM, a T5 RankGen dual encoder) and small books for tests and benchmarks.
 
 They are built on the fly from the bundled Botchan text, so tests and
 `bench_generation` need no downloads. The scores they give are meaningless;
@@ -21,6 +21,22 @@ from rankgen_jax.models.factory import abstract_variables
 
 BOTCHAN = BUNDLED_CORPUS / "botchan" / "botchan.txt"
 GPT2_EOS = "<|endoftext|>"
+
+
+_BOOK_WORDS = ("garden house river letter morning window journey evening sister friend carriage village "
+               "dinner promise quiet bright gentle early little simple happy careful proper").split()
+
+
+def word_book(tag: str, sentences: int, seed: int) -> str:
+    """Plain ASCII sentences of 6-14 words ("The <tag> ... ended.") in paragraphs of five (decode exactly with the demo vocabulary)."""
+    rng = np.random.default_rng(seed)
+    lines = []
+    for i in range(sentences):
+        words = [str(w) for w in rng.choice(_BOOK_WORDS, size=int(rng.integers(4, 12)))]
+        lines.append(f"The {tag} {' '.join(words)} ended.")
+        if i % 5 == 4:
+            lines.append("")
+    return "\n".join(lines)
 
 
 def botchan_prefixes(n: int, words: int = 20) -> list[str]:

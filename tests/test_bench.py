@@ -88,4 +88,16 @@ def test_report_renders_every_section(toy_rows, tmp_path):
     assert "(67% apart): the machine's speed moved during the run" in render_markdown(report)
     assert "JAX / PyTorch = **1.50x** (target 1.3x: met). Median of 3 interleaved rounds: 1.40, 1.50, 1.60." in text
     assert "batch 1536 / batch 64: **1.03x** (target at most 1.2x: met)" in text
-    assert text.count("Not run, or failed") == 2  # encode and data sections say so rather than vanish
+    assert text.count("Not run, or failed") == 3  # encode, data and cache sections say so rather than vanish
+    cache = {"task": "rankgen_folder_inbook", "cache_copies": 4, "cache_documents": 28, "shuffle_block_documents": 2,
+             "source_shards": 8, "beam_examples": 12288, "beam_groups": 384, "batch_size": 32, "prefix_length": 256,
+             "continuation_length": 128, "beam_1_worker_seconds": 40.0, "beam_1_worker_examples_per_second": 307.2,
+             "beam_2_workers_seconds": 25.0, "beam_2_workers_examples_per_second": 491.52, "beam_2_vs_1_workers": 1.6,
+             "seqio_examples_per_second": 2000.0, "cached_examples_per_second": 9000.0, "cached_vs_uncached_read": 4.5,
+             "synthetic_step_seconds": 0.5, "synthetic_step_seconds_best": 0.49, "real_step_seconds": 0.51,
+             "real_step_seconds_best": 0.5, "real_vs_synthetic_paired": 0.02, "cached_step_seconds": 0.52,
+             "cached_step_seconds_best": 0.5, "cached_vs_synthetic_paired": 0.06, "step_seconds_spread": 0.1}
+    text = render_markdown(json.loads(json.dumps({**report, "data_cache": cache})))
+    assert "| Beam, DirectRunner, 2 worker processes | 25.0 | 492 |" in text
+    assert ("2 Beam workers vs 1: **1.60x** faster; reading the cache is **4.5x** building uncached. Cached-data step "
+            "time vs synthetic: **+6.0%** paired per round (rounds differ by up to 10%), target within 5%: not met.") in text

@@ -18,23 +18,12 @@ from rankgen_jax.data.seqio import tasks as st  # noqa: E402
 from rankgen_jax.data.seqio.source import SeqioTriples  # noqa: E402
 from rankgen_jax.data.sources import DataConfig, make_sources  # noqa: E402
 from rankgen_jax.errors import RankgenError  # noqa: E402
+from rankgen_jax.testing import word_book  # noqa: E402
 from rankgen_jax.train.metric_writers import read_metrics  # noqa: E402
 
 TASK = "rankgen_folder_inbook"
 GROUP = 8
 LENGTHS = {"query_ids": 64, "positive_ids": 32, "negative_ids": 32}
-_WORDS = ("garden house river letter morning window journey evening sister friend carriage village "
-          "dinner promise quiet bright gentle early little simple happy careful proper").split()
-
-
-def _book(tag: str, sentences: int, seed: int) -> str:
-    rng = np.random.default_rng(seed)
-    lines = []
-    for i in range(sentences):
-        lines.append(f"The {tag} {' '.join(str(w) for w in rng.choice(_WORDS, size=int(rng.integers(4, 12))))} ended.")
-        if i % 5 == 4:
-            lines.append("")
-    return "\n".join(lines)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +31,7 @@ def corpus(tmp_path_factory) -> Path:
     """Six small books (the last held out) and an empty file that is skipped and counted."""
     folder = tmp_path_factory.mktemp("cache_books")
     for n in range(6):
-        (folder / f"book_{n}.txt").write_text(_book("abcdef"[n] * 3, 100, n), encoding="utf-8")
+        (folder / f"book_{n}.txt").write_text(word_book("abcdef"[n] * 3, 100, n), encoding="utf-8")
     (folder / "0_empty.txt").write_text("", encoding="utf-8")
     return folder
 

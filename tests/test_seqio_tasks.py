@@ -19,26 +19,13 @@ from rankgen_jax.data.examples import ExampleConfig, make_examples  # noqa: E402
 from rankgen_jax.data.sources import DataConfig, make_sources  # noqa: E402
 from rankgen_jax.errors import RankgenError  # noqa: E402
 from rankgen_jax.data.vocab import EOS_ID, REPO_ROOT  # noqa: E402
+from rankgen_jax.testing import word_book  # noqa: E402
 
 DEMO_VOCAB = REPO_ROOT / "data" / "vocab" / "demo_spiece_8k.model"
 CONFIG = ExampleConfig(prefix_words=40, min_continuation_words=8, max_continuation_words=24, seed=3)
 GROUP = 4
 LENGTHS = {"query_ids": 72, "positive_ids": 40, "negative_ids": 40}
 BOOKS = ("a_book.txt", "b_book.txt", "c_book.txt", "d_book.txt")  # d_book.txt is held out
-_WORDS = ("garden house river letter morning window journey evening sister friend carriage village "
-          "dinner promise quiet bright gentle early little simple happy careful proper").split()
-
-
-def _book(tag: str, sentences: int, seed: int) -> str:
-    """Plain ASCII sentences of 6-14 words in paragraphs of five (decodes exactly with the demo vocabulary)."""
-    rng = np.random.default_rng(seed)
-    lines = []
-    for i in range(sentences):
-        words = [str(w) for w in rng.choice(_WORDS, size=int(rng.integers(4, 12)))]
-        lines.append(f"The {tag} {' '.join(words)} ended.")
-        if i % 5 == 4:
-            lines.append("")
-    return "\n".join(lines)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +33,7 @@ def corpus(tmp_path_factory) -> Path:
     """Four books, plus bad files that sort first: empty, binary, too short, and one with no example that fits."""
     folder = tmp_path_factory.mktemp("books")
     for n, name in enumerate(BOOKS):
-        (folder / name).write_text(_book(name[0] * 3, 150, n), encoding="utf-8")
+        (folder / name).write_text(word_book(name[0] * 3, 150, n), encoding="utf-8")
     (folder / "0_empty.txt").write_text("", encoding="utf-8")
     (folder / "0_binary.txt").write_bytes(b"\x00\x01\x02binary")
     (folder / "0_short.txt").write_text("Too short to use.", encoding="utf-8")

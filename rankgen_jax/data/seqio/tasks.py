@@ -36,13 +36,15 @@ continuations), which are in-book when batches are same-document.
 Example order
 -------------
 Documents are read in a fixed order (`documents.read_documents`: sorted files,
-then lines) and processed in blocks of `shuffle_block_documents` documents, so
-memory stays bounded for PG19-sized corpora. Within a block, each document's
+then lines) and processed in blocks of `shuffle_block_documents` usable
+documents (a block is fixed before its examples are cut, so one with no
+example that fits still takes its place), so memory stays bounded for
+PG19-sized corpora. Within a block, each document's
 examples are shuffled and cut into groups of `group_size` consecutive examples
 (`examples.same_document_batches`; a document's leftover examples are dropped),
 and the groups of the block are shuffled together, all seeded by the `seed`
 given to the dataset function (seqio passes the `seed` of `get_dataset`; None
-means 0). The stream is therefore a sequence of whole groups, deterministic
+means 0) and the block's index. The stream is therefore a sequence of whole groups, deterministic
 for a seed, and every epoch repeats the same order. `mix_documents=True` cuts
 the block's examples into groups regardless of document instead. The examples
 themselves (spans, negatives) depend only on `ExampleConfig.seed` and the
@@ -70,30 +72,38 @@ Any argument of `register_rankgen_task` except `name`, `negatives` and
 read. `tasks/rankgen_tasks.py` uses that to bind data paths with gin after the
 tasks are registered at import.
 
-Caching with Beam (seqio.scripts.cache_tasks_main)
---------------------------------------------------
-Reading uncached runs at about 2,200-3,300 examples per second per process;
-seqio can instead precompute a task into TFRecords with its Beam pipeline
-(`seqio.scripts.cache_tasks_main`, installed as the `seqio_cache_tasks`
-command in seqio 0.0.20; it needs `pip install apache-beam`):
+Caching with Beam (`rankgen-jax cache-tasks`)
+---------------------------------------------
+Reading uncached runs at about 2,200-3,300 examples per second per process.
+`rankgen-jax cache-tasks` (data/seqio/beam_cache.py, the `beam` extra)
+precomputes tasks into seqio's cache with seqio's Beam pipeline:
 
-    PYTHONPATH=. seqio_cache_tasks --module_import=tasks \\
-        --tasks=rankgen_pg19_generative --output_cache_dir=/data/seqio_cache \\
-        --pipeline_options=--runner=DirectRunner          # locally
-    # on Google Cloud: --pipeline_options=--runner=DataflowRunner,\\
-    #   --project=P,--region=R,--temp_location=gs://B/tmp,--requirements_file=requirements.txt
+    rankgen-jax cache-tasks --tasks=rankgen_pg19_inbook --output_cache_dir=/data/seqio_cache \
+        --gin.rankgen_data_paths.pg19="'/data/pg19/train'" \
+        --pipeline_options=--runner=DirectRunner,--direct_num_workers=2,--direct_running_mode=multi_processing
 
-gin is not parsed by that script, so bind data paths through the environment
-variables `tasks/rankgen_tasks.py` reads (RANKGEN_PG19, ...) or register the
-task with literal paths in a module of your own and pass that module to
---module_import. Then read with `use_cached=True` (and
-`seqio.add_global_cache_dirs([...])`). The cache holds full-length token ids
-(the CacheDatasetPlaceholder comes before the length trim), keyed by the
-per-shard seed the pipeline chooses. Two caveats: a FunctionDataSource is one
-shard, so Beam cannot parallelise the reading itself; and the pipeline
-reshuffles all examples globally (`beam.Reshuffle`), so a cached task loses its
-same-document groups. Cache generative or `mix_documents` tasks; read InBook
-tasks uncached when batches must be same-document.
+(Dataflow flags: tpu_scripts/README.md.) Two things make the cache keep what
+training needs:
+
+- Before the CacheDatasetPlaceholder the source emits one record per
+  same-document group (`_group_records`: each id feature's rows end to end,
+  their lengths, the rows' doc_ids), and the post-cache `ungroup_examples`
+  splits records into rows. Beam's global `Reshuffle` therefore permutes whole
+  groups, and a cached InBook task still gives same-document batches. Uncached
+  reads pass through the same two steps.
+- While a cache pipeline reads (`set_source_sharding`), `list_shards` names
+  `num_shards` source shards and shard i cuts and tokenises only the blocks b
+  with b mod num_shards == i, so Beam workers split the work. Every block's
+  groups are seeded by the pipeline's seed (not seqio's per-shard seed) and
+  the block index, so the cache holds exactly the uncached stream's groups at
+  that seed, however many shards or workers read it. Each shard writes its
+  ReadStats; the driver merges them into `rankgen_stats.{split}.json`.
+
+The cache holds full-length token ids (the length trim comes after the cache
+point). Train from it with `DataConfig.seqio_cache_dir = DIR`
+(`SeqioTriples(use_cached=True)`; per-host files, see data/seqio/source.py).
+The Prism runner downloads a binary when it starts, so it is refused here;
+use the DirectRunner locally.
 """
 
 
@@ -644,9 +654,11 @@ def _make_dataset_fn(name: str) -> Callable[..., tf.data.Dataset]:
         """RankGen triples of task `name`, tokenised, one record per seeded same-document group."""
         del shuffle_files  # the order is set by `seed` alone (see the module docstring)
         spec = task_spec(name)
-        _check_split_readable(spec, split)
-        text = load_text_encoder(spec.vocab_path)
         sharding = _SOURCE_SHARDING
+        if sharding is None or shard_info is None:
+            # A cache pipeline checks every split once in its driver (beam_cache._check_plan), not per shard.
+            _check_split_readable(spec, split)
+        text = load_text_encoder(spec.vocab_path)
         stats_path = None
         if sharding is not None and shard_info is not None:
             # A cache pipeline's source shard: whole groups of the blocks it owns, at the pipeline's seed
