@@ -241,7 +241,7 @@ def _cache_section(row: dict | None) -> list[str]:
          f"{row['cached_vs_synthetic_paired']:+.1%}"],
     ])
     paired = row["cached_vs_synthetic_paired"]
-    return lines + ["", f"- 2 Beam workers vs 1: **{row['beam_2_vs_1_workers']:.2f}x** faster; reading the cache is "
+    return lines + ["", f"- 2 Beam workers vs 1: **{row['beam_2_vs_1_workers']:.2f}x** the speed; reading the cache is "
                         f"**{row['cached_vs_uncached_read']:.1f}x** building uncached. Cached-data step time vs "
                         f"synthetic: **{paired:+.1%}** paired per round (rounds differ by up to "
                         f"{row['step_seconds_spread']:.0%}), target within 5%: {'met' if abs(paired) <= 0.05 else 'not met'}."]

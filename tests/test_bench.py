@@ -99,5 +99,5 @@ def test_report_renders_every_section(toy_rows, tmp_path):
              "cached_step_seconds_best": 0.5, "cached_vs_synthetic_paired": 0.06, "step_seconds_spread": 0.1}
     text = render_markdown(json.loads(json.dumps({**report, "data_cache": cache})))
     assert "| Beam, DirectRunner, 2 worker processes | 25.0 | 492 |" in text
-    assert ("2 Beam workers vs 1: **1.60x** faster; reading the cache is **4.5x** building uncached. Cached-data step "
+    assert ("2 Beam workers vs 1: **1.60x** the speed; reading the cache is **4.5x** building uncached. Cached-data step "
             "time vs synthetic: **+6.0%** paired per round (rounds differ by up to 10%), target within 5%: not met.") in text
