@@ -39,8 +39,8 @@ Multi-host, each host reads its own files: seqio gives host h the files
 h, h+n, h+2n, ... (when there are fewer files than hosts, every n-th record of
 all files instead), and the host's local batch of B/n rows is B/(n*g) whole
 groups of its own. So B/n must be a multiple of the cached g, and a global
-batch holds n*B/(n*g) groups, at least one per host; uncached, with B == g,
-the hosts share one group instead. Hosts' streams are independent: a host
+batch holds B/g groups, at least one per host; uncached, with B == g, the
+hosts share one group instead. Hosts' streams are independent: a host
 whose files hold fewer groups starts its next epoch sooner.
 """
 
