@@ -27,6 +27,14 @@ class BenchCase:
     num_chunks: int = 1
     steps: int = 5
     framework: str = "jax"  # or "torch": the HF peer step
+    # Where and how it runs (the CPU bench keeps the defaults; benchmarks.gpu sets them):
+    # device "cpu" or "cuda"; precision: the JAX encoder's dtype (models.precision: `auto` is
+    # bfloat16 on accelerators), and for torch bfloat16 autocast where it resolves to bfloat16;
+    # sdpa / torch_compile: HF's scaled-dot-product attention and torch.compile for the peer.
+    device: str = "cpu"
+    precision: str = "auto"
+    sdpa: bool = False
+    torch_compile: bool = False
 
 
 def forward_flops(cfg, length: int, head_dim_out: int) -> float:
@@ -57,24 +65,26 @@ def step_flops(case: BenchCase) -> float:
     )
 
 
-def time_steps(step, steps: int) -> dict:
+def time_steps(step, steps: int, peak_fn=None) -> dict:
     """Run step(0) (compile / warm-up) then `steps` timed steps; median and best seconds per step.
 
     The matmul peak is read right before and right after the timed steps, in the same
     process: the machine's speed drifts within a run (numpy's peak read 391 and then 332
     GFLOP/s in one `make bench`), so a step's % of peak is taken against readings from
-    the same minute, not from the run's start or end.
+    the same minute, not from the run's start or end. peak_fn: the reading (default the
+    CPU's fp32 numpy matmul; on a GPU its bfloat16 matmul in the same framework).
     """
+    peak_fn = peak_fn or _peak_between_steps
     start = time.perf_counter()
     step(0)
     first = time.perf_counter() - start
-    peak_before = _peak_between_steps()
+    peak_before = peak_fn()
     seconds = []
     for i in range(1, steps + 1):
         start = time.perf_counter()
         loss = step(i)
         seconds.append(time.perf_counter() - start)
-    peak_after = _peak_between_steps()
+    peak_after = peak_fn()
     return {"step_seconds": statistics.median(seconds), "best_step_seconds": min(seconds),
             "first_step_seconds": first, "loss": loss, "peak_readings": [peak_before, peak_after]}
 
