@@ -14,7 +14,7 @@ same shapes (`benchmarks.step_timing.BenchCase`):
   Per case: step time, tokens/s, peak device memory, and MFU: the model's matmul
   FLOPs (3x the forward's, attention included, `step_timing.step_flops`; the
   GradCache re-forward is not counted) per second over the chip's nominal dense
-  bf16 peak (`rankgen_jax.runtime.chips`) and over a bf16 matmul peak measured
+  bf16 peak (`NOMINAL_BF16_TFLOPS`) and over a bf16 matmul peak measured
   in the same process beside the timed steps.
 - encode: passages/s of the document tower on random ids (RankGen's suffix
   shape, 128 tokens, no tokenising: that is `benchmarks.encode`'s job), JAX
@@ -41,9 +41,16 @@ from pathlib import Path
 
 from benchmarks.report import replace_section, write_json
 from benchmarks.step_timing import BenchCase, step_flops, step_tokens
-from rankgen_jax.runtime.chips import peak_tflops
 
 LEARNING_RATE = 1e-4
+# Nominal dense bf16 TFLOP/s of one GPU (vendor figures, no sparsity), by a substring of its device name.
+# TPU generations have theirs in rankgen_jax.tpu.aot.GENERATIONS.
+NOMINAL_BF16_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L4": 121.0}
+
+
+def peak_tflops(device_kind: str) -> float | None:
+    """The table's figure for a device name ('NVIDIA H200'), or None where it has none (a CPU)."""
+    return next((v for name, v in NOMINAL_BF16_TFLOPS.items() if name.lower() in device_kind.lower()), None)
 # Share of the device memory a plain step's batch is sized to (the rest: XLA's and cuDNN's
 # workspaces, fragmentation, and the error of the linear fit).
 MEMORY_FILL = 0.85

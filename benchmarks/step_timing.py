@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from rankgen_jax.models.configs import t5_config
+from rankgen_jax.models.flops import train_step_model_flops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,15 +38,6 @@ class BenchCase:
     torch_compile: bool = False
 
 
-def forward_flops(cfg, length: int, head_dim_out: int) -> float:
-    """Matmul FLOPs of one encoder forward over one sequence of `length` tokens (plus the head)."""
-    d, inner, ff = cfg.d_model, cfg.num_heads * cfg.d_kv, cfg.d_ff
-    mlp_in = 2 if cfg.mlp_activation == "gated-gelu" else 1
-    per_token_dense = 2 * (3 * d * inner + inner * d + mlp_in * d * ff + ff * d)
-    per_token_attention = 2 * 2 * length * inner
-    return cfg.num_layers * length * (per_token_dense + per_token_attention) + 2 * d * head_dim_out
-
-
 def _towers(case: BenchCase) -> int:
     """Encoder calls per example: the prefix, the continuation and (with_negative) the negative."""
     return 3 if case.with_negative else 2
@@ -57,12 +49,11 @@ def step_tokens(case: BenchCase) -> int:
 
 
 def step_flops(case: BenchCase) -> float:
-    """Analytical matmul FLOPs of one train step: 3x the forward (GradCache's extra forward is not counted)."""
+    """Model FLOPs of one train step (models.flops: 6 N T plus attention; GradCache's re-forward not counted)."""
     cfg = t5_config(case.size)
-    return 3 * case.batch * (
-        forward_flops(cfg, case.prefix_length, cfg.d_model)
-        + (_towers(case) - 1) * forward_flops(cfg, case.continuation_length, cfg.d_model)
-    )
+    shapes = {"query": (case.batch, case.prefix_length),
+              "documents": (case.batch * (_towers(case) - 1), case.continuation_length)}
+    return train_step_model_flops(cfg, shapes, cfg.d_model)
 
 
 def time_steps(step, steps: int, peak_fn=None) -> dict:
