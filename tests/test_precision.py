@@ -13,6 +13,7 @@ from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig, T5Co
 from rankgen_jax.models.factory import build_model, init_params
 from rankgen_jax.models.precision import resolve_activation_dtype
 from rankgen_jax.runtime import partitioning
+from rankgen_jax.tpu.aot import sub_jaxprs
 from rankgen_jax.train.step import StepOptions, compute_grads
 from step_harness import run_steps
 
@@ -81,12 +82,9 @@ def _dot_outputs(jaxpr):
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "dot_general":
             found.append((tuple(eqn.outvars[0].aval.shape), jnp.dtype(eqn.outvars[0].aval.dtype)))
-        for sub in jax.core.jaxprs_in_params(eqn.params) if hasattr(jax.core, "jaxprs_in_params") else []:
-            found += _dot_outputs(sub)
         for value in eqn.params.values():
-            inner = getattr(value, "jaxpr", None)
-            if inner is not None and hasattr(inner, "eqns"):
-                found += _dot_outputs(inner)
+            for sub in sub_jaxprs(value):
+                found += _dot_outputs(sub)
     return found
 
 

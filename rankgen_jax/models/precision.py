@@ -17,12 +17,14 @@ ahead-of-time compile for a TPU topology on a CPU host resolves to bfloat16).
 
 from __future__ import annotations
 
-import jax.numpy as jnp
+import numpy as np
 
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.ops.dispatch import target_platform
 
-PARAM_DTYPE = jnp.float32
+# jax is imported inside the functions: the configs import this module, and `rankgen-jax compile`
+# must set libtpu's environment before jax loads.
+
+PARAM_DTYPE = np.dtype(np.float32)
 ACTIVATION_DTYPES = ("auto", "float32", "bfloat16")
 # Platforms whose matmul units run bfloat16 at a multiple of their float32 rate.
 ACCELERATOR_PLATFORMS = ("gpu", "cuda", "rocm", "tpu")
@@ -33,14 +35,18 @@ def check_activation_dtype(name: str, where: str) -> None:
         raise RankgenError(f"{where}={name!r}: expected one of {ACTIVATION_DTYPES}")
 
 
-def resolve_activation_dtype(name: str, platform: str) -> jnp.dtype:
+def resolve_activation_dtype(name: str, platform: str):
     """The activation dtype a config's `dtype` names, on `platform` (`auto`: bfloat16 on accelerators)."""
+    import jax.numpy as jnp
+
     check_activation_dtype(name, "dtype")
     if name == "auto":
         return jnp.dtype(jnp.bfloat16 if platform in ACCELERATOR_PLATFORMS else jnp.float32)
     return jnp.dtype(name)
 
 
-def activation_dtype(name: str) -> jnp.dtype:
+def activation_dtype(name: str):
     """The activation dtype for the computation being traced."""
+    from rankgen_jax.ops.dispatch import target_platform
+
     return resolve_activation_dtype(name, target_platform())

@@ -171,7 +171,7 @@ def _dot_flops(eqn) -> int:
     return 2 * math.prod(eqn.outvars[0].aval.shape) * contracted
 
 
-def _sub_jaxprs(value) -> list:
+def sub_jaxprs(value) -> list:
     """Jaxprs held in one equation parameter (a jaxpr, a closed jaxpr, or a tuple of them)."""
     import jax.extend.core as jex
 
@@ -180,7 +180,7 @@ def _sub_jaxprs(value) -> list:
     if isinstance(value, jex.Jaxpr):
         return [value]
     if isinstance(value, (tuple, list)):
-        return [j for v in value for j in _sub_jaxprs(v)]
+        return [j for v in value for j in sub_jaxprs(v)]
     return []
 
 
@@ -194,11 +194,11 @@ def jaxpr_matmul_flops(jaxpr) -> int:
             total += _dot_flops(eqn)
             continue
         if name == "cond":
-            total += max((jaxpr_matmul_flops(b) for b in _sub_jaxprs(eqn.params["branches"])), default=0)
+            total += max((jaxpr_matmul_flops(b) for b in sub_jaxprs(eqn.params["branches"])), default=0)
             continue
         repeat = eqn.params["length"] if name == "scan" else 1
         for value in eqn.params.values():
-            for sub in _sub_jaxprs(value):
+            for sub in sub_jaxprs(value):
                 total += repeat * jaxpr_matmul_flops(sub)
     return total
 
