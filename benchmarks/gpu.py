@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import time
@@ -351,9 +352,11 @@ def derive(report: dict) -> None:
 
 def _child(args: list[str], timeout: float) -> dict | None:
     """`python -m benchmarks.gpu <args>` in a fresh process; its JSON (last stdout line) or None."""
+    # JAX takes 75% of a GPU's memory up front by default; PyTorch may grow into all of it.
+    env = {**os.environ, "XLA_PYTHON_CLIENT_MEM_FRACTION": os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")}
     try:
         proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu", *args], capture_output=True, text=True,
-                              timeout=max(timeout, 30))
+                              timeout=max(timeout, 30), env=env)
     except subprocess.TimeoutExpired as error:
         print(f"{args[:2]}: timed out after {error.timeout:.0f} s", flush=True)
         return None
