@@ -12,7 +12,7 @@ AOT_STAMP := $(AOT_VENV)/.installed
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: venv aot-venv demo retrieval-example smoke test test-all test-aot wheel-check bench clean
+.PHONY: venv aot-venv demo retrieval-example smoke test test-all test-aot wheel-check bench bench-gpu bench-gpu-wheels clean
 
 # Creates or updates .venv only when requirements.txt or pyproject.toml changed.
 venv: $(STAMP)
@@ -69,3 +69,28 @@ clean:
 
 bench: venv
 	$(PY) -m benchmarks.bench --out runs/bench/bench.json
+
+# The GPU benchmark (benchmarks/gpu.py): JAX vs tuned PyTorch train step and encoder at T5 1.1 base and large,
+# GradCache at batch 1536, the re-ranking share of beam search; about 8 minutes on one H200, JSON in
+# runs/bench_gpu/, tables into docs/benchmarks.md. It runs with the machine's own Python (JAX for CUDA, flax,
+# optax, orbax, torch, transformers); what that lacks comes from bench_wheels/ (`make bench-gpu-wheels`, run
+# where an index is reachable), installed into .bench_deps/ without an index.
+BENCH_WHEELS := bench_wheels
+BENCH_DEPS := .bench_deps
+# Pure-Python, and the one compiled package of the step's imports (sentencepiece: the data module's tokenizer)
+# for each CPython the machine may have.
+BENCH_PURE_WHEELS := gin-config==0.5.0
+BENCH_BINARY_WHEELS := sentencepiece==0.2.2
+BENCH_PYTHONS := 3.10 3.11 3.12 3.13
+
+bench-gpu-wheels:
+	$(PYTHON) -m pip download --disable-pip-version-check -q --no-deps -d $(BENCH_WHEELS) $(BENCH_PURE_WHEELS)
+	for v in $(BENCH_PYTHONS); do $(PYTHON) -m pip download --disable-pip-version-check -q --no-deps \
+		--only-binary=:all: --platform manylinux2014_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64 --python-version $$v -d $(BENCH_WHEELS) \
+		$(BENCH_BINARY_WHEELS) || exit 1; done
+
+bench-gpu:
+	@$(PYTHON) -c "import gin, sentencepiece" 2>/dev/null || PYTHONPATH=$(BENCH_DEPS) $(PYTHON) -c "import gin, sentencepiece" \
+		2>/dev/null || $(PYTHON) -m pip install --disable-pip-version-check -q --no-index --find-links $(BENCH_WHEELS) \
+		--no-deps --target $(BENCH_DEPS) $(BENCH_PURE_WHEELS) $(BENCH_BINARY_WHEELS)
+	PYTHONPATH=$(CURDIR):$(BENCH_DEPS) $(PYTHON) -m benchmarks.gpu --out runs/bench_gpu/gpu.json --report docs/benchmarks.md

@@ -23,7 +23,7 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-from benchmarks.report import render_markdown, write_json
+from benchmarks.report import marked_sections, render_markdown, write_json
 from benchmarks.step_timing import BenchCase, matmul_peak_gflops, step_flops, step_tokens, time_steps
 from benchmarks.torch_peer import run_torch_case
 from rankgen_jax.models.configs import t5_config
@@ -39,7 +39,7 @@ def run_case(case: BenchCase) -> dict:
     if case.framework == "torch":
         timing = run_torch_case(case, THREADS, LEARNING_RATE, weight_decay=0.0)
     else:
-        timing = _run_jax_case(case)
+        timing = run_jax_case(case)
     seconds = timing["step_seconds"]
     return {
         **dataclasses.asdict(case),
@@ -51,28 +51,16 @@ def run_case(case: BenchCase) -> dict:
     }
 
 
-def _run_jax_case(case: BenchCase) -> dict:
+def run_jax_case(case: BenchCase, peak_fn=None) -> dict:
+    """Timings of our train step for one BenchCase (peak_fn: see step_timing.time_steps)."""
     # Imported here: a PyTorch case runs in a process of its own whose peak RSS is measured,
     # and JAX's training stack must not count in it.
     import flax.linen as nn
     import jax
 
-    from rankgen_jax.runtime import partitioning
-    from rankgen_jax.models.configs import RANKGEN_HEAD, ModelConfig
-    from rankgen_jax.data.sources import DataConfig, RandomTriples
-    from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer
-    from rankgen_jax.train.step import StepOptions
-    from rankgen_jax.train.compiled import build_step_functions
+    from rankgen_jax.data.sources import RandomTriples
 
-    config = ModelConfig(encoder=t5_config(case.size), head=RANKGEN_HEAD)
-    data = DataConfig(source="random", batch_size=case.batch, prefix_length=case.prefix_length,
-                      continuation_length=case.continuation_length, with_negative=case.with_negative,
-                      vocab_size=config.encoder.vocab_size)
-    mesh = partitioning.make_mesh(-1, 1)
-    rules = partitioning.STANDARD_RULES
-    tx, schedule = make_optimizer(OptimizerConfig(name="adamw", learning_rate=LEARNING_RATE))
-    options = StepOptions("in_batch_softmax", (), num_chunks=case.num_chunks)
-    fns = build_step_functions(config, options, tx, schedule, {}, mesh, rules, seed=0)
+    fns, data, rules, mesh = build_jax_step(case)
     source = RandomTriples(data)
     with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
         state = fns.init()
@@ -84,7 +72,32 @@ def _run_jax_case(case: BenchCase) -> dict:
             holder["state"], metrics = fns.train_step(holder["state"], batches[i])
             return float(metrics["loss"])  # waits for the step
 
-        return time_steps(step, case.steps)
+        timing = time_steps(step, case.steps, peak_fn)
+        del holder, batches, state
+    stats = jax.devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        timing["peak_device_memory_gib"] = stats["peak_bytes_in_use"] / 2**30
+    return timing
+
+
+def build_jax_step(case: BenchCase):
+    """(step functions, data config, axis rules, mesh) of a case: RankGen's step with AdamW on all devices."""
+    from rankgen_jax.runtime import partitioning
+    from rankgen_jax.models.configs import RANKGEN_HEAD, ModelConfig
+    from rankgen_jax.data.sources import DataConfig
+    from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer
+    from rankgen_jax.train.step import StepOptions
+    from rankgen_jax.train.compiled import build_step_functions
+
+    config = ModelConfig(encoder=t5_config(case.size, dtype=case.precision), head=RANKGEN_HEAD)
+    data = DataConfig(source="random", batch_size=case.batch, prefix_length=case.prefix_length,
+                      continuation_length=case.continuation_length, with_negative=case.with_negative,
+                      vocab_size=config.encoder.vocab_size)
+    mesh = partitioning.make_mesh(-1, 1)
+    rules = partitioning.STANDARD_RULES
+    tx, schedule = make_optimizer(OptimizerConfig(name="adamw", learning_rate=LEARNING_RATE))
+    options = StepOptions("in_batch_softmax", (), num_chunks=case.num_chunks)
+    return build_step_functions(config, options, tx, schedule, {}, mesh, rules, seed=0), data, rules, mesh
 
 
 # JAX against the PyTorch peer at the two reference points the speed targets are set at
@@ -255,7 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     write_json(args.out, report)
     if args.report:
         Path(args.report).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.report).write_text(render_markdown(report))
+        # Sections other benchmarks keep in the same file (benchmarks.gpu's) stay as they are.
+        previous = Path(args.report).read_text() if Path(args.report).exists() else ""
+        text = render_markdown(report)
+        for section in marked_sections(previous):
+            text = text.rstrip("\n") + "\n\n" + section + "\n"
+        Path(args.report).write_text(text)
         print(f"wrote {args.report}")
     return 0
 

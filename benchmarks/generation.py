@@ -10,7 +10,11 @@ RankGen encoder can meet, so the timed pass (another seed) measures the
 steady state of a long run. The
 models are tiny, so the numbers measure the plumbing (Python, batching, JAX
 dispatch), not what a 1.5B LM and a 1.2B RankGen would cost; numbers, not
-pass/fail.
+pass/fail. With --device cuda --lm_size medium --rankgen_size base (as
+`benchmarks.gpu` runs it) the LM is a random-init GPT-2 of medium size (24 layers,
+width 1024; the tiny BPE vocabulary of 400 pieces, so its output layer is far
+smaller than GPT-2's 50k-word one) on the GPU and the encoder a random T5 1.1 of
+that size: the re-ranking share then speaks to real model sizes.
 """
 
 from __future__ import annotations
@@ -46,7 +50,11 @@ def compile_candidate_shapes(model, batch_size: int = 64) -> None:
             rows *= 2
 
 
-def run_case(case: dict, lm_dir: str, model_dir: str, prefixes: int, threads: int) -> dict:
+# GPT-2 shapes by name: (layers, heads, width).
+LM_SIZES = {"tiny": (2, 2, 32), "medium": (24, 16, 1024)}
+
+
+def run_case(case: dict, lm_dir: str, model_dir: str, prefixes: int, threads: int, device: str = "cpu") -> dict:
     """Time one case in this process; returns its row of the table."""
     import torch
 
@@ -56,7 +64,7 @@ def run_case(case: dict, lm_dir: str, model_dir: str, prefixes: int, threads: in
     from rankgen_jax.testing import botchan_prefixes
 
     torch.set_num_threads(threads)
-    lm = load_causal_lm(lm_dir)
+    lm = load_causal_lm(lm_dir, device)
     reranker = RankGenReranker(load_model(model_dir)) if case["strategy"] != "nucleus" else None
     texts = botchan_prefixes(prefixes, words=40)
     settings = dict(reranker=reranker, beam_size=case["beam_size"], num_samples=case["num_samples"],
@@ -84,16 +92,24 @@ def run_case(case: dict, lm_dir: str, model_dir: str, prefixes: int, threads: in
         "shapes_compiled_while_timed": len(reranker.model.compiled_shapes) - shapes_before if reranker else 0,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "torch_threads": threads,
+        "device": device,
     }
 
 
-def build_models(root: Path) -> tuple[str, str]:
-    """The tiny GPT-2 and tiny RankGen model (with its SentencePiece vocabulary) under root."""
-    from rankgen_jax.testing import build_tiny_gpt2, build_tiny_rankgen, train_tiny_vocab
+def build_models(root: Path, lm_size: str = "tiny", rankgen_size: str = "tiny") -> tuple[str, str]:
+    """A random GPT-2 and RankGen model (with its SentencePiece vocabulary) of the named sizes under root."""
+    from rankgen_jax.checkpoints import native
+    from rankgen_jax.models.configs import RANKGEN_HEAD, ModelConfig, t5_config
+    from rankgen_jax.testing import build_tiny_gpt2, build_tiny_rankgen, random_params, train_tiny_vocab
 
-    lm_dir = build_tiny_gpt2(root / "gpt2")
+    layers, heads, width = LM_SIZES[lm_size]
+    lm_dir = build_tiny_gpt2(root / "gpt2", n_layer=layers, n_head=heads, n_embd=width)
     spiece = train_tiny_vocab(root / "spiece.model")
-    return lm_dir, build_tiny_rankgen(root / "rankgen", spiece)
+    if rankgen_size == "tiny":
+        return lm_dir, build_tiny_rankgen(root / "rankgen", spiece)
+    config = ModelConfig(encoder=t5_config(rankgen_size, vocab_size=1000), head=RANKGEN_HEAD)
+    native.save_params(root / "rankgen", config, random_params(config, seed=1), vocab=spiece)
+    return lm_dir, str(root / "rankgen")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,19 +119,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--prefixes", type=int, default=8, help="prefixes decoded per case (default 8)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--device", default="cpu", help="torch device of the LM (default cpu)")
+    parser.add_argument("--lm_size", default="tiny", choices=sorted(LM_SIZES))
+    parser.add_argument("--rankgen_size", default="tiny", help="T5 1.1 size of the RankGen encoder (default tiny)")
+    parser.add_argument("--only", choices=[c["strategy"] for c in CASES], help="run this strategy's case alone")
     parser.add_argument("--out", default="runs/bench/generation.json")
     args = parser.parse_args(argv)
     if args.case:
-        print(json.dumps(run_case(json.loads(args.case), args.lm, args.model, args.prefixes, args.threads)))
+        print(json.dumps(run_case(json.loads(args.case), args.lm, args.model, args.prefixes, args.threads,
+                                  args.device)))
         return 0
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_generation_") as tmp:
-        print("building the tiny GPT-2 and RankGen models ...", flush=True)
-        lm_dir, model_dir = build_models(Path(tmp))
-        for case in CASES:
+        print(f"building the {args.lm_size} GPT-2 and {args.rankgen_size} RankGen models ...", flush=True)
+        lm_dir, model_dir = build_models(Path(tmp), args.lm_size, args.rankgen_size)
+        for case in [c for c in CASES if args.only in (None, c["strategy"])]:
             proc = subprocess.run(
                 [sys.executable, "-m", "benchmarks.generation", "--case", json.dumps(case), "--lm", lm_dir,
-                 "--model", model_dir, "--prefixes", str(args.prefixes), "--threads", str(args.threads)],
+                 "--model", model_dir, "--prefixes", str(args.prefixes), "--threads", str(args.threads),
+                 "--device", args.device],
                 capture_output=True, text=True)
             if proc.returncode != 0:
                 print(f"{case['name']}: failed\n{proc.stderr[-2000:]}", flush=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 # The speed-ups the JAX train step is meant to reach: JAX's tokens/s over the PyTorch peer's at
@@ -16,6 +17,25 @@ def write_json(path: str | Path, data: dict) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(data, indent=2) + "\n")
     print(f"wrote {path}")
+
+
+def _markers(name: str) -> tuple[str, str]:
+    return f"<!-- {name} benchmark: start -->", f"<!-- {name} benchmark: end -->"
+
+
+def replace_section(text: str, name: str, body: str) -> str:
+    """`text` with its marked `name` section set to body (appended, marked, where it has none)."""
+    start, end = _markers(name)
+    block = f"{start}\n{body.rstrip()}\n{end}\n"
+    if start in text and end in text:
+        return text[: text.index(start)] + block + text[text.index(end) + len(end):].lstrip("\n")
+    return text.rstrip("\n") + ("\n\n" if text.strip() else "") + block
+
+
+def marked_sections(text: str) -> list[str]:
+    """The marked sections of text, markers included (what a rewrite of the rest keeps)."""
+    pattern = r"<!-- (\S+) benchmark: start -->.*?<!-- \1 benchmark: end -->"
+    return [m.group(0) for m in re.finditer(pattern, text, re.S)]
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:

@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from rankgen_jax.models.configs import t5_config
+from rankgen_jax.models.flops import train_step_model_flops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,15 +28,14 @@ class BenchCase:
     num_chunks: int = 1
     steps: int = 5
     framework: str = "jax"  # or "torch": the HF peer step
-
-
-def forward_flops(cfg, length: int, head_dim_out: int) -> float:
-    """Matmul FLOPs of one encoder forward over one sequence of `length` tokens (plus the head)."""
-    d, inner, ff = cfg.d_model, cfg.num_heads * cfg.d_kv, cfg.d_ff
-    mlp_in = 2 if cfg.mlp_activation == "gated-gelu" else 1
-    per_token_dense = 2 * (3 * d * inner + inner * d + mlp_in * d * ff + ff * d)
-    per_token_attention = 2 * 2 * length * inner
-    return cfg.num_layers * length * (per_token_dense + per_token_attention) + 2 * d * head_dim_out
+    # Where and how it runs (the CPU bench keeps the defaults; benchmarks.gpu sets them):
+    # device "cpu" or "cuda"; precision: the JAX encoder's dtype (models.precision: `auto` is
+    # bfloat16 on accelerators), and for torch bfloat16 autocast where it resolves to bfloat16;
+    # sdpa / torch_compile: HF's scaled-dot-product attention and torch.compile for the peer.
+    device: str = "cpu"
+    precision: str = "auto"
+    sdpa: bool = False
+    torch_compile: bool = False
 
 
 def _towers(case: BenchCase) -> int:
@@ -49,32 +49,33 @@ def step_tokens(case: BenchCase) -> int:
 
 
 def step_flops(case: BenchCase) -> float:
-    """Analytical matmul FLOPs of one train step: 3x the forward (GradCache's extra forward is not counted)."""
+    """Model FLOPs of one train step (models.flops: 6 N T plus attention; GradCache's re-forward not counted)."""
     cfg = t5_config(case.size)
-    return 3 * case.batch * (
-        forward_flops(cfg, case.prefix_length, cfg.d_model)
-        + (_towers(case) - 1) * forward_flops(cfg, case.continuation_length, cfg.d_model)
-    )
+    shapes = {"query": (case.batch, case.prefix_length),
+              "documents": (case.batch * (_towers(case) - 1), case.continuation_length)}
+    return train_step_model_flops(cfg, shapes, cfg.d_model)
 
 
-def time_steps(step, steps: int) -> dict:
+def time_steps(step, steps: int, peak_fn=None) -> dict:
     """Run step(0) (compile / warm-up) then `steps` timed steps; median and best seconds per step.
 
     The matmul peak is read right before and right after the timed steps, in the same
     process: the machine's speed drifts within a run (numpy's peak read 391 and then 332
     GFLOP/s in one `make bench`), so a step's % of peak is taken against readings from
-    the same minute, not from the run's start or end.
+    the same minute, not from the run's start or end. peak_fn: the reading (default the
+    CPU's fp32 numpy matmul; on a GPU its bfloat16 matmul in the same framework).
     """
+    peak_fn = peak_fn or _peak_between_steps
     start = time.perf_counter()
     step(0)
     first = time.perf_counter() - start
-    peak_before = _peak_between_steps()
+    peak_before = peak_fn()
     seconds = []
     for i in range(1, steps + 1):
         start = time.perf_counter()
         loss = step(i)
         seconds.append(time.perf_counter() - start)
-    peak_after = _peak_between_steps()
+    peak_after = peak_fn()
     return {"step_seconds": statistics.median(seconds), "best_step_seconds": min(seconds),
             "first_step_seconds": first, "loss": loss, "peak_readings": [peak_before, peak_after]}
 

@@ -45,8 +45,10 @@ def botchan_prefixes(n: int, words: int = 20) -> list[str]:
     return [" ".join(tokens[1000 + 60 * i : 1000 + 60 * i + words + i % 3 * 10]) for i in range(n)]
 
 
-def build_tiny_gpt2(out_dir: str | os.PathLike, seed: int = 0, vocab_size: int = 400, n_positions: int = 256) -> str:
-    """Save a random 2-layer GPT-2 with a byte-level BPE trained on Botchan as an HF folder; returns its path.
+def build_tiny_gpt2(out_dir: str | os.PathLike, seed: int = 0, vocab_size: int = 400, n_positions: int = 256,
+                    n_layer: int = 2, n_head: int = 2, n_embd: int = 32) -> str:
+    """Save a random GPT-2 (2 layers, width 32 unless told) with a byte-level BPE trained on Botchan as an HF
+    folder; returns its path.
 
     The tokenizer has no pad token on purpose: the code under test must cope (GPT-2's own has none either).
     """
@@ -65,7 +67,7 @@ def build_tiny_gpt2(out_dir: str | os.PathLike, seed: int = 0, vocab_size: int =
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=GPT2_EOS)
     eos_id = tokenizer.convert_tokens_to_ids(GPT2_EOS)
     torch.manual_seed(seed)
-    config = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=n_positions, vocab_size=len(tokenizer),
+    config = GPT2Config(n_layer=n_layer, n_head=n_head, n_embd=n_embd, n_positions=n_positions, vocab_size=len(tokenizer),
                         bos_token_id=eos_id, eos_token_id=eos_id)
     out = Path(out_dir)
     GPT2LMHeadModel(config).save_pretrained(out)

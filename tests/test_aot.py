@@ -154,6 +154,29 @@ def test_matmul_flops_count_remat_recomputation():
     assert remat == plain + one  # the first matmul runs again in the backward pass
 
 
+@pytest.mark.parametrize("remat", [False, True])
+def test_model_flops_are_the_steps_matmuls_without_recomputation(monkeypatch, remat):
+    """models.flops (a formula) against the matmuls of the traced step (an independent count)."""
+    from rankgen_jax.kernels import build
+    from rankgen_jax.models.configs import HeadConfig, ModelConfig, t5_config
+    from rankgen_jax.models.factory import build_model, init_params
+    from rankgen_jax.models.flops import train_step_model_flops
+    from rankgen_jax.train.step import StepOptions, compute_grads
+
+    monkeypatch.setattr(build, "available", lambda: False)  # the fused CPU kernels hide their matmuls
+    encoder = t5_config("tiny", vocab_size=128, dtype="float32", remat=remat)
+    config = ModelConfig(encoder=encoder, head=HeadConfig("first", -1, False))
+    batch = {"query_ids": jnp.ones((4, 32), jnp.int32), "positive_ids": jnp.ones((4, 16), jnp.int32),
+             "negative_ids": jnp.ones((4, 16), jnp.int32)}
+    jaxpr = jax.make_jaxpr(lambda p: compute_grads(build_model(config), StepOptions(), p, {}, batch, None))(
+        init_params(config))
+    ratio = aot.jaxpr_matmul_flops(jaxpr.jaxpr) / train_step_model_flops(
+        encoder, {k: v.shape for k, v in batch.items()}, encoder.d_model)
+    # Without remat the step's matmuls are the model's plus the scores and the position-bias lookup
+    # (0.1% here); remat re-runs each layer's forward in the backward pass: a quarter more.
+    assert (1.0 <= ratio < 1.002) if not remat else (1.2 < ratio < 1.34)
+
+
 def test_batch_shapes_follow_data_config():
     triples = BatchLayout("dual_encoder", TRIPLES)
     data = DataConfig(batch_size=16, prefix_length=512, continuation_length=128)
@@ -188,15 +211,17 @@ def _report(**memory) -> dict:
             "accum_steps": 1, "encoder": {"d_model": 2048, "num_layers": 24, "dtype": "bfloat16", "remat": True,
                                           "scan_layers": True},
             "params": 1_228_000_000, "batch": {"query_ids": [1536, 512]}, "memory": mem, "flops_per_device": 1e14,
-            "compiler_flops_per_device": 4e11, "peak_flops_per_device": 61.5e12, "num_steps": 100000,
-            "timing": {"0.4": {"step_seconds": 4.07, "days": 4.7}}, "compile_seconds": 100.0}
+            "model_flops_per_device": 8e13, "compiler_flops_per_device": 4e11, "peak_flops_per_device": 61.5e12,
+            "num_steps": 100000, "timing": {"0.4": {"step_seconds": 4.07, "days": 4.7, "mfu_step_seconds": 3.25,
+                                                   "mfu_days": 3.76}}, "compile_seconds": 100.0}
 
 
 def test_format_report_lines():
     text = aot.format_report(_report())
     assert "argument 1.00 GiB + output 1.00 GiB - alias 1.00 GiB + temp 2.00 GiB = 3.00 GiB" in text
     assert "of 16.00 GiB HBM: fits" in text
-    assert "at 40% of peak: 4.07 s/step, 4.7 days for 100000 steps" in text
+    assert "at 40% of peak: 4.07 s/step, 4.7 days for 100000 steps; at 40% MFU: 3.25 s/step, 3.76 days" in text
+    assert "model 8e+13 (6 N T + attention); compiled 1e+14 (matmuls, loops counted, re-forwards included: 1.25x" in text
     assert "DOES NOT FIT" in aot.format_report(_report(fits=False))
 
 

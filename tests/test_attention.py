@@ -1,11 +1,13 @@
-"""The two softmax attention implementations against NumPy and against each other (values and gradients)."""
+"""The softmax attention implementations against NumPy and against each other (values and gradients),
+and which one the dispatch picks on each platform."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankgen_jax.ops.attention import softmax_attention_autodiff, softmax_attention_cpu
+from rankgen_jax.ops import dispatch
+from rankgen_jax.ops.attention import key_lengths, library_attention, softmax_attention_autodiff, softmax_attention_cpu
 from test_cpu_kernels import kernels_or_skip
 
 B, L, H, K = 3, 12, 2, 8
@@ -149,3 +151,90 @@ def test_t5_encoder_same_with_and_without_the_fused_kernels(monkeypatch):
     for g, g_ref in zip(jax.tree_util.tree_leaves(grads_fused), jax.tree_util.tree_leaves(grads_xla)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), atol=1e-5 * float(jnp.abs(g_ref).max()) + 1e-7)
 
+
+
+# jax.nn.dot_product_attention as the GPU path calls it; its `xla` implementation runs here,
+# `cudnn` needs a GPU. Key masks: right-padded rows (the fused path, padding as lengths), and
+# a row padded on the left or a row without a valid key (the lax.cond's general branch).
+MASKS = {
+    "right-padded": [L, L - 4, 1],
+    "left-padded": [L, -3, L - 2],
+    "no-valid-key": [L, 0, L - 5],
+}
+
+
+def _key_mask(lengths):
+    mask = np.zeros((len(lengths), 1, 1, L), np.float32)
+    for row, n in enumerate(lengths):
+        if n >= 0:
+            mask[row, ..., n:] = -1e10
+        else:
+            mask[row, ..., :-n] = -1e10
+    return mask
+
+
+def test_key_lengths_tell_right_padding_apart():
+    for name, lengths in MASKS.items():
+        lengths_B, right_padded = key_lengths(jnp.asarray(_key_mask(lengths)))
+        assert bool(right_padded) == (name == "right-padded"), name
+        if name == "right-padded":
+            np.testing.assert_array_equal(np.asarray(lengths_B), lengths)
+
+
+@pytest.mark.parametrize("mask_name", list(MASKS))
+@pytest.mark.parametrize("with_position_bias", [True, False])
+def test_library_attention_equals_reference(mask_name, with_position_bias):
+    q, k, v, relpos, _, _ = _inputs(4)
+    mask = _key_mask(MASKS[mask_name])
+    relpos = relpos if with_position_bias else None
+    out = jax.jit(lambda *a: library_attention(*a, jnp.float32, "xla"))(q, k, v, relpos, mask)
+    bias = mask if relpos is None else relpos + mask
+    # A row without a valid key has no defined result (its logits all round to the mask value
+    # in float32): finite is all the encoder needs there.
+    rows = [i for i, n in enumerate(MASKS[mask_name]) if n != 0]
+    assert np.isfinite(np.asarray(out)).all()
+    np.testing.assert_allclose(np.asarray(out)[rows], _numpy_attention(q, k, v, bias, None)[rows], atol=2e-5)
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 2e-5), (jnp.bfloat16, 3e-2)], ids=["float32", "bfloat16"])
+def test_library_attention_gradients_equal_autodiff(dtype, tol):
+    """Against XLA's autodiff in float32 on the same (dtype-rounded) inputs; tol is relative to each gradient's max."""
+    q, k, v, relpos, _, _ = _inputs(5)
+    q, k, v = (np.asarray(jnp.asarray(x).astype(dtype).astype(jnp.float32)) for x in (q, k, v))
+    mask = jnp.asarray(_key_mask(MASKS["right-padded"]))
+    cotangent = np.random.default_rng(2).normal(size=(B, L, H, K)).astype(np.float32)
+
+    def loss(impl, dtype):
+        def value(q, k, v, relpos):
+            out = impl(q.astype(dtype), k.astype(dtype), v.astype(dtype), relpos, dtype)
+            return jnp.sum(out.astype(jnp.float32) * cotangent)
+        return jax.jit(jax.value_and_grad(value, argnums=(0, 1, 2, 3)))(q, k, v, relpos)
+
+    value, grads = loss(lambda q, k, v, relpos, dt: library_attention(q, k, v, relpos, mask, dt, "xla"), dtype)
+    value_ref, grads_ref = loss(lambda q, k, v, relpos, dt: softmax_attention_autodiff(q, k, v, relpos + mask, None, dt),
+                                jnp.float32)
+    np.testing.assert_allclose(value, value_ref, rtol=tol, atol=tol)
+    for name, g, g_ref in zip(["q", "k", "v", "relpos"], grads, grads_ref):
+        scale = float(jnp.abs(g_ref).max())
+        assert scale > 0.1, name
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(g_ref, np.float32), atol=tol * scale,
+                                   err_msg=name)
+
+
+@pytest.mark.parametrize(
+    "platform,dtype,length,head_dim,with_dropout,expected",
+    [
+        ("gpu", jnp.bfloat16, 512, 64, False, "cudnn"),
+        ("cuda", jnp.float16, 128, 128, False, "cudnn"),
+        ("gpu", jnp.float32, 512, 64, False, "xla"),  # cuDNN's flash attention is half precision only
+        ("gpu", jnp.bfloat16, 511, 64, False, "xla"),  # with a bias in training: even lengths only
+        ("gpu", jnp.bfloat16, 512, 12, False, "xla"),  # head dim not a multiple of 8
+        ("gpu", jnp.bfloat16, 512, 64, True, "xla"),   # dropout on the weights: XLA's
+        ("tpu", jnp.bfloat16, 512, 64, False, "xla"),
+        ("cpu", jnp.bfloat16, 512, 64, False, "cpu"),
+    ],
+)
+def test_attention_implementation_per_platform(monkeypatch, platform, dtype, length, head_dim, with_dropout, expected):
+    monkeypatch.setattr(dispatch, "target_platform", lambda: platform)
+    q = jax.ShapeDtypeStruct((2, length, 4, head_dim), dtype)
+    assert dispatch.attention_implementation(q, q, dtype, with_dropout) == expected

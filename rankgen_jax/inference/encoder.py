@@ -41,6 +41,7 @@ from rankgen_jax.data.conventions import CONVENTIONS_FILE, InputConventions, def
 from rankgen_jax.models.configs import BertConfig, ModelConfig
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.factory import build_model, check_params_match, to_model_layout
+from rankgen_jax.models.precision import resolve_activation_dtype
 from rankgen_jax.runtime.partitioning import batch_sharding, replicated
 from rankgen_jax.data.text import TextEncoder, encode_pair_truncated, encode_truncated, load_text_encoder, pad_batch
 
@@ -111,7 +112,7 @@ def max_positions(config: ModelConfig) -> int | None:
 
 
 def _activation_bytes(config: ModelConfig) -> int:
-    return 2 if config.encoder.dtype in ("bfloat16", "float16") else 4
+    return resolve_activation_dtype(config.encoder.dtype, jax.default_backend()).itemsize
 
 
 def bytes_per_row(config: ModelConfig, length: int) -> int:

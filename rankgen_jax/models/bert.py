@@ -28,7 +28,8 @@ import jax.numpy as jnp
 
 from rankgen_jax.models.configs import BertConfig
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.models.layers import ACTIVATION_AXES, DenseKernel, activation_dtype, attend, constrain, dropout
+from rankgen_jax.models.layers import ACTIVATION_AXES, DenseKernel, attend, constrain, dropout
+from rankgen_jax.models.precision import PARAM_DTYPE, activation_dtype
 from rankgen_jax.models.t5 import MASK_BIAS, EncoderOutput
 
 # BERT's initializer_range: N(0, 0.02) for every kernel and embedding table.
@@ -50,9 +51,9 @@ class LayerNorm(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         features = x.shape[-1]
         scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)), (features,),
-                           jnp.float32)
+                           PARAM_DTYPE)
         bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)), (features,),
-                          jnp.float32)
+                          PARAM_DTYPE)
         x32 = x.astype(jnp.float32)
         mean = jnp.mean(x32, axis=-1, keepdims=True)
         variance = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
@@ -71,7 +72,7 @@ class AxisEmbed(nn.Module):
     def __call__(self, ids: jax.Array) -> jax.Array:
         embedding = self.param(
             "embedding", nn.with_logical_partitioning(bert_init, self.axes), (self.num_embeddings, self.features),
-            jnp.float32,
+            PARAM_DTYPE,
         )
         return jnp.take(embedding, ids, axis=0).astype(self.dtype)
 

@@ -13,6 +13,7 @@ from typing import Any
 import gin
 
 from rankgen_jax.errors import RankgenError, check_field_types
+from rankgen_jax.models.precision import check_activation_dtype
 
 MLP_ACTIVATIONS = ("gated-gelu", "relu")
 # Poolings over the encoder's hidden states (any encoder, any model kind).
@@ -44,13 +45,15 @@ class T5Config:
     layer_norm_eps: float = 1e-6
     pad_id: int = 0
     eos_id: int = 1
-    # Activation dtype; parameters stay float32.
-    dtype: str = "float32"
+    # Activation dtype (models.precision): `auto` is bfloat16 on GPU / TPU and float32 on CPU;
+    # parameters and optimizer state stay float32.
+    dtype: str = "auto"
     remat: bool = False
     scan_layers: bool = False
 
     def __post_init__(self):
         check_field_types(self)
+        check_activation_dtype(self.dtype, "T5Config.dtype")
         if self.mlp_activation not in MLP_ACTIVATIONS:
             raise RankgenError(
                 f"T5Config.mlp_activation={self.mlp_activation!r}: expected one of {MLP_ACTIVATIONS}")
@@ -119,12 +122,13 @@ class BertConfig:
     position_offset: int = 0
     has_pooler: bool = True
     dropout_rate: float = 0.0
-    dtype: str = "float32"
+    dtype: str = "auto"
     remat: bool = False
     scan_layers: bool = False
 
     def __post_init__(self):
         check_field_types(self)
+        check_activation_dtype(self.dtype, "BertConfig.dtype")
         if self.variant not in BERT_VARIANTS:
             raise RankgenError(f"BertConfig.variant={self.variant!r}: expected one of {BERT_VARIANTS}")
         if self.hidden_act not in BERT_ACTIVATIONS:

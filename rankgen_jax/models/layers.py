@@ -14,6 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from rankgen_jax.models.precision import PARAM_DTYPE
 from rankgen_jax.ops import dispatch
 
 Initializer = Callable[..., jax.Array]
@@ -22,11 +23,6 @@ Initializer = Callable[..., jax.Array]
 ACTIVATION_AXES = ("batch", "length", "embed")
 
 default_kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
-
-
-def activation_dtype(name: str) -> jnp.dtype:
-    """The activation dtype named in a config (`float32`, `bfloat16`)."""
-    return jnp.dtype(name)
 
 
 def constrain(x: jax.Array, axes: Sequence[str]) -> jax.Array:
@@ -63,12 +59,12 @@ class DenseKernel(nn.Module):
             "kernel",
             nn.with_logical_partitioning(self.kernel_init, self.kernel_axes),
             (in_features, self.features),
-            jnp.float32,
+            PARAM_DTYPE,
         )
         if not self.use_bias:
             return kernel, None
         bias = self.param(
-            "bias", nn.with_logical_partitioning(nn.initializers.zeros, self.kernel_axes[1:]), (self.features,), jnp.float32
+            "bias", nn.with_logical_partitioning(nn.initializers.zeros, self.kernel_axes[1:]), (self.features,), PARAM_DTYPE
         )
         return kernel, bias
 
@@ -82,7 +78,7 @@ class RMSNorm(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         scale = self.param(
-            "scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)), (x.shape[-1],), jnp.float32
+            "scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)), (x.shape[-1],), PARAM_DTYPE
         )
         return dispatch.rms_norm(x, scale, self.eps, self.dtype)
 
@@ -101,7 +97,7 @@ class Embed(nn.Module):
             "embedding",
             nn.with_logical_partitioning(self.embedding_init, ("vocab", "embed")),
             (self.num_embeddings, self.features),
-            jnp.float32,
+            PARAM_DTYPE,
         )
         return jnp.take(embedding, ids, axis=0).astype(self.dtype)
 

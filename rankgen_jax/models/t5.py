@@ -21,12 +21,12 @@ from rankgen_jax.models.layers import (
     DenseKernel,
     Embed,
     RMSNorm,
-    activation_dtype,
     attend,
     constrain,
     dropout,
     dropout_active,
 )
+from rankgen_jax.models.precision import PARAM_DTYPE, activation_dtype
 from rankgen_jax.ops import dispatch
 
 # Added to attention logits of padded keys; large but finite so that fully
@@ -77,12 +77,14 @@ def relative_position_buckets(
 
 
 class RelativePositionBiases(nn.Module):
-    """Attention bias per head and relative distance; one table shared by all layers."""
+    """Attention bias per head and relative distance; one table shared by all layers.
+
+    Float32 whatever the activations: it is added to the float32 logits.
+    """
 
     num_buckets: int
     max_distance: int
     num_heads: int
-    dtype: jnp.dtype = jnp.float32
 
     @nn.compact
     def __call__(self, query_len: int, key_len: int) -> jax.Array:
@@ -92,7 +94,7 @@ class RelativePositionBiases(nn.Module):
                 nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"), ("heads", "relpos_buckets")
             ),
             (self.num_heads, self.num_buckets),
-            jnp.float32,
+            PARAM_DTYPE,
         )
         buckets_QxK = relative_position_buckets(query_len, key_len, self.num_buckets, self.max_distance)
         # A one-hot matmul rather than a gather: its gradient is a matmul too, and the
@@ -101,7 +103,7 @@ class RelativePositionBiases(nn.Module):
         # HIGHEST precision keeps the lookup exact where f32 matmuls default to bf16 (TPU).
         onehot_NxQK = jax.nn.one_hot(jnp.asarray(buckets_QxK.reshape(-1)), self.num_buckets, dtype=jnp.float32, axis=0)
         bias_HxQK = jnp.dot(rel_embedding, onehot_NxQK, precision=jax.lax.Precision.HIGHEST)
-        return bias_HxQK.reshape(1, self.num_heads, query_len, key_len).astype(self.dtype)
+        return bias_HxQK.reshape(1, self.num_heads, query_len, key_len)
 
 
 class SelfAttention(nn.Module):
@@ -191,7 +193,7 @@ class T5EncoderStack(nn.Module):
         dtype = activation_dtype(cfg.dtype)
         length = x_BxLxD.shape[1]
         bias_1xHxLxL = RelativePositionBiases(
-            cfg.relpos_buckets, cfg.relpos_max_distance, cfg.num_heads, dtype, name="relpos_bias"
+            cfg.relpos_buckets, cfg.relpos_max_distance, cfg.num_heads, name="relpos_bias"
         )(length, length)
         mask_bias_Bx1x1xL = jnp.where(mask_BxL, 0.0, MASK_BIAS).astype(jnp.float32)[:, None, None, :]
         x_BxLxD = constrain(dropout(self, x_BxLxD, cfg.dropout_rate), ACTIVATION_AXES)

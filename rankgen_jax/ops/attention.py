@@ -47,8 +47,13 @@ def _sum_to_shape(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     return jnp.sum(x, axis=axes, keepdims=True) if axes else x
 
 
+def _logits(q_BxLxHxK, k_BxLxHxK) -> jax.Array:
+    """q k^T accumulated and returned in float32, whatever the activations' dtype."""
+    return jnp.einsum("bqhd,bkhd->bhqk", q_BxLxHxK, k_BxLxHxK, preferred_element_type=jnp.float32)
+
+
 def _forward(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias, keep_BxHxLxL, dtype):
-    logits_BxHxLxL = jnp.einsum("bqhd,bkhd->bhqk", q_BxLxHxK, k_BxLxHxK).astype(jnp.float32) + bias
+    logits_BxHxLxL = _logits(q_BxLxHxK, k_BxLxHxK) + bias
     max_BxHxLx1 = jnp.max(logits_BxHxLxL, axis=-1, keepdims=True)
     unnormalized_BxHxLxL = jnp.exp(logits_BxHxLxL - max_BxHxLx1)
     row_sum_BxHxL = jnp.sum(unnormalized_BxHxLxL, axis=-1)
@@ -67,7 +72,7 @@ def softmax_attention_autodiff(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias, keep_BxHxL
     bias: float32, broadcastable to [B, H, L, L]; keep_BxHxLxL: dropout's keep mask
     scaled by 1/keep_prob, or None; dtype: the dtype of the value product.
     """
-    logits_BxHxLxL = jnp.einsum("bqhd,bkhd->bhqk", q_BxLxHxK, k_BxLxHxK).astype(jnp.float32) + bias
+    logits_BxHxLxL = _logits(q_BxLxHxK, k_BxLxHxK) + bias
     # The max only keeps exp in range; it cancels in the ratio, so no gradient flows through it.
     max_BxHxLx1 = jax.lax.stop_gradient(jnp.max(logits_BxHxLxL, axis=-1, keepdims=True))
     unnormalized_BxHxLxL = jnp.exp(logits_BxHxLxL - max_BxHxLx1)
@@ -121,3 +126,56 @@ def _attention_bwd(dtype, bias_shape, residuals, d_out_BxLxHxK):
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+# cuDNN's flash attention as jax.nn.dot_product_attention calls it: half-precision inputs,
+# head dim a multiple of 8 up to 128 (256 from Hopper on; 128 is safe on every GPU), and with
+# a bias in training, even sequence lengths (jax._src.cudnn.fused_attention_stablehlo).
+CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
+CUDNN_MAX_HEAD_DIM = 128
+
+
+def cudnn_supports(q_BxLxHxK: jax.Array, k_BxLxHxK: jax.Array) -> bool:
+    """Whether cuDNN's fused attention takes these inputs (dtype, head dim, even lengths)."""
+    head_dim = q_BxLxHxK.shape[-1]
+    return (q_BxLxHxK.dtype in [jnp.dtype(d) for d in CUDNN_DTYPES]
+            and head_dim % 8 == 0 and head_dim <= CUDNN_MAX_HEAD_DIM
+            and q_BxLxHxK.shape[1] % 2 == 0 and k_BxLxHxK.shape[1] % 2 == 0)
+
+
+def key_lengths(mask_bias_Bx1x1xL: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(valid keys per row [B] int32, whether every row is right-padded with at least one valid key).
+
+    A right-padded row's mask is its length; the fused kernel takes key padding only in that form.
+    """
+    valid_BxL = mask_bias_Bx1x1xL[:, 0, 0, :] == 0
+    lengths_B = jnp.sum(valid_BxL, axis=-1, dtype=jnp.int32)
+    prefix_BxL = jnp.arange(valid_BxL.shape[-1], dtype=jnp.int32)[None, :] < lengths_B[:, None]
+    return lengths_B, jnp.all(valid_BxL == prefix_BxL) & jnp.all(lengths_B > 0)
+
+
+def library_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, position_bias, mask_bias_Bx1x1xL, dtype,
+                      implementation: str) -> jax.Array:
+    """`softmax_attention_autodiff` without dropout, by jax.nn.dot_product_attention (`cudnn` or `xla`).
+
+    The logits are unscaled (T5; BERT folds its scale into q). Key padding goes in as
+    lengths, so the fused kernel never reads a [B, H, L, L] mask; a batch with a row that
+    is not right-padded (or has no valid key) takes `softmax_attention_autodiff` instead,
+    chosen at run time by lax.cond, so any mask gives the reference's result.
+    cuDNN adds the bias in the activations' dtype; the XLA implementation in float32.
+    """
+    lengths_B, right_padded = key_lengths(mask_bias_Bx1x1xL)
+    bias = None
+    if position_bias is not None:
+        bias = position_bias.astype(q_BxLxHxK.dtype if implementation == "cudnn" else jnp.float32)
+
+    def fused(q, k, v, bias):
+        out = jax.nn.dot_product_attention(q, k, v, bias, key_value_seq_lengths=lengths_B, scale=1.0,
+                                           implementation=implementation)
+        return out.astype(dtype)
+
+    def general(q, k, v, bias):
+        full_bias = mask_bias_Bx1x1xL if bias is None else bias.astype(jnp.float32) + mask_bias_Bx1x1xL
+        return softmax_attention_autodiff(q, k, v, full_bias, None, dtype).astype(dtype)
+
+    return jax.lax.cond(right_padded, fused, general, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias)

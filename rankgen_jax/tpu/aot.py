@@ -4,7 +4,11 @@
 builds the trainer's mesh, shardings and jitted train step on libtpu's
 compile-only devices for that topology, compiles it with abstract inputs and
 reports per-device memory (argument + output - alias + temp) against the
-chip's HBM, FLOPs per step per device and the step time they imply. A config
+chip's HBM; FLOPs per step three ways: the model's (`models.flops`: 6 N T plus
+attention), the compiled program's matmuls (remat's and GradCache's re-forwards
+included, so their overhead shows as the ratio of the two) and XLA's cost
+analysis; and the step times they imply at given fractions of the chip's peak
+(`GENERATIONS`, the per-chip figures used). A config
 that does not fit fails here in seconds to minutes with the compiler's
 RESOURCE_EXHAUSTED message instead of on the reserved slice.
 
@@ -167,7 +171,7 @@ def _dot_flops(eqn) -> int:
     return 2 * math.prod(eqn.outvars[0].aval.shape) * contracted
 
 
-def _sub_jaxprs(value) -> list:
+def sub_jaxprs(value) -> list:
     """Jaxprs held in one equation parameter (a jaxpr, a closed jaxpr, or a tuple of them)."""
     import jax.extend.core as jex
 
@@ -176,7 +180,7 @@ def _sub_jaxprs(value) -> list:
     if isinstance(value, jex.Jaxpr):
         return [value]
     if isinstance(value, (tuple, list)):
-        return [j for v in value for j in _sub_jaxprs(v)]
+        return [j for v in value for j in sub_jaxprs(v)]
     return []
 
 
@@ -190,11 +194,11 @@ def jaxpr_matmul_flops(jaxpr) -> int:
             total += _dot_flops(eqn)
             continue
         if name == "cond":
-            total += max((jaxpr_matmul_flops(b) for b in _sub_jaxprs(eqn.params["branches"])), default=0)
+            total += max((jaxpr_matmul_flops(b) for b in sub_jaxprs(eqn.params["branches"])), default=0)
             continue
         repeat = eqn.params["length"] if name == "scan" else 1
         for value in eqn.params.values():
-            for sub in _sub_jaxprs(value):
+            for sub in sub_jaxprs(value):
                 total += repeat * jaxpr_matmul_flops(sub)
     return total
 
@@ -325,6 +329,7 @@ def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAU
     from rankgen_jax.train.step import StepOptions
     from rankgen_jax.train.compiled import build_step_functions
     from rankgen_jax.train.config import LossConfig, TrainerConfig, check_divisible
+    from rankgen_jax.models.flops import train_step_model_flops
 
     trainer, data, loss, optimizer = TrainerConfig(), DataConfig(), LossConfig(), OptimizerConfig()
     model_config = _model_config(trainer, ModelConfig())
@@ -366,10 +371,14 @@ def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAU
     params = sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(setup.abstract_state.params))
     encoder = model_config.encoder
     steps = trainer.num_steps
+    model_flops = train_step_model_flops(encoder, shapes, model_config.head.output_dim(encoder.d_model)) / n
     timings = {}
     for u in utilizations:
         seconds = step_time_seconds(flops, peak, u)
-        timings[f"{u:g}"] = {"step_seconds": seconds, "days": days_for_steps(seconds, steps)}
+        # MFU u: the model's FLOPs at u of peak, whatever the program adds on top.
+        mfu_seconds = step_time_seconds(model_flops, peak, u)
+        timings[f"{u:g}"] = {"step_seconds": seconds, "days": days_for_steps(seconds, steps),
+                             "mfu_step_seconds": mfu_seconds, "mfu_days": days_for_steps(mfu_seconds, steps)}
     return {
         "topology": topology.libtpu_name,
         "requested": topology.requested,
@@ -390,6 +399,7 @@ def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAU
         "optimizer": optimizer.name,
         "memory": _memory_report(compiled.memory_analysis(), hbm),
         "flops_per_device": float(flops),
+        "model_flops_per_device": float(model_flops),
         "compiler_flops_per_device": float(cost.get("flops", 0.0)),
         "peak_flops_per_device": peak,
         "num_steps": steps,
@@ -418,13 +428,15 @@ def format_report(r: dict[str, Any]) -> str:
         f"- alias {_gib(m['alias_bytes'])} + temp {_gib(m['temp_bytes'])} = {_gib(m['total_bytes'])} "
         f"(+ code {_gib(m['generated_code_bytes'])}) of {_gib(m['hbm_bytes'])} HBM: "
         + ("fits" if m["fits"] else "DOES NOT FIT"),
-        f"FLOPs per step per device: {r['flops_per_device']:.4g} (matmuls, loops counted; XLA's cost analysis, "
-        f"loop bodies once: {r['compiler_flops_per_device']:.4g}); peak {r['peak_flops_per_device'] / 1e12:.1f} "
-        "TFLOP/s per device",
+        f"FLOPs per step per device: model {r['model_flops_per_device']:.4g} (6 N T + attention); compiled "
+        f"{r['flops_per_device']:.4g} (matmuls, loops counted, re-forwards included: "
+        f"{r['flops_per_device'] / r['model_flops_per_device']:.2f}x the model's); XLA's cost analysis, loop bodies "
+        f"once: {r['compiler_flops_per_device']:.4g}; peak {r['peak_flops_per_device'] / 1e12:.1f} TFLOP/s per device",
     ]
     for u, t in r["timing"].items():
         lines.append(f"at {float(u):.0%} of peak: {t['step_seconds']:.4g} s/step, {t['days']:.3g} days for "
-                     f"{r['num_steps']} steps")
+                     f"{r['num_steps']} steps; at {float(u):.0%} MFU: {t['mfu_step_seconds']:.4g} s/step, "
+                     f"{t['mfu_days']:.3g} days")
     lines.append(f"compiled in {r['compile_seconds']:.0f} s")
     return "\n".join(lines)
 
