@@ -48,8 +48,8 @@ def test_shipped_cpu_grid_is_one_factor_at_a_time():
         assert all(any(b.lower() == o.lower() for b in run["bindings"]) for o in others), run["name"]
     by_name = {r["name"]: r["bindings"] for r in runs}
     # Bindings apply in order and the last wins: per-run overrides come after the shared ones.
-    assert by_name["batch_size-128"][-3:] == ["TrainerConfig.num_chunks = 4", "TrainerConfig.num_steps = 8",
-                                              "OptimizerConfig.warmup_steps = 3"]
+    assert by_name["batch_size-128"][-3:] == ["TrainerConfig.num_chunks = 4", "TrainerConfig.num_steps = 3",
+                                              "OptimizerConfig.warmup_steps = 1"]
     assert "JobConfig.zero_shot = True" in by_name["baseline"]
     assert all("JobConfig.zero_shot = True" not in b for n, b in by_name.items() if n != "baseline")
     for run in runs:  # every run's bindings are valid gin for the demo's configurables
