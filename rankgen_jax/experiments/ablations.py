@@ -138,7 +138,11 @@ def machine_note() -> str:
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     # The load tells a reader whether the runs shared the CPUs (their step times, not their results, depend on it).
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    return (f"{now}; {platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, Python "
+    cpuinfo = Path("/proc/cpuinfo")
+    models = [line.split(":", 1)[1].strip() for line in (cpuinfo.read_text().splitlines() if cpuinfo.is_file() else [])
+              if line.startswith("model name")]
+    cpu = f" ({models[0]})" if models else ""
+    return (f"{now}; {platform.system()} {platform.machine()}, {os.cpu_count()} CPUs{cpu}, Python "
             f"{platform.python_version()}; load average {load} when the report was written")
 
 
