@@ -97,7 +97,7 @@ def test_report_marks_differences_beyond_the_noise(tmp_path):
     assert "| batch_size=128 | 7 | 0.7" in better_line and better_line.endswith("| yes |")
     assert "(baseline)" in next(line for line in table.splitlines() if line.startswith("| baseline |"))
     assert "- `DataConfig.batch_size`: against the baseline, 128 (accuracy_2way +" in table
-    assert "the effect exceeds the noise." in table
+    assert "the effect exceeds the noise on accuracy_2way (128), accuracy_3way (128)." in table
     assert "- `DataConfig.same_document`: against the baseline, false (" in table and "within the noise" in table
     assert json.loads((tmp_path / "out" / "ablations.json").read_text())["runs"][1]["name"] == "better"
     assert (tmp_path / "out" / "ablations.png").stat().st_size > 0

@@ -187,13 +187,15 @@ def axis_sentences(comparison: dict) -> list[str]:
                 axes.setdefault(axis, []).append(row)
     lines = []
     for axis, rows in axes.items():
-        parts, any_real = [], False
+        parts, beyond = [], []
         for row in rows:
             shown = ", ".join(f"{m} {row['metrics'][m]['diff']:+.3f} ± {row['metrics'][m]['diff_se']:.3f}"
                               for m in comparison["metrics"])
-            any_real |= any(row["metrics"][m]["exceeds_noise"] for m in comparison["metrics"])
+            beyond += [f"{m} ({_value(row['changed'][axis])})" for m in comparison["metrics"]
+                       if row["metrics"][m]["exceeds_noise"]]
             parts.append(f"{_value(row['changed'][axis])} ({shown})")
-        verdict = "exceeds the noise" if any_real else f"is within the noise (no difference beyond {comparison['noise_se']:g} SE)"
+        verdict = (f"exceeds the noise on {', '.join(beyond)}" if beyond
+                   else f"is within the noise (no difference beyond {comparison['noise_se']:g} SE)")
         lines.append(f"- `{axis}`: against the baseline, {'; '.join(parts)}: the effect {verdict}.")
     return lines
 
