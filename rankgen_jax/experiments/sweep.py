@@ -13,9 +13,10 @@ Every combination of the axes is one run named after its values, in
 WORKDIR/<name>. With "baseline" (one value of every axis) the grid is one
 factor at a time instead: the baseline run, then one run per other value of
 each axis with the rest at the baseline (1 + sum(len(values) - 1) runs rather
-than their product); per_run may also key bindings by "baseline". Locally the runs go one after another in this process (a
-finished run is skipped, an interrupted one resumes); with --tpu_name the
-command for each run is printed as a TPU launch (tpu_scripts/tpu.py, dry run).
+than their product); per_run may also key bindings by "baseline". Locally the
+runs go one after another in this process (a finished run is skipped, an
+interrupted one resumes); with --tpu_name the command for each run is printed
+as a TPU launch (tpu_scripts/tpu.py, dry run).
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ def run_sweep(grid_path: str, workdir: str, tpu_name: str = "", tpu_args: list[s
             raise RankgenError(f"run {run['name']} failed: {reason}; rerun the sweep to resume it") from None
         done.parent.mkdir(parents=True, exist_ok=True)
         done.write_text(shlex.join(argv) + "\n")
-    if report_dir and not tpu_name:
+    if report_dir:
         baseline = BASELINE_RUN if "baseline" in grid else runs[0]["name"]
         write_report([{**run, "workdir": run_workdir(workdir, run)} for run in runs], baseline, report_dir)
         print(f"[sweep] report: {report_dir}/ablations.md, .png, .json", file=sys.stderr)
