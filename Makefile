@@ -12,7 +12,7 @@ AOT_STAMP := $(AOT_VENV)/.installed
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: venv aot-venv demo retrieval-example smoke test test-all test-aot wheel-check bench bench-gpu bench-gpu-wheels clean
+.PHONY: venv aot-venv demo ablations retrieval-example smoke test test-all test-aot wheel-check bench bench-gpu bench-gpu-wheels clean
 
 # Creates or updates .venv only when requirements.txt or pyproject.toml changed.
 venv: $(STAMP)
@@ -28,6 +28,12 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 # of training), evaluate against its zero-shot self and the unigram baseline, plot, export.
 demo: venv
 	.venv/bin/rankgen-jax train
+
+# The CPU ablation grid (gin_configs/ablations/grid_demo_cpu.json: MiniLM, one factor at a time around the demo's
+# settings, step budgets) and its report, each run against the baseline item by item with standard errors:
+# runs/ablations/report/ablations.{md,png,json} (docs/ablations.md has a measured one). A rerun resumes.
+ablations: venv
+	.venv/bin/rankgen-jax sweep --grid ablations/grid_demo_cpu.json --workdir runs/ablations --report_dir runs/ablations/report
 
 # BEIR folder from the books -> MiniLM in-batch -> BM25 negatives -> hard-negative training -> 2-shard index,
 # TREC run, nDCG@10 / RR@10 / R@100 on the test books (runs/retrieval_example/retrieval_table.md).

@@ -15,18 +15,61 @@ from rankgen_jax.experiments.sweep import expand_grid, read_grid, report, run_sw
 ABLATIONS = GIN_SEARCH_PATH / "ablations"
 
 
+PRODUCT_GRID = {"gin_files": ["demo_minilm.gin"], "bindings": ["TrainerConfig.max_minutes = 1.5"],
+                "axes": {"DataConfig.batch_size": [8, 32, 128], "DataConfig.same_document": [True, False]},
+                "per_run": {"DataConfig.batch_size=128": ["TrainerConfig.num_chunks = 4"]}, "job": True}
+
+
 def test_grid_expands_to_every_combination():
-    grid = read_grid(str(ABLATIONS / "grid_demo_cpu.json"))
-    runs = expand_grid(grid)
+    runs = expand_grid(PRODUCT_GRID)
     assert len(runs) == 6 and len({r["name"] for r in runs}) == 6
     big = next(r for r in runs if r["name"] == "batch_size-128__same_document-false")
     assert "DataConfig.batch_size = 128" in big["bindings"] and "DataConfig.same_document = False" in big["bindings"]
     assert "TrainerConfig.num_chunks = 4" in big["bindings"]
+    assert big["changed"] == {"DataConfig.batch_size": 128, "DataConfig.same_document": False}
     small = next(r for r in runs if r["name"] == "batch_size-8__same_document-true")
     assert "TrainerConfig.num_chunks = 4" not in small["bindings"]
-    argv = train_command(grid, big, "runs/grid/")
+    argv = train_command(PRODUCT_GRID, big, "runs/grid/")
     assert argv[:4] == ["rankgen-jax", "train", "--workdir", "runs/grid/batch_size-128__same_document-false"]
     assert "--gin.DataConfig.batch_size=128" in argv and argv[-1] == "--job"
+
+
+def test_shipped_cpu_grid_is_one_factor_at_a_time():
+    grid = read_grid(str(ABLATIONS / "grid_demo_cpu.json"))
+    runs = expand_grid(grid)
+    # The baseline, then each other value of each axis alone: 1 + sum(len(values) - 1) runs, not the product.
+    assert len(runs) == 1 + sum(len(v) - 1 for v in grid["axes"].values())
+    assert runs[0]["name"] == "baseline" and runs[0]["changed"] == {}
+    for run in runs[1:]:
+        (axis, value), = run["changed"].items()
+        assert value != grid["baseline"][axis]
+        assert run["name"] == f"{axis.split('.')[-1]}-{str(value).lower()}"
+        others = [f"{a} = {v}" for a, v in grid["baseline"].items() if a != axis]
+        assert all(any(b.lower() == o.lower() for b in run["bindings"]) for o in others), run["name"]
+    by_name = {r["name"]: r["bindings"] for r in runs}
+    # Bindings apply in order and the last wins: per-run overrides come after the shared ones.
+    assert by_name["batch_size-128"][-3:] == ["TrainerConfig.num_chunks = 4", "TrainerConfig.num_steps = 3",
+                                              "OptimizerConfig.warmup_steps = 1"]
+    assert "JobConfig.zero_shot = True" in by_name["baseline"]
+    assert all("JobConfig.zero_shot = True" not in b for n, b in by_name.items() if n != "baseline")
+    for run in runs:  # every run's bindings are valid gin for the demo's configurables
+        parse_gin(grid["gin_files"], run["bindings"], experiment_configurables)
+        gin.clear_config()
+
+
+def test_bad_baselines(tmp_path):
+    path = tmp_path / "grid.json"
+    path.write_text(json.dumps({"axes": {"a.b": [1, 2], "a.c": [True]}, "baseline": {"a.b": 1}}))
+    with pytest.raises(RankgenError, match="one value for each axis"):
+        read_grid(str(path))
+    path.write_text(json.dumps({"axes": {"a.b": [1, 2]}, "baseline": {"a.b": 3}}))
+    with pytest.raises(RankgenError, match=r"baseline a.b=3 is not one of the axis values \[1, 2\]"):
+        read_grid(str(path))
+
+
+def test_report_dir_needs_local_runs():
+    with pytest.raises(RankgenError, match="--report_dir needs the runs' results here"):
+        run_sweep(str(ABLATIONS / "grid_demo_cpu.json"), "gs://bucket/sweep", tpu_name="v3", report_dir="out")
 
 
 def test_tpu_launch_lines(capsys):

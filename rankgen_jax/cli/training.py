@@ -84,11 +84,13 @@ def add_sweep(subparsers) -> None:
     p.add_argument("--workdir", required=True, help="root folder; each run gets WORKDIR/<run name>")
     p.add_argument("--tpu_name", default="", help="print `tpu_scripts/tpu.py launch --dry_run` commands for this slice")
     p.add_argument("--tpu_arg", action="append", default=[], help="extra launch argument (repeatable), e.g. --zone=...")
+    p.add_argument("--report_dir", default="", help="afterwards write ablations.md / .png / .json here: every run "
+                   "against the baseline run, item by item, with standard errors")
     p.set_defaults(run=_run_sweep)
 
 
 def _run_sweep(args) -> list[dict]:
-    return run_sweep(args.grid, args.workdir, args.tpu_name, args.tpu_arg)
+    return run_sweep(args.grid, args.workdir, args.tpu_name, args.tpu_arg, args.report_dir)
 
 
 def add_report(subparsers) -> None:

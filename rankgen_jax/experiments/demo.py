@@ -40,11 +40,14 @@ class JobConfig:
       trained from; "" trains TrainerConfig's model as configured.
     suffix_eval_examples: held-out examples for suffix identification (gold vs
       1 and vs `suffix_eval_negatives` InBook negatives); 0 skips it.
+    zero_shot: also evaluate the starting model; runs that share it and its
+      held-out items (a sweep) need it evaluated once.
     """
 
     init_from_hf: str = ""
     suffix_eval_examples: int = 150
     suffix_eval_negatives: int = 10
+    zero_shot: bool = True
     plot: bool = True
     export: bool = True
 
@@ -166,7 +169,7 @@ def run_job(workdir: str) -> dict:
         print(f"[job] {len(items)} held-out suffix identification items ({root / SUFFIX_ITEMS_FILE})", flush=True)
         results.setdefault("unigram", evaluate_unigram(items))
         results.setdefault("token_overlap", evaluate_token_overlap(items))
-        if trainer.init_checkpoint and "zero_shot" not in results:
+        if trainer.init_checkpoint and job.zero_shot and "zero_shot" not in results:
             print("[job] evaluating the starting model (zero-shot)", flush=True)
             # Read as training reads text (which the fine-tuned model records), so the two compare like for like.
             results["zero_shot"] = evaluate_model(trainer.init_checkpoint, items, training_conventions(data),

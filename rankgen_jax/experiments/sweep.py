@@ -10,9 +10,13 @@ A grid file is JSON:
      "job": true}                                 # evaluate with the main job (held-out suffix identification)
 
 Every combination of the axes is one run named after its values, in
-WORKDIR/<name>. Locally the runs go one after another in this process (a
-finished run is skipped, an interrupted one resumes); with --tpu_name the
-command for each run is printed as a TPU launch (tpu_scripts/tpu.py, dry run).
+WORKDIR/<name>. With "baseline" (one value of every axis) the grid is one
+factor at a time instead: the baseline run, then one run per other value of
+each axis with the rest at the baseline (1 + sum(len(values) - 1) runs rather
+than their product); per_run may also key bindings by "baseline". Locally the
+runs go one after another in this process (a finished run is skipped, an
+interrupted one resumes); with --tpu_name the command for each run is printed
+as a TPU launch (tpu_scripts/tpu.py, dry run).
 """
 
 from __future__ import annotations
@@ -26,11 +30,13 @@ from pathlib import Path
 import numpy as np
 
 from rankgen_jax.errors import RankgenError
+from rankgen_jax.experiments.ablations import write_report
 from rankgen_jax.experiments.gin_runs import train_from_gin
 from rankgen_jax.train.gin_parsing import GIN_SEARCH_PATH, find_config_file
 from rankgen_jax.train.metric_writers import read_metrics
 
-GRID_KEYS = {"gin_files", "bindings", "axes", "per_run", "job"}
+GRID_KEYS = {"gin_files", "bindings", "axes", "baseline", "per_run", "job"}
+BASELINE_RUN = "baseline"
 
 
 def _gin_value(value) -> str:
@@ -59,20 +65,45 @@ def read_grid(path: str) -> dict:
     axes = grid.get("axes", {})
     if not axes or any(not isinstance(v, list) or not v for v in axes.values()):
         raise RankgenError(f"{path}: 'axes' must map each gin parameter to a non-empty list of values")
+    if "baseline" in grid:
+        baseline = grid["baseline"]
+        if not isinstance(baseline, dict) or set(baseline) != set(axes):
+            raise RankgenError(f"{path}: 'baseline' must give one value for each axis {sorted(axes)}")
+        for name, value in baseline.items():
+            if value not in axes[name]:
+                raise RankgenError(f"{path}: baseline {name}={value!r} is not one of the axis values {axes[name]}")
     return grid
 
 
+def _combinations(grid: dict) -> list[dict]:
+    """The axis values of each run: every combination, or the baseline and one change at a time from it."""
+    axes = grid["axes"]
+    if "baseline" not in grid:
+        return [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
+    baseline = grid["baseline"]
+    return [dict(baseline)] + [{**baseline, name: value} for name, values in axes.items()
+                               for value in values if value != baseline[name]]
+
+
 def expand_grid(grid: dict) -> list[dict]:
-    """One {name, bindings} per combination of the axes, in a stable order."""
-    names, values = zip(*grid["axes"].items())
+    """One {name, bindings, changed} per run, in a stable order.
+
+    changed: the axes whose value differs from the baseline ({} for the
+    baseline run itself; every axis when the grid has no baseline).
+    """
+    baseline = grid.get("baseline")
     runs = []
-    for combo in itertools.product(*values):
-        keys = [f"{n}={_gin_value(v)}" for n, v in zip(names, combo)]
-        bindings = list(grid.get("bindings", [])) + [f"{n} = {_gin_value(v)}" for n, v in zip(names, combo)]
+    for combo in _combinations(grid):
+        keys = [f"{n}={_gin_value(v)}" for n, v in combo.items()]
+        bindings = list(grid.get("bindings", [])) + [f"{n} = {_gin_value(v)}" for n, v in combo.items()]
+        changed = combo if baseline is None else {n: v for n, v in combo.items() if v != baseline[n]}
+        if baseline is not None and not changed:
+            keys.append(BASELINE_RUN)
         for key in keys:
             bindings += grid.get("per_run", {}).get(key.replace("'", ""), [])
-        name = "__".join(f"{n.split('.')[-1]}-{str(v).lower()}" for n, v in zip(names, combo))
-        runs.append({"name": name, "bindings": bindings})
+        shown = combo if baseline is None else changed
+        name = "__".join(f"{n.split('.')[-1]}-{str(v).lower()}" for n, v in shown.items()) or BASELINE_RUN
+        runs.append({"name": name, "bindings": bindings, "changed": changed})
     return runs
 
 
@@ -89,9 +120,16 @@ def train_command(grid: dict, run: dict, workdir: str) -> list[str]:
     return argv + (["--job"] if grid.get("job") else [])
 
 
-def run_sweep(grid_path: str, workdir: str, tpu_name: str = "", tpu_args: list[str] | None = None) -> list[dict]:
-    """Run every combination locally (sequentially), or print TPU launch commands."""
+def run_sweep(grid_path: str, workdir: str, tpu_name: str = "", tpu_args: list[str] | None = None,
+              report_dir: str = "") -> list[dict]:
+    """Run every combination locally (sequentially), or print TPU launch commands.
+
+    report_dir: afterwards, the runs against the baseline run (the grid's, else
+    the first) with standard errors, as experiments.ablations.write_report writes them.
+    """
     grid = read_grid(grid_path)
+    if report_dir and tpu_name:
+        raise RankgenError("--report_dir needs the runs' results here; with --tpu_name they run elsewhere")
     root = Path(workdir)
     runs = expand_grid(grid)
     print(f"{len(runs)} runs from {grid_path}", file=sys.stderr)
@@ -116,6 +154,10 @@ def run_sweep(grid_path: str, workdir: str, tpu_name: str = "", tpu_args: list[s
             raise RankgenError(f"run {run['name']} failed: {reason}; rerun the sweep to resume it") from None
         done.parent.mkdir(parents=True, exist_ok=True)
         done.write_text(shlex.join(argv) + "\n")
+    if report_dir:
+        baseline = BASELINE_RUN if "baseline" in grid else runs[0]["name"]
+        write_report([{**run, "workdir": run_workdir(workdir, run)} for run in runs], baseline, report_dir)
+        print(f"[sweep] report: {report_dir}/ablations.md, .png, .json", file=sys.stderr)
     return runs
 
 
