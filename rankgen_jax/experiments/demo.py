@@ -10,6 +10,7 @@ from pathlib import Path
 
 import gin
 import numpy as np
+from tqdm import tqdm
 
 from rankgen_jax.checkpoints.convert import export_hf
 from rankgen_jax.data.conventions import InputConventions
@@ -119,11 +120,14 @@ def score_at_prefix_lengths(path: str, items: list[dict], conventions: InputConv
     model = load_model(path, conventions=None if conventions is None else dataclasses.asdict(conventions))
     log("job", f"{path}: {model.conventions_note()}")
     flat = [c for it in items for c in it["candidates"]]
-    cand_MxD = model.encode(flat, "suffix")
+    with tqdm(total=len(flat), desc="encoding candidates", unit="text", file=sys.stderr) as bar:
+        cand_MxD = model.encode(flat, "suffix", on_batch=bar.update)
     bounds = np.cumsum([0] + [len(it["candidates"]) for it in items])
     scores = {}
     for length in prefix_lengths:
-        prefix_NxD = model.encode([it["prefix"] for it in items], "prefix", length)
+        with tqdm(total=len(items), desc=f"encoding prefixes ({length or 'recorded'} tokens)", unit="text",
+                  file=sys.stderr) as bar:
+            prefix_NxD = model.encode([it["prefix"] for it in items], "prefix", length, on_batch=bar.update)
         # Summed over the last axis as LoadedModel.score does, so perspective heads score per perspective.
         scores[length] = [(cand_MxD[bounds[i] : bounds[i + 1]] * prefix_NxD[i]).sum(-1) for i in range(len(items))]
     return scores
