@@ -1,5 +1,6 @@
 """Reading documents from folders, text and JSON-lines files (plain and gzip), with bad input skipped and counted."""
 
+import collections
 import gzip
 import json
 import re
@@ -31,7 +32,8 @@ def test_bundled_corpus():
     stats = ReadStats()
     documents = list(read_documents(CORPUS, stats))
     # README.md sits in the folder and is not a document.
-    assert [d.id for d in documents] == [
+    ids = [d.id for d in documents]
+    assert ids[:7] == [
         "austen/emma.txt",
         "austen/mansfieldpark.txt",
         "austen/northangerabbey.txt",
@@ -40,8 +42,11 @@ def test_bundled_corpus():
         "austen/sensesensibility.txt",
         "botchan/botchan.txt",
     ]
-    assert stats.summary() == "read 7 documents from 7 files"
-    botchan = documents[-1].text
+    # Sorted by id, one document per file, in the folders of each kind (data/corpus/README.md lists them).
+    assert ids == sorted(ids) and ids[7] == "novels/moby_dick.txt"
+    assert collections.Counter(i.split("/")[0] for i in ids) == {"austen": 6, "botchan": 1, "novels": 1, "plays": 6, "scripture": 7, "speeches": 39}
+    assert stats.summary() == "read 60 documents from 60 files"
+    botchan = documents[6].text
     # The byte-order mark is dropped and CRLF line ends become "\n".
     assert botchan.startswith("Project Gutenberg's Botchan") and "\r" not in botchan
     assert documents[0].text.startswith("EMMA\n\nBy Jane Austen")

@@ -11,7 +11,7 @@ import pytest
 from rankgen_jax.checkpoints import native
 from rankgen_jax.cli.main import main
 from rankgen_jax.data.conventions import InputConventions
-from rankgen_jax.experiments.demo import SUFFIX_ITEMS_FILE, suffix_scores_file
+from rankgen_jax.experiments.demo import COMPARISON_TABLE_FILE, SUFFIX_ITEMS_FILE, suffix_scores_file
 
 # Prefixes of about 48 words, cut to 24 tokens keeping their END: most prefixes are over-long, so which end
 # is kept changes the scores.
@@ -124,3 +124,60 @@ def test_the_export_carries_a_model_card_of_the_run(job):
     fine_tuned = results["fine_tuned"]
     assert row == "| fine_tuned | " + " | ".join(
         f"{fine_tuned[k]:.4g}" if isinstance(fine_tuned[k], float) else str(fine_tuned[k]) for k in columns) + " |"
+
+
+HELD_OUT = ["'plays/othello.txt'", "'speeches/2017_donald_j_trump.txt'", "'speeches/2021_joseph_r_biden.txt'"]
+
+
+@pytest.fixture(scope="module")
+def job_from_start(job, tmp_path_factory):
+    """The job again, started from the first job's model: the starting model is read at two prefix lengths
+    and compared per kind (plays, speeches) with the fine-tuned one."""
+    first, _, _ = job
+    root = tmp_path_factory.mktemp("job_from_start")
+    stdout = io.StringIO()
+    args = [a for a in JOB[2:] if "holdout_documents" not in a and "suffix_eval_examples" not in a]
+    with contextlib.redirect_stdout(stdout):
+        code = main(JOB[:2] + [f"--workdir={root}"] + args + [
+            f"--gin.TrainerConfig.init_checkpoint='{first / 'train'}'", "--gin.JobConfig.export=False",
+            "--gin.JobConfig.plot=False", "--gin.JobConfig.suffix_eval_examples=6",
+            f"--gin.DataConfig.holdout_ids=[{', '.join(HELD_OUT)}]",
+            f"--gin.JobConfig.zero_shot_prefix_lengths=(12, {PREFIX_TOKENS})"])
+    return root, code, stdout.getvalue()
+
+
+def _wins(path, candidates):
+    """Per item, 1 where the gold (candidate 0) scores strictly highest among the first `candidates`."""
+    return np.array([np.argmax(s[:candidates]) == 0 for s in _scores(path)], float)
+
+
+def test_job_compares_per_kind_with_the_best_prefix_length(job_from_start):
+    root, code, out = job_from_start
+    assert code == 0
+    results = json.loads((root / "results.json").read_text())
+    report = results["by_kind"]
+    assert {k: v["n"] for k, v in report.items()} == {"plays": 6, "speeches": 6}
+    items = [json.loads(line) for line in (root / SUFFIX_ITEMS_FILE).read_text().splitlines()]
+    kinds = np.array([it["kind"] for it in items])
+    assert {it["doc_id"] for it in items} <= {h.strip("'") for h in HELD_OUT}
+    # The starting model at the training length is the job's zero-shot reading.
+    for got, want in zip(_scores(root / suffix_scores_file(f"zero_shot_{PREFIX_TOKENS}")),
+                         _scores(root / suffix_scores_file("zero_shot"))):
+        np.testing.assert_array_equal(got, want)
+    # Recomputed from the score files: accuracies per length, the best, the fine-tuned one.
+    for name, candidates in (("vs 1", 2), ("vs 4", 5)):
+        tuned = _wins(root / suffix_scores_file("fine_tuned"), candidates)
+        base = {length: _wins(root / suffix_scores_file(f"zero_shot_{length}"), candidates)
+                for length in (12, PREFIX_TOKENS)}
+        for kind in ("plays", "speeches"):
+            row = report[kind][name]
+            rows = kinds == kind
+            for length, wins in base.items():
+                assert row["zero_shot"][str(length)]["accuracy"] == pytest.approx(wins[rows].mean())
+            assert row["best_zero_shot"]["accuracy"] == pytest.approx(max(w[rows].mean() for w in base.values()))
+            assert row["fine_tuned"]["accuracy"] == pytest.approx(tuned[rows].mean())
+            assert row["gain"] == pytest.approx(tuned[rows].mean() - base[row["best_length"]][rows].mean())
+    table = (root / COMPARISON_TABLE_FILE).read_text()
+    assert table == results["by_kind_table"] and table.count("\n") == 2 + 2 * 2
+    assert f"| best zero-shot | fine-tuned @{PREFIX_TOKENS} |" in table and "| speeches | 6 | vs 4 |" in table
+    assert "per kind: fine-tuned against the starting model's best prefix length" in out

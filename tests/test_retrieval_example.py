@@ -13,8 +13,7 @@ import pytest
 from rankgen_jax.data.beir_books import BooksCollectionConfig, build_books_collection
 from rankgen_jax.data.retrieval_files import read_beir, read_passages, read_qrels, read_run
 from rankgen_jax.experiments.retrieval_example import MEASURES, MODELS, NUM_SHARDS, TABLE_FILE, \
-    RetrievalExampleConfig, run_retrieval_example
-from rankgen_jax.resources import BUNDLED_CORPUS
+    RetrievalExampleConfig, bundled_books, run_retrieval_example
 from rankgen_jax.testing import build_tiny_rankgen
 
 TINY_COLLECTION = BooksCollectionConfig(passages_per_book=12, prefix_words=48, max_continuation_words=40)
@@ -58,7 +57,7 @@ def test_collection_reads_back_with_disjoint_splits(example):
     test_books = {book(q) for q in splits["test"].labels}
     assert not train_books & test_books and len(test_books) == 2
     # Deterministic: a second build writes the same files.
-    again = build_books_collection(BUNDLED_CORPUS, workdir / "beir_again", TINY_COLLECTION)
+    again = build_books_collection(bundled_books(), workdir / "beir_again", TINY_COLLECTION)
     for name in ("corpus.jsonl", "queries.jsonl", "qrels/train.tsv", "qrels/test.tsv"):
         assert (workdir / "beir_again" / name).read_bytes() == (beir / name).read_bytes()
     assert again["test_books"] == results["collection"]["test_books"]

@@ -63,6 +63,8 @@ class DataConfig:
       `train_file` / `eval_file` (see rankgen_jax.data.lists); "retrieval"
       (queries with positive and hard-negative passages, see below).
     holdout_documents: the last N documents (by id) form the eval source.
+    holdout_ids: the documents of the eval source by id instead (a folder id
+      such as "plays/" names all of its documents); each must match one.
     prefix_keep: "end" cuts over-long prefixes from the left, keeping the text
       nearest the continuation; "start" keeps their beginning.
 
@@ -100,6 +102,7 @@ class DataConfig:
     with_negative: bool = True
     same_document: bool = True
     holdout_documents: int = 1
+    holdout_ids: tuple[str, ...] = ()
     vocab_size: int = 8064  # random source only
     prefix_words: int = 256
     min_continuation_words: int = 10
@@ -226,7 +229,7 @@ def make_sources(config: DataConfig, layout: BatchLayout = TRIPLE_LAYOUT) -> tup
     if config.source == "random":
         return RandomTriples(config), RandomTriples(dataclasses.replace(config, seed=config.seed + 10_000))
     if config.source == "books":
-        (train_docs, held_docs), _ = _corpus_split(config)
+        (train_docs, held_docs), _ = corpus_split(config)
         return (BookTriples(config, train_docs),
                 BookTriples(dataclasses.replace(config, seed=config.seed + 10_000), held_docs))
     if config.source == "examples":
@@ -377,19 +380,41 @@ def _seqio_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
     )
 
 
-def _corpus_split(config: DataConfig) -> tuple[tuple[list[Document], list[Document]], ReadStats]:
-    """((training documents, held-out documents), read stats): the last holdout_documents by id are held out."""
+def corpus_split(config: DataConfig) -> tuple[tuple[list[Document], list[Document]], ReadStats]:
+    """((training documents, held-out documents), read stats), both sorted by id: the documents
+    `holdout_ids` names, or without them the last holdout_documents by id."""
     docs, stats = require_documents(config.corpus)
     docs = sorted(docs, key=lambda d: d.id)
+    if config.holdout_ids:
+        held_ids = held_out_ids([d.id for d in docs], config.holdout_ids, config.corpus)
+        held = [d for d in docs if d.id in held_ids]
+        if len(held) == len(docs):
+            raise RankgenError(f"{config.corpus}: holdout_ids hold out all {len(docs)} documents; none is left to train")
+        return ([d for d in docs if d.id not in held_ids], held), stats
     held = config.holdout_documents
     if held <= 0 or held >= len(docs):
         raise RankgenError(f"{config.corpus}: holdout_documents={held} must leave documents on both sides of {len(docs)}")
     return (docs[:-held], docs[-held:]), stats
 
 
+def held_out_ids(doc_ids: list[str], patterns: tuple[str, ...], where: str) -> set[str]:
+    """The ids `patterns` name: an id itself, or a folder ("plays/") for every id under it;
+    a pattern that names no document is a RankgenError (a typo would otherwise train on it)."""
+    held, unmatched = set(), []
+    for pattern in patterns:
+        matches = {i for i in doc_ids if (i.startswith(pattern) if pattern.endswith("/") else i == pattern)}
+        if not matches:
+            unmatched.append(pattern)
+        held |= matches
+    if unmatched:
+        raise RankgenError(f"{where}: holdout_ids {unmatched} name no document (ids are paths below the corpus "
+                           f"folder, e.g. {doc_ids[0]!r}; a folder ends in '/')")
+    return held
+
+
 def _example_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
-    """RankGen examples cut from the corpus documents; the last holdout_documents (by id) are the eval source."""
-    (train_docs, held_docs), stats = _corpus_split(config)
+    """RankGen examples cut from the corpus documents; the held-out documents (corpus_split) are the eval source."""
+    (train_docs, held_docs), stats = corpus_split(config)
     text = load_text_encoder(config.vocab)
     example_config = ExampleConfig(prefix_words=config.prefix_words, min_continuation_words=config.min_continuation_words,
                                    max_continuation_words=config.max_continuation_words, seed=config.seed)

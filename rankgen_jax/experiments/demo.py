@@ -10,15 +10,16 @@ from pathlib import Path
 
 import gin
 import numpy as np
+from tqdm import tqdm
 
 from rankgen_jax.checkpoints.convert import export_hf
 from rankgen_jax.data.conventions import InputConventions
-from rankgen_jax.data.documents import require_documents
 from rankgen_jax.data.example_source import build_examples
 from rankgen_jax.data.examples import ExampleConfig
-from rankgen_jax.data.jsonl import write_jsonl
-from rankgen_jax.data.sources import DataConfig, training_conventions
+from rankgen_jax.data.jsonl import read_jsonl, write_jsonl
+from rankgen_jax.data.sources import DataConfig, corpus_split, training_conventions
 from rankgen_jax.eval.ranking import accuracy, mrr, pairwise_accuracy
+from rankgen_jax.eval.suffix_comparison import compare_by_kind, comparison_table, document_kind
 from rankgen_jax.experiments.stages import log, read_results, starting_checkpoint, write_results
 from rankgen_jax.inference.encoder import load_model
 from rankgen_jax.retrieval.sparse import token_overlap_scores, unigram_overlap_scores
@@ -38,32 +39,42 @@ class JobConfig:
 
     init_from_hf: an HF folder (or "minilm") imported into WORKDIR/init and
       trained from; "" trains TrainerConfig's model as configured.
-    suffix_eval_examples: held-out examples for suffix identification (gold vs
+    suffix_eval_examples: held-out examples per kind of text (a document's
+      kind is the first folder of its id) for suffix identification (gold vs
       1 and vs `suffix_eval_negatives` InBook negatives); 0 skips it.
     zero_shot: also evaluate the starting model; runs that share it and its
       held-out items (a sweep) need it evaluated once.
+    zero_shot_prefix_lengths: the starting model is read with prefixes cut to
+      each of these lengths (tokens, keeping the end as training does), and
+      the fine-tuned model, read as it was trained, is compared per kind with
+      the best of them (eval.suffix_comparison).
     """
 
     init_from_hf: str = ""
     suffix_eval_examples: int = 150
     suffix_eval_negatives: int = 10
     zero_shot: bool = True
+    zero_shot_prefix_lengths: tuple[int, ...] = (32, 64, 128, 256)
     plot: bool = True
     export: bool = True
 
 
 def held_out_suffix_sets(data: DataConfig, num_examples: int, num_negatives: int, seed: int = 1234) -> list[dict]:
-    """Suffix identification items {prefix, candidates (gold first), label 0} from the held-out documents."""
-    docs, _ = require_documents(data.corpus)
-    held = sorted(docs, key=lambda d: d.id)[-data.holdout_documents :]
+    """Suffix identification items {prefix, candidates (gold first), doc_id, kind} from the held-out
+    documents: up to num_examples per kind, drawn from all the examples of that kind's documents."""
+    (_, held), _ = corpus_split(data)
     config = ExampleConfig(prefix_words=data.prefix_words, min_continuation_words=data.min_continuation_words,
                            max_continuation_words=data.max_continuation_words,
                            negatives_per_example=num_negatives, seed=seed)
     examples, _ = build_examples(held, config)
     rng = np.random.default_rng(seed)
-    chosen = rng.choice(len(examples), size=min(num_examples, len(examples)), replace=False)
+    kinds = np.array([document_kind(e.doc_id) for e in examples])
+    chosen = []
+    for kind in sorted(set(kinds)):
+        rows = np.flatnonzero(kinds == kind)
+        chosen.extend(rng.choice(rows, size=min(num_examples, len(rows)), replace=False))
     return [{"prefix": examples[i].prefix, "candidates": [examples[i].continuation, *examples[i].negatives],
-             "doc_id": examples[i].doc_id} for i in sorted(chosen)]
+             "doc_id": examples[i].doc_id, "kind": str(kinds[i])} for i in sorted(chosen)]
 
 
 def suffix_identification(score_lists: list[np.ndarray]) -> dict:
@@ -85,16 +96,48 @@ def suffix_scores_file(name: str) -> str:
     return f"suffix_eval_scores_{name}.jsonl"
 
 
+# The per-kind comparison of the fine-tuned model with the starting model's best prefix length, as Markdown.
+COMPARISON_TABLE_FILE = "suffix_eval_by_kind.md"
+
+
+def read_scores(path: Path) -> list[np.ndarray]:
+    """Each item's scores from a file write_scores wrote (a resumed job reads its zero-shot scores back)."""
+    return [np.asarray(r["scores"], np.float64) for r in read_jsonl(path)]
+
+
 def evaluate_model(path: str, items: list[dict], conventions: InputConventions | None = None,
-                   scores_out: Path | None = None) -> dict:
+                   scores_out: Path | None = None) -> tuple[dict, list[np.ndarray]]:
     """Suffix identification of the model at `path`, read with its recorded input conventions
-    (or `conventions`); scores_out gets each item with its "scores", as `rankgen-jax score` writes them."""
+    (or `conventions`), and its scores; scores_out gets each item with its "scores", as `rankgen-jax score`
+    writes them."""
+    scores = score_at_prefix_lengths(path, items, conventions, [None])[None]
+    if scores_out is not None:
+        write_scores(scores_out, items, scores)
+    return suffix_identification(scores), scores
+
+
+def score_at_prefix_lengths(path: str, items: list[dict], conventions: InputConventions | None,
+                            prefix_lengths: list[int | None]) -> dict[int | None, list[np.ndarray]]:
+    """Prefix length -> each item's scores by the model at `path` with prefixes cut to that length (None: its
+    conventions' length). The candidates are encoded once: they read the same at every prefix length."""
     model = load_model(path, conventions=None if conventions is None else dataclasses.asdict(conventions))
     log("job", f"{path}: {model.conventions_note()}")
-    scores = model.score([it["prefix"] for it in items], [it["candidates"] for it in items])
-    if scores_out is not None:
-        write_jsonl(scores_out, ({**it, "scores": [float(x) for x in s]} for it, s in zip(items, scores)))
-    return suffix_identification(scores)
+    flat = [c for it in items for c in it["candidates"]]
+    with tqdm(total=len(flat), desc="encoding candidates", unit="text", file=sys.stderr) as bar:
+        cand_MxD = model.encode(flat, "suffix", on_batch=bar.update)
+    bounds = np.cumsum([0] + [len(it["candidates"]) for it in items])
+    scores = {}
+    for length in prefix_lengths:
+        with tqdm(total=len(items), desc=f"encoding prefixes ({length or 'recorded'} tokens)", unit="text",
+                  file=sys.stderr) as bar:
+            prefix_NxD = model.encode([it["prefix"] for it in items], "prefix", length, on_batch=bar.update)
+        # Summed over the last axis as LoadedModel.score does, so perspective heads score per perspective.
+        scores[length] = [(cand_MxD[bounds[i] : bounds[i + 1]] * prefix_NxD[i]).sum(-1) for i in range(len(items))]
+    return scores
+
+
+def write_scores(path: Path, items: list[dict], scores: list[np.ndarray]) -> None:
+    write_jsonl(path, ({**it, "scores": [float(x) for x in s]} for it, s in zip(items, scores)))
 
 
 def evaluate_unigram(items: list[dict]) -> dict:
@@ -170,18 +213,31 @@ def run_job(workdir: str) -> dict:
         results.setdefault("unigram", evaluate_unigram(items))
         results.setdefault("token_overlap", evaluate_token_overlap(items))
         if trainer.init_checkpoint and job.zero_shot and "zero_shot" not in results:
-            print("[job] evaluating the starting model (zero-shot)", flush=True)
-            # Read as training reads text (which the fine-tuned model records), so the two compare like for like.
-            results["zero_shot"] = evaluate_model(trainer.init_checkpoint, items, training_conventions(data),
-                                                  root / suffix_scores_file("zero_shot"))
+            print("[job] evaluating the starting model (zero-shot) at prefix lengths "
+                  f"{list(job.zero_shot_prefix_lengths)}", flush=True)
+            # Read as training reads text (which the fine-tuned model records), so the two compare like for like;
+            # then also at other prefix lengths, for its best reading.
+            lengths = sorted(set(job.zero_shot_prefix_lengths) | {data.prefix_length})
+            by_length = score_at_prefix_lengths(trainer.init_checkpoint, items, training_conventions(data), lengths)
+            write_scores(root / suffix_scores_file("zero_shot"), items, by_length[data.prefix_length])
+            for length in job.zero_shot_prefix_lengths:
+                write_scores(root / suffix_scores_file(f"zero_shot_{length}"), items, by_length[length])
+            results["zero_shot"] = suffix_identification(by_length[data.prefix_length])
         write_results(root, results)
 
     print("[job] training", flush=True)
     results["train"] = train(str(root / "train"), trainer=trainer, data=data)
     if items:
         print("[job] evaluating the fine-tuned model", flush=True)
-        results["fine_tuned"] = evaluate_model(str(root / "train"), items,
-                                               scores_out=root / suffix_scores_file("fine_tuned"))
+        results["fine_tuned"], tuned = evaluate_model(str(root / "train"), items,
+                                                      scores_out=root / suffix_scores_file("fine_tuned"))
+        base_files = {length: root / suffix_scores_file(f"zero_shot_{length}") for length in job.zero_shot_prefix_lengths}
+        # A job resumed from a results.json of an older version may lack the per-length scores.
+        if "zero_shot" in results and base_files and all(f.is_file() for f in base_files.values()):
+            base = {length: read_scores(f) for length, f in base_files.items()}
+            results["by_kind"] = compare_by_kind([it["kind"] for it in items], tuned, base)
+            results["by_kind_table"] = comparison_table(results["by_kind"], data.prefix_length)
+            (root / COMPARISON_TABLE_FILE).write_text(results["by_kind_table"], encoding="utf-8")
     if job.plot:
         results["plot"] = str(plot_run(root / "train", results))
     # Saved before the export, whose model card reports them.
@@ -201,6 +257,10 @@ def _print_summary(results: dict, root: Path) -> None:
         if name in results:
             shown = ", ".join(f"{k} {v:.3f}" for k, v in results[name].items() if k != "n")
             lines.append(f"  {name:<13} {shown}  (n={results[name]['n']})")
+    if "by_kind" in results:
+        lines += ["", "per kind: fine-tuned against the starting model's best prefix length "
+                  "(accuracy ± standard error; gain ± paired standard error):",
+                  results["by_kind_table"].rstrip()]
     lines.append(f"outputs: {root}/ (train/ = checkpoints, metrics.jsonl, tensorboard/; results.json; "
                  f"{results.get('plot', 'no plot')}; HF export {results.get('export', 'skipped')})")
     print("\n".join(lines), file=sys.stdout, flush=True)

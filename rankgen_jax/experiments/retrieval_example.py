@@ -14,6 +14,7 @@ import dataclasses
 from pathlib import Path
 
 from rankgen_jax.data.beir_books import BooksCollectionConfig, build_books_collection
+from rankgen_jax.data.documents import Document, require_documents
 from rankgen_jax.data.sources import DataConfig
 from rankgen_jax.eval.retrieval_metrics import evaluate_files
 from rankgen_jax.experiments.stages import MINILM, StageRun, aligned_table, is_done, mark_done, starting_checkpoint
@@ -85,14 +86,26 @@ def table_markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The example's collection: the bundled novels it was built and measured on, not the corpus's other kinds.
+BOOK_FOLDERS = ("austen/", "botchan/")
+
+
+def bundled_books() -> list[Document]:
+    """The documents of BOOK_FOLDERS in the bundled corpus, with their corpus ids ("austen/emma.txt")."""
+    documents, _ = require_documents(BUNDLED_CORPUS)
+    return [d for d in documents if d.id.startswith(BOOK_FOLDERS)]
+
+
 def run_retrieval_example(workdir: str, config: RetrievalExampleConfig = RetrievalExampleConfig(),
-                          corpus: str | Path = BUNDLED_CORPUS) -> dict:
-    """Run (or resume) the example in workdir; returns results.json's contents."""
+                          corpus: str | Path | None = None) -> dict:
+    """Run (or resume) the example in workdir on `corpus` (default: bundled_books()); returns results.json's
+    contents."""
     job = StageRun(workdir, "retrieval-example")
     root, results = job.root, job.results
     beir = root / "beir"
     if "collection" not in results:
-        results["collection"] = job.stage("collection", build_books_collection, corpus, beir, config.collection)
+        results["collection"] = job.stage("collection", build_books_collection,
+                                          bundled_books() if corpus is None else corpus, beir, config.collection)
     init = starting_checkpoint(config.init_checkpoint, config.init_from_hf, root)
     common = dict(source="retrieval", batch_size=config.batch_size, prefix_length=config.prefix_length,
                   continuation_length=config.continuation_length, prefix_keep="end", split="train",
