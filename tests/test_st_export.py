@@ -52,14 +52,17 @@ def _cli_encode(folder, kind, tmp_path) -> np.ndarray:
 
 
 def _assert_same(st_model, folder, tmp_path, rows=None) -> float:
-    """sentence-transformers' query / document vectors against `rankgen-jax encode --kind prefix / suffix`."""
+    """sentence-transformers' query / document vectors against `rankgen-jax encode --kind prefix / suffix`: the largest
+    difference, relative to the largest entry where that is over 1."""
     rows = list(range(len(TEXTS))) if rows is None else rows
     worst = 0.0
     for kind, prompt in (("prefix", "query"), ("suffix", "document")):
         got = st_model.encode(TEXTS, prompt_name=prompt, task=prompt, convert_to_numpy=True)
         want = _cli_encode(folder, kind, tmp_path)
-        diff = float(np.abs(got[rows] - want[rows]).max())
-        assert diff <= TOLERANCE, (kind, diff)
+        # fp32 rounding grows with the vectors' size: unnormalised heads (first-token + projection) reach ~7.
+        scale = max(1.0, float(np.abs(want[rows]).max()))
+        diff = float(np.abs(got[rows] - want[rows]).max()) / scale
+        assert diff <= TOLERANCE, (kind, diff, scale)
         worst = max(worst, diff)
     return worst
 
@@ -84,7 +87,7 @@ def test_minilm_export_reads_with_the_markers_and_lengths(minilm, tmp_path, caps
     worst = _assert_same(model, minilm / "hf", tmp_path)
     # The default prompt is the document one, so plain encode() reads texts as continuations.
     np.testing.assert_allclose(model.encode(TEXTS[:2]), model.encode(TEXTS[:2], prompt_name="document"), atol=1e-6)
-    print(f"MiniLM: largest difference {worst:.2e}")
+    print(f"MiniLM: largest difference {worst:.2e} (relative to the largest entry, when over 1)")
 
 
 def test_what_sentence_transformers_cannot_express_is_said(minilm, tmp_path, capsys):
@@ -134,7 +137,7 @@ def test_two_tower_bert_exports_as_a_router(tmp_path):
     worst = _assert_same(model, tmp_path / "hf", tmp_path)
     np.testing.assert_allclose(model.encode_query(TEXTS), model.encode(TEXTS, prompt_name="query", task="query"),
                                atol=1e-6)
-    print(f"two-tower BERT: largest difference {worst:.2e}")
+    print(f"two-tower BERT: largest difference {worst:.2e} (relative to the largest entry, when over 1)")
     # It reads back as the same two-tower model, and imports so.
     original = load_model(str(ckpt))
     loaded = load_model(str(tmp_path / "hf"))
@@ -175,7 +178,7 @@ def test_t5_dual_encoders_load_through_the_library_t5_support(tmp_path, spiece_m
     assert hf_config["architectures"] == ["T5EncoderModel"]
     model = _st(tmp_path / "hf")
     worst = _assert_same(model, tmp_path / "hf", tmp_path)
-    print(f"T5 {head.pooling} shared={shared}: largest difference {worst:.2e}")
+    print(f"T5 {head.pooling} shared={shared}: largest difference {worst:.2e} (relative to the largest entry, when over 1)")
     loaded = load_model(str(tmp_path / "hf"))
     assert loaded.config.head.pooling == head.pooling and loaded.config.shared_towers == shared
     np.testing.assert_allclose(loaded.encode(TEXTS, "prefix"), load_model(str(tmp_path / "ckpt")).encode(
