@@ -1,4 +1,4 @@
-"""Sentence splitting on real book excerpts (bundled Austen and Botchan, shared Shakespeare) and tricky constructed cases."""
+"""Sentence splitting on real book excerpts (the bundled corpus, shared Shakespeare) and tricky constructed cases."""
 
 from pathlib import Path
 
@@ -21,7 +21,8 @@ def sentences_of(path: Path) -> list[str]:
 
 
 def test_bundled_books_found():
-    assert len(BOOKS) == 7
+    # data/corpus/README.md: 6 Austen novels, Botchan, Moby-Dick, 39 addresses, 6 plays, 7 books of the Bible.
+    assert len(BOOKS) == 60
 
 
 # --- real excerpts ---------------------------------------------------------
@@ -194,9 +195,10 @@ def test_whole_book_words_preserved(path):
     assert " ".join(sentences).split() == text.split()  # nothing lost, duplicated or reordered
     assert all(s and s == s.strip() and "  " not in s for s in sentences)
     assert sum(word_count(s) for s in sentences) == word_count(text)
-    # Splitting really happens: books have thousands of sentences of sane length.
-    assert len(sentences) > 2000
-    assert sorted(word_count(s) for s in sentences)[len(sentences) // 2] < 40
+    # Splitting really happens: sentences of sane length. Early State of the Union addresses run
+    # long (Madison's 1815 address: a median of 51 words, its longest sentence 165), hence 60.
+    assert len(sentences) >= word_count(text) / 60
+    assert sorted(word_count(s) for s in sentences)[len(sentences) // 2] < 60
 
 
 @pytest.mark.skipif(not SHAKESPEARE.is_dir(), reason="shared Shakespeare corpus not present")
