@@ -12,7 +12,7 @@ AOT_STAMP := $(AOT_VENV)/.installed
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: venv aot-venv demo ablations retrieval-example smoke test test-all test-aot wheel-check bench bench-gpu bench-gpu-wheels clean
+.PHONY: venv aot-venv demo demo-curve ablations retrieval-example smoke test test-all test-aot wheel-check bench bench-gpu bench-gpu-wheels clean
 
 # Creates or updates .venv only when requirements.txt or pyproject.toml changed.
 venv: $(STAMP)
@@ -28,6 +28,14 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 # of training), evaluate against its zero-shot self and the unigram baseline, plot, export.
 demo: venv
 	.venv/bin/rankgen-jax train
+
+# The demo's curve: the main job with 45 minutes of training, every saved step kept (one per 50) and up to 300
+# held-out items per kind, then each step against the starting model's best reading, per kind
+# (runs/demo_curve/curve/curve.{md,png,json}; about 65 minutes on 2 free cores).
+demo-curve: venv
+	.venv/bin/rankgen-jax train --workdir runs/demo_curve --gin.TrainerConfig.max_minutes=45 \
+		--gin.TrainerConfig.keep_checkpoints=100 --gin.JobConfig.suffix_eval_examples=300
+	.venv/bin/rankgen-jax demo-curve --workdir runs/demo_curve
 
 # The CPU ablation grid (gin_configs/ablations/grid_demo_cpu.json: MiniLM, one factor at a time around the demo's
 # settings, step budgets) and its report, each run against the baseline item by item with standard errors:

@@ -132,7 +132,7 @@ HELD_OUT = ["'plays/othello.txt'", "'speeches/2017_donald_j_trump.txt'", "'speec
 @pytest.fixture(scope="module")
 def job_from_start(job, tmp_path_factory):
     """The job again, started from the first job's model: the starting model is read at two prefix lengths
-    and compared per kind (plays, speeches) with the fine-tuned one."""
+    and compared per kind (plays, speeches) with the fine-tuned one; every step is kept (for demo-curve)."""
     first, _, _ = job
     root = tmp_path_factory.mktemp("job_from_start")
     stdout = io.StringIO()
@@ -141,6 +141,7 @@ def job_from_start(job, tmp_path_factory):
         code = main(JOB[:2] + [f"--workdir={root}"] + args + [
             f"--gin.TrainerConfig.init_checkpoint='{first / 'train'}'", "--gin.JobConfig.export=False",
             "--gin.JobConfig.plot=False", "--gin.JobConfig.suffix_eval_examples=6",
+            "--gin.TrainerConfig.checkpoint_every=1", "--gin.TrainerConfig.keep_checkpoints=5",
             f"--gin.DataConfig.holdout_ids=[{', '.join(HELD_OUT)}]",
             f"--gin.JobConfig.zero_shot_prefix_lengths=(12, {PREFIX_TOKENS})"])
     return root, code, stdout.getvalue()
@@ -181,3 +182,34 @@ def test_job_compares_per_kind_with_the_best_prefix_length(job_from_start):
     assert table == results["by_kind_table"] and table.count("\n") == 2 + 2 * 2
     assert f"| best zero-shot | fine-tuned @{PREFIX_TOKENS} |" in table and "| speeches | 6 | vs 4 |" in table
     assert "per kind: fine-tuned against the starting model's best prefix length" in out
+
+
+def test_demo_curve_compares_every_saved_step(job_from_start, capsys):
+    root, _, _ = job_from_start
+    assert main(["demo-curve", f"--workdir={root}"]) == 0
+    assert "scoring 12 items with step 1" in capsys.readouterr().err
+    curve = json.loads((root / "curve" / "curve.json").read_text())
+    points = curve["points"]
+    assert [p["step"] for p in points] == [1, 2, 3]
+    # Minutes are what the trainer logged: positive and growing with the step.
+    minutes = [p["minutes"] for p in points]
+    assert all(m > 0 for m in minutes) and minutes == sorted(minutes)
+    # The last step is the job's fine-tuned model: the same scores and per-kind report as the job's own evaluation.
+    for got, want in zip(_scores(root / "curve" / "scores_step3.jsonl"), _scores(root / suffix_scores_file("fine_tuned"))):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    results = json.loads((root / "results.json").read_text())
+    for kind, entry in results["by_kind"].items():
+        for name in ("vs 1", "vs 4"):
+            got, want = points[-1]["by_kind"][kind][name], entry[name]
+            assert (got["gain"], got["gain_se"], got["clear"]) == pytest.approx((want["gain"], want["gain_se"], want["clear"]))
+    # Each step is scored with its own parameters: training moved them between steps 1 and 3.
+    assert not np.allclose(np.concatenate(_scores(root / "curve" / "scores_step1.jsonl")),
+                           np.concatenate(_scores(root / "curve" / "scores_step3.jsonl")))
+    table = (root / "curve" / "curve.md").read_text()
+    assert table.count("\n| ") == 4 and "| plays vs 1 | plays vs 4 | speeches vs 1 | speeches vs 4 | > 2 SE |" in table
+    assert (root / "curve" / "curve.png").stat().st_size > 10_000
+    # A rerun reads the scores back; a step that was not saved is named.
+    assert main(["demo-curve", f"--workdir={root}", "--steps=3"]) == 0
+    assert "scoring" not in capsys.readouterr().err
+    assert main(["demo-curve", f"--workdir={root}", "--steps=2,7"]) != 0
+    assert "no saved steps [7] (saved: [1, 2, 3])" in capsys.readouterr().err

@@ -113,6 +113,14 @@ def test_the_cache_holds_the_uncached_groups_whole(cache, split):
     assert seqio_stats["examples"] == len(cached)  # seqio counts records: whole groups
     assert seqio_stats["query_ids_max_tokens"] > LENGTHS["query_ids"]  # the cache keeps full lengths (trimmed later)
     assert len(list(task_dir.glob(f"{split}.tfrecord-*-of-00004"))) == 4 and (task_dir / "COMPLETED").exists()
+    # The vocabulary the ids were made with, checked when training reads them.
+    current = st.vocabulary_fingerprints(seqio.get_mixture_or_task(TASK))
+    assert ours["vocabularies"] == current and set(current) >= set(LENGTHS)
+    st.check_cached_vocabularies(TASK, ours["vocabularies"], current)
+    other = {**current, "positive_ids": "0" * 64}
+    with pytest.raises(RankgenError, match=r"tokenised with another vocabulary than the task has now "
+                                           r"\(features \['positive_ids'\]\); rebuild it with"):
+        st.check_cached_vocabularies(TASK, ours["vocabularies"], other)
 
 
 def test_per_host_reads_are_disjoint_whole_groups_that_cover_the_cache(cache):

@@ -2,6 +2,10 @@
 
 import ast
 import json
+import os
+import signal
+import threading
+import time
 
 import gin
 import pytest
@@ -149,3 +153,37 @@ def test_local_sweep_trains_in_process_and_names_the_failed_run(tmp_path, capsys
     assert max(r["step"] for r in read_metrics(done.parent / "metrics.jsonl")) == 2
     assert not (tmp_path / "runs" / "name-no_such_loss" / "sweep_done").exists()
     assert gin.config_str() == ""  # no run's bindings outlive it
+
+
+def test_sigterm_stops_the_sweep_without_marking_the_run_done(tmp_path, capsys):
+    """SIGTERM mid-run: the run saves and the sweep stops there, neither evaluating the partly trained model nor
+    marking it done, so that a rerun resumes it."""
+    grid = {"gin_files": ["models/t5_1_1_tiny.gin"],
+            "bindings": ["t5_config.vocab_size = 8064", "DataConfig.source = 'examples'", "DataConfig.batch_size = 8",
+                         "DataConfig.prefix_length = 24", "DataConfig.continuation_length = 16",
+                         "DataConfig.prefix_words = 48", "DataConfig.max_continuation_words = 16",
+                         "DataConfig.holdout_documents = 2", "TrainerConfig.num_steps = 100000",
+                         "TrainerConfig.checkpoint_every = 2", "JobConfig.suffix_eval_examples = 4",
+                         "JobConfig.plot = False", "JobConfig.export = False"],
+            "axes": {"LossConfig.logit_scale": [20.0, 10.0]}, "job": True}
+    path = tmp_path / "grid.json"
+    path.write_text(json.dumps(grid))
+    first = tmp_path / "runs" / "logit_scale-20.0"
+
+    def send_sigterm_after_a_checkpoint():
+        deadline = time.time() + 600
+        while time.time() < deadline and not any(p.name.isdigit() for p in (first / "train" / "checkpoints").glob("*")):
+            time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    sender = threading.Thread(target=send_sigterm_after_a_checkpoint, daemon=True)
+    sender.start()
+    run_sweep(str(path), str(tmp_path / "runs"), report_dir=str(tmp_path / "report"))
+    sender.join()
+    err = capsys.readouterr()
+    assert "[sweep] logit_scale-20.0: stopped by SIGTERM; rerun the sweep to resume it" in err.err
+    assert "[job] stopped by SIGTERM at step" in err.out
+    assert not (first / "sweep_done").exists() and not (tmp_path / "runs" / "logit_scale-10.0").exists()
+    results = json.loads((first / "results.json").read_text())
+    assert results["train"]["preempted"] == 1.0 and "fine_tuned" not in results
+    assert not (tmp_path / "report").exists()

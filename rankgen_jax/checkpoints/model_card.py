@@ -248,6 +248,11 @@ def _training(facts: CardFacts) -> list[str]:
             lines += ["", f"Held-out results of the job this run belongs to (`{facts.results_path}`; for the "
                       "main job: suffix identification on held-out books, the gold continuation against InBook "
                       "negatives, `n` items):", "", *table]
+        by_kind = facts.results.get("by_kind_table")
+        if isinstance(by_kind, str) and by_kind.strip():
+            lines += ["", "Per kind of held-out text, against the starting model read at each prefix length and the "
+                      "best of those (accuracy ± standard error; gain ± paired standard error):", "",
+                      by_kind.rstrip()]
     return lines
 
 

@@ -1,4 +1,5 @@
-"""`rankgen-jax train`, `pipeline`, `perspectives`, `compile` (configured with gin), `sweep` and `report`."""
+"""`rankgen-jax train`, `pipeline`, `perspectives`, `compile` (configured with gin), `demo-curve`, `sweep` and
+`report`."""
 
 from __future__ import annotations
 
@@ -74,6 +75,29 @@ def _run_retrieval_example(args) -> dict:
     from rankgen_jax.experiments.retrieval_example import run_retrieval_example
 
     return run_retrieval_example(args.workdir)
+
+
+def add_demo_curve(subparsers) -> None:
+    p = subparsers.add_parser(
+        "demo-curve", help="held-out suffix identification of a demo job's saved steps against minutes of training",
+        description="Score a finished demo job's held-out items with each saved training step and compare each "
+        "per kind with the best zero-shot reading of the starting model (the job's own report, at every step). "
+        "Writes WORKDIR/curve/curve.{md,json,png}; keep the steps with --gin.TrainerConfig.keep_checkpoints "
+        "when training.")
+    p.add_argument("--workdir", default=DEMO_WORKDIR, help=f"the job's folder (default {DEMO_WORKDIR})")
+    p.add_argument("--steps", default="", help="comma-separated saved steps (default: all of them)")
+    p.set_defaults(run=_run_demo_curve)
+
+
+def _run_demo_curve(args) -> dict:
+    # Imports jax, which must start after main() sets XLA's flags.
+    from rankgen_jax.experiments.demo_curve import run_curve
+
+    try:
+        steps = [int(s) for s in args.steps.split(",") if s.strip()] or None
+    except ValueError:
+        raise RankgenError(f"--steps={args.steps!r}: expected comma-separated step numbers, e.g. 50,100") from None
+    return run_curve(args.workdir, steps)
 
 
 def add_sweep(subparsers) -> None:

@@ -106,25 +106,31 @@ def read_scores(path: Path) -> list[np.ndarray]:
 
 
 def evaluate_model(path: str, items: list[dict], conventions: InputConventions | None = None,
-                   scores_out: Path | None = None) -> tuple[dict, list[np.ndarray]]:
-    """Suffix identification of the model at `path`, read with its recorded input conventions
-    (or `conventions`), and its scores; scores_out gets each item with its "scores", as `rankgen-jax score`
-    writes them."""
-    scores = score_at_prefix_lengths(path, items, conventions, [None])[None]
+                   scores_out: Path | None = None, step: int | None = None) -> tuple[dict, list[np.ndarray]]:
+    """Suffix identification of the model at `path` (a checkpoint folder's latest step, or `step`), read with
+    its recorded input conventions (or `conventions`), and its scores; scores_out gets each item with its
+    "scores", as `rankgen-jax score` writes them."""
+    scores = score_at_prefix_lengths(path, items, conventions, [None], step)[None]
     if scores_out is not None:
         write_scores(scores_out, items, scores)
     return suffix_identification(scores), scores
 
 
 def score_at_prefix_lengths(path: str, items: list[dict], conventions: InputConventions | None,
-                            prefix_lengths: list[int | None]) -> dict[int | None, list[np.ndarray]]:
-    """Prefix length -> each item's scores by the model at `path` with prefixes cut to that length (None: its
-    conventions' length). The candidates are encoded once: they read the same at every prefix length."""
-    model = load_model(path, conventions=None if conventions is None else dataclasses.asdict(conventions))
-    log("job", f"{path}: {model.conventions_note()}")
+                            prefix_lengths: list[int | None], step: int | None = None
+                            ) -> dict[int | None, list[np.ndarray]]:
+    """Prefix length -> each item's scores by the model at `path` (`step` of a checkpoint folder; None: the
+    latest) with prefixes cut to that length (None: its conventions' length). Each distinct candidate is
+    encoded once: candidates read the same at every prefix length, and InBook negatives are other items'
+    continuations, so most texts recur."""
+    model = load_model(path, conventions=None if conventions is None else dataclasses.asdict(conventions), step=step)
+    log("job", f"{path}{'' if step is None else f' step {step}'}: {model.conventions_note()}")
     flat = [c for it in items for c in it["candidates"]]
-    with tqdm(total=len(flat), desc="encoding candidates", unit="text", file=sys.stderr) as bar:
-        cand_MxD = model.encode(flat, "suffix", on_batch=bar.update)
+    distinct = list(dict.fromkeys(flat))
+    with tqdm(total=len(distinct), desc="encoding candidates", unit="text", file=sys.stderr) as bar:
+        distinct_UxD = model.encode(distinct, "suffix", on_batch=bar.update)
+    row_of = {text: i for i, text in enumerate(distinct)}
+    cand_MxD = distinct_UxD[[row_of[text] for text in flat]]
     bounds = np.cumsum([0] + [len(it["candidates"]) for it in items])
     scores = {}
     for length in prefix_lengths:
@@ -227,6 +233,12 @@ def run_job(workdir: str) -> dict:
 
     print("[job] training", flush=True)
     results["train"] = train(str(root / "train"), trainer=trainer, data=data)
+    if results["train"].get("preempted"):
+        # A partly trained model is not the job's result: evaluate, plot and export once training has ended.
+        write_results(root, results)
+        print(f"[job] stopped by SIGTERM at step {int(results['train']['steps'])} (saved): the same command "
+              "resumes training, then evaluates, plots and exports", flush=True)
+        return {**results, "preempted": True}
     if items:
         print("[job] evaluating the fine-tuned model", flush=True)
         results["fine_tuned"], tuned = evaluate_model(str(root / "train"), items,

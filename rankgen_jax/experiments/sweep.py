@@ -146,12 +146,16 @@ def run_sweep(grid_path: str, workdir: str, tpu_name: str = "", tpu_args: list[s
             continue
         print(f"[sweep] {run['name']}: {shlex.join(argv)}", file=sys.stderr, flush=True)
         try:
-            train_from_gin(grid.get("gin_files", []), run["bindings"], run_workdir(workdir, run),
-                           job=bool(grid.get("job")))
+            result = train_from_gin(grid.get("gin_files", []), run["bindings"], run_workdir(workdir, run),
+                                    job=bool(grid.get("job")))
         except RankgenError as e:
             # gin appends "In call to configurable ..." lines to errors raised inside configurables.
             reason = str(e).strip().splitlines()[0]
             raise RankgenError(f"run {run['name']} failed: {reason}; rerun the sweep to resume it") from None
+        if result.get("preempted"):
+            # Not done: the rerun resumes this run from its checkpoint, and the report waits for every run.
+            print(f"[sweep] {run['name']}: stopped by SIGTERM; rerun the sweep to resume it", file=sys.stderr)
+            return runs
         done.parent.mkdir(parents=True, exist_ok=True)
         done.write_text(shlex.join(argv) + "\n")
     if report_dir:

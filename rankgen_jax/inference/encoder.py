@@ -533,9 +533,10 @@ def _read_two_tower_hf(path: Path) -> tuple[ModelConfig, dict, TextEncoder]:
     return config, {"query_tower": query_params, "document_tower": document_params}, text
 
 
-def load_model(path: str, kind: str = "dual_encoder", conventions: dict | None = None) -> LoadedModel:
+def load_model(path: str, kind: str = "dual_encoder", conventions: dict | None = None,
+               step: int | None = None) -> LoadedModel:
     """A dual encoder (or, with kind="cross_encoder", a ranker) from a checkpoint folder /
-    training workdir (latest step) or an HF folder.
+    training workdir (its latest step, or `step`) or an HF folder.
 
     Its input conventions are the folder's (see the module docstring), with
     `conventions` ({InputConventions field: value}; None values ignored) given on top.
@@ -545,6 +546,8 @@ def load_model(path: str, kind: str = "dual_encoder", conventions: dict | None =
         raise RankgenError(f"{path}: no such model folder")
     if not folder.is_dir():
         raise RankgenError(f"{path}: not a folder (expected a rankgen_jax checkpoint or an HF model folder)")
+    if step is not None and not native.is_checkpoint_dir(folder):
+        raise RankgenError(f"{path}: step {step} asked for, but only a rankgen_jax checkpoint folder has steps")
     if native.is_checkpoint_dir(folder):
         # Check the kind and the tokenizer before reading possibly large parameters.
         config = native.load_model_config(folder)
@@ -553,7 +556,7 @@ def load_model(path: str, kind: str = "dual_encoder", conventions: dict | None =
         if vocab is None:
             raise RankgenError(f"{path}: checkpoint has no tokenizer (no files under {native.VOCAB_DIR}/)")
         text = load_text_encoder(vocab)
-        config, params = native.restore_params(folder)
+        config, params = native.restore_params(folder, step)
         recorded = native.load_input_conventions(folder)
         origin = f"recorded in {folder / CONVENTIONS_FILE}"
         if recorded is None:

@@ -60,7 +60,8 @@ def train(
     loss: LossConfig | None = None,
     optimizer: OptimizerConfig | None = None,
 ) -> dict:
-    """Train (or resume) in workdir; returns the last logged train metrics. Configs default to gin's."""
+    """Train (or resume) in workdir; returns the last logged train metrics, with "preempted" set when SIGTERM
+    stopped training before its end (the state is saved: rerunning resumes). Configs default to gin's."""
     trainer, model_config = trainer or TrainerConfig(), model_config or ModelConfig()
     data, loss, optimizer = data or DataConfig(), loss or LossConfig(), optimizer or OptimizerConfig()
     workdir_path = native.as_path(workdir)  # "gs://b/run" stays a URL (pathlib would make it "gs:/b/run")
@@ -186,7 +187,7 @@ def _loop(trainer, workdir, state, start, data_start, train_source, eval_source,
             sigterm, out_of_time = (bool(f) for f in flags)
             is_last = done == trainer.num_steps or out_of_time
             if done % trainer.log_every == 0 or is_last or sigterm:
-                last = _flush_metrics(writer, pending, bar)
+                last = _flush_metrics(writer, pending, bar, time.time() - started)
                 pending = []
                 _stop_if_diverged(state, optimizer, manager, workdir, next_batch_index=data_start + done - start)
             if trainer.eval_every and (done % trainer.eval_every == 0 or is_last):
@@ -197,13 +198,15 @@ def _loop(trainer, workdir, state, start, data_start, train_source, eval_source,
             if sigterm:
                 where = "" if preemption.requested else " on another host"
                 print(f"SIGTERM{where}: saved step {done}; exiting", file=sys.stderr)
+                # Callers that go on after training (the main job, a sweep) must know it did not finish.
+                last["preempted"] = 1.0
                 break
             if out_of_time:
                 where = "" if local_out_of_time else " (by another host's clock)"
                 print(f"time budget of {trainer.max_minutes} minutes used{where}: saved step {done}", file=sys.stderr)
                 break
         if pending:
-            last = _flush_metrics(writer, pending, bar)
+            last = _flush_metrics(writer, pending, bar, time.time() - started)
     finally:
         manager.wait_until_finished()
         manager.close()
@@ -248,12 +251,16 @@ def _local_rows(batch_size: int) -> slice:
     return slice(jax.process_index() * per_host, (jax.process_index() + 1) * per_host)
 
 
-def _flush_metrics(writer: MetricWriter, pending: list, bar) -> dict:
-    """One host sync per log interval: fetch every pending step's metrics and write them."""
+def _flush_metrics(writer: MetricWriter, pending: list, bar, elapsed_seconds: float) -> dict:
+    """One host sync per log interval: fetch every pending step's metrics and write them. The interval's last
+    step also gets `elapsed_seconds` since this process's loop began, counted as the time budget counts it, so that
+    accuracy can be read against minutes of training."""
     fetched = jax.device_get([m for _, m in pending])
     scalars = {}
-    for (step, _), values in zip(pending, fetched):
+    for i, ((step, _), values) in enumerate(zip(pending, fetched)):
         scalars = {k: float(np.asarray(v)) for k, v in values.items()}
+        if i == len(pending) - 1:
+            scalars["elapsed_seconds"] = elapsed_seconds
         writer.write_scalars(step, scalars, prefix="train/")
     bar.set_postfix(step=pending[-1][0], loss=f"{scalars['loss']:.4f}", acc=f"{scalars.get('accuracy', float('nan')):.3f}")
     writer.flush()

@@ -26,9 +26,10 @@ split into sentences or tokenise) all documents to find its blocks; for
 PG19-sized corpora, reading is a small part of the work.
 
 `rankgen_stats.{split}.json` beside seqio's files holds the group size, the
-seed, the groups and examples written, and the ReadStats of the read (files,
+seed, the groups and examples written, the ReadStats of the read (files,
 documents, skipped input by reason with the first location), merged from the
-shards' files under `read_stats/`.
+shards' files under `read_stats/`, and a fingerprint of each feature's
+vocabulary, which training checks against the task's vocabulary now.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from rankgen_jax.data.seqio.tasks import (
     read_stats_path,
     set_source_sharding,
     task_spec,
+    vocabulary_fingerprints,
 )
 from rankgen_jax.errors import RankgenError
 
@@ -149,7 +151,8 @@ def _merge_shard_stats(plan: CachePlan, name: str, split: str) -> dict:
                            f"read stats (first: {missing[0]}); the pipeline did not finish them")
     spec = task_spec(name)
     merged = {"group_size": spec.group_size, "mix_documents": spec.mix_documents, "seed": plan.seed,
-              "source_shards": plan.source_shards, "output_shards": plan.output_shards, **totals}
+              "source_shards": plan.source_shards, "output_shards": plan.output_shards,
+              "vocabularies": vocabulary_fingerprints(seqio.get_mixture_or_task(name)), **totals}
     with tf.io.gfile.GFile(cache_stats_path(plan.task_dir(name), split), "w") as f:
         f.write(json.dumps(merged, indent=2, sort_keys=True))
     return merged

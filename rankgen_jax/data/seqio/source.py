@@ -61,9 +61,11 @@ from rankgen_jax.data.seqio.tasks import (
     POSITIVE,
     QUERY,
     cache_stats_path,
+    check_cached_vocabularies,
     is_rankgen_task,
     task_spec,
     trim_ids_keeping_last,
+    vocabulary_fingerprints,
 )
 from rankgen_jax.errors import RankgenError
 
@@ -234,6 +236,8 @@ class SeqioTriples:
             )
         with tf.io.gfile.GFile(path) as f:
             cached = json.load(f)
+        if "vocabularies" in cached:  # a cache of an earlier version did not record them
+            check_cached_vocabularies(task.name, cached["vocabularies"], vocabulary_fingerprints(task))
         group_size = int(cached["group_size"])
         if not cached["mix_documents"] and self.local_batch_size % group_size:
             raise RankgenError(

@@ -111,6 +111,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import itertools
 import json
 import logging
@@ -532,6 +533,28 @@ def read_stats_path(stats_dir: str, task: str, split: str, shard: int | None = N
 def cache_stats_path(task_cache_dir: str, split: str) -> str:
     """The cache's own record of a split (group size, seed, groups, examples, skipped input), beside seqio's files."""
     return f"{task_cache_dir.rstrip('/')}/rankgen_stats.{split}.json"
+
+
+def vocabulary_fingerprints(task: seqio.Task) -> dict[str, str]:
+    """Output feature -> sha256 of its vocabulary (a SentencePiece model's bytes; another vocabulary by its type
+    and size). A cache holds token ids, which mean what they meant only under the vocabulary that made them."""
+    fingerprints = {}
+    for name, feature in sorted(task.output_features.items()):
+        vocab = feature.vocabulary
+        model = getattr(vocab, "sp_model", None)
+        data = model if isinstance(model, bytes) else f"{type(vocab).__name__}:{vocab.vocab_size}".encode()
+        fingerprints[name] = hashlib.sha256(data).hexdigest()
+    return fingerprints
+
+
+def check_cached_vocabularies(task_name: str, cached: Mapping[str, str], current: Mapping[str, str]) -> None:
+    """RankgenError naming the features whose vocabulary differs from the one the cache was tokenised with."""
+    changed = sorted(name for name in set(cached) | set(current) if cached.get(name) != current.get(name))
+    if changed:
+        raise RankgenError(
+            f"task {task_name!r}: the cache was tokenised with another vocabulary than the task has now "
+            f"(features {changed}); rebuild it with `rankgen-jax cache-tasks --tasks {task_name}`"
+        )
 
 
 def stats_record(stats: ReadStats, groups: int, examples: int) -> dict:
