@@ -121,8 +121,7 @@ def score_at_prefix_lengths(path: str, items: list[dict], conventions: InputConv
                             ) -> dict[int | None, list[np.ndarray]]:
     """Prefix length -> each item's scores by the model at `path` (`step` of a checkpoint folder; None: the
     latest) with prefixes cut to that length (None: its conventions' length). Each distinct candidate is
-    encoded once: candidates read the same at every prefix length, and InBook negatives are other items'
-    continuations, so most texts recur."""
+    encoded once: candidates read the same at every prefix length."""
     model = load_model(path, conventions=None if conventions is None else dataclasses.asdict(conventions), step=step)
     log("job", f"{path}{'' if step is None else f' step {step}'}: {model.conventions_note()}")
     flat = [c for it in items for c in it["candidates"]]
