@@ -88,9 +88,10 @@ def run_curve(workdir: str, steps: list[int] | None = None) -> dict:
     first = next((p["step"] for p in points if p["clear"] == p["rows"]), None)
     result = {"points": points, "first_all_clear": first}
     (out / "curve.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    (out / "curve.md").write_text(curve_table(result), encoding="utf-8")
+    table = curve_table(result)
+    (out / "curve.md").write_text(table, encoding="utf-8")
     plot_curve(result, out / "curve.png")
-    print(curve_table(result), flush=True)
+    print(table, flush=True)
     return result
 
 
