@@ -1,5 +1,7 @@
 """RankGen examples as a trainer batch source, and truncation that keeps a prefix's end."""
 
+import dataclasses
+
 import numpy as np
 
 from rankgen_jax.data.documents import require_documents
@@ -37,10 +39,10 @@ def test_example_triples_batches_are_same_document_and_deterministic():
         for key in a:
             np.testing.assert_array_equal(a[key], b[key])
     # Rows of one batch come from one book; epochs are reshuffled.
-    epoch = source._epoch(0)
+    epoch = source._batches(0, examples)
     for members in epoch:
         assert len({examples[i].doc_id for i in members}) == 1
-    assert source._epoch(1) != epoch
+    assert source._batches(1, examples) != epoch
     # A host's rows are a slice of the global batch.
     np.testing.assert_array_equal(source.batch(2, slice(4, 8))["query_ids"], source.batch(2)["query_ids"][4:8])
 
@@ -50,3 +52,42 @@ def test_examples_source_from_config_holds_out_whole_books():
                                           prefix_words=64, max_continuation_words=48, holdout_documents=2))
     assert {e.doc_id for e in held.examples} == {"speeches/2017_donald_j_trump.txt", "speeches/2021_joseph_r_biden.txt"}
     assert not {e.doc_id for e in held.examples} & {e.doc_id for e in train.examples}
+
+
+def test_recut_epochs_pair_the_text_afresh_and_resume_by_index():
+    docs, _ = require_documents(BUNDLED_CORPUS / "austen")
+    docs = sorted(docs, key=lambda d: d.id)[:2]
+    config = ExampleConfig(prefix_words=64, max_continuation_words=48, seed=3)
+    examples, _ = build_examples(docs, config)
+    text = load_text_encoder(DEMO_VOCAB)
+    cuts = []
+
+    def recut(epoch):
+        cuts.append(epoch)
+        found, _ = build_examples(docs, dataclasses.replace(config, seed=3 + epoch, draw_prefix_words=True))
+        return found[: len(found) // 2] if epoch == 2 else found  # epoch 2 short: its batches start over
+
+    def triples(**kw):
+        return ExampleTriples(examples, text, batch_size=8, prefix_length=48, continuation_length=40, seed=5, **kw)
+
+    plain, source, fresh = triples(), triples(recut=recut), triples(recut=recut)
+    n = source.batches_per_epoch
+    # The first epoch is the examples given.
+    for index in (0, n - 1):
+        for key, value in plain.batch(index).items():
+            np.testing.assert_array_equal(source.batch(index)[key], value)
+    # Later epochs are recut: other prefixes than the plain source's epoch, yet one document per batch.
+    plain_queries = {tuple(row) for i in range(n) for row in plain.batch(n + i)["query_ids"]}
+    recut_queries = {tuple(row) for i in range(n) for row in source.batch(n + i)["query_ids"]}
+    assert len(recut_queries & plain_queries) < 0.5 * len(recut_queries)
+    _, _, batches = source._cached_epoch
+    assert len(batches) == n
+    # A short epoch repeats its batches to the first epoch's length.
+    second = [source.batch(2 * n + i)["query_ids"] for i in range(n)]
+    period = len(source._batches(2, recut(2)))
+    assert period < n
+    np.testing.assert_array_equal(second[period], second[0])
+    # Resuming at a later index builds that epoch alone and gives the same batch.
+    cuts.clear()
+    np.testing.assert_array_equal(fresh.batch(2 * n + 3)["positive_ids"], source.batch(2 * n + 3)["positive_ids"])
+    assert cuts == [2]

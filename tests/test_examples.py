@@ -104,6 +104,22 @@ def test_deterministic_for_a_seed(books):
     assert [e.negative_spans for e in first] != [e.negative_spans for e in renamed]
 
 
+def test_drawn_prefix_words_cut_other_pairs(books):
+    doc = books["austen/persuasion.txt"]
+    plain = make_examples(doc, ExampleConfig(seed=5))
+    plain_ends = {e.prefix_span[1] for e in plain}
+    for seed in range(3):
+        config = ExampleConfig(seed=seed, draw_prefix_words=True)
+        drawn = make_examples(doc, config)
+        assert drawn == make_examples(doc, config)
+        assert check_invariants(doc, drawn, config) >= 0.95
+        words = [word_count(e.prefix) for e in drawn]
+        # Budgets drawn uniformly from [128, 256] words: prefixes of every length in between.
+        assert min(words) < 140 and max(words) > 245 and 170 < sum(words) / len(words) < 210
+        # Prefixes end, and continuations start, at other sentences than the fixed budget's.
+        assert len({e.prefix_span[1] for e in drawn} & plain_ends) < 0.3 * len(drawn)
+
+
 def numbered_document(doc_id: str, sentences: int, words_per_sentence: int = 8) -> Document:
     """Synthetic text: `sentences` sentences of `words_per_sentence` words each."""
     filler = " ".join(["word"] * (words_per_sentence - 2))

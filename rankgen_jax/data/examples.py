@@ -23,7 +23,12 @@ sentence index ranges [start, end) for checking that.
   document has no room for all negatives, the example is skipped.
 - Prefix starts: with `prefix_stride_sentences` = 0 the next prefix starts
   where the previous one ended (non-overlapping prefixes); with k > 0 a prefix
-  starts every k sentences.
+  starts every k sentences. With `draw_prefix_words` each prefix's word
+  budget is drawn uniformly from [min_prefix_words, prefix_words] instead, so
+  that each seed ends prefixes, and starts continuations, at other sentences:
+  fresh pairs from the same text. (Moving only the first prefix's start would
+  not do: greedy runs of whole sentences fall back onto the same boundaries
+  within a few prefixes.)
 
 `make_examples` is deterministic given (config.seed, doc.id); a document too
 short for one example gives [] (the caller counts those).
@@ -60,6 +65,7 @@ class ExampleConfig:
     length_tolerance: float = 0.5
     seed: int = 0
     min_prefix_fraction: float = 0.5
+    draw_prefix_words: bool = False
 
     def __post_init__(self):
         problems = []
@@ -138,7 +144,10 @@ def make_examples(doc: Document, config: ExampleConfig) -> list[Example]:
     examples = []
     start = 0
     while start < len(sentences):
-        prefix_end = _longest_run(cum, start, config.prefix_words)
+        budget = config.prefix_words
+        if config.draw_prefix_words:
+            budget = int(rng.integers(config.min_prefix_words, config.prefix_words + 1))
+        prefix_end = _longest_run(cum, start, budget)
         example = None
         if cum[prefix_end] - cum[start] >= config.min_prefix_words:
             example = _example_at(doc.id, sentences, cum, (start, prefix_end), config, rng)

@@ -31,7 +31,7 @@ from rankgen_jax.data import lists, retrieval_source
 from rankgen_jax.data.conventions import InputConventions
 from rankgen_jax.data.documents import Document, ReadStats, require_documents
 from rankgen_jax.data.example_source import PREFIX_MARKER, SUFFIX_MARKER, ExampleTriples, build_examples
-from rankgen_jax.data.examples import ExampleConfig
+from rankgen_jax.data.examples import Example, ExampleConfig
 from rankgen_jax.data.jsonl import read_jsonl
 from rankgen_jax.data.retrieval_files import DEFAULT_TITLE_JOIN, is_beir_folder, read_passages, read_qrels
 from rankgen_jax.data.text import load_text_encoder, pad_batch
@@ -67,6 +67,11 @@ class DataConfig:
       such as "plays/" names all of its documents); each must match one.
     prefix_keep: "end" cuts over-long prefixes from the left, keeping the text
       nearest the continuation; "start" keeps their beginning.
+    recut_examples: source "examples": each training epoch after the first
+      cuts the training documents afresh (another seed, each prefix's word
+      budget drawn from [prefix_words / 2, prefix_words]: see
+      ExampleConfig.draw_prefix_words), so a small corpus is not seen as the
+      same pairs epoch after epoch; held-out examples stay fixed.
 
     Source "retrieval" (rankgen_jax.data.retrieval_source has the sampling rules)
     reads either Tevatron training files, `train_file` / `eval_file`
@@ -108,6 +113,7 @@ class DataConfig:
     min_continuation_words: int = 10
     max_continuation_words: int = 128
     prefix_keep: str = "end"
+    recut_examples: bool = False
     task: str = ""  # seqio task or mixture name (source "seqio"), e.g. "rankgen_demo"
     seqio_cache_dir: str = ""  # source "seqio": read the task(s) from this cache (`rankgen-jax cache-tasks`)
     seed: int = 0
@@ -418,6 +424,11 @@ def _example_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
     text = load_text_encoder(config.vocab)
     example_config = ExampleConfig(prefix_words=config.prefix_words, min_continuation_words=config.min_continuation_words,
                                    max_continuation_words=config.max_continuation_words, seed=config.seed)
+
+    def recut(epoch: int) -> list[Example]:
+        drawn = dataclasses.replace(example_config, seed=config.seed + epoch, draw_prefix_words=True)
+        return build_examples(train_docs, drawn)[0]
+
     sources = []
     for part, mix in ((train_docs, not config.same_document), (held_docs, True)):
         examples, too_short = build_examples(part, example_config)
@@ -425,7 +436,8 @@ def _example_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
             print(f"note: {too_short} documents too short for an example", flush=True)
         sources.append(ExampleTriples(examples, text, config.batch_size, config.prefix_length,
                                       config.continuation_length, config.seed, mix_documents=mix,
-                                      with_negative=config.with_negative, prefix_keep=config.prefix_keep))
+                                      with_negative=config.with_negative, prefix_keep=config.prefix_keep,
+                                      recut=recut if config.recut_examples and part is train_docs else None))
     print(f"{stats.summary()}; {len(sources[0].examples)} training and {len(sources[1].examples)} held-out examples",
           flush=True)
     return sources[0], sources[1]
