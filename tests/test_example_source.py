@@ -50,7 +50,7 @@ def test_example_triples_batches_are_same_document_and_deterministic():
 def test_examples_source_from_config_holds_out_whole_books():
     train, held = make_sources(DataConfig(source="examples", batch_size=8, prefix_length=64, continuation_length=48,
                                           prefix_words=64, max_continuation_words=48, holdout_documents=2))
-    assert {e.doc_id for e in held.examples} == {"speeches/2017_donald_j_trump.txt", "speeches/2021_joseph_r_biden.txt"}
+    assert {e.doc_id for e in held.examples} == {"speeches/2020_donald_j_trump.txt", "speeches/2021_joseph_r_biden.txt"}
     assert not {e.doc_id for e in held.examples} & {e.doc_id for e in train.examples}
 
 
