@@ -1,6 +1,7 @@
 """RankGen tasks through seqio's Beam cache (`rankgen-jax cache-tasks`), and training read from the cache."""
 
 import json
+import logging
 from collections import Counter
 from pathlib import Path
 
@@ -188,3 +189,18 @@ def test_cache_tasks_refuses_bad_requests_before_beam_starts(corpus, tmp_path, c
     assert main(["cache-tasks", "--tasks=rankgen_pg19_inbook", f"--output_cache_dir={out}"]) == 2
     assert "no PG19 documents set" in capsys.readouterr().err
     assert not Path(out, "rankgen_pg19_inbook").exists()
+
+
+def test_the_cache_pipeline_keeps_seqio_log_lines_but_not_its_whole_example_dumps(caplog):
+    from absl import logging as absl_logging
+
+    from rankgen_jax.data.seqio.beam_cache import _quiet_example_dumps
+
+    _quiet_example_dumps()
+    _quiet_example_dumps()  # a worker set up twice filters once
+    with caplog.at_level("INFO", logger="absl"):
+        # The two lines seqio's PreprocessTask logs, through absl as it does.
+        absl_logging.info("Processing shard: %s", "shard-0")
+        absl_logging.info("Example [%d] = %s", 1, {"query_ids": list(range(5))})
+    assert [r.getMessage() for r in caplog.records] == ["Processing shard: shard-0"]
+    assert sum(f.__name__ == "_is_not_an_example_dump" for f in logging.getLogger("absl").filters) == 1

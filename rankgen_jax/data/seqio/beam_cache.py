@@ -38,6 +38,7 @@ import dataclasses
 import functools
 import importlib
 import json
+import logging
 import os
 from typing import Sequence
 
@@ -61,8 +62,22 @@ from rankgen_jax.data.seqio.tasks import (
 )
 from rankgen_jax.errors import RankgenError
 
+
+def _is_not_an_example_dump(record: logging.LogRecord) -> bool:
+    # PreprocessTask logs its 1st, 2nd, 4th, 8th... record whole; one record here is a group of tokenised
+    # rows, thousands of numbers a line. Its other lines (shards, stats) stay.
+    return not (isinstance(record.msg, str) and record.msg.startswith("Example ["))
+
+
+def _quiet_example_dumps() -> None:
+    absl_logger = logging.getLogger("absl")
+    if _is_not_an_example_dump not in absl_logger.filters:
+        absl_logger.addFilter(_is_not_an_example_dump)
+
+
 def _setup_worker(modules: Sequence[str], gin_text: str, sharding: SourceSharding) -> None:
     """Run by PreprocessTask in every worker before it reads: the driver's tasks, bindings and sharding."""
+    _quiet_example_dumps()
     for module in modules:
         importlib.import_module(module)
     if gin_text:
