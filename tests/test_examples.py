@@ -220,6 +220,33 @@ def test_batches_keep_remainder(pool):
     assert sorted(id(e) for b in batches for e in b) == sorted(id(e) for e in pool)
 
 
+def test_pooled_leftovers_are_batched_with_their_kind():
+    """Documents shorter than a batch: their leftovers fill batches of their own kind (first folder), full batches
+    stay single-document, and only each kind's last remainder is dropped."""
+    config = ExampleConfig(prefix_words=40, min_continuation_words=8, max_continuation_words=16)
+    pool = []
+    for doc_id, sentences in [("speeches/a", 58), ("speeches/b", 58), ("speeches/c", 18), ("plays/d", 118),
+                              ("plays/e", 18)]:
+        pool += make_examples(numbered_document(doc_id, sentences), config)
+    sizes = Counter(e.doc_id for e in pool)
+    assert sizes == {"speeches/a": 11, "speeches/b": 11, "speeches/c": 3, "plays/d": 23, "plays/e": 3}
+    plain = list(same_document_batches(pool, batch_size=5, seed=0))
+    pooled = list(same_document_batches(pool, batch_size=5, seed=0, pool_leftovers=True))
+    assert all(len(b) == 5 for b in pooled)
+    assert all(len({e.doc_id.split("/")[0] for e in b}) == 1 for b in pooled)
+    # Leftovers: speeches 1 + 1 + 3 = 5 (one batch, none dropped), plays 3 + 3 = 6 (one batch, 1 dropped).
+    mixed = [b for b in pooled if len({e.doc_id for e in b}) > 1]
+    assert sorted(b[0].doc_id.split("/")[0] for b in mixed) == ["plays", "speeches"]
+    assert len(pooled) == len(plain) + 2
+    assert dropped_examples(pool, 5) == 11 and dropped_examples(pool, 5, pool_leftovers=True) == 1
+    flat = [id(e) for b in pooled for e in b]
+    assert len(flat) == len(set(flat)) == len(pool) - 1
+    # The full single-document batches are the plain ones; pooling only adds.
+    key = lambda batches: sorted(tuple(sorted((e.doc_id, e.prefix_span) for e in b)) for b in batches)  # noqa: E731
+    assert set(key(plain)) <= set(key(pooled))
+    assert key(pooled) == key(same_document_batches(pool, batch_size=5, seed=0, pool_leftovers=True))
+
+
 def test_mixed_document_batches(pool):
     batches = list(same_document_batches(pool, batch_size=6, seed=0, mix_documents=True))
     assert len(batches) == len(pool) // 6 and all(len(b) == 6 for b in batches)

@@ -43,11 +43,13 @@ class ExampleTriples:
 
     def __init__(self, examples: Sequence[Example], text: TextEncoder, batch_size: int, prefix_length: int,
                  continuation_length: int, seed: int, mix_documents: bool = False, with_negative: bool = True,
-                 prefix_keep: str = "end", recut: Callable[[int], Sequence[Example]] | None = None):
+                 prefix_keep: str = "end", recut: Callable[[int], Sequence[Example]] | None = None,
+                 pool_leftovers: bool = False):
         if not examples:
             raise RankgenError("no examples to train on (documents too short for the configured prefix length?)")
         self.batch_size = batch_size
         self.seed, self.mix_documents, self.with_negative = seed, mix_documents, with_negative
+        self.pool_leftovers = pool_leftovers
         self.lengths = {"query_ids": prefix_length, "positive_ids": continuation_length, "negative_ids": continuation_length}
         self.text, self.prefix_keep, self.recut = text, prefix_keep, recut
         self.pad_id = text.pad_id
@@ -57,7 +59,7 @@ class ExampleTriples:
         if self.batches_per_epoch == 0:
             raise RankgenError(
                 f"no document has {batch_size} examples for a same-document batch "
-                f"({dropped_examples(self.examples, batch_size, mix_documents)} examples dropped); "
+                f"({self.dropped_examples()} examples dropped); "
                 "lower the batch size or set mix_documents"
             )
         self._cached_epoch = (0, self.ids, self._batches(0, self.examples))
@@ -75,7 +77,12 @@ class ExampleTriples:
         """The epoch's batches, as indices into `examples`."""
         index_of = {id(e): i for i, e in enumerate(examples)}
         return [[index_of[id(e)] for e in b]
-                for b in same_document_batches(examples, self.batch_size, self.seed + epoch, self.mix_documents)]
+                for b in same_document_batches(examples, self.batch_size, self.seed + epoch, self.mix_documents,
+                                               pool_leftovers=self.pool_leftovers)]
+
+    def dropped_examples(self) -> int:
+        """Examples of the first epoch's cut that are in no batch (see examples.same_document_batches)."""
+        return dropped_examples(self.examples, self.batch_size, self.mix_documents, self.pool_leftovers)
 
     def _load_epoch(self, epoch: int) -> tuple[int, dict[str, list[list[int]]], list[list[int]]]:
         if self.recut is None or epoch == 0:

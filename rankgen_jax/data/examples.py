@@ -44,7 +44,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from rankgen_jax.data.documents import Document
+from rankgen_jax.data.documents import Document, document_kind
 from rankgen_jax.data.sentences import split_sentences, word_count
 from rankgen_jax.errors import RankgenError
 
@@ -266,6 +266,7 @@ def same_document_batches(
     seed: int,
     mix_documents: bool = False,
     drop_remainder: bool = True,
+    pool_leftovers: bool = False,
 ) -> Iterator[list[Example]]:
     """Batches of examples, each from a single document (RankGen's in-book setting) unless `mix_documents`.
 
@@ -276,6 +277,14 @@ def same_document_batches(
     other documents; `dropped_examples` counts what is dropped. The batches of
     all documents are then shuffled together, so training does not see one
     book after another.
+
+    `pool_leftovers=True`: a document's leftover examples are not dropped but
+    pooled with the other leftovers of its kind (`document_kind`: the first
+    folder of its id), shuffled and cut into batches of that kind; only each
+    kind's last remainder is dropped. A corpus of short documents (addresses
+    of 10 to 40 examples against batches of 32) otherwise loses most of its
+    examples; their batches then draw negatives from documents of the same
+    kind, the nearest to InBook that such documents allow.
 
     `mix_documents=True`: all examples are shuffled together and cut into
     batches regardless of document (the remainder as above).
@@ -289,22 +298,40 @@ def same_document_batches(
         groups = [list(examples)]
     else:
         groups = list(_by_document(examples).values())
-    batches = []
+    pooling = pool_leftovers and not mix_documents
+    batches, leftovers = [], {}
     for group in groups:
         order = rng.permutation(len(group))
         for i in range(0, len(group), batch_size):
             batch = [group[j] for j in order[i : i + batch_size]]
+            if len(batch) == batch_size:
+                batches.append(batch)
+            elif pooling:
+                leftovers.setdefault(document_kind(batch[0].doc_id), []).extend(batch)
+            elif not drop_remainder:
+                batches.append(batch)
+    for pooled in leftovers.values():
+        order = rng.permutation(len(pooled))
+        for i in range(0, len(pooled), batch_size):
+            batch = [pooled[j] for j in order[i : i + batch_size]]
             if len(batch) == batch_size or not drop_remainder:
                 batches.append(batch)
     for k in rng.permutation(len(batches)):
         yield batches[k]
 
 
-def dropped_examples(examples: Sequence[Example], batch_size: int, mix_documents: bool = False) -> int:
+def dropped_examples(examples: Sequence[Example], batch_size: int, mix_documents: bool = False,
+                     pool_leftovers: bool = False) -> int:
     """How many examples `same_document_batches(..., drop_remainder=True)` leaves out."""
     if mix_documents:
         return len(examples) % batch_size
-    return sum(len(group) % batch_size for group in _by_document(examples).values())
+    leftovers = {document: len(group) % batch_size for document, group in _by_document(examples).items()}
+    if not pool_leftovers:
+        return sum(leftovers.values())
+    by_kind: dict[str, int] = {}
+    for document, count in leftovers.items():
+        by_kind[document_kind(document)] = by_kind.get(document_kind(document), 0) + count
+    return sum(count % batch_size for count in by_kind.values())
 
 
 def _by_document(examples: Sequence[Example]) -> dict[str, list[Example]]:

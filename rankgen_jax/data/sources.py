@@ -72,6 +72,11 @@ class DataConfig:
       budget drawn from [prefix_words / 2, prefix_words]: see
       ExampleConfig.draw_prefix_words), so a small corpus is not seen as the
       same pairs epoch after epoch; held-out examples stay fixed.
+    pool_leftovers: source "examples", same-document training batches: a
+      document's examples beyond its last full batch are pooled with the
+      other leftovers of its kind (its first folder) and batched with them
+      instead of being dropped (examples.same_document_batches); for corpora
+      of documents shorter than a batch.
 
     Source "retrieval" (rankgen_jax.data.retrieval_source has the sampling rules)
     reads either Tevatron training files, `train_file` / `eval_file`
@@ -114,6 +119,7 @@ class DataConfig:
     max_continuation_words: int = 128
     prefix_keep: str = "end"
     recut_examples: bool = False
+    pool_leftovers: bool = False
     task: str = ""  # seqio task or mixture name (source "seqio"), e.g. "rankgen_demo"
     seqio_cache_dir: str = ""  # source "seqio": read the task(s) from this cache (`rankgen-jax cache-tasks`)
     seed: int = 0
@@ -437,7 +443,9 @@ def _example_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
         sources.append(ExampleTriples(examples, text, config.batch_size, config.prefix_length,
                                       config.continuation_length, config.seed, mix_documents=mix,
                                       with_negative=config.with_negative, prefix_keep=config.prefix_keep,
-                                      recut=recut if config.recut_examples and part is train_docs else None))
-    print(f"{stats.summary()}; {len(sources[0].examples)} training and {len(sources[1].examples)} held-out examples",
-          flush=True)
+                                      recut=recut if config.recut_examples and part is train_docs else None,
+                                      pool_leftovers=config.pool_leftovers and part is train_docs))
+    print(f"{stats.summary()}; {len(sources[0].examples)} training and {len(sources[1].examples)} held-out examples; "
+          f"{sources[0].dropped_examples()} training examples in no batch (a document's examples beyond its last "
+          "full batch; DataConfig.pool_leftovers batches them with their kind's)", flush=True)
     return sources[0], sources[1]

@@ -19,16 +19,12 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from rankgen_jax.data.documents import document_kind  # noqa: F401 - the demo reads it from here
 from rankgen_jax.eval.ranking import top1
 from rankgen_jax.errors import RankgenError
 
 # How many standard errors a gain must exceed to count as clear.
 CLEAR_GAIN_SE = 2.0
-
-
-def document_kind(doc_id: str) -> str:
-    """A document's kind: the first folder of its id ("plays/othello.txt" -> "plays"); "all" without one."""
-    return doc_id.split("/", 1)[0] if "/" in doc_id else "all"
 
 
 def top1_wins(score_lists: Sequence[np.ndarray], num_candidates: int | None = None) -> np.ndarray:
