@@ -4,9 +4,10 @@ prefix length, and standard errors checked against plain NumPy."""
 import numpy as np
 import pytest
 
+from rankgen_jax.data.documents import document_kind
 from rankgen_jax.data.sources import DataConfig, corpus_split
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.eval.suffix_comparison import (accuracy_and_se, compare_by_kind, comparison_table, document_kind,
+from rankgen_jax.eval.suffix_comparison import (accuracy_and_se, compare_by_kind, comparison_table,
                                                 paired_gain, top1_wins)
 from rankgen_jax.experiments.demo import held_out_suffix_sets
 

@@ -19,7 +19,6 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from rankgen_jax.data.documents import document_kind  # noqa: F401 - the demo reads it from here
 from rankgen_jax.eval.ranking import top1
 from rankgen_jax.errors import RankgenError
 

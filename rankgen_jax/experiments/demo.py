@@ -14,12 +14,13 @@ from tqdm import tqdm
 
 from rankgen_jax.checkpoints.convert import export_hf
 from rankgen_jax.data.conventions import InputConventions
+from rankgen_jax.data.documents import document_kind
 from rankgen_jax.data.example_source import build_examples
 from rankgen_jax.data.examples import ExampleConfig
 from rankgen_jax.data.jsonl import read_jsonl, write_jsonl
 from rankgen_jax.data.sources import DataConfig, corpus_split, training_conventions
 from rankgen_jax.eval.ranking import accuracy, mrr, pairwise_accuracy
-from rankgen_jax.eval.suffix_comparison import compare_by_kind, comparison_table, document_kind
+from rankgen_jax.eval.suffix_comparison import compare_by_kind, comparison_table
 from rankgen_jax.experiments.stages import log, read_results, starting_checkpoint, write_results
 from rankgen_jax.inference.encoder import load_model
 from rankgen_jax.retrieval.sparse import token_overlap_scores, unigram_overlap_scores
