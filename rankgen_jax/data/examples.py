@@ -301,23 +301,22 @@ def same_document_batches(
     pooling = pool_leftovers and not mix_documents
     batches, leftovers = [], {}
     for group in groups:
-        order = rng.permutation(len(group))
-        for i in range(0, len(group), batch_size):
-            batch = [group[j] for j in order[i : i + batch_size]]
-            if len(batch) == batch_size:
+        for batch in _shuffled_cuts(group, batch_size, rng):
+            if len(batch) == batch_size or not (pooling or drop_remainder):
                 batches.append(batch)
             elif pooling:
                 leftovers.setdefault(document_kind(batch[0].doc_id), []).extend(batch)
-            elif not drop_remainder:
-                batches.append(batch)
     for pooled in leftovers.values():
-        order = rng.permutation(len(pooled))
-        for i in range(0, len(pooled), batch_size):
-            batch = [pooled[j] for j in order[i : i + batch_size]]
-            if len(batch) == batch_size or not drop_remainder:
-                batches.append(batch)
+        batches += [b for b in _shuffled_cuts(pooled, batch_size, rng) if len(b) == batch_size or not drop_remainder]
     for k in rng.permutation(len(batches)):
         yield batches[k]
+
+
+def _shuffled_cuts(group: Sequence[Example], batch_size: int, rng: np.random.Generator) -> Iterator[list[Example]]:
+    """The group shuffled and cut into runs of batch_size (the last one shorter)."""
+    order = rng.permutation(len(group))
+    for i in range(0, len(group), batch_size):
+        yield [group[j] for j in order[i : i + batch_size]]
 
 
 def dropped_examples(examples: Sequence[Example], batch_size: int, mix_documents: bool = False,
