@@ -37,7 +37,7 @@ def test_reexec_sets_malloc_tunables_once(monkeypatch):
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.pthread.rseq=0")
     monkeypatch.delenv("RANKGEN_MALLOC_TUNING", raising=False)
     runtime.reexec_with_malloc_tunables("rankgen_jax.cli.main", ["train", "--workdir=x"])
-    assert calls == [(sys.executable, [sys.executable, "-m", "rankgen_jax.cli.main", "train", "--workdir=x"],
+    assert calls == [(sys.executable, [sys.executable, "-P", "-m", "rankgen_jax.cli.main", "train", "--workdir=x"],
                       "glibc.pthread.rseq=0:" + runtime.MALLOC_TUNABLES)]
     runtime.reexec_with_malloc_tunables("rankgen_jax.cli.main", [])  # the re-run process: already set
     assert len(calls) == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import sys
@@ -45,25 +46,40 @@ def configure_xla_flags(host_device_count: int | None = None) -> None:
 # glibc malloc hands XLA:CPU's large per-step buffers out as fresh mmaps and unmaps them
 # when freed, so every step faults its working set in again (tiny T5 step, batch 32:
 # ~180k page faults and 0.3 s of kernel time per 0.6 s step). Transparent huge pages for
-# malloc cut the faults ~10x and the step time by ~15% (docs/performance.md). glibc
-# reads tunables only at process start, hence the re-exec.
+# malloc cut the faults ~10x; measured on `python -m benchmarks.bench` (docs/performance.md,
+# 'malloc on huge pages'): the tiny step 0.63 -> 0.52 s, the small step 5.48 -> 4.68 s. That
+# is what the re-exec buys, on CPU only (accelerator steps do not run on malloc'd buffers).
+# glibc reads tunables only at process start, hence the re-exec.
 MALLOC_TUNABLES = "glibc.malloc.hugetlb=1"
 
 
 def reexec_with_malloc_tunables(module: str, args: list[str]) -> None:
-    """Re-run this process as `python -m module args` with MALLOC_TUNABLES, once; no-op when not applicable.
+    """Re-run this process as `python -P -m module args` with MALLOC_TUNABLES, once; no-op when not applicable.
 
+    -P (safe path): plain `-m` puts the working folder first on sys.path, so a
+    `tqdm.py` or `numpy.py` in the folder a user runs from would be imported
+    and run; with -P the child's sys.path is that of the console script.
     Skipped off glibc Linux, when GLIBC_TUNABLES already sets malloc.hugetlb,
-    or when RANKGEN_MALLOC_TUNING=0.
+    when RANKGEN_MALLOC_TUNING=0, or when the package is not installed (run
+    from a source tree through the working folder, which -P would leave out).
     """
     current = os.environ.get("GLIBC_TUNABLES", "")
     if (sys.platform != "linux" or platform.libc_ver()[0] != "glibc" or "glibc.malloc.hugetlb" in current
-            or os.environ.get("RANKGEN_MALLOC_TUNING", "1") == "0"):
+            or os.environ.get("RANKGEN_MALLOC_TUNING", "1") == "0" or not _installed()):
         return
     os.environ["GLIBC_TUNABLES"] = f"{current}:{MALLOC_TUNABLES}" if current else MALLOC_TUNABLES
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-m", module, *args])
+    os.execv(sys.executable, [sys.executable, "-P", "-m", module, *args])
+
+
+def _installed() -> bool:
+    """Whether the rankgen-jax distribution is installed (regular or editable), so that -P still finds it."""
+    try:
+        importlib.metadata.distribution("rankgen-jax")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 # Environment variables that mark one process of a multi-host job: Cloud TPU VMs
