@@ -3,6 +3,7 @@
 import collections.abc
 import dataclasses
 import numbers
+import os
 import re
 import types
 import typing
@@ -64,3 +65,26 @@ def _type_ok(value, annotation) -> bool:
     if cls is dict:
         return isinstance(value, collections.abc.Mapping)
     return isinstance(value, cls)
+
+
+def require_input_file(path, what: str = "input") -> None:
+    """A RankgenError unless path is an existing file; a folder is named as one."""
+    if os.path.isdir(path):
+        raise RankgenError(f"{what} {path}: is a folder; expected a file")
+    if not os.path.isfile(path):
+        raise RankgenError(f"{what} {path}: no such file")
+
+
+def require_output_file(path, what: str = "output", create_folder: bool = False) -> None:
+    """A RankgenError unless path can be written as a file: not a folder, in a folder that exists (or, with
+    create_folder, is created)."""
+    if os.path.isdir(path):
+        raise RankgenError(f"{what} {path}: is a folder; expected a file name")
+    folder = os.path.dirname(os.path.abspath(path))
+    if create_folder:
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as e:
+            raise RankgenError(f"{what} {path}: cannot create folder {folder} ({e.strerror})") from None
+    elif not os.path.isdir(folder):
+        raise RankgenError(f"{what} {path}: folder {folder} does not exist")

@@ -41,6 +41,7 @@ Where each class of bad input is tested (this file holds the ones no other test 
 import dataclasses
 import json
 import shutil
+from pathlib import Path
 
 import jax
 import pytest
@@ -131,7 +132,8 @@ def test_wrong_field_types_are_counted(tmp_path, capsys, models):
     code, err = run_cli(capsys, "score", "--model", models["a"], "--input", path, "--output", tmp_path / "o.jsonl",
                         "--no_progress")
     assert code == 0
-    assert "skipped 4 malformed line(s)" in err and str(path) in err and "(line 1, 2, 4, 5)" in err
+    assert (f"note: skipped 4 line(s) of {path}: 1 no string prefix (line 1); 2 candidates not a non-empty list of "
+            "strings (line 2, 4); 1 label not an index into the candidates (line 5)") in err
     assert len((tmp_path / "o.jsonl").read_text().splitlines()) == 1
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(json.dumps({"id": "1", "text": ["not", "a", "string"]}) + "\n")
@@ -169,6 +171,8 @@ def test_too_short_documents_for_training(tmp_path, capsys, spiece_model):
     ("TrainerConfig.checkpoint_every=0", "TrainerConfig.checkpoint_every must be >= 1, got 0"),
     ("TrainerConfig.encoder_overrides={'dropout': 0.0}", "encoder_overrides: unknown encoder field(s) ['dropout']"),
     ("TrainerConfig.num_steps=(3", "unclosed bracket or string in binding --gin.TrainerConfig.num_steps=(3"),
+    ("DataConfig.batch_size=abc", "gin config: abc is not a value gin can read (binding --gin.DataConfig.batch_size=abc)"
+                                  ": quote a string"),
 ])
 def test_gin_type_errors_name_the_field(tmp_path, capsys, binding, fragment):
     line = one_error_line(*run_cli(capsys, "train", f"--workdir={tmp_path}", *TINY, f"--gin.{binding}"))
@@ -193,7 +197,8 @@ def test_gin_typo_in_a_file_names_file_and_line(tmp_path, capsys):
 
 
 def test_resume_with_another_model_size(tmp_path, capsys):
-    """A workdir whose model_config.json says another size than its saved steps: one error, nothing renamed."""
+    """A workdir whose model_config.json says another size than its saved steps (the run's settings agree with
+    model_config.json, the arrays do not): one error, nothing renamed."""
     from rankgen_jax.runtime import partitioning
     from rankgen_jax.train import checkpointing
     from rankgen_jax.train.compiled import build_step_functions
@@ -209,6 +214,7 @@ def test_resume_with_another_model_size(tmp_path, capsys):
                                  partitioning.rules_by_name("standard"), seed=0)
     other_size = dataclasses.replace(config, encoder=dataclasses.replace(config.encoder, d_model=64))
     native.save_model_config(tmp_path, other_size)
+    (tmp_path / "config.gin").write_text("")  # as train writes it: this folder is a training run
     manager = native.step_manager(tmp_path, writer=True)
     with jax.set_mesh(mesh):
         checkpointing.save(manager, setup.init(), next_batch_index=2)
@@ -216,7 +222,7 @@ def test_resume_with_another_model_size(tmp_path, capsys):
     manager.close()
 
     line = one_error_line(*run_cli(capsys, "train", f"--workdir={tmp_path}", *TINY,
-                                   "--gin.TrainerConfig.num_steps=4"))
+                                   "--gin.TrainerConfig.num_steps=4", "--gin.t5_config.d_model=64"))
     assert f"no checkpoint in {tmp_path}/checkpoints restores (step 0: " in line
     assert "model_config.json" in line
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["0"]
@@ -250,3 +256,94 @@ def test_search_with_another_model(tmp_path, capsys, models):
     rows = [line.split() for line in capsys.readouterr().out.splitlines()]
     assert [(r[0], r[1], r[3], r[5]) for r in rows] == [("q1", "Q0", str(rank), "mine") for rank in (1, 2, 3)]
     assert len({r[2] for r in rows}) == 3
+
+
+# --- safe and truthful runs: a workdir is one run in one folder; paths get errors, not tracebacks ----------------
+
+
+def _tree(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file under folder: relative path -> (size, mtime in ns), to show that nothing was written."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_workdir_is_one_run_in_one_folder(tmp_path, capsys):
+    """Through `lnk/../run` (lnk a symlink): every file in the folder the OS opens. A rerun with other model or data
+    settings is refused before compiling, naming each difference, and writes nothing; a longer num_steps resumes,
+    and each export's card reads the settings of the start that trained its step."""
+    (tmp_path / "elsewhere" / "deep").mkdir(parents=True)
+    (tmp_path / "lnk").symlink_to(tmp_path / "elsewhere" / "deep")
+    workdir = f"{tmp_path / 'lnk'}/../run"  # the OS: elsewhere/run; text alone: tmp_path/run
+    real = tmp_path / "elsewhere" / "run"
+    common = [f"--workdir={workdir}", *TINY, "--gin.TrainerConfig.checkpoint_every=2"]
+    code, err = run_cli(capsys, "train", *common, "--gin.TrainerConfig.num_steps=2")
+    assert code == 0, err
+    assert not (tmp_path / "run").exists(), "part of the run went to the textually normalised path"
+    for name in ("model_config.json", "run_config.json", "config.gin", "operative_config.gin", "metrics.jsonl",
+                 "checkpoints/2", "operative_configs/from_step_0.gin"):
+        assert (real / name).exists(), name
+    before = _tree(real)
+
+    for binding, named in (("--gin.t5_config.num_layers=3", "ModelConfig.encoder.num_layers 2 -> 3"),
+                           ("--gin.DataConfig.batch_size=16", "DataConfig.batch_size 8 -> 16"),
+                           ("--gin.LossConfig.logit_scale=2.0", "LossConfig.logit_scale 1.0 -> 2.0")):
+        line = one_error_line(*run_cli(capsys, "train", *common, "--gin.TrainerConfig.num_steps=4", binding))
+        assert f"{real} holds a run with other settings than these ({named}; recorded -> now)" in line, line
+        assert f"--gin.TrainerConfig.init_checkpoint={real}" in line and "TrainerConfig.num_steps" in line
+        assert _tree(real) == before, f"{binding}: the refused run wrote or changed files"
+
+    code, err = run_cli(capsys, "train", *common, "--gin.TrainerConfig.num_steps=4")
+    assert code == 0, err
+    assert f"resuming from {real}/checkpoints/2" in err
+    assert f"note: resuming {real} with changed settings: TrainerConfig.num_steps 2 -> 4 (recorded -> now)" in err
+    assert json.loads((real / "run_config.json").read_text())["trainer"]["num_steps"] == 4
+    assert "TrainerConfig.num_steps = 4" in (real / "config.gin").read_text()
+    assert "TrainerConfig.num_steps = 2" in (real / "operative_configs" / "from_step_0.gin").read_text()
+    assert "TrainerConfig.num_steps = 4" in (real / "operative_configs" / "from_step_2.gin").read_text()
+    for step, num_steps in ((2, 2), (4, 4)):
+        out = tmp_path / f"export_{step}"
+        code, err = run_cli(capsys, "export-hf", "--checkpoint", workdir, "--out", out, "--step", step)
+        assert code == 0, err
+        card = (out / "README.md").read_text()
+        assert f"this export is step {step}." in card and f"TrainerConfig.num_steps = {num_steps}" in card
+        other = 4 if num_steps == 2 else 2
+        assert f"TrainerConfig.num_steps = {other}" not in card
+
+
+def test_a_workdir_that_is_not_a_run_is_refused(tmp_path, capsys, models):
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    line = one_error_line(*run_cli(capsys, "train", f"--workdir={afile}", *TINY))
+    assert line == f"error: --workdir {afile}: is a file; a workdir is a folder (created when missing)"
+    assert afile.read_text() == "keep me"
+    # A checkpoint from `import` (or any checkpoint not written by train) is a starting point, not a run to resume.
+    imported = tmp_path / "imported"
+    shutil.copytree(models["a"], imported)
+    native.save_provenance(imported, {"imported_from": "/models/t5x_tiny", "source_format": "t5x"})
+    before = _tree(imported)
+    line = one_error_line(*run_cli(capsys, "train", f"--workdir={imported}", *TINY))
+    assert line == (f"error: --workdir {imported}: is a checkpoint imported from /models/t5x_tiny, not a training run "
+                    f"to resume; to train from it, pass --gin.TrainerConfig.init_checkpoint={imported} and a new "
+                    "--workdir")
+    assert _tree(imported) == before
+
+
+def test_paths_given_where_files_belong_get_errors(tmp_path, capsys):
+    good = tmp_path / "v.jsonl"
+    good.write_text(json.dumps({"prefix": "a b c", "candidates": ["a b", "x y"], "label": 0}) + "\n")
+    line = one_error_line(*run_cli(capsys, "score", "--method", "unigram", "--input", good,
+                                   "--output", tmp_path / "nope" / "o.jsonl"))
+    assert line == f"error: --output {tmp_path / 'nope' / 'o.jsonl'}: folder {tmp_path / 'nope'} does not exist"
+    line = one_error_line(*run_cli(capsys, "score", "--method", "unigram", "--input", good, "--output", tmp_path))
+    assert line == f"error: --output {tmp_path}: is a folder; expected a file name"
+    line = one_error_line(*run_cli(capsys, "score", "--method", "unigram", "--input", tmp_path))
+    assert line == f"error: --input {tmp_path}: is a folder; expected a file"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v.jsonl"]
+    # An LM folder with pickled weights only: refused before torch would unpickle anything.
+    lm = tmp_path / "lm"
+    lm.mkdir()
+    (lm / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    (lm / "pytorch_model.bin").write_bytes(b"\x80\x04not really a pickle")
+    line = one_error_line(*run_cli(capsys, "score", "--method", "lm_loglik", "--lm", lm, "--input", good))
+    assert line == (f"error: --lm {lm}: has only pytorch_model.bin (pickle), which is not read for safety; re-save it "
+                    "with safetensors: model.save_pretrained(out_dir, safe_serialization=True)")

@@ -197,7 +197,7 @@ def test_cli_writes_npy_in_input_order_and_skips_bad_lines(folders, tmp_path, ca
     np.testing.assert_allclose(np.load(out), clean.encode(TEXTS, "prefix"), atol=1e-5, rtol=0)
 
     assert read_texts(tmp_path / "in.txt", "raw")[1] == list(range(1, len(TEXTS) + 1))
-    with pytest.raises(RankgenError, match="no such input file"):
+    with pytest.raises(RankgenError, match="no such file"):
         _run_cli(["--model", folders["ckpt"], "--input", str(tmp_path / "missing.txt"), "--kind", "raw",
                   "--output", str(out)])
     with pytest.raises(RankgenError, match="--batch_size must be a positive integer"):

@@ -92,6 +92,10 @@ def test_score_file_unigram_labelled_unlabelled_and_malformed(tmp_path):
     assert result["accuracy"] == pytest.approx((1 + 0.5 + 0.5) / 3)
     assert result["mrr"] == pytest.approx((1 + 0.75 + 0.75) / 3)
     assert result["skipped"] == len(MALFORMED) and result["skipped_lines"] == [2, 5, 7, 8, 9, 10, 11]
+    # Each reason once, with its count and line numbers, in the order the reasons first appear.
+    assert result["skipped_reasons"] == (
+        "1 malformed JSON (line 2); 1 not a JSON object (line 5); 2 candidates not a non-empty list of strings "
+        "(line 7, 8); 2 label not an index into the candidates (line 9, 10); 1 no string prefix (line 11)")
     written = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()]
     assert [{k: v for k, v in w.items() if k != "scores"} for w in written] == GOOD
     for record, w in zip(GOOD, written):
@@ -122,7 +126,7 @@ def test_score_file_with_model(tmp_path, model_dir):
     assert result["mrr"] == pytest.approx(mrr(want[:5], [r["label"] for r in records[:5]]))
     with pytest.raises(RankgenError, match="needs a model"):
         score_file(None, str(tmp_path / "in.jsonl"))
-    with pytest.raises(RankgenError, match="no such input file"):
+    with pytest.raises(RankgenError, match="no such file"):
         score_file(model, str(tmp_path / "missing.jsonl"))
     with pytest.raises(RankgenError, match="overwrite the input"):
         score_file(model, str(tmp_path / "in.jsonl"), str(tmp_path / "in.jsonl"))
@@ -134,7 +138,8 @@ def test_score_cli_last_line_is_json(tmp_path, model_dir, capsys):
     out, err = capsys.readouterr()
     summary = json.loads(out.strip().splitlines()[-1])
     assert set(summary) == {"n", "accuracy", "mrr", "pairwise_accuracy"} and summary["n"] == 3
-    assert summary["accuracy"] == pytest.approx(2 / 3) and "skipped 1 malformed line" in err
+    assert summary["accuracy"] == pytest.approx(2 / 3)
+    assert f"note: skipped 1 line(s) of {path}: 1 malformed JSON (line {len(GOOD) + 1})" in err
     # Pairwise, ties lose: the gold beats its one negative (1), beats one and ties one (1/2), ties its one (0).
     assert summary["pairwise_accuracy"] == pytest.approx((1 + 0.5 + 0) / 3)
 

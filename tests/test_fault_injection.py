@@ -319,9 +319,14 @@ def test_bit_flips_are_caught_when_reading_params_too(tmp_path, three_steps):
 def test_no_restorable_checkpoint_is_one_clear_error_and_renames_nothing(tmp_path, capsys, three_steps):
     workdir = tmp_path / "run"
     shutil.copytree(three_steps, workdir)
-    # Another optimizer than the one that saved the steps: its state does not fit any of them.
-    code = main(["train", f"--workdir={workdir}", *SHORT, "--gin.TrainerConfig.num_steps=8",
-                 "--gin.OptimizerConfig.name='adafactor'"])
+    # Another optimizer than the one that saved the steps: the run's record refuses it before anything restores.
+    another_optimizer = ["train", f"--workdir={workdir}", *SHORT, "--gin.TrainerConfig.num_steps=8",
+                         "--gin.OptimizerConfig.name='adafactor'"]
+    assert main(another_optimizer) == 2
+    assert "(OptimizerConfig.name 'adamw' -> 'adafactor'; recorded -> now)" in capsys.readouterr().err
+    # A workdir from before run_config.json: its state does not fit the other optimizer at any step.
+    (workdir / "run_config.json").unlink()
+    code = main(another_optimizer)
     err = capsys.readouterr().err
     assert code == 2
     error = [l for l in err.splitlines() if l.startswith("error:")]

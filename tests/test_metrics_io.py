@@ -67,6 +67,38 @@ def test_restart_appends_jsonl_and_adds_events_file(tmp_path):
     assert [s for s, _ in steps] == [1, 2, 3] and steps[0][1] == 3.0 and steps[2][1] == 1.0
 
 
+def test_a_restart_step_sets_replayed_rows_aside_in_jsonl_and_tensorboard(tmp_path):
+    """A resumed trainer (restart_step=3) trains steps 3-5 again: the earlier rows of those steps leave
+    metrics.jsonl for metrics_superseded.jsonl, and TensorBoard's reader shows each step once, the later value."""
+    with MetricWriter(str(tmp_path)) as first:
+        for step in (1, 2, 3, 4, 5):
+            first.write_scalars(step, {"loss": float(step)}, prefix="train/")
+        first.write_scalars(4, {"loss": 0.5}, prefix="eval/")
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 6, "train/lo')  # the killed process's partial last line stays (and stays skipped)
+    with MetricWriter(str(tmp_path), restart_step=3) as second:
+        for step in (3, 4, 5, 6):
+            second.write_scalars(step, {"loss": 10.0 * step}, prefix="train/")
+
+    records, skipped = read_metrics_counted(tmp_path / "metrics.jsonl")
+    assert [(r["step"], r["train/loss"]) for r in records] == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0), (5, 50.0),
+                                                               (6, 60.0)]
+    assert skipped == 1
+    superseded = read_metrics(tmp_path / "metrics_superseded.jsonl")
+    assert superseded == [{"step": 3, "train/loss": 3.0}, {"step": 4, "train/loss": 4.0},
+                          {"step": 5, "train/loss": 5.0}, {"step": 4, "eval/loss": 0.5}]
+    acc = _accumulator(tmp_path / "tensorboard")
+    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0),
+                                                                      (5, 50.0), (6, 60.0)]
+    assert acc.Scalars("eval/loss") == []  # step 4's eval belonged to the replaced run
+
+    # A fresh start where a killed run left rows but no checkpoint (restart_step=0): all of them are set aside.
+    with MetricWriter(str(tmp_path), restart_step=0) as third:
+        third.write_scalars(1, {"loss": 7.0}, prefix="train/")
+    assert [(r["step"], r["train/loss"]) for r in read_metrics(tmp_path / "metrics.jsonl")] == [(1, 7.0)]
+    assert [(e.step, e.value) for e in _accumulator(tmp_path / "tensorboard").Scalars("train/loss")] == [(1, 7.0)]
+
+
 def test_truncated_last_line_is_skipped_and_restart_keeps_it_separate(tmp_path):
     path = tmp_path / "metrics.jsonl"
     with MetricWriter(str(tmp_path)) as writer:

@@ -285,13 +285,14 @@ def export_hf(checkpoint: str, out: str, fmt: str = "rankgen", overwrite: bool =
         record.unlink(missing_ok=True)  # a bare encoder reads no text by itself; an older export's record is stale
     else:
         record.write_text(conventions.to_json(), encoding="utf-8")
-    operative, results, results_path = (model_card.training_facts(checkpoint) if not native.is_remote(checkpoint)
-                                        else (None, None, ""))
+    exported_step = native.latest_step(checkpoint) if step is None else step
+    operative, results, results_path = (model_card.training_facts(checkpoint, exported_step)
+                                        if not native.is_remote(checkpoint) else (None, None, ""))
     model_card.write_model_card(out, model_card.CardFacts(
         model_config=model_config, conventions=None if model_config.kind == "encoder" else conventions,
         layout=export_layout(model_config, fmt),
         library="sentence-transformers" if (Path(out) / "modules.json").is_file() else "transformers",
-        st_limits=tuple(limits), step=native.latest_step(checkpoint) if step is None else step,
+        st_limits=tuple(limits), step=exported_step,
         provenance=native.load_provenance(checkpoint), operative_gin=operative, results=results,
         results_path=results_path))
     return model_config

@@ -21,6 +21,7 @@ from pathlib import Path
 import huggingface_hub
 import yaml
 
+from rankgen_jax.checkpoints import native
 from rankgen_jax.data.conventions import InputConventions
 from rankgen_jax.models.configs import ModelConfig
 
@@ -39,7 +40,6 @@ def read_front_matter(card: Path) -> dict:
 # Writing
 
 CARD_FILE = "README.md"
-OPERATIVE_GIN = "operative_config.gin"
 # Where the jobs (experiments/demo.py and the others) keep results beside their train workdir.
 RESULTS_FILE = "results.json"
 
@@ -68,12 +68,13 @@ class CardFacts:
     results_path: str = ""
 
 
-def training_facts(checkpoint: str) -> tuple[str | None, dict | None, str]:
-    """(operative gin, held-out results, results path) of a training workdir: its operative_config.gin, and the
-    results.json a job wrote next to it (None where absent)."""
+def training_facts(checkpoint: str, step: int | None = None) -> tuple[str | None, dict | None, str]:
+    """(operative gin, held-out results, results path) of a training workdir: the operative config of the start
+    that trained `step` (the latest start's when None), and the results.json a job wrote next to it (None where
+    absent)."""
     folder = Path(checkpoint)
-    gin_file = folder / OPERATIVE_GIN
-    operative = gin_file.read_text(encoding="utf-8") if gin_file.is_file() else None
+    gin_file = native.operative_config_for_step(folder, step)
+    operative = gin_file.read_text(encoding="utf-8") if gin_file is not None else None
     results, results_path = None, ""
     for candidate in (folder / RESULTS_FILE, folder.parent / RESULTS_FILE):
         if operative is not None and candidate.is_file():

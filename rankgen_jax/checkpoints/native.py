@@ -7,6 +7,11 @@ Layout of CKPT_DIR (the same that `rankgen-jax train` writes into its workdir):
                              kept ends, EOS handling; absent in folders made before it existed
     provenance.json          where the model came from, when known: license, base model,
                              the folder it was imported or trained from (for model cards)
+    run_config.json          a training workdir's trainer, data, loss and optimizer settings
+                             (train/run_record.py: a resume must match them)
+    config.gin, operative_config.gin, operative_configs/from_step_<N>.gin
+                             a training workdir's gin config, rewritten at every start, and
+                             each start's operative config by the step it started from
     vocab/                   the tokenizer, when known: spiece.model (T5) or
                              tokenizer.json and its companions (BERT family)
     checkpoints/<step>/      Orbax CheckpointManager steps; item `params` holds
@@ -48,6 +53,9 @@ TOKENIZER_FILES = ("spiece.model", "tokenizer.json", "tokenizer_config.json", "s
                    "vocab.txt", "vocab.json", "merges.txt")
 STEPS_DIR = "checkpoints"
 PROVENANCE_FILE = "provenance.json"
+# A training workdir's operative gin config: the latest start's, and each start's by the step it started from.
+OPERATIVE_CONFIG_FILE = "operative_config.gin"
+OPERATIVE_CONFIGS_DIR = "operative_configs"
 
 
 def as_path(path: str | os.PathLike) -> epath.Path:
@@ -60,9 +68,13 @@ def is_remote(path: str | os.PathLike) -> bool:
     return "://" in os.fspath(path)
 
 
-def absolute(path: str | os.PathLike) -> epath.Path:
-    """The path made absolute when local; a URL is absolute already (and epath's absolute() would mangle it)."""
-    return as_path(path) if is_remote(path) else as_path(path).absolute()
+def resolve(path: str | os.PathLike) -> epath.Path:
+    """A local path as the OS resolves it (symlinks first, then `..`), a URL as given.
+
+    One spelling for every file of a folder: textual normalisation (abspath) would take `lnk/../run`
+    to another folder than the OS opens when `lnk` is a symlink.
+    """
+    return as_path(path) if is_remote(path) else as_path(os.path.realpath(os.fspath(path)))
 
 
 def ensure_writable_dir(path: str | os.PathLike, overwrite: bool) -> epath.Path:
@@ -107,7 +119,7 @@ def step_manager(path: str | os.PathLike, max_to_keep: int | None = None, async_
     _check_bucket_support(path)
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=async_save,
                                            cleanup_tmp_directories=writer)
-    return ocp.CheckpointManager(absolute(path) / STEPS_DIR, options=options)
+    return ocp.CheckpointManager(resolve(path) / STEPS_DIR, options=options)
 
 
 def _check_bucket_support(path: str | os.PathLike) -> None:
@@ -249,6 +261,26 @@ def latest_step(path: str | os.PathLike) -> int | None:
         return manager.latest_step()
     finally:
         manager.close()
+
+
+def operative_config_for_step(workdir: str | os.PathLike, step: int | None) -> epath.Path | None:
+    """The operative config that trained `step`: the start with the greatest step below it (step 0: the first).
+
+    Falls back to the single operative_config.gin of workdirs from before the per-start records; None
+    when there is neither.
+    """
+    folder = as_path(workdir)
+    starts = {}
+    if (folder / OPERATIVE_CONFIGS_DIR).is_dir():
+        for path in (folder / OPERATIVE_CONFIGS_DIR).glob("from_step_*.gin"):
+            number = path.stem.removeprefix("from_step_")
+            if number.isdigit():
+                starts[int(number)] = path
+    if starts and step is not None:
+        earlier = [s for s in starts if s < step] or [min(starts)]
+        return starts[max(earlier)]
+    latest = folder / OPERATIVE_CONFIG_FILE
+    return latest if latest.is_file() else None
 
 
 def restore_params(path: str | os.PathLike, step: int | None = None) -> tuple[ModelConfig, dict]:

@@ -33,7 +33,7 @@ import numpy as np
 from tqdm import tqdm
 
 from rankgen_jax.data.jsonl import SkippedLines, iter_jsonl
-from rankgen_jax.errors import RankgenError
+from rankgen_jax.errors import RankgenError, require_input_file, require_output_file
 from rankgen_jax.lm.scoring import LM_METHODS, CausalLM, load_causal_lm, score_lists
 from rankgen_jax.retrieval.sparse import token_overlap_scores, unigram_overlap_scores
 
@@ -182,7 +182,7 @@ def score_file(
     "pairwise_accuracy" (the paper's pairwise average over the labelled lines
     with at least two candidates; None when there is none), "scored": lines
     scored, "skipped": malformed lines, "skipped_lines": their 1-based line
-    numbers}.
+    numbers, "skipped_reasons": each reason with its count and first line numbers}.
     """
     if method not in METHODS:
         raise RankgenError(f"unknown scoring method {method!r}: expected one of {METHODS}")
@@ -191,11 +191,12 @@ def score_file(
                            "or use --method token_overlap or unigram")
     if method in LM_METHODS and lm is None:
         raise RankgenError(f"scoring method {method!r} needs a causal LM (--lm DIR)")
+    require_input_file(input_path, "--input")
     source = Path(input_path)
-    if not source.is_file():
-        raise RankgenError(f"{input_path}: no such input file")
-    if output_path is not None and Path(output_path).resolve() == source.resolve():
-        raise RankgenError(f"{output_path}: the output would overwrite the input file")
+    if output_path is not None:
+        require_output_file(output_path, "--output")
+        if Path(output_path).resolve() == source.resolve():
+            raise RankgenError(f"{output_path}: the output would overwrite the input file")
     skipped = SkippedLines()
     records = (record for _, record in iter_jsonl(source, check_scoring_record, skipped.add))
     all_scores, labels, scored = [], [], 0
@@ -235,6 +236,7 @@ def score_file(
         "scored": scored,
         "skipped": skipped.count,
         "skipped_lines": skipped.numbers(),
+        "skipped_reasons": skipped.describe(),
     }
 
 
@@ -258,6 +260,10 @@ def run_score(input_path: str, output_path: str | None = None, *, method: str = 
         raise RankgenError(f"--batch_size must be >= 1, got {batch_size}")
     if lm_batch_size < 1:
         raise RankgenError(f"--lm_batch_size must be >= 1, got {lm_batch_size}")
+    # Before loading a model or a possibly large LM.
+    require_input_file(input_path, "--input")
+    if output_path is not None:
+        require_output_file(output_path, "--output")
     model = lm = None
     if method == "model":
         if not model_path:
@@ -272,8 +278,6 @@ def run_score(input_path: str, output_path: str | None = None, *, method: str = 
     if method in LM_METHODS:
         if not lm_path:
             raise RankgenError(f"--lm is required with --method {method}")
-        if not Path(input_path).is_file():
-            raise RankgenError(f"{input_path}: no such input file")  # before loading a possibly large LM
         lm = load_causal_lm(lm_path, device)
     elif lm_path:
         print(f"note: --lm is not used with --method {method}", file=sys.stderr)
@@ -281,9 +285,8 @@ def run_score(input_path: str, output_path: str | None = None, *, method: str = 
                         lm_reduce=lm_reduce, lm_batch_size=lm_batch_size,
                         progress=progress and method not in LEXICAL_SCORERS)
     if result["skipped"]:
-        first = ", ".join(str(n) for n in result["skipped_lines"][:5])
-        print(f"note: skipped {result['skipped']} malformed line(s) of {input_path} (line {first}"
-              f"{', ...' if result['skipped'] > 5 else ''})", file=sys.stderr)
+        print(f"note: skipped {result['skipped']} line(s) of {input_path}: {result['skipped_reasons']}",
+              file=sys.stderr)
     if not result["scored"]:
         # Nothing to show for the run: fail (exit 2) rather than report success over an empty output.
         if output_path:

@@ -28,7 +28,7 @@ import numpy as np
 from tqdm import tqdm
 
 from rankgen_jax.data.jsonl import parse_lines
-from rankgen_jax.errors import RankgenError
+from rankgen_jax.errors import RankgenError, require_input_file, require_output_file
 
 # Kept here rather than read from inference/encoder.py so building the CLI parser needs no jax.
 KINDS = ("prefix", "suffix", "raw")
@@ -273,9 +273,8 @@ def read_texts(path: str | os.PathLike, kind: str) -> tuple[list[str], list[int]
     """
     if kind not in KINDS:
         raise RankgenError(f"unknown encode kind {kind!r}: expected one of {list(KINDS)}")
+    require_input_file(path, "--input")
     source = Path(path)
-    if not source.is_file():
-        raise RankgenError(f"{path}: no such input file")
     # Split on "\n" only, so line numbers match what editors and `wc -l` show.
     lines = source.read_bytes().split(b"\n")
     if lines and lines[-1] == b"":
@@ -351,8 +350,8 @@ def run_encode(model_path: str | os.PathLike, input_path: str, kind: str, output
         _positive(batch_size, "--batch_size")
     if max_length is not None:
         _positive(max_length, "--max_length")
-    if not Path(input_path).is_file():
-        raise RankgenError(f"{input_path}: no such input file")
+    require_input_file(input_path, "--input")
+    require_output_file(output_path, "--output", create_folder=True)
     encoder = RankGenEncoder(model_path, truncation=truncation, batch_size=batch_size, conventions=conventions)
     print(encoder.model.conventions_note(), file=sys.stderr)
     result = encode_file(encoder, input_path, kind, output_path, max_length=max_length)

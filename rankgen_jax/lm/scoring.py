@@ -38,6 +38,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from rankgen_jax.checkpoints.hf.common import safetensors_files
 from rankgen_jax.errors import RankgenError
 
 LM_METHODS = ("lm_loglik", "pmi")
@@ -117,9 +118,13 @@ def load_lm_and_tokenizer(lm_dir: str, device: str):
         raise RankgenError(f"--lm {lm_dir} is not a folder (expected a HuggingFace causal LM folder)")
     if not (path / "config.json").is_file():
         raise RankgenError(f"--lm {lm_dir} has no config.json: not a HuggingFace model folder")
+    try:  # weights as safetensors only: unpickling a pytorch_model.bin can run code
+        safetensors_files(lm_dir)
+    except RankgenError as e:
+        raise RankgenError(f"--lm {e}") from None
     try:
         config = AutoConfig.from_pretrained(lm_dir, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(lm_dir, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(lm_dir, local_files_only=True, use_safetensors=True)
     except (OSError, ValueError, KeyError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise RankgenError(f"--lm {lm_dir} is not a causal LM folder: {first}") from None

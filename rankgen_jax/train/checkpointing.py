@@ -34,6 +34,7 @@ from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.configs import ModelConfig
 from rankgen_jax.models.factory import check_params_match, to_model_layout
 from rankgen_jax.models.factory import init_params as random_params
+from rankgen_jax.train import run_record
 from rankgen_jax.train.config import TrainerConfig
 from rankgen_jax.train.state import TrainState
 
@@ -67,7 +68,7 @@ def resolve_model_config(
     workdir: epath.Path, trainer: TrainerConfig, gin_model: ModelConfig
 ) -> tuple[ModelConfig, dict | None, str | None]:
     """(model config, initial params or None, vocab path or None): resume > init checkpoint > gin."""
-    if native.is_checkpoint_dir(workdir):
+    if holds_run(workdir):
         return native.load_model_config(workdir), None, native.vocab_path(workdir)
     if not trainer.init_checkpoint:
         return gin_model, None, None
@@ -76,6 +77,39 @@ def resolve_model_config(
     if _encoder_only(saved, trainer, gin_model):
         params = encoder_params(params, saved)
     return config, params, native.vocab_path(trainer.init_checkpoint)
+
+
+def holds_run(workdir: epath.Path) -> bool:
+    """Whether the workdir holds a run to resume: its model config and at least one saved step.
+
+    A workdir whose run was killed before its first checkpoint trained nothing that could continue:
+    it starts afresh with this start's settings.
+    """
+    return native.is_checkpoint_dir(workdir) and native.latest_step(workdir) is not None
+
+
+def intended_model_config(trainer: TrainerConfig, gin_model: ModelConfig) -> ModelConfig | None:
+    """The model a fresh start with these settings would train (no weights read): init checkpoint > gin.
+
+    None when the init checkpoint is no longer there (a resumed run does not need it).
+    """
+    if not trainer.init_checkpoint:
+        return gin_model
+    if not native.is_checkpoint_dir(trainer.init_checkpoint):
+        return None
+    return model_config_from_checkpoint(native.load_model_config(trainer.init_checkpoint), trainer, gin_model)
+
+
+def check_workdir(workdir: epath.Path) -> None:
+    """A workdir is a folder (made if missing) that is empty or holds a training run, not another checkpoint."""
+    if workdir.exists() and not workdir.is_dir():
+        raise RankgenError(f"--workdir {workdir}: is a file; a workdir is a folder (created when missing)")
+    trained_here = any((workdir / name).exists() for name in (run_record.RUN_CONFIG_FILE, "config.gin"))
+    if native.is_checkpoint_dir(workdir) and native.latest_step(workdir) is not None and not trained_here:
+        made_by = native.load_provenance(workdir).get("imported_from")
+        what = f"a checkpoint imported from {made_by}" if made_by else "a checkpoint not written by `rankgen-jax train`"
+        raise RankgenError(f"--workdir {workdir}: is {what}, not a training run to resume; to train from it, pass "
+                           f"--gin.TrainerConfig.init_checkpoint={workdir} and a new --workdir")
 
 
 def encoder_params(params: dict, saved: ModelConfig) -> dict:

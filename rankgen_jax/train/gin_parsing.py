@@ -90,6 +90,14 @@ def _describe_gin_error(e: Exception, texts: dict[str, str], bindings: Sequence[
     lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
     if not lines:
         return type(e).__name__
+    token = re.search(r"Failed to parse token '(.*)'", str(e))
+    if isinstance(e, SyntaxError) and lines[0].startswith("malformed node or string") and token:
+        # gin reads a value as a Python literal; a bare word (an unquoted string) is none.
+        where = (f"{e.filename}, line {e.lineno}" if e.filename
+                 else f"binding --gin.{(e.text or '').strip()}")
+        return (f"{token[1]} is not a value gin can read ({where}): quote a string "
+                f"(--gin.Name.param=\"'{token[1]}'\" in a shell, Name.param = '{token[1]}' in a file), or give a "
+                "number, True / False, None, a list or an @reference")
     for i, line in enumerate(lines[1:], 1):
         located = re.match(r'In file "(.+)", line (\d+)', line)
         if located:

@@ -43,7 +43,7 @@ from rankgen_jax.models.batch_layout import BatchLayout
 from rankgen_jax.models.configs import ModelConfig
 from rankgen_jax.runtime import partitioning
 from rankgen_jax.runtime.process import initialize_distributed
-from rankgen_jax.train import checkpointing, stopping
+from rankgen_jax.train import checkpointing, run_record, stopping
 from rankgen_jax.train.compiled import build_step_functions, put_batch
 from rankgen_jax.train.config import TEXT_SOURCES, LossConfig, TrainerConfig, check_divisible
 from rankgen_jax.train.metric_writers import MetricWriter
@@ -64,14 +64,24 @@ def train(
     stopped training before its end (the state is saved: rerunning resumes). Configs default to gin's."""
     trainer, model_config = trainer or TrainerConfig(), model_config or ModelConfig()
     data, loss, optimizer = data or DataConfig(), loss or LossConfig(), optimizer or OptimizerConfig()
-    workdir_path = native.as_path(workdir)  # "gs://b/run" stays a URL (pathlib would make it "gs:/b/run")
+    # One spelling of the workdir for every file of the run: the OS's (a symlink then `..` resolves as opening a
+    # file would), and "gs://b/run" stays a URL (pathlib would make it "gs:/b/run").
+    workdir_path = native.resolve(workdir)
+    workdir = str(workdir_path)
+    checkpointing.check_workdir(workdir_path)
 
     # --- mesh and static step settings -------------------------------------------------
     initialize_distributed(trainer.distributed)
     mesh = partitioning.make_mesh(trainer.mesh_data, trainer.mesh_model, replica=trainer.mesh_replica)
     rules = partitioning.rules_by_name(trainer.axis_rules)
     check_divisible(data.batch_size, partitioning.data_parallel_size(mesh), trainer)
+    resuming = checkpointing.holds_run(workdir_path)
+    intended_model = model_config
     model_config, init_params, vocab = checkpointing.resolve_model_config(workdir_path, trainer, model_config)
+    record = run_record.run_config(trainer=trainer, data=data, loss=loss, optimizer=optimizer)
+    if resuming:  # before anything compiles: a resume trains the recorded run, or stops here
+        run_record.check_resume(workdir, model_config, checkpointing.intended_model_config(trainer, intended_model),
+                                run_record.load_run_config(workdir_path), record)
     vocab = checkpointing.local_vocab(vocab)
     if model_config.kind == "encoder":
         raise RankgenError("ModelConfig.kind='encoder' has no head to train: use dual_encoder or cross_encoder")
@@ -113,10 +123,14 @@ def train(
             if jax.process_index() == 0:  # one writer on shared storage
                 native.save_model_config(workdir_path, model_config,
                                          data.vocab if data.source in TEXT_SOURCES else vocab)
-                (workdir_path / "config.gin").write_text(gin.config_str())
                 provenance = training_provenance(trainer)
                 if provenance:
                     native.save_provenance(workdir_path, provenance)
+        if jax.process_index() == 0:
+            # Every start records what it runs, so the records match the steps it trains.
+            run_record.save_run_config(workdir_path, record)
+            (workdir_path / "config.gin").write_text(gin.config_str())
+            run_record.save_operative_config(workdir_path, start, gin.operative_config_str())
         if jax.process_index() == 0 and native.load_input_conventions(workdir_path) is None:
             # How the data read text is how the model reads it; a run from before this record gets it on resume.
             native.save_input_conventions(workdir_path, training_conventions(data, layout))
@@ -155,7 +169,8 @@ def _check_vocab_fits(data: DataConfig, source, model_config: ModelConfig) -> No
 def _loop(trainer, workdir, state, start, data_start, train_source, eval_source, put, step_fn, eval_fn, manager,
           optimizer: OptimizerConfig, vote: stopping.StopVote):
     """Steps start..num_steps: log, evaluate and save on their schedules; stop early on SIGTERM or the time budget."""
-    writer = MetricWriter(str(workdir), enabled=jax.process_index() == 0)
+    # Rows of steps after `start` that an earlier process wrote are of steps this one trains again: set aside.
+    writer = MetricWriter(str(workdir), enabled=jax.process_index() == 0, restart_step=start + 1 if start else 0)
     writer.write_text(start, "gin_config", gin.config_str())
     preemption = stopping.Preemption()
     pending: list[tuple[int, dict]] = []
@@ -213,8 +228,6 @@ def _loop(trainer, workdir, state, start, data_start, train_source, eval_source,
         writer.close()
         bar.close()
         preemption.restore()
-    if jax.process_index() == 0 and not (workdir / "operative_config.gin").exists():
-        (workdir / "operative_config.gin").write_text(gin.operative_config_str())
     last["seconds"] = time.time() - started
     last["steps"] = float(int(state.step))
     return last

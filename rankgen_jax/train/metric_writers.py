@@ -64,6 +64,11 @@ class MetricWriter:
     Layout: `<logdir>/<jsonl_name>` and `<logdir>/<tb_subdir>/events.out.tfevents.*`.
     A restarted run pointed at the same logdir appends to the JSONL file and
     starts a new events file beside the old ones (TensorBoard reads them all).
+    restart_step (a trainer that resumes, or starts afresh where a killed run
+    left metrics): rows of that step and later from earlier processes are
+    moved to `<jsonl stem>_superseded.jsonl`, since this process writes those
+    steps again, and the new events file starts with a SessionLog START at
+    restart_step, on which TensorBoard drops the older events of those steps.
     Each `write_scalars` call is one JSONL line, so train and eval scalars of
     the same step are two lines with the same "step". Lines are flushed as they
     are written, so a killed run loses at most a partly written last line,
@@ -73,7 +78,7 @@ class MetricWriter:
     """
 
     def __init__(self, logdir: str | os.PathLike, enabled: bool = True, jsonl_name: str = "metrics.jsonl",
-                 tb_subdir: str = "tensorboard", remote_sync_seconds: float = 10.0):
+                 tb_subdir: str = "tensorboard", remote_sync_seconds: float = 10.0, restart_step: int | None = None):
         self.enabled = enabled
         self.remote = "://" in os.fspath(logdir)
         # Final destinations (epath for a remote logdir); the files themselves are opened under _local_dir.
@@ -100,8 +105,33 @@ class MetricWriter:
         self._local_jsonl = self._local_dir / jsonl_name
         self._local_tb_dir = self._local_dir / tb_subdir
         self._local_tb_dir.mkdir(parents=True, exist_ok=True)
+        self.superseded_path = self.logdir / f"{Path(jsonl_name).stem}_superseded.jsonl"
+        if restart_step is not None:
+            self._set_aside_from(restart_step)
         self._jsonl = self._open_jsonl(self._local_jsonl)
         self._events = self._open_events()
+        if restart_step is not None:
+            start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+            self._events.write(event_pb2.Event(wall_time=time.time(), step=int(restart_step),
+                                               session_log=start).SerializeToString())
+            self._events.flush()
+
+    def _set_aside_from(self, restart_step: int) -> None:
+        """Move the rows of steps >= restart_step from the JSONL file to the superseded file (appended)."""
+        if not self._local_jsonl.exists():
+            return
+        kept, superseded = [], []
+        for raw in self._local_jsonl.read_bytes().splitlines(keepends=True):
+            _, record = next(parse_lines([raw]), (None, None))
+            later = isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] >= restart_step
+            (superseded if later else kept).append(raw if raw.endswith(b"\n") else raw + b"\n")
+        if not superseded:
+            return
+        previous = self.superseded_path.read_bytes() if self.superseded_path.exists() else b""
+        self.superseded_path.write_bytes(previous + b"".join(superseded))
+        replacement = self._local_jsonl.with_name(self._local_jsonl.name + ".tmp")
+        replacement.write_bytes(b"".join(kept))
+        os.replace(replacement, self._local_jsonl)
 
     @staticmethod
     def _open_jsonl(path: Path):

@@ -1,0 +1,127 @@
+"""What a training workdir records of its run, and the rule that a resume continues that run or stops.
+
+A workdir holds one run. Its `model_config.json` (the model) and `run_config.json`
+(trainer, data, loss and optimizer settings) are written when the run starts and
+rewritten on every start. When a start finds a run there, every setting must
+equal the recorded one except those in RESUMABLE, which only say how long, how
+often and on which devices to train; anything else would silently train another
+model than the user asked for, so it is an error that names each difference.
+
+Each start also keeps its operative gin config under `operative_configs/`, named
+by the step it started from, so that an export of step S reads the settings that
+trained step S (`native.operative_config_for_step`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from typing import Any
+
+from etils import epath
+
+from rankgen_jax.checkpoints import native
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.models.configs import ModelConfig
+
+RUN_CONFIG_FILE = "run_config.json"
+
+# The sections of run_config.json, by the gin-configurable class whose fields each holds.
+SECTIONS = {"trainer": "TrainerConfig", "data": "DataConfig", "loss": "LossConfig", "optimizer": "OptimizerConfig"}
+
+# Settings a resume may change: the run's length, logging, checkpointing, profiling and the device
+# layout (Orbax restores into any mesh; GradCache chunks give the same gradients as one chunk), the
+# input pipeline's threads, the divergence guard, rematerialisation (memory, not math), and the
+# learning rate, which is how a run stopped by the divergence guard goes on. A resume names each one
+# that changed.
+RESUMABLE = frozenset({
+    "TrainerConfig.num_steps", "TrainerConfig.max_minutes", "TrainerConfig.log_every", "TrainerConfig.eval_every",
+    "TrainerConfig.eval_batches", "TrainerConfig.checkpoint_every", "TrainerConfig.keep_checkpoints",
+    "TrainerConfig.async_checkpoints", "TrainerConfig.profile_start_step", "TrainerConfig.profile_num_steps",
+    "TrainerConfig.distributed", "TrainerConfig.mesh_data", "TrainerConfig.mesh_model", "TrainerConfig.mesh_replica",
+    "TrainerConfig.axis_rules", "TrainerConfig.num_chunks", "DataConfig.tfdata_threads",
+    "OptimizerConfig.max_consecutive_nonfinite", "OptimizerConfig.learning_rate", "ModelConfig.encoder.remat",
+    "TrainerConfig.encoder_overrides.remat",
+})
+
+
+def run_config(**sections) -> dict[str, dict[str, Any]]:
+    """{section: {field: value}} of the given config dataclasses (SECTIONS' keys), in their JSON form."""
+    return {name: _json_form(dataclasses.asdict(config)) for name, config in sections.items()}
+
+
+def _json_form(value):
+    """As written to and read back from JSON (tuples become lists), so recorded and current compare equal."""
+    return json.loads(json.dumps(value, sort_keys=True))
+
+
+def save_run_config(workdir: epath.Path, record: dict) -> None:
+    (workdir / RUN_CONFIG_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def load_run_config(workdir: epath.Path) -> dict | None:
+    """The recorded run config, or None for a workdir from before the record (or without one)."""
+    path = workdir / RUN_CONFIG_FILE
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RankgenError(f"{path}: not readable JSON ({e}); it records the run this workdir holds") from None
+    if not isinstance(record, dict):
+        raise RankgenError(f"{path}: expected a JSON object; it records the run this workdir holds")
+    return record
+
+
+def differences(recorded: dict, current: dict, prefix: str) -> list[str]:
+    """`Name.field recorded -> current` for each setting that differs (RESUMABLE ones included)."""
+    found = []
+    for key in sorted(set(recorded) | set(current)):
+        name = f"{prefix}.{key}"
+        old, new = recorded.get(key, "<absent>"), current.get(key, "<absent>")
+        if isinstance(old, dict) and isinstance(new, dict):
+            found += differences(old, new, name)
+        elif old != new:
+            found.append(f"{name} {old!r} -> {new!r}")
+    return found
+
+
+def _resumable(difference: str) -> bool:
+    return difference.split(" ", 1)[0] in RESUMABLE
+
+
+def check_resume(workdir: str, recorded_model: ModelConfig, intended_model: ModelConfig | None,
+                 recorded_run: dict | None, current_run: dict) -> None:
+    """A RankgenError naming every difference between the run a workdir holds and this start's settings that a
+    resume may not make; a note names those it may (RESUMABLE).
+
+    intended_model: the model this start would build afresh; None when that is unknown (its init
+    checkpoint is gone), and then only the run settings are compared. recorded_run None: a workdir
+    from before run_config.json, whose model alone can be compared.
+    """
+    if intended_model is None:
+        print(f"note: {workdir}: the init checkpoint is gone, so the model this start would build is unknown; "
+              "resuming with the recorded model", file=sys.stderr)
+    found = [] if intended_model is None else differences(
+        _json_form(recorded_model.to_json_dict()), _json_form(intended_model.to_json_dict()), "ModelConfig")
+    for section, name in SECTIONS.items():
+        if recorded_run is not None and section in recorded_run:
+            found += differences(recorded_run[section], current_run.get(section, {}), name)
+    refused = [d for d in found if not _resumable(d)]
+    if refused:
+        raise RankgenError(
+            f"{workdir} holds a run with other settings than these ({'; '.join(refused)}; recorded -> now): a resume "
+            "continues the recorded run, so set them back to resume it; to train with the new settings use a new "
+            f"--workdir, or start a new run from this one's weights with --gin.TrainerConfig.init_checkpoint={workdir} "
+            f"and a new --workdir (settings a resume may change: {', '.join(sorted(RESUMABLE))})")
+    if found:
+        print(f"note: resuming {workdir} with changed settings: {'; '.join(found)} (recorded -> now)", file=sys.stderr)
+
+
+def save_operative_config(workdir: epath.Path, start_step: int, text: str) -> None:
+    """The operative gin config of the start at start_step: the latest one, and the one kept for that start."""
+    (workdir / native.OPERATIVE_CONFIG_FILE).write_text(text, encoding="utf-8")
+    (workdir / native.OPERATIVE_CONFIGS_DIR).mkdir(exist_ok=True)
+    (workdir / native.OPERATIVE_CONFIGS_DIR / f"from_step_{start_step}.gin").write_text(text, encoding="utf-8")
