@@ -36,6 +36,20 @@ Where each class of bad input is tested (this file holds the ones no other test 
 |                                     | test_t5x_import::test_missing_array_folder_names_parameter,            |
 |                                     | test_missing_chunk_names_parameter                                     |
 | dense index built by another model  | here: test_search_with_another_model                                   |
+| resume with other settings          | here: test_a_workdir_is_one_run_in_one_folder (model, data, loss:      |
+|                                     | refused, nothing written; num_steps: resumed, noted),                  |
+|                                     | test_fault_injection::test_no_restorable_checkpoint_... (optimizer)    |
+| workdir via a symlink then `..`     | here: test_a_workdir_is_one_run_in_one_folder                          |
+| workdir that is a file, or an       | here: test_a_workdir_that_is_not_a_run_is_refused                      |
+| imported checkpoint                 |                                                                        |
+| folder where a file belongs, output | here: test_paths_given_where_files_belong_get_errors                   |
+| into a missing folder, pickle-only  |                                                                        |
+| LM folder                           |                                                                        |
+| unquoted gin string                 | here: test_gin_type_errors_name_the_field                              |
+| skipped lines' reasons (score)      | here: test_wrong_field_types_are_counted; test_evaluation              |
+| code planted in the working folder  | test_security::test_no_module_from_the_working_folder_runs             |
+| metrics of replayed steps           | test_metrics_io::test_a_restart_step_sets_replayed_rows_aside_...,     |
+|                                     | test_trainer::test_sigkill_then_resume_reproduces_losses               |
 """
 
 import dataclasses
