@@ -1,3 +1,3 @@
-from rankgen_jax.cli.main import console_main
+from rankgen_jax.cli.console import console_main
 
 raise SystemExit(console_main())

@@ -14,7 +14,7 @@ from typing import Any
 
 from rankgen_jax.cli import checkpoints, data, generation, ranking, training
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.runtime.process import configure_xla_flags, reexec_with_malloc_tunables
+from rankgen_jax.runtime.process import configure_xla_flags
 
 # The commands configured with gin: they take --gin.Name.param=value bindings (args.gin_bindings).
 GIN_COMMANDS = training.GIN_COMMANDS + data.GIN_COMMANDS
@@ -113,11 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def console_main() -> int:
-    """The `rankgen-jax` command: main() in a process with the malloc settings XLA:CPU runs best with."""
-    reexec_with_malloc_tunables("rankgen_jax.cli.main", sys.argv[1:])
-    return main()
+if __name__ == "__main__":  # the re-executed process of the console script (cli/console.py)
+    from rankgen_jax.cli.console import console_main
 
-
-if __name__ == "__main__":
     sys.exit(console_main())
