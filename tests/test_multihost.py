@@ -104,8 +104,8 @@ def bucket(tmp_path, monkeypatch) -> FakeBucket:
 def test_bucket_urls_stay_urls(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert str(native.as_path("gs://bucket/run") / native.STEPS_DIR) == "gs://bucket/run/checkpoints"
-    assert str(native.absolute("gs://bucket/run")) == "gs://bucket/run"  # epath's absolute() gives "<cwd>/gs:/..."
-    assert str(native.absolute("run")) == str(tmp_path / "run")
+    assert str(native.resolve("gs://bucket/run")) == "gs://bucket/run"  # epath's absolute() gives "<cwd>/gs:/..."
+    assert str(native.resolve("run")) == str(tmp_path.resolve() / "run")
     assert native.is_remote("gs://bucket/run") and not native.is_remote(tmp_path / "run")
     assert native.as_path(native.as_path("gs://b/x")) == native.as_path("gs://b/x")
 

@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # the re-executed process of the console script (cli/console.py)
-    from rankgen_jax.cli.console import console_main
+if __name__ == "__main__":  # `python -m rankgen_jax.cli.main`, as the console script (cli/console.py) re-runs itself
+    from rankgen_jax.runtime.process import reexec_with_malloc_tunables
 
-    sys.exit(console_main())
+    reexec_with_malloc_tunables("rankgen_jax.cli.main", sys.argv[1:])
+    sys.exit(main())

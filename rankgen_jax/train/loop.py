@@ -80,8 +80,12 @@ def train(
     model_config, init_params, vocab = checkpointing.resolve_model_config(workdir_path, trainer, model_config)
     record = run_record.run_config(trainer=trainer, data=data, loss=loss, optimizer=optimizer)
     if resuming:  # before anything compiles: a resume trains the recorded run, or stops here
-        run_record.check_resume(workdir, model_config, checkpointing.intended_model_config(trainer, intended_model),
-                                run_record.load_run_config(workdir_path), record)
+        recorded_run = run_record.load_run_config(workdir_path)
+        # A resume may leave out the init checkpoint: the model it intends is still the one started from it.
+        init = trainer.init_checkpoint or run_record.recorded_init_checkpoint(recorded_run)
+        intended = checkpointing.intended_model_config(dataclasses.replace(trainer, init_checkpoint=init),
+                                                       intended_model)
+        run_record.check_resume(workdir, model_config, intended, recorded_run, record)
     vocab = checkpointing.local_vocab(vocab)
     if model_config.kind == "encoder":
         raise RankgenError("ModelConfig.kind='encoder' has no head to train: use dual_encoder or cross_encoder")

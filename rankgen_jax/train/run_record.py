@@ -89,7 +89,15 @@ def differences(recorded: dict, current: dict, prefix: str) -> list[str]:
 
 
 def _resumable(difference: str) -> bool:
-    return difference.split(" ", 1)[0] in RESUMABLE
+    # A resume takes its weights from the workdir, so leaving out the init checkpoint it started from is no change.
+    return (difference.split(" ", 1)[0] in RESUMABLE
+            or (difference.startswith("TrainerConfig.init_checkpoint ") and difference.endswith(" -> ''")))
+
+
+def recorded_init_checkpoint(recorded_run: dict | None) -> str:
+    """The init checkpoint the recorded run started from ('' when none or unrecorded)."""
+    value = ((recorded_run or {}).get("trainer") or {}).get("init_checkpoint", "")
+    return value if isinstance(value, str) else ""
 
 
 def check_resume(workdir: str, recorded_model: ModelConfig, intended_model: ModelConfig | None,
@@ -123,5 +131,7 @@ def check_resume(workdir: str, recorded_model: ModelConfig, intended_model: Mode
 def save_operative_config(workdir: epath.Path, start_step: int, text: str) -> None:
     """The operative gin config of the start at start_step: the latest one, and the one kept for that start."""
     (workdir / native.OPERATIVE_CONFIG_FILE).write_text(text, encoding="utf-8")
-    (workdir / native.OPERATIVE_CONFIGS_DIR).mkdir(exist_ok=True)
+    folder = workdir / native.OPERATIVE_CONFIGS_DIR
+    if not folder.exists():  # a bucket has no folders to make twice
+        folder.mkdir(parents=True)
     (workdir / native.OPERATIVE_CONFIGS_DIR / f"from_step_{start_step}.gin").write_text(text, encoding="utf-8")
