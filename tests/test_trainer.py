@@ -186,3 +186,34 @@ def test_data_errors_reach_the_loop():
         for batch in prefetch_batches(Broken(), 0, 5, lambda b: b):
             got.append(int(batch["x"][0, 0]))
     assert got == [0, 1]
+
+
+# The README's training example, made cheap: its gin file's model, data source, loss and schedule with smaller
+# batches and sequences.
+README_EXAMPLE = ["--gin_file=rankgen_t5_tiny_books.gin", "--gin.DataConfig.batch_size=8",
+                  "--gin.DataConfig.prefix_length=32", "--gin.DataConfig.continuation_length=16",
+                  "--gin.TrainerConfig.log_every=1", "--gin.TrainerConfig.eval_every=0"]
+
+
+def test_readme_example_decays_over_the_steps_it_runs(tmp_path, capsys):
+    """The README's example once trained steps 200-500 at learning rate 0 (its schedule ended at 200): the schedule
+    now ends at TrainerConfig.num_steps, whatever the run's length; a shorter one set on purpose is refused."""
+    steps = 210  # more than the 200 its gin file once decayed over
+    code = main(["train", f"--workdir={tmp_path / 'run'}", *README_EXAMPLE, f"--gin.TrainerConfig.num_steps={steps}",
+                 f"--gin.TrainerConfig.checkpoint_every={steps}"])
+    assert code == 0, capsys.readouterr().err
+    logged = {r["step"]: r["train/learning_rate"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")
+              if "train/learning_rate" in r}
+    assert sorted(logged) == list(range(1, steps + 1))
+    # Logged at step s: the rate step s-1's update used; warmup of 10 steps, then linear from 1e-3 to 0 at `steps`.
+    expected = {s: 1e-3 * ((s - 1) / 10 if s - 1 < 10 else (steps - (s - 1)) / (steps - 10)) for s in logged}
+    np.testing.assert_allclose([logged[s] for s in sorted(logged)], [expected[s] for s in sorted(logged)],
+                               rtol=1e-5, atol=1e-12)
+    assert logged[steps] > 0 and all(logged[s] > 0 for s in range(2, steps + 1))
+
+    code = main(["train", f"--workdir={tmp_path / 'refused'}", *README_EXAMPLE, "--gin.TrainerConfig.num_steps=500",
+                 "--gin.OptimizerConfig.total_steps=200"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "OptimizerConfig.total_steps=200" in err and "TrainerConfig.num_steps=500" in err, err
+    assert not (tmp_path / "refused" / "checkpoints").exists()

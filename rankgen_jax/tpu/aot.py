@@ -325,7 +325,7 @@ def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAU
     from rankgen_jax.runtime import partitioning
     from rankgen_jax.models.configs import ModelConfig
     from rankgen_jax.data.sources import DataConfig
-    from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer
+    from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer, schedule_for_run
     from rankgen_jax.train.step import StepOptions
     from rankgen_jax.train.compiled import build_step_functions
     from rankgen_jax.train.config import LossConfig, TrainerConfig, check_divisible
@@ -342,7 +342,7 @@ def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAU
     check_divisible(data.batch_size, partitioning.data_parallel_size(mesh), trainer)
     options = StepOptions(loss.name, tuple(sorted(loss.options().items())), trainer.num_chunks, trainer.accum_steps,
                           towers=layout.towers)
-    tx, schedule = make_optimizer(optimizer)
+    tx, schedule = make_optimizer(schedule_for_run(optimizer, trainer.num_steps))
     loss_params = losses.init_loss_params(loss.name, **loss.options())
     setup = build_step_functions(model_config, options, tx, schedule, loss_params, mesh, rules, trainer.seed)
 

@@ -47,7 +47,8 @@ from rankgen_jax.train import checkpointing, stopping
 from rankgen_jax.train.compiled import build_step_functions, put_batch
 from rankgen_jax.train.config import TEXT_SOURCES, LossConfig, TrainerConfig, check_divisible
 from rankgen_jax.train.metric_writers import MetricWriter
-from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer, nonfinite_counts
+from rankgen_jax.train.optimizers import (DECAYING_SCHEDULES, OptimizerConfig, make_optimizer,
+                                         nonfinite_counts, schedule_for_run)
 from rankgen_jax.train.state import TrainState
 from rankgen_jax.train.step import StepOptions
 
@@ -82,6 +83,7 @@ def train(
     layout = BatchLayout(model_config.kind, losses.batch_form(loss.name))
     options = StepOptions(loss.name, tuple(sorted(loss.options().items())), trainer.num_chunks, trainer.accum_steps,
                           towers=layout.towers)
+    optimizer = schedule_for_run(optimizer, trainer.num_steps)
     tx, schedule = make_optimizer(optimizer)
     loss_params = losses.init_loss_params(loss.name, **loss.options())
     if vocab and data.source in TEXT_SOURCES and data.vocab == DataConfig().vocab:
@@ -160,12 +162,16 @@ def _loop(trainer, workdir, state, start, data_start, train_source, eval_source,
     preemption = stopping.Preemption()
     pending: list[tuple[int, dict]] = []
     last: dict = {}
-    # With a time budget the bar counts seconds, so its ETA is the budget's end.
+    # With a time budget the bar counts steps with no total; its description gives steps per minute and the
+    # budget's time left (_budget_description).
     by_time = trainer.max_minutes > 0
-    bar = tqdm(total=int(60 * trainer.max_minutes) if by_time else trainer.num_steps, initial=0 if by_time else start,
+    bar = tqdm(total=None if by_time else trainer.num_steps, initial=start, unit="step", dynamic_ncols=True,
                desc=f"train (budget {trainer.max_minutes:g} min)" if by_time else "train",
-               unit="s" if by_time else "step", dynamic_ncols=True,
+               bar_format="{desc}: {n_fmt} steps [{elapsed}{postfix}]" if by_time else None,
                mininterval=1.0 if sys.stderr.isatty() else 30.0, disable=jax.process_index() != 0)
+    if by_time and optimizer.schedule in DECAYING_SCHEDULES:
+        print(f"note: the {optimizer.schedule} learning-rate schedule ends at step {optimizer.total_steps}; the time "
+              "budget may stop the run before that, and does not shorten the schedule", file=sys.stderr)
     started = time.time()
     if trainer.eval_every and start == 0:
         # The starting point (e.g. a pretrained encoder zero-shot) is the first point of the eval curve.
@@ -194,7 +200,10 @@ def _loop(trainer, workdir, state, start, data_start, train_source, eval_source,
                 writer.write_scalars(done, _evaluate(eval_fn, state, eval_source, put, trainer.eval_batches), prefix="eval/")
             if done % trainer.checkpoint_every == 0 or is_last or sigterm:
                 checkpointing.save(manager, state, next_batch_index=data_start + done - start)
-            bar.update(min(int(time.time() - started), bar.total) - bar.n if by_time else 1)
+            if by_time:
+                bar.set_description(_budget_description(done - start, time.time() - started, trainer.max_minutes),
+                                    refresh=False)
+            bar.update(1)
             if sigterm:
                 where = "" if preemption.requested else " on another host"
                 print(f"SIGTERM{where}: saved step {done}; exiting", file=sys.stderr)
@@ -203,7 +212,12 @@ def _loop(trainer, workdir, state, start, data_start, train_source, eval_source,
                 break
             if out_of_time:
                 where = "" if local_out_of_time else " (by another host's clock)"
-                print(f"time budget of {trainer.max_minutes} minutes used{where}: saved step {done}", file=sys.stderr)
+                unfinished = ""
+                if optimizer.schedule in DECAYING_SCHEDULES and done < optimizer.total_steps and "learning_rate" in last:
+                    unfinished = (f" (learning rate {last['learning_rate']:.3g}: the {optimizer.schedule} schedule "
+                                  f"ends at step {optimizer.total_steps})")
+                print(f"time budget of {trainer.max_minutes} minutes used{where}: saved step {done}{unfinished}",
+                      file=sys.stderr)
                 break
         if pending:
             last = _flush_metrics(writer, pending, bar, time.time() - started)
@@ -218,6 +232,13 @@ def _loop(trainer, workdir, state, start, data_start, train_source, eval_source,
     last["seconds"] = time.time() - started
     last["steps"] = float(int(state.step))
     return last
+
+
+def _budget_description(steps: int, seconds: float, max_minutes: float) -> str:
+    """A time-budgeted run's progress: steps per minute so far and the budget's time left."""
+    left = max(0, int(60 * max_minutes - seconds))
+    rate = 60 * steps / seconds if seconds > 0 else 0.0
+    return f"train ({rate:.1f} steps/min, {left // 60}:{left % 60:02d} of {max_minutes:g} min left)"
 
 
 def prefetch_batches(source, start: int, stop: int, put) -> Iterator:
