@@ -66,10 +66,6 @@ class TrainerConfig:
             raise RankgenError(f"TrainerConfig.encoder_overrides: unknown encoder field(s) {unknown}")
 
 
-# Sources that tokenise text with DataConfig.vocab (the checkpoint's own tokenizer by default).
-TEXT_SOURCES = ("books", "examples", "lists", "pairs", "retrieval")
-
-
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 class LossConfig:

@@ -36,16 +36,17 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from rankgen_jax.checkpoints import native
-from rankgen_jax.data.sources import DataConfig, make_sources, training_conventions
+from rankgen_jax.data.sources import (TEXT_SOURCES, DataConfig, make_sources, missing_eval_data,
+                                      training_conventions)
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.losses import registry as losses
 from rankgen_jax.models.batch_layout import BatchLayout
 from rankgen_jax.models.configs import ModelConfig
 from rankgen_jax.runtime import partitioning
 from rankgen_jax.runtime.process import initialize_distributed
-from rankgen_jax.train import checkpointing, stopping
+from rankgen_jax.train import checkpointing, gin_parsing, stopping
 from rankgen_jax.train.compiled import build_step_functions, put_batch
-from rankgen_jax.train.config import TEXT_SOURCES, LossConfig, TrainerConfig, check_divisible
+from rankgen_jax.train.config import LossConfig, TrainerConfig, check_divisible
 from rankgen_jax.train.metric_writers import MetricWriter
 from rankgen_jax.train.optimizers import (DECAYING_SCHEDULES, OptimizerConfig, make_optimizer,
                                          nonfinite_counts, schedule_for_run)
@@ -63,6 +64,8 @@ def train(
 ) -> dict:
     """Train (or resume) in workdir; returns the last logged train metrics, with "preempted" set when SIGTERM
     stopped training before its end (the state is saved: rerunning resumes). Configs default to gin's."""
+    # Gin's encoder bindings count against an init checkpoint's encoder only when the model config is gin's.
+    encoder_bindings = gin_parsing.encoder_bindings() if model_config is None else ()
     trainer, model_config = trainer or TrainerConfig(), model_config or ModelConfig()
     data, loss, optimizer = data or DataConfig(), loss or LossConfig(), optimizer or OptimizerConfig()
     workdir_path = native.as_path(workdir)  # "gs://b/run" stays a URL (pathlib would make it "gs:/b/run")
@@ -72,10 +75,12 @@ def train(
     mesh = partitioning.make_mesh(trainer.mesh_data, trainer.mesh_model, replica=trainer.mesh_replica)
     rules = partitioning.rules_by_name(trainer.axis_rules)
     check_divisible(data.batch_size, partitioning.data_parallel_size(mesh), trainer)
-    model_config, init_params, vocab = checkpointing.resolve_model_config(workdir_path, trainer, model_config)
+    model_config, init_params, vocab = checkpointing.resolve_model_config(workdir_path, trainer, model_config,
+                                                                          encoder_bindings)
     vocab = checkpointing.local_vocab(vocab)
     if model_config.kind == "encoder":
         raise RankgenError("ModelConfig.kind='encoder' has no head to train: use dual_encoder or cross_encoder")
+    losses.check_model_kind(loss.name, model_config.kind)
     if model_config.kind == "cross_encoder" and data.source not in ("lists", "pairs", "retrieval"):
         raise RankgenError(f"a cross encoder trains on candidate lists or pairs (DataConfig.source 'lists', "
                            f"'pairs' or 'retrieval'), not {data.source!r}")
@@ -86,10 +91,16 @@ def train(
     optimizer = schedule_for_run(optimizer, trainer.num_steps)
     tx, schedule = make_optimizer(optimizer)
     loss_params = losses.init_loss_params(loss.name, **loss.options())
-    if vocab and data.source in TEXT_SOURCES and data.vocab == DataConfig().vocab:
-        data = dataclasses.replace(data, vocab=vocab)  # tokenise with the checkpoint's own tokenizer
+    if vocab and data.source in TEXT_SOURCES and not data.vocab:
+        data = dataclasses.replace(data, vocab=vocab)  # none chosen: tokenise with the checkpoint's own tokenizer
+    missing = missing_eval_data(data)
+    if missing and trainer.eval_every:
+        raise RankgenError(f"TrainerConfig.eval_every={trainer.eval_every} evaluates on held-out data, which this data "
+                           f"config does not name: give {missing}, or set TrainerConfig.eval_every=0")
     train_source, eval_source = make_sources(data, layout)
     _check_vocab_fits(data, train_source, model_config)
+
+    gin_parsing.check_bindings_used()  # every configurable of the run has been called by now
 
     # --- state, created sharded; step functions jitted once -----------------------------
     setup = build_step_functions(model_config, options, tx, schedule, loss_params, mesh, rules, trainer.seed)
@@ -114,7 +125,7 @@ def train(
                 state = state.replace(params=partitioning.device_put_tree(init_params, setup.shardings.params))
             if jax.process_index() == 0:  # one writer on shared storage
                 native.save_model_config(workdir_path, model_config,
-                                         data.vocab if data.source in TEXT_SOURCES else vocab)
+                                         data.tokenizer_path() if data.source in TEXT_SOURCES else vocab)
                 (workdir_path / "config.gin").write_text(gin.config_str())
                 provenance = training_provenance(trainer)
                 if provenance:
@@ -150,7 +161,7 @@ def _check_vocab_fits(data: DataConfig, source, model_config: ModelConfig) -> No
     if size is not None and size > model_config.encoder.vocab_size:
         raise RankgenError(
             f"the data's vocabulary has {size} ids but the model's embedding has {model_config.encoder.vocab_size} rows "
-            f"(DataConfig.vocab={data.vocab!r}); use the model's own tokenizer"
+            f"(DataConfig.vocab={data.tokenizer_path()!r}); use the model's own tokenizer"
         )
 
 
