@@ -2,6 +2,7 @@
 
 import dataclasses
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -305,3 +306,15 @@ def test_the_encoder_follows_the_init_checkpoint(tmp_path, capsys, no_gin_file):
     err = capsys.readouterr().err
     assert code == 2 and "differ from it (d_model=384 where the checkpoint has 32" in err, err
     assert "num_layers=3 where the checkpoint has 1" in err
+
+
+def test_a_time_budgeted_run_counts_steps(tmp_path, capsys):
+    """The bar of a time-budgeted run shows steps, steps per minute and the budget's time left, not seconds."""
+    code = main(["train", f"--workdir={tmp_path}", *TINY, "--gin.TrainerConfig.num_steps=100000",
+                 "--gin.TrainerConfig.max_minutes=0.01", "--gin.OptimizerConfig.schedule='linear'"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert re.search(r"train \(\d+\.\d steps/min, 0:00 of 0.01 min left\): \d+ steps \[", err), err
+    assert "ends at step 100000; the time budget may stop the run before that" in err
+    assert re.search(r"time budget of 0.01 minutes used: saved step \d+ \(learning rate [\d.e-]+: the linear schedule "
+                     r"ends at step 100000\)", err), err

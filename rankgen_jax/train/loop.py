@@ -144,9 +144,11 @@ def training_provenance(trainer: TrainerConfig) -> dict:
         return {}
     source = native.load_provenance(trainer.init_checkpoint)
     provenance = {"trained_from": str(trainer.init_checkpoint)}
-    # The starting model is the trained one's base (when its hub id is known); its license carries over.
-    if source.get("model_id"):
-        provenance["base_model"] = source["model_id"]
+    # The starting model is the trained one's base (when its hub id is known; for a fine-tuned start, the hub model
+    # that one came from); its license carries over.
+    base = source.get("model_id") or (source.get("base_model") if source.get("trained_from") else None)
+    if base:
+        provenance["base_model"] = base
     if source.get("license"):
         provenance["license"] = source["license"]
     return provenance
