@@ -180,7 +180,7 @@ def _loop(trainer, workdir, state, start, data_start, train_source, eval_source,
     by_time = trainer.max_minutes > 0
     bar = tqdm(total=None if by_time else trainer.num_steps, initial=start, unit="step", dynamic_ncols=True,
                desc=f"train (budget {trainer.max_minutes:g} min)" if by_time else "train",
-               bar_format="{desc}: {n_fmt} steps [{elapsed}{postfix}]" if by_time else None,
+               bar_format="{desc}{n_fmt} steps [{elapsed}{postfix}]" if by_time else None,
                mininterval=1.0 if sys.stderr.isatty() else 30.0, disable=jax.process_index() != 0)
     if by_time and optimizer.schedule in DECAYING_SCHEDULES:
         print(f"note: the {optimizer.schedule} learning-rate schedule ends at step {optimizer.total_steps}; the time "
