@@ -45,6 +45,16 @@ def write_jsonl(path, records):
     return str(path)
 
 
+def write_beir(folder, split: str):
+    """A BEIR folder of the corpus and QUERIES, with QRELS as the split's qrels; returns it."""
+    (folder / "qrels").mkdir(parents=True)
+    write_jsonl(folder / "corpus.jsonl", corpus_records())
+    write_jsonl(folder / "queries.jsonl", [{"_id": q, "text": t} for q, t in QUERIES.items()])
+    (folder / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+        f"{q}\t{d}\t{r}\n" for q, d, r in QRELS), encoding="utf-8")
+    return folder
+
+
 @pytest.fixture
 def files(tmp_path):
     corpus = write_jsonl(tmp_path / "corpus.jsonl", corpus_records())
@@ -319,12 +329,7 @@ def test_tevatron_and_beir_inputs_and_ids_missing_from_the_corpus(files, capsys)
     assert summary["skipped"] == {mining.POSITIVE_MISSING: 1, mining.NOT_JUDGED: 3}
 
     # A BEIR folder: corpus, queries and the split's qrels from one place.
-    beir = files["dir"] / "beir"
-    (beir / "qrels").mkdir(parents=True)
-    write_jsonl(beir / "corpus.jsonl", corpus_records())
-    write_jsonl(beir / "queries.jsonl", [{"_id": q, "text": t} for q, t in QUERIES.items()])
-    (beir / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
-        f"{q}\t{d}\t{r}\n" for q, d, r in QRELS), encoding="utf-8")
+    beir = write_beir(files["dir"] / "beir", "train")
     mining.mine_negatives(str(files["dir"] / "beir.jsonl"), str(beir), queries_path=str(beir), split="train",
                           depth="3-12", negatives=5, progress=False)
     mining.mine_negatives(str(files["dir"] / "tsv.jsonl"), files["corpus"], queries_path=files["queries"],
@@ -395,12 +400,7 @@ def test_summary_counts_match_the_file(files):
 
 def test_bm25_command_writes_a_trec_run_of_bm25s_rankings(files, capsys):
     """`rankgen-jax bm25`: each query's top K as bm25s ranks them, in a TREC run that `evaluate` reads."""
-    beir = files["dir"] / "beir"
-    (beir / "qrels").mkdir(parents=True)
-    write_jsonl(beir / "corpus.jsonl", corpus_records())
-    write_jsonl(beir / "queries.jsonl", [{"_id": q, "text": t} for q, t in QUERIES.items()])
-    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
-        f"{q}\t{d}\t{r}\n" for q, d, r in QRELS), encoding="utf-8")
+    beir = write_beir(files["dir"] / "beir", "test")
     run = files["dir"] / "bm25.trec"
     assert main(["bm25", "--corpus", str(beir), "--queries", str(beir), "--split", "test", "--k", "6", "--output",
                  str(run), "--no_progress"]) == 0, capsys.readouterr().err
