@@ -35,7 +35,6 @@ def add_import(subparsers) -> None:
 def _run_import(args) -> None:
     # Imports jax, which must start after main() sets XLA's flags.
     from rankgen_jax.checkpoints.convert import describe_model, import_checkpoint
-
     from rankgen_jax.experiments.stages import MINILM, MINILM_MODEL_ID, resolve_hf_folder
 
     head = None if args.no_head else HeadConfig(pooling=args.pooling, l2_normalize=args.l2_normalize)

@@ -33,7 +33,8 @@ from rankgen_jax.data.documents import Document, ReadStats, require_documents
 from rankgen_jax.data.example_source import PREFIX_MARKER, SUFFIX_MARKER, ExampleTriples, build_examples
 from rankgen_jax.data.examples import Example, ExampleConfig
 from rankgen_jax.data.jsonl import read_jsonl
-from rankgen_jax.data.retrieval_files import DEFAULT_TITLE_JOIN, is_beir_folder, read_passages, read_qrels
+from rankgen_jax.data.retrieval_files import (DEFAULT_TITLE_JOIN, beir_splits, is_beir_folder, read_passages,
+                                              read_qrels)
 from rankgen_jax.data.text import load_text_encoder, pad_batch
 from rankgen_jax.data.vocab import BUNDLED_CORPUS, EOS_ID
 from rankgen_jax.errors import RankgenError, check_field_types
@@ -330,7 +331,7 @@ def missing_eval_data(config: DataConfig) -> str:
     folder = _folder(config.qrels or _folder(config.retrieval_corpus))
     if not folder or (Path(folder) / "qrels" / f"{config.eval_split}.tsv").is_file():
         return ""
-    splits = sorted(p.stem for p in (Path(folder) / "qrels").glob("*.tsv"))
+    splits = beir_splits(folder)
     return (f"DataConfig.eval_qrels, or a DataConfig.eval_split that {folder} has (it has no "
             f"qrels/{config.eval_split}.tsv; its splits: {', '.join(splits) or 'none'})")
 

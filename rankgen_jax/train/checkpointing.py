@@ -59,8 +59,8 @@ def model_config_from_checkpoint(saved: ModelConfig, trainer: TrainerConfig, gin
     """The model config a run from a checkpoint trains, given the checkpoint's saved config (no weights read).
 
     The encoder is the checkpoint's, whatever its type: gin's encoder config
-    counts only where gin_encoder_bindings (the `Name.param` bindings the gin
-    config makes of ENCODER_CONFIGURABLES) name it. Bound runtime fields
+    counts only where gin_encoder_bindings (the gin config's bindings of the
+    encoder, gin_parsing.encoder_bindings) name it. Bound runtime fields
     (RUNTIME_ENCODER_FIELDS) apply, then trainer.encoder_overrides; any other
     bound field must agree with the checkpoint (an include of the matching
     models/*.gin file does), else a RankgenError names the difference. The rest
