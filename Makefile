@@ -52,7 +52,7 @@ retrieval-example: venv
 
 # Quick check of the model core: random T5 -> checkpoint -> HF export -> same vectors in PyTorch.
 smoke: venv
-	$(PY) -m rankgen_jax.experiments.smoke --out runs/smoke
+	.venv/bin/rankgen-jax smoke --out runs/smoke
 
 # .venv plus libtpu (~0.7 GB, Linux x86_64 only), for compiling against TPU topologies on CPU.
 aot-venv: $(AOT_STAMP)

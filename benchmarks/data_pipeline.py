@@ -83,7 +83,6 @@ Numbers, not pass/fail; on a shared machine they are noisy.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import os
 import resource
@@ -198,7 +197,7 @@ def run(size: str = "tiny", batch_size: int = 32, prefix_length: int = 256, cont
 
     from rankgen_jax.runtime import partitioning
     from rankgen_jax.models.configs import RANKGEN_HEAD, ModelConfig, t5_config
-    from rankgen_jax.data.sources import DataConfig, make_sources
+    from rankgen_jax.data.sources import DATA_FIELD_SOURCES, DataConfig, make_sources
     from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer
     from rankgen_jax.train.step import StepOptions
     from rankgen_jax.train.compiled import build_step_functions, put_batch
@@ -210,30 +209,36 @@ def run(size: str = "tiny", batch_size: int = 32, prefix_length: int = 256, cont
              if k in options}
     # The demo vocabulary has 8000 pieces; 8064 rounds that up to a multiple of 128.
     config = ModelConfig(encoder=t5_config(size, vocab_size=8064), head=RANKGEN_HEAD)
-    base = DataConfig(batch_size=batch_size, prefix_length=prefix_length, continuation_length=continuation_length,
-                      with_negative=with_negative, vocab_size=config.encoder.vocab_size, task=task, **words)
+    settings = dict(batch_size=batch_size, prefix_length=prefix_length, continuation_length=continuation_length,
+                    with_negative=with_negative, vocab_size=config.encoder.vocab_size, task=task, **words)
+
+    def data_config(source: str, **extra) -> DataConfig:
+        """The settings each source reads (a DataConfig refuses fields its source does not read)."""
+        return DataConfig(source=source, **{k: v for k, v in {**settings, **extra}.items()
+                                            if source in DATA_FIELD_SOURCES[k]})
+
     row: dict = {"size": size, "batch_size": batch_size, "prefix_length": prefix_length,
                  "continuation_length": continuation_length, "with_negative": with_negative, "task": task,
                  "steps": steps, "rounds": rounds, "warmup_steps": warmup_steps, "source_batches": source_batches,
                  "jax_devices": jax.device_count()}
 
     # --- 1. the sources alone ---------------------------------------------------------
-    seqio_source, seqio_eval = make_sources(dataclasses.replace(base, source="seqio"))
+    seqio_source, seqio_eval = make_sources(data_config("seqio"))
     first, rate, slowest = time_source(seqio_source, source_batches)
     row.update(seqio_first_batch_seconds=first, seqio_examples_per_second=rate, seqio_max_batch_seconds=slowest)
     conditions = SOURCES + (("cached",) if cache_dir else ())
     if cache_dir:
-        cached_source, cached_eval = make_sources(dataclasses.replace(base, source="seqio", seqio_cache_dir=cache_dir))
+        cached_source, cached_eval = make_sources(data_config("seqio", seqio_cache_dir=cache_dir))
         first, rate, _ = time_source(cached_source, source_batches)
         row.update(cached_first_batch_seconds=first, cached_examples_per_second=rate,
                    cached_vs_uncached_read=rate / row["seqio_examples_per_second"])
     if measure_examples:
         began = time.perf_counter()
-        examples_source, _ = make_sources(dataclasses.replace(base, source="examples"))
+        examples_source, _ = make_sources(data_config("examples"))
         row["examples_build_seconds"] = time.perf_counter() - began
         row["examples_examples_per_second"] = time_source(examples_source, source_batches)[1]
         del examples_source
-    random_source, _ = make_sources(dataclasses.replace(base, source="random"))
+    random_source, _ = make_sources(data_config("random"))
     row["random_examples_per_second"] = time_source(random_source, source_batches)[1]
 
     # --- 2. the train step: synthetic vs real data ---------------------------------------

@@ -1,6 +1,7 @@
-"""rankgen_jax: RankGen-style ranking models in JAX/Flax; `RankGenEncoder` is loaded on first use."""
+"""rankgen_jax: RankGen-style ranking models in JAX/Flax; `RankGenEncoder` and `RankGenGenerator` (the released
+`rankgen` package's names) are loaded on first use."""
 
-__all__ = ["RankGenEncoder"]
+__all__ = ["RankGenEncoder", "RankGenGenerator"]
 
 
 def __getattr__(name):
@@ -9,6 +10,10 @@ def __getattr__(name):
         from rankgen_jax.inference.api import RankGenEncoder
 
         return RankGenEncoder
+    if name == "RankGenGenerator":
+        from rankgen_jax.lm.generation import RankGenGenerator
+
+        return RankGenGenerator
     raise AttributeError(f"module 'rankgen_jax' has no attribute {name!r}")
 
 

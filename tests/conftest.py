@@ -21,8 +21,8 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-T5X_FIXTURE = SHARED / "fixtures" / "t5x_de_t5_tiny.checkpoint_1000"
+# A real T5X checkpoint, kept in the repository with its provenance (tests/fixtures/README.md).
+T5X_FIXTURE = Path(__file__).resolve().parent / "fixtures" / "t5x_de_t5_tiny.checkpoint_1000"
 
 
 @pytest.fixture(scope="session")

@@ -65,7 +65,7 @@ from rankgen_jax.cli.main import main
 from rankgen_jax.models.configs import RANKGEN_HEAD, ModelConfig, T5Config
 from rankgen_jax.testing import random_params
 
-from test_trainer import TINY
+from test_trainer import TINY, TINY_MODEL
 
 SMALL = ModelConfig(encoder=T5Config(vocab_size=1000, d_model=32, d_ff=64, num_layers=1, num_heads=2, d_kv=16),
                     head=RANKGEN_HEAD)
@@ -114,7 +114,7 @@ def _command(name: str, path, tmp_path, models, spiece_model) -> list:
         return ["encode", "--model", models["a"], "--input", path, "--kind", "prefix", "--output", tmp_path / "o.npy"]
     if name == "index":
         return ["index", "--model", models["a"], "--corpus", path, "--out", tmp_path / "index"]
-    return ["train", f"--workdir={tmp_path / 'run'}", *TINY, "--gin.t5_config.vocab_size=1000",
+    return ["train", f"--workdir={tmp_path / 'run'}", *TINY_MODEL, "--gin.t5_config.vocab_size=1000",
             "--gin.DataConfig.source='lists'", f"--gin.DataConfig.vocab='{spiece_model}'",
             f"--gin.DataConfig.train_file='{path}'", f"--gin.DataConfig.eval_file='{path}'",
             "--gin.ModelConfig.kind='cross_encoder'", "--gin.LossConfig.name='listmle'"]
@@ -162,7 +162,7 @@ def test_too_short_documents_for_training(tmp_path, capsys, spiece_model):
     for name in ("a.txt", "b.txt"):
         (books / name).write_text("Too short to make an example.")
     line = one_error_line(*run_cli(
-        capsys, "train", f"--workdir={tmp_path / 'run'}", *TINY, "--gin.t5_config.vocab_size=1000",
+        capsys, "train", f"--workdir={tmp_path / 'run'}", *TINY_MODEL, "--gin.t5_config.vocab_size=1000",
         "--gin.DataConfig.source='books'", f"--gin.DataConfig.corpus='{books}'",
         f"--gin.DataConfig.vocab='{spiece_model}'"))
     assert str(books) in line and "long enough" in line

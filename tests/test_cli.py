@@ -76,9 +76,9 @@ def test_help_lists_every_command_in_order(capsys):
     commands = [line.split()[0] for line in capsys.readouterr().out.splitlines()
                 if line.startswith("    ") and not line.startswith("     ")]
     assert commands == ["import", "export-hf", "train", "score", "generate-negatives", "merge-negatives",
-                        "cache-tasks", "pipeline", "retrieval-example", "demo-curve", "index", "search",
+                        "cache-tasks", "pipeline", "retrieval-example", "demo-curve", "index", "search", "bm25",
                         "evaluate", "mine-negatives", "encode", "generate", "generation-metrics", "sweep", "report",
-                        "perspectives", "compile"]
+                        "perspectives", "compile", "smoke"]
 
 
 def test_hf_import_export_is_bit_exact(tmp_path, capsys, hf_t5_folder):

@@ -44,7 +44,7 @@ def test_json_round_trip_and_errors():
 
 
 @pytest.mark.parametrize("name", ["demo_minilm.gin", "demo_t5_scratch.gin", "rankgen_t5_tiny_books.gin", "rankgen_t5_xl_paper.gin",
-                                  "retrieval_t5_tiny_tevatron.gin"])
+                                  "retrieval_t5_tiny_tevatron.gin", "retrieval_minilm.gin", "ranker_minilm.gin"])
 def test_shipped_gin_configs_parse(name):
     from rankgen_jax.data.sources import DataConfig
     from rankgen_jax.experiments.gin_runs import experiment_configurables
@@ -53,3 +53,25 @@ def test_shipped_gin_configs_parse(name):
 
     parse_gin([name], [], experiment_configurables)
     assert TrainerConfig().num_steps > 0 and DataConfig().batch_size > 0
+
+
+def test_every_data_field_says_which_sources_read_it():
+    """DATA_FIELD_SOURCES covers every DataConfig field (the configuration reference is built from it), and a field
+    set away from its default for a source that does not read it is an error naming both."""
+    import dataclasses
+
+    from rankgen_jax.data.sources import DATA_FIELD_SOURCES, SOURCES, DataConfig
+    from rankgen_jax.errors import RankgenError
+
+    assert list(DATA_FIELD_SOURCES) == [f.name for f in dataclasses.fields(DataConfig)]
+    assert all(set(sources) <= set(SOURCES) and sources for sources in DATA_FIELD_SOURCES.values())
+    with pytest.raises(RankgenError, match=r"DataConfig.source='retrieval' does not read with_negative, "
+                                           r"holdout_documents \(DataConfig.with_negative=False is read by source "
+                                           r"examples / seqio / books / random only; DataConfig.holdout_documents=3 "
+                                           r"is read by source books / examples only\)"):
+        DataConfig(source="retrieval", holdout_documents=3, with_negative=False)
+    with pytest.raises(RankgenError, match="unknown data source 'bm25'"):
+        DataConfig(source="bm25")
+    # Defaults are never an error, and a list stands for the tuple gin writes it as.
+    for source in SOURCES:
+        DataConfig(source=source, holdout_ids=[] if source != "examples" else ["a"])

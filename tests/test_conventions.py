@@ -47,6 +47,31 @@ def test_training_records_how_each_source_reads_text():
     assert (joint.prefix_length, joint.suffix_length) == (50, 51)
 
 
+def test_markers_and_kept_end_are_the_data_configs_choice():
+    """RankGen's markers unless the data config chooses others; recorded with the model, and what the batches hold."""
+    from rankgen_jax.data.lists import ListBatches
+    from rankgen_jax.data.sources import make_sources
+    from rankgen_jax.data.text import encode_truncated, load_text_encoder
+    from rankgen_jax.resources import DEMO_VOCAB
+
+    dual = BatchLayout("dual_encoder", CANDIDATE_LISTS)
+    plain = DataConfig(source="lists", prefix_marker="", suffix_marker="", prefix_keep="start")
+    assert training_conventions(plain, dual).side("prefix") == ("", 256, "start")
+    assert training_conventions(DataConfig(source="lists"), dual).side("prefix") == ("pre ", 256, "end")
+    assert training_conventions(DataConfig(source="examples", suffix_marker="passage: ")).side("suffix")[0] == \
+        "passage: "
+    text = load_text_encoder(DEMO_VOCAB)
+    records = [{"query": f"query {i}", "candidates": [f"first {i}", f"second {i}"]} for i in range(4)]
+    batch = ListBatches(records, text, 4, dual, 16, 8, markers=("query: ", "")).batch(0)
+    rows = lambda ids: {tuple(int(t) for t in r if t != text.pad_id) for r in ids.reshape(-1, ids.shape[-1])}  # noqa
+    assert rows(batch["query_ids"]) <= {tuple(encode_truncated(text, "query: ", r["query"], 16)) for r in records}
+    assert rows(batch["candidate_ids"]) <= {tuple(encode_truncated(text, "", c, 8)) for r in records
+                                            for c in r["candidates"]}
+    # A cross encoder reads the pair together: markers are refused there.
+    with pytest.raises(RankgenError, match="reads query and candidate together, without markers"):
+        make_sources(DataConfig(source="lists", prefix_marker="q: "), BatchLayout("cross_encoder", CANDIDATE_LISTS))
+
+
 def test_sentence_transformers_folders_say_how_they_read(tmp_path):
     """all-MiniLM-L6-v2 states no prompts and max_seq_length 256: that is how it is read, and what import records."""
     minilm = resolve_hf_folder("minilm")

@@ -311,3 +311,45 @@ def test_mauve_features_and_optional_dependency(lm, lm_dir, monkeypatch, tmp_pat
     assert mauve_score(texts[:2], texts, lm) == 0.75
     # Generations are mauve-text's P, references its Q, as in the RankGen paper's code.
     assert seen["p"].shape == (3, 32) and seen["q"].shape == (2, 32)
+
+
+def test_released_generator_face_is_generate(lm_dir, rankgen_dir):
+    """rankgen_jax.RankGenGenerator, the released class's names and returns, gives what generate() gives."""
+    import rankgen_jax
+    from rankgen_jax.inference.api import RankGenEncoder
+
+    encoder = RankGenEncoder(rankgen_dir)
+    generator = rankgen_jax.RankGenGenerator(encoder, lm_dir, seed=3)
+    contexts = botchan_prefixes(2)
+    reranker = RankGenReranker(encoder.model)
+    for call, strategy, settings in (
+            (lambda: generator.beam_search(contexts, beam_size=2, num_tokens=5, num_samples=3, max_length=12),
+             "beam", dict(beam_size=2, num_samples=3, rerank_length=5)),
+            (lambda: generator.overgenerate_rerank(contexts, num_samples=3, max_length=12), "rerank",
+             dict(num_samples=3)),
+            (lambda: generator.generate_single(contexts, max_length=12), "nucleus", {})):
+        texts, scores = call()
+        want = generate(generator.lm, contexts, strategy, reranker=reranker, max_new_tokens=12, seed=3, **settings)
+        assert texts == [[b["text"] for b in w.beams] for w in want]
+        assert [s.tolist() for s in scores] == [[b["score"] for b in w.beams] for w in want]
+    assert len(texts) == 2 and all(len(t) == 1 for t in texts)
+    with pytest.raises(RankgenError, match="a list of context strings"):
+        generator.beam_search("one string")
+    with pytest.raises(RankgenError, match="temperature=0.7 is not supported"):
+        generator.overgenerate_rerank(contexts, temperature=0.7)
+    with pytest.raises(RankgenError, match="cache_dir is for model-hub downloads"):
+        rankgen_jax.RankGenGenerator(encoder, lm_dir, cache_dir="/tmp/hub")
+
+
+def test_offline_recipe_for_generate(tmp_path, capsys):
+    """The documented way to try `generate` offline: a tiny GPT-2 and RankGen model built from the bundled text."""
+    from rankgen_jax.testing import build_tiny_gpt2, build_tiny_rankgen, train_tiny_vocab
+
+    lm = build_tiny_gpt2(tmp_path / "tiny_gpt2")
+    model = build_tiny_rankgen(tmp_path / "tiny_rankgen", train_tiny_vocab(tmp_path / "spiece.model"))
+    (tmp_path / "prefixes.jsonl").write_text(json.dumps({"prefix": "It was a bright cold day in April"}) + "\n")
+    run_command(["generate", "--lm", lm, "--model", model, "--input", str(tmp_path / "prefixes.jsonl"), "--output",
+                 str(tmp_path / "out.jsonl"), "--beam_size", "2", "--num_samples", "2", "--rerank_length", "4",
+                 "--max_new_tokens", "8", "--no_progress"])
+    (row,) = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert row["strategy"] == "beam" and len(row["beams"]) == 2 and 0 < row["new_tokens"] <= 8

@@ -23,7 +23,7 @@ from rankgen_jax.checkpoints.hf import t5 as hf  # noqa: E402
 from rankgen_jax.models.configs import RANKGEN_HEAD, HeadConfig, ModelConfig, T5Config  # noqa: E402
 from rankgen_jax.errors import RankgenError  # noqa: E402
 
-BOTCHAN = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "corpora", "botchan", "botchan.txt")
+BOTCHAN = os.path.join(os.path.dirname(__file__), "..", "data", "corpus", "botchan", "botchan.txt")
 TINY = dict(d_model=32, d_ff=64, num_layers=2, num_heads=4, d_kv=8)
 
 

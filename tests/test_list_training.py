@@ -21,7 +21,9 @@ from rankgen_jax.models import batch_layout
 from rankgen_jax.models.batch_layout import CANDIDATE_LISTS, TRIPLES, BatchLayout
 from rankgen_jax.train.step import StepOptions
 from rankgen_jax.train.config import LossConfig, TrainerConfig
+from rankgen_jax.train.compiled import build_step_functions
 from rankgen_jax.train.loop import train
+from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer
 from step_harness import TOL, assert_trees_close, run_steps
 
 DUAL_LISTS = BatchLayout("dual_encoder", CANDIDATE_LISTS)
@@ -104,8 +106,9 @@ def test_layouts_by_model_kind_and_loss(tmp_path):
         BatchLayout("cross_encoder", TRIPLES)
     with pytest.raises(RankgenError, match="no training batch layout for model kind 'encoder'"):
         BatchLayout("encoder", TRIPLES)
-    # The trainer combines the model kind with its loss's batch form before reading any data.
-    with pytest.raises(RankgenError, match="choose a loss that reads candidate lists"):
+    # The trainer checks the model kind against its loss before reading any data.
+    with pytest.raises(RankgenError, match="loss 'in_batch_softmax' does not train a cross_encoder: it compares "
+                                           "separate query and candidate vectors"):
         train(str(tmp_path / "run"), TrainerConfig(num_steps=1), CROSS, DataConfig(source="lists"), LossConfig("in_batch_softmax"))
 
 
@@ -280,9 +283,67 @@ def test_trainer_trains_a_ranker_from_list_files(tmp_path):
     with pytest.raises(RankgenError, match="this needs a dual encoder"):
         load_model(str(tmp_path / "run"))
     with pytest.raises(RankgenError, match="cross encoder trains on candidate lists"):
-        train(str(tmp_path / "bad"), TrainerConfig(num_steps=1), config, DataConfig(source="random"))
+        train(str(tmp_path / "bad"), TrainerConfig(num_steps=1), config, DataConfig(source="random"),
+              LossConfig(name="listmle"))
 
 
-def test_make_sources_requires_list_files():
-    with pytest.raises(RankgenError, match="needs DataConfig.train_file and DataConfig.eval_file"):
+def test_make_sources_requires_list_files(tmp_path):
+    with pytest.raises(RankgenError, match="needs DataConfig.train_file"):
         make_sources(DataConfig(source="lists"), CROSS_LISTS)
+    # The held-out file is optional; a run that evaluates without one is refused before any data is read.
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in list_records(40, 3)))
+    data = DataConfig(source="lists", train_file=str(tmp_path / "train.jsonl"))
+    train_source, eval_source = make_sources(data, CROSS_LISTS)
+    assert train_source.batch(0)["pair_ids"].shape[0] == 32 and eval_source is None
+    with pytest.raises(RankgenError, match=r"TrainerConfig.eval_every=5 evaluates on held-out data, which this data "
+                                           r"config does not name: give DataConfig.eval_file .* or set "
+                                           r"TrainerConfig.eval_every=0"):
+        train(str(tmp_path / "run"), TrainerConfig(num_steps=1, eval_every=5), CROSS,
+              dataclasses.replace(data, train_file=str(tmp_path / "absent.jsonl")), LossConfig(name="listmle"))
+
+
+def _triples(index, batch=8, q=10, c=8):
+    rng = np.random.default_rng([24, index])
+    return {"query_ids": rng.integers(3, 128, (batch, q)).astype(np.int32),
+            "positive_ids": rng.integers(3, 128, (batch, c)).astype(np.int32),
+            "negative_ids": rng.integers(3, 128, (batch, c)).astype(np.int32)}
+
+
+# A batch of what each loss reads from a model of each kind: the trainer's towers give these outputs.
+KIND_CASES = {
+    ("dual_encoder", TRIPLES): (DUAL, _triples),
+    ("dual_encoder", CANDIDATE_LISTS): (DUAL, _list_batch),
+    ("cross_encoder", CANDIDATE_LISTS): (CROSS, lambda i: {k: v for k, v in _cross_batch(i).items()
+                                                          if k != "pair_type_ids"} | {"teacher_scores": np.ones(
+                                                              (8, 4), np.float32)}),
+}
+
+
+@pytest.mark.parametrize("name,kind", [(n, k) for n in sorted(losses.LOSSES) for k in losses.model_kinds(n)])
+def test_every_loss_traces_with_every_model_kind_it_is_registered_for(name, kind):
+    """A loss registered for a model kind gets through the train step with that kind's outputs (traced, not run:
+    each loss's numbers are checked against NumPy elsewhere)."""
+    config, batch_fn = KIND_CASES[(kind, losses.batch_form(name))]
+    if name == "multi_perspective_bce":  # N perspective vectors per passage, from labelled pairs
+        config, batch_fn = dataclasses.replace(config, num_scores=3), _mp_pairs
+    options = StepOptions(name, towers=batch_layout.towers(kind))
+    mesh = partitioning.make_mesh(1, 1, devices=jax.devices()[:1])
+    tx, schedule = make_optimizer(OptimizerConfig(name="adamw", learning_rate=1e-3))
+    fns = build_step_functions(config, options, tx, schedule, losses.init_loss_params(name), mesh,
+                               partitioning.rules_by_name("standard"), seed=0)
+    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch_fn(0).items()}
+    with jax.set_mesh(mesh):
+        _, metrics = jax.eval_shape(fns.train_step, fns.abstract_state, batch)
+    assert metrics["loss"].shape == () and metrics["loss"].dtype == jnp.float32
+
+
+@pytest.mark.parametrize("name,kind", sorted(losses.REFUSED_MODEL_KINDS))
+def test_losses_refuse_other_model_kinds_with_the_reason(tmp_path, name, kind):
+    assert kind not in losses.model_kinds(name)
+    model = CROSS if kind == "cross_encoder" else DUAL
+    source = "random" if losses.batch_form(name) == TRIPLES else "lists"
+    data = DataConfig(source=source, vocab_size=128) if source == "random" else DataConfig(source=source)
+    with pytest.raises(RankgenError, match=f"loss {name!r} does not train a {kind}: ") as e:
+        train(str(tmp_path / "run"), TrainerConfig(num_steps=1), model, data, LossConfig(name))
+    assert losses.REFUSED_MODEL_KINDS[(name, kind)] in str(e.value)
+    assert not (tmp_path / "run").exists()

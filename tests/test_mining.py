@@ -14,7 +14,7 @@ from test_dense_index import model_dir  # noqa: F401 (a fixture: a tiny random-i
 from rankgen_jax.cli.main import main
 from rankgen_jax.data.retrieval_files import join_title, read_training_queries
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.retrieval import mining
+from rankgen_jax.retrieval import bm25, mining
 from rankgen_jax.retrieval.dense_index import index_corpus, search_queries
 
 WORDS = ("rain moor house letter candle storm harbour keeper stairs fire snow river bridge garden window night "
@@ -45,6 +45,16 @@ def write_jsonl(path, records):
     return str(path)
 
 
+def write_beir(folder, split: str):
+    """A BEIR folder of the corpus and QUERIES, with QRELS as the split's qrels; returns it."""
+    (folder / "qrels").mkdir(parents=True)
+    write_jsonl(folder / "corpus.jsonl", corpus_records())
+    write_jsonl(folder / "queries.jsonl", [{"_id": q, "text": t} for q, t in QUERIES.items()])
+    (folder / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+        f"{q}\t{d}\t{r}\n" for q, d, r in QRELS), encoding="utf-8")
+    return folder
+
+
 @pytest.fixture
 def files(tmp_path):
     corpus = write_jsonl(tmp_path / "corpus.jsonl", corpus_records())
@@ -55,7 +65,7 @@ def files(tmp_path):
     return {"corpus": corpus, "queries": str(queries), "qrels": str(qrels), "dir": tmp_path}
 
 
-def bm25s_ranking(query, k1=mining.DEFAULT_BM25_K1, b=mining.DEFAULT_BM25_B):
+def bm25s_ranking(query, k1=bm25.DEFAULT_BM25_K1, b=bm25.DEFAULT_BM25_B):
     """(docid, score) of every passage with a query term, as bm25s ranks them when called directly."""
     texts = [join_title(r["title"], r["text"]) for r in corpus_records()]
     retriever = bm25s.BM25(k1=k1, b=b)
@@ -65,7 +75,7 @@ def bm25s_ranking(query, k1=mining.DEFAULT_BM25_K1, b=mining.DEFAULT_BM25_B):
     return [(IDS[d], float(s)) for d, s in zip(docs[0], scores[0]) if s > 0]
 
 
-def formula_scores(query, k1=mining.DEFAULT_BM25_K1, b=mining.DEFAULT_BM25_B):
+def formula_scores(query, k1=bm25.DEFAULT_BM25_K1, b=bm25.DEFAULT_BM25_B):
     """Lucene's BM25 written out in NumPy: sum over query terms of idf * tf / (tf + k1 (1 - b + b dl / avgdl))."""
     docs = [bm25s.tokenize([join_title(r["title"], r["text"])], stopwords="en", return_ids=False,
                            show_progress=False)[0] for r in corpus_records()]
@@ -91,7 +101,7 @@ def by_score(ranking):
 
 def test_bm25_ranking_equals_bm25s_and_the_formula():
     records = corpus_records()
-    retriever = mining.Bm25Retriever([join_title(r["title"], r["text"]) for r in records], IDS, progress=False)
+    retriever = bm25.Bm25Retriever([join_title(r["title"], r["text"]) for r in records], IDS, progress=False)
     worst = 0.0
     for query in QUERIES.values():
         (ranked,) = retriever.rank([query], len(IDS))
@@ -108,7 +118,7 @@ def test_bm25_ranking_equals_bm25s_and_the_formula():
     # A shorter depth is the same ranking's head; k1 and b reach bm25s.
     (head,) = retriever.rank([QUERIES["q0"]], 5)
     assert head == retriever.rank([QUERIES["q0"]], len(IDS))[0][:5]
-    other = mining.Bm25Retriever([join_title(r["title"], r["text"]) for r in records], IDS, k1=1.5, b=0.75,
+    other = bm25.Bm25Retriever([join_title(r["title"], r["text"]) for r in records], IDS, k1=1.5, b=0.75,
                                  progress=False)
     (ranked,) = other.rank([QUERIES["q1"]], len(IDS))
     assert by_score([(IDS[r], s) for r, s in ranked]) == by_score(bm25s_ranking(QUERIES["q1"], 1.5, 0.75))
@@ -319,17 +329,17 @@ def test_tevatron_and_beir_inputs_and_ids_missing_from_the_corpus(files, capsys)
     assert summary["skipped"] == {mining.POSITIVE_MISSING: 1, mining.NOT_JUDGED: 3}
 
     # A BEIR folder: corpus, queries and the split's qrels from one place.
-    beir = files["dir"] / "beir"
-    (beir / "qrels").mkdir(parents=True)
-    write_jsonl(beir / "corpus.jsonl", corpus_records())
-    write_jsonl(beir / "queries.jsonl", [{"_id": q, "text": t} for q, t in QUERIES.items()])
-    (beir / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
-        f"{q}\t{d}\t{r}\n" for q, d, r in QRELS), encoding="utf-8")
+    beir = write_beir(files["dir"] / "beir", "train")
     mining.mine_negatives(str(files["dir"] / "beir.jsonl"), str(beir), queries_path=str(beir), split="train",
                           depth="3-12", negatives=5, progress=False)
     mining.mine_negatives(str(files["dir"] / "tsv.jsonl"), files["corpus"], queries_path=files["queries"],
                           qrels_path=files["qrels"], depth="3-12", negatives=5, progress=False)
     assert read_output(files["dir"] / "beir.jsonl") == read_output(files["dir"] / "tsv.jsonl")
+    # Mining reads a BEIR folder's train split unless told otherwise (never its test queries by default).
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq4\tdoc-31\t1\n", encoding="utf-8")
+    mining.mine_negatives(str(files["dir"] / "default.jsonl"), str(beir), queries_path=str(beir), depth="3-12",
+                          negatives=5, progress=False)
+    assert read_output(files["dir"] / "default.jsonl") == read_output(files["dir"] / "beir.jsonl")
     # An output inside the BEIR folder is not taken for a changed input when resuming.
     for mined_now in (5, 0):
         assert mining.mine_negatives(str(beir / "mined.jsonl"), str(beir), queries_path=str(beir), split="train",
@@ -386,3 +396,29 @@ def test_summary_counts_match_the_file(files):
     assert summary["queries_written"] == len(lines)
     assert summary["negatives_written"] == sum(len(r["negative_passages"]) for r in lines)
     assert Counter(len(r["negative_passages"]) < 7 for r in lines)[True] == summary["queries_with_fewer_negatives"]
+
+
+def test_bm25_command_writes_a_trec_run_of_bm25s_rankings(files, capsys):
+    """`rankgen-jax bm25`: each query's top K as bm25s ranks them, in a TREC run that `evaluate` reads."""
+    beir = write_beir(files["dir"] / "beir", "test")
+    run = files["dir"] / "bm25.trec"
+    assert main(["bm25", "--corpus", str(beir), "--queries", str(beir), "--split", "test", "--k", "6", "--output",
+                 str(run), "--no_progress"]) == 0, capsys.readouterr().err
+    rows = [line.split() for line in run.read_text().splitlines()]
+    assert {r[0] for r in rows} == set(QUERIES) - {"q4"} or {r[0] for r in rows} == set(QUERIES)
+    for qid, query in QUERIES.items():
+        mine = [(r[2], float(r[4])) for r in rows if r[0] == qid]
+        assert [int(r[3]) for r in rows if r[0] == qid] == list(range(1, len(mine) + 1))
+        assert all(r[1] == "Q0" and r[5] == "bm25" for r in rows if r[0] == qid)
+        want = sorted(bm25s_ranking(query), key=lambda x: (round(x[1], 5), x[0]), reverse=True)[:6]
+        assert [d for d, _ in mine] == [d for d, _ in want]
+        np.testing.assert_allclose([s for _, s in mine], [s for _, s in want], rtol=1e-5)
+    capsys.readouterr()
+    assert main(["evaluate", "--run", str(run), "--qrels", str(beir), "--split", "test"]) == 0
+    assert json.loads(capsys.readouterr().out)["queries"] == len(QUERIES)
+    # A BEIR folder's queries are read at a split named on purpose, by bm25 and search alike.
+    for command in (["bm25", "--corpus", str(beir), "--output", str(files["dir"] / "x.trec")],
+                    ["search", "--model", "unused", "--index", "unused"]):
+        assert main([*command, "--queries", str(beir)]) == 2
+        assert "is a BEIR folder: name the split whose queries to read with --split (its splits: test)" in \
+            capsys.readouterr().err

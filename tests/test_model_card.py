@@ -44,3 +44,35 @@ def test_card_carries_the_jobs_per_kind_comparison():
     assert "| fine_tuned | 6 | 0.5 |" in card
     assert "Per kind of held-out text, against the starting model read at each prefix length" in card
     assert card.index("| fine_tuned | 6 | 0.5 |") < card.index(table.rstrip())
+
+
+def test_cards_show_the_settings_that_mattered_without_local_paths():
+    """Whole multi-line bindings, DataConfig fields of the run's source only, and no path of the machine that ran it."""
+    from rankgen_jax.resources import BUNDLED_CORPUS, DEMO_VOCAB
+
+    operative = "\n".join([
+        "import rankgen_jax.data.sources", "",
+        "# Parameters for DataConfig:", "# " + "=" * 40,
+        "DataConfig.batch_size = 32",
+        f"DataConfig.corpus = '{BUNDLED_CORPUS}'",
+        "DataConfig.holdout_ids = \\", "    ['novels/moby_dick.txt',", "     'plays/coriolanus.txt']",
+        "DataConfig.list_size = 0", "DataConfig.retrieval_corpus = ''", "DataConfig.source = 'examples'",
+        f"DataConfig.vocab = '{DEMO_VOCAB}'", "DataConfig.task = ''",
+        "TrainerConfig.init_checkpoint = '/home/someone/runs/demo/init'", "TrainerConfig.num_steps = 100",
+    ])
+    facts = CardFacts(model_config=ModelConfig(encoder=BertConfig()), conventions=RELEASED, layout="l",
+                      library="sentence-transformers", st_limits=(), step=3, operative_gin=operative,
+                      provenance={"trained_from": "/home/someone/runs/demo/init", "base_model": "o/m"},
+                      results={"fine_tuned": {"n": 6, "accuracy_2way": 0.5}},
+                      results_path="/home/someone/runs/demo/results.json")
+    card = render_card(facts, "m")
+    assert "/home/someone" not in card and str(BUNDLED_CORPUS) not in card and str(DEMO_VOCAB) not in card
+    assert "DataConfig.corpus = 'data/corpus'" in card and "DataConfig.vocab = 'data/vocab/demo_spiece_8k.model'" in card
+    assert "TrainerConfig.init_checkpoint = '<local>/demo/init'" in card and "Fine-tuned from `<local>/demo/init`" in card
+    assert "DataConfig.holdout_ids = \\\n    ['novels/moby_dick.txt',\n     'plays/coriolanus.txt']" in card
+    # Fields of other sources (lists, retrieval, seqio) are left out, here and in the operative config shown.
+    for other in ("list_size", "retrieval_corpus", "DataConfig.task"):
+        assert other not in card
+    assert "`results.json`" in card and "Parameters for DataConfig" not in card
+    # A plain encode() reads documents: the card says so.
+    assert "A plain `model.encode(texts)` reads the texts as documents" in card

@@ -9,7 +9,7 @@ import optax
 import pytest
 
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer, nonfinite_counts
+from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer, nonfinite_counts, schedule_for_run
 
 
 def _jitted_update(tx):
@@ -254,8 +254,9 @@ def test_separate_loss_lr_needs_model_and_loss_keys():
     [
         (dict(name="sgd"), "name='sgd'"),
         (dict(schedule="step"), "schedule='step'"),
-        (dict(schedule="cosine"), "total_steps"),
         (dict(schedule="linear", warmup_steps=100, total_steps=100), "total_steps"),
+        (dict(schedule="constant", total_steps=100), "no effect with schedule='constant'"),
+        (dict(schedule="cosine", total_steps=-1), "total_steps must be >= 0"),
         (dict(learning_rate=0.0), "learning_rate"),
         (dict(end_lr_fraction=1.5), "end_lr_fraction"),
         (dict(warmup_steps=-1), "warmup_steps"),
@@ -282,3 +283,28 @@ def test_adamw_does_not_decay_an_unused_pooler():
     new = optax.apply_updates(params, updates)
     np.testing.assert_array_equal(np.asarray(new["model"]["pooler"]["dense"]["kernel"]), 1.0)
     np.testing.assert_allclose(np.asarray(new["model"]["w"]["kernel"]), 1.0 - 0.1 * 0.5, rtol=1e-6)
+
+
+# --- the schedule's length: one number for a run ------------------------------------------------
+
+
+def test_decaying_schedule_ends_at_the_runs_last_step():
+    run = schedule_for_run(OptimizerConfig(schedule="linear", learning_rate=1.0, warmup_steps=10), num_steps=110)
+    assert run.total_steps == 110
+    _, sched = make_optimizer(run)
+    np.testing.assert_allclose([float(sched(s)) for s in (10, 60, 109, 110)], [1.0, 0.5, 0.01, 0.0], atol=1e-6)
+    # A constant schedule has no length; a longer schedule set on purpose is kept (the run stops partway).
+    assert schedule_for_run(OptimizerConfig(), 500) == OptimizerConfig()
+    longer = OptimizerConfig(schedule="cosine", total_steps=1000)
+    assert schedule_for_run(longer, 500) == longer
+
+
+def test_a_schedule_that_ends_before_the_run_is_refused():
+    with pytest.raises(RankgenError) as e:
+        schedule_for_run(OptimizerConfig(schedule="linear", learning_rate=1e-3, total_steps=200), num_steps=500)
+    assert "OptimizerConfig.total_steps=200" in str(e.value) and "TrainerConfig.num_steps=500" in str(e.value)
+    with pytest.raises(RankgenError, match="TrainerConfig.num_steps=10, which must be greater than "
+                                           "OptimizerConfig.warmup_steps=10"):
+        schedule_for_run(OptimizerConfig(schedule="cosine", warmup_steps=10), num_steps=10)
+    with pytest.raises(RankgenError, match="schedule_for_run"):
+        make_optimizer(OptimizerConfig(schedule="linear"))

@@ -506,8 +506,10 @@ def test_only_the_exact_sequence_classification_head_leaves_the_ranker_format(tm
     (lambda: ranker_config("t5", "pooler", 0, 1), "a T5 encoder"),
 ])
 def test_pooler_head_needs_a_cross_encoder_with_a_pooler(model_config, match):
+    # A dual encoder is refused at once; an encoder without a pooler when a model is built from the config (a run
+    # from a checkpoint takes the checkpoint's encoder, whatever gin's would be).
     with pytest.raises(RankgenError, match=rf"HeadConfig.pooling='pooler' reads the BERT / RoBERTa pooler.*{match}"):
-        model_config()
+        build_model(model_config())
 
 
 @pytest.fixture(scope="module")

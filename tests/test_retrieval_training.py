@@ -1,6 +1,7 @@
 """Training from retrieval data (DataConfig.source='retrieval'): Tevatron files, BEIR + qrels + a run, lists, the trainer."""
 
 import collections
+import dataclasses
 import json
 
 import jax.numpy as jnp
@@ -9,7 +10,7 @@ import pytest
 
 from rankgen_jax.data import retrieval_source
 from rankgen_jax.data.example_source import PREFIX_MARKER, SUFFIX_MARKER
-from rankgen_jax.data.sources import DEMO_VOCAB, DataConfig, make_sources, training_conventions
+from rankgen_jax.data.sources import DEMO_VOCAB, DataConfig, make_sources, missing_eval_data, training_conventions
 from rankgen_jax.data.text import encode_pair_truncated, encode_truncated, load_text_encoder, pad_batch
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.batch_layout import CANDIDATE_LISTS, TRIPLES, BatchLayout
@@ -244,16 +245,21 @@ def test_bad_retrieval_data_give_clear_errors(tmp_path, capsys):
         make_sources(DataConfig(**beir, negatives_run=str(folder / "run.trec")), DUAL_TRIPLES)
     with pytest.raises(RankgenError, match="hard_negatives=2 with qrels needs a run"):
         make_sources(DataConfig(**beir), DUAL_TRIPLES)
-    with pytest.raises(RankgenError, match="no qrels for split 'validation'"):
-        make_sources(DataConfig(**dict(beir, hard_negatives=0), eval_split="validation"), DUAL_TRIPLES)
+    # Held-out qrels are optional: without them there is no eval source, and what to give is known up front.
+    no_dev = DataConfig(**dict(beir, hard_negatives=0), eval_split="validation")
+    assert make_sources(no_dev, DUAL_TRIPLES)[1] is None
+    assert "no qrels/validation.tsv; its splits: dev, train" in missing_eval_data(no_dev)
+    assert missing_eval_data(dataclasses.replace(no_dev, eval_split="dev")) == ""
     with pytest.raises(RankgenError, match="DataConfig.queries is needed when retrieval_corpus"):
         make_sources(DataConfig(source="retrieval", retrieval_corpus=str(folder / "corpus.jsonl")), DUAL_TRIPLES)
     with pytest.raises(RankgenError, match="needs Tevatron files .* or DataConfig.retrieval_corpus"):
         make_sources(DataConfig(source="retrieval"), DUAL_TRIPLES)
     with pytest.raises(RankgenError, match="not both"):
         make_sources(tevatron_config(tmp_path, retrieval_corpus=str(folder)), DUAL_TRIPLES)
-    with pytest.raises(RankgenError, match="needs DataConfig.train_file and DataConfig.eval_file"):
-        make_sources(tevatron_config(tmp_path, eval_file=""), DUAL_TRIPLES)
+    assert make_sources(tevatron_config(tmp_path, eval_file=""), DUAL_TRIPLES)[1] is None
+    assert "DataConfig.eval_file" in missing_eval_data(tevatron_config(tmp_path, eval_file=""))
+    with pytest.raises(RankgenError, match="needs DataConfig.train_file"):
+        make_sources(tevatron_config(tmp_path, train_file=""), DUAL_TRIPLES)
     with pytest.raises(RankgenError, match="positive_choice must be one of"):
         make_sources(tevatron_config(tmp_path, positive_choice="all"), DUAL_TRIPLES)
     with pytest.raises(RankgenError, match="too_few_negatives must be one of"):
@@ -349,7 +355,8 @@ def test_rankgen_jax_train_on_a_tevatron_file(tmp_path, capsys):
                  f"--gin.DataConfig.train_file='{train_file}'", f"--gin.DataConfig.eval_file='{dev_file}'",
                  "--gin.DataConfig.batch_size=8", "--gin.DataConfig.prefix_length=16",
                  "--gin.DataConfig.continuation_length=24", "--gin.t5_config.num_layers=1",
-                 "--gin.TrainerConfig.num_steps=2", "--gin.TrainerConfig.log_every=1",
+                 "--gin.TrainerConfig.num_steps=2", "--gin.OptimizerConfig.warmup_steps=1",
+                 "--gin.TrainerConfig.log_every=1",
                  "--gin.TrainerConfig.eval_every=2", "--gin.TrainerConfig.eval_batches=1",
                  "--gin.TrainerConfig.checkpoint_every=2", "--gin.TrainerConfig.async_checkpoints=False"])
     assert code == 0, capsys.readouterr().err

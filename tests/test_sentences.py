@@ -1,4 +1,4 @@
-"""Sentence splitting on real book excerpts (the bundled corpus, shared Shakespeare) and tricky constructed cases."""
+"""Sentence splitting on real book excerpts (the bundled corpora) and tricky constructed cases."""
 
 from pathlib import Path
 
@@ -8,7 +8,8 @@ from rankgen_jax.data.sentences import split_sentences, word_count
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "data" / "corpus"
-SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "shakespeare_milton"
+# The perspectives corpus: Project Gutenberg editions of Shakespeare and Milton, unchanged (data/perspectives/README.md).
+PERSPECTIVES = REPO / "data" / "perspectives"
 BOOKS = sorted(CORPUS.rglob("*.txt"))
 
 
@@ -88,9 +89,8 @@ def test_botchan_without_blank_lines():
     assert any("the late Mr. K. Natsume was an epoch-making piece of work." in s for s in sentences)
 
 
-@pytest.mark.skipif(not SHAKESPEARE.is_dir(), reason="shared Shakespeare corpus not present")
 def test_macbeth_cast_list_speakers_and_verse():
-    sentences = sentences_of(SHAKESPEARE / "macbeth_gut.txt")
+    sentences = sentences_of(PERSPECTIVES / "shakespeare" / "macbeth.txt")
     assert sentences[:4] == ["MACBETH", "by William Shakespeare", "Persons Represented", "DUNCAN, King of Scotland."]
     i = sentences.index("ACT I.")
     assert sentences[i + 1 : i + 8] == [
@@ -111,9 +111,8 @@ def test_macbeth_cast_list_speakers_and_verse():
     assert "O valiant cousin! worthy gentleman!" in sentences
 
 
-@pytest.mark.skipif(not SHAKESPEARE.is_dir(), reason="shared Shakespeare corpus not present")
 def test_sonnet_numerals_are_their_own_sentences():
-    sentences = sentences_of(SHAKESPEARE / "sonnets_gut.txt")
+    sentences = sentences_of(PERSPECTIVES / "shakespeare" / "sonnets.txt")
     assert sentences[:3] == ["THE SONNETS", "by William Shakespeare", "I"]
     assert sentences[3].startswith("From fairest creatures we desire increase,")
     assert sentences[3].endswith("To eat the world's due, by the grave and thee.")
@@ -201,10 +200,9 @@ def test_whole_book_words_preserved(path):
     assert sorted(word_count(s) for s in sentences)[len(sentences) // 2] < 60
 
 
-@pytest.mark.skipif(not SHAKESPEARE.is_dir(), reason="shared Shakespeare corpus not present")
-@pytest.mark.parametrize("name", ["hamlet_gut.txt", "paradise_lost__no_introduction__gut.txt", "sonnets_gut.txt"])
+@pytest.mark.parametrize("name", ["shakespeare/hamlet.txt", "milton/paradise_lost.txt", "shakespeare/sonnets.txt"])
 def test_whole_play_and_poem_words_preserved(name):
-    text = read_book(SHAKESPEARE / name)
+    text = read_book(PERSPECTIVES / name)
     sentences = split_sentences(text)
     assert " ".join(sentences).split() == text.split()
     assert all(sentences)

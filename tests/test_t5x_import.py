@@ -19,7 +19,9 @@ from rankgen_jax.models.configs import RANKGEN_HEAD, ST5_HEAD, T5Config
 from rankgen_jax.cli.main import main
 from rankgen_jax.errors import RankgenError
 
-FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "t5x_de_t5_tiny.checkpoint_1000"
+from conftest import T5X_FIXTURE
+
+FIXTURE = T5X_FIXTURE
 BF16 = np.dtype(ts.bfloat16.numpy_dtype)
 
 
@@ -138,7 +140,7 @@ INLINE = ("encoder/encoder_norm/scale", "encoder/layers_0/pre_attention_layer_no
 
 @pytest.fixture(scope="module")
 def fixture_import():
-    assert FIXTURE.is_dir(), f"missing fixture {FIXTURE} (expected ../shared beside the repo)"
+    assert FIXTURE.is_dir(), f"missing fixture {FIXTURE} (tests/fixtures/README.md)"
     return load_t5x_checkpoint(str(FIXTURE))
 
 

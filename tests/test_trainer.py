@@ -1,6 +1,8 @@
 """The trainer end to end: outputs, SIGKILL resume reproducing losses, SIGTERM save, guards and clear errors."""
 
+import dataclasses
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,12 +18,13 @@ from rankgen_jax.models.configs import ModelConfig, t5_config
 from rankgen_jax.train.metric_writers import read_metrics
 from rankgen_jax.models.factory import init_params
 
-# Tiny model on random ids: fast steps, so the subprocess tests spend their time on real work.
+RANDOM_IDS = ["--gin.DataConfig.source='random'", "--gin.DataConfig.vocab_size=128"]
+# Tiny model on random ids: fast steps, so the subprocess tests spend their time on real work. TINY_MODEL: the same
+# without the data source, for tests that choose one.
 TINY = [
     "--gin_file=models/t5_1_1_tiny.gin",
     "--gin.t5_config.vocab_size=128",
-    "--gin.DataConfig.source='random'",
-    "--gin.DataConfig.vocab_size=128",
+    *RANDOM_IDS,
     "--gin.DataConfig.batch_size=8",
     "--gin.DataConfig.prefix_length=16",
     "--gin.DataConfig.continuation_length=8",
@@ -29,6 +32,7 @@ TINY = [
     "--gin.OptimizerConfig.learning_rate=0.001",
     "--gin.TrainerConfig.log_every=1",
 ]
+TINY_MODEL = [arg for arg in TINY if arg not in RANDOM_IDS]
 
 
 def _losses_by_step(workdir: Path, name: str = "metrics.jsonl") -> dict[int, list[float]]:
@@ -189,3 +193,131 @@ def test_data_errors_reach_the_loop():
         for batch in prefetch_batches(Broken(), 0, 5, lambda b: b):
             got.append(int(batch["x"][0, 0]))
     assert got == [0, 1]
+
+
+# The README's training example, made cheap: its gin file's model, data source, loss and schedule with smaller
+# batches and sequences.
+README_EXAMPLE = ["--gin_file=rankgen_t5_tiny_books.gin", "--gin.DataConfig.batch_size=8",
+                  "--gin.DataConfig.prefix_length=32", "--gin.DataConfig.continuation_length=16",
+                  "--gin.TrainerConfig.log_every=1", "--gin.TrainerConfig.eval_every=0"]
+
+
+def test_readme_example_decays_over_the_steps_it_runs(tmp_path, capsys):
+    """The README's example once trained steps 200-500 at learning rate 0 (its schedule ended at 200): the schedule
+    now ends at TrainerConfig.num_steps, whatever the run's length; a shorter one set on purpose is refused."""
+    steps = 210  # more than the 200 its gin file once decayed over
+    code = main(["train", f"--workdir={tmp_path / 'run'}", *README_EXAMPLE, f"--gin.TrainerConfig.num_steps={steps}",
+                 f"--gin.TrainerConfig.checkpoint_every={steps}"])
+    assert code == 0, capsys.readouterr().err
+    logged = {r["step"]: r["train/learning_rate"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")
+              if "train/learning_rate" in r}
+    assert sorted(logged) == list(range(1, steps + 1))
+    # Logged at step s: the rate step s-1's update used; warmup of 10 steps, then linear from 1e-3 to 0 at `steps`.
+    expected = {s: 1e-3 * ((s - 1) / 10 if s - 1 < 10 else (steps - (s - 1)) / (steps - 10)) for s in logged}
+    np.testing.assert_allclose([logged[s] for s in sorted(logged)], [expected[s] for s in sorted(logged)],
+                               rtol=1e-5, atol=1e-12)
+    assert logged[steps] > 0 and all(logged[s] > 0 for s in range(2, steps + 1))
+
+    code = main(["train", f"--workdir={tmp_path / 'refused'}", *README_EXAMPLE, "--gin.TrainerConfig.num_steps=500",
+                 "--gin.OptimizerConfig.total_steps=200"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "OptimizerConfig.total_steps=200" in err and "TrainerConfig.num_steps=500" in err, err
+    assert not (tmp_path / "refused" / "checkpoints").exists()
+
+
+# --- configuration errors at the boundary --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_gin_file(tmp_path) -> str:
+    """A --gin_file argument that binds nothing (without one, `train` runs the demo's config)."""
+    (tmp_path / "empty.gin").write_text("# bindings come from the command line\n")
+    return f"--gin_file={tmp_path / 'empty.gin'}"
+
+
+@pytest.mark.parametrize("args,fragment", [
+    # A head binding without ModelConfig.head = @HeadConfig() would train another head.
+    (["--gin.ModelConfig.encoder=@t5_config()", "--gin.t5_config.size='tiny'", "--gin.t5_config.vocab_size=128",
+      *RANDOM_IDS, "--gin.HeadConfig.pooling='mean'"],
+     "gin binds HeadConfig.pooling, which nothing in this run reads (a head comes from ModelConfig.head = "
+     "@HeadConfig())"),
+    ([*TINY, "--gin.BertConfig.num_layers=3"], "gin binds BertConfig.num_layers, which nothing in this run reads"),
+    ([*TINY, "--gin.JobConfig.export=False"], "JobConfig is read by `rankgen-jax train --job`"),
+    ([*TINY, "--gin.DataConfig.holdout_documents=3"],
+     "DataConfig.source='random' does not read holdout_documents (DataConfig.holdout_documents=3 is read by source "
+     "books / examples only)"),
+    ([*TINY, "--gin.OptimizerConfig.schedule='cosine'", "--gin.OptimizerConfig.total_steps=4",
+      "--gin.TrainerConfig.num_steps=6"], "OptimizerConfig.total_steps=4 ends the cosine decay before "
+                                          "TrainerConfig.num_steps=6"),
+])
+def test_bindings_that_would_change_nothing_are_errors(tmp_path, capsys, args, fragment, no_gin_file):
+    code = main(["train", f"--workdir={tmp_path}", no_gin_file, "--gin.DataConfig.batch_size=8", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err, err
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_a_chosen_vocabulary_is_kept_with_an_init_checkpoint(tmp_path, capsys, spiece_model):
+    """DataConfig.vocab unset: the checkpoint's tokenizer; set (under gin too): the one chosen."""
+    from rankgen_jax.resources import DEMO_VOCAB
+
+    bare = ModelConfig(encoder=t5_config("tiny", vocab_size=1024), head=None)
+    native.save_params(tmp_path / "imported", bare, init_params(bare, seed=3), vocab=spiece_model)
+    books = [*TINY_MODEL, "--gin.t5_config.vocab_size=1024", "--gin.DataConfig.source='books'",
+             "--gin.DataConfig.prefix_length=32", "--gin.DataConfig.continuation_length=16",
+             f"--gin.TrainerConfig.init_checkpoint='{tmp_path / 'imported'}'", "--gin.TrainerConfig.num_steps=1"]
+    code = main(["train", f"--workdir={tmp_path / 'chosen'}", *books, f"--gin.DataConfig.vocab='{DEMO_VOCAB}'"])
+    err = capsys.readouterr().err
+    assert code == 2 and "the data's vocabulary has 8000 ids but the model's embedding has 1024 rows" in err, err
+    assert str(DEMO_VOCAB) in err
+    assert main(["train", f"--workdir={tmp_path / 'own'}", *books]) == 0, capsys.readouterr().err
+    vocab = Path(native.vocab_path(tmp_path / "own"))
+    assert [p.read_bytes() for p in vocab.iterdir()] == [Path(spiece_model).read_bytes()]
+
+
+def test_the_encoder_follows_the_init_checkpoint(tmp_path, capsys, no_gin_file):
+    """A BERT checkpoint under gin's default (T5) encoder: the run takes the checkpoint's, pooler head included;
+    gin encoder bindings must describe the checkpoint, except runtime settings, which apply."""
+    import json
+
+    from rankgen_jax.experiments.stages import resolve_hf_folder
+    from rankgen_jax.models.configs import BertConfig
+
+    bert = BertConfig(d_model=32, d_ff=64, num_layers=1, num_heads=4, max_position_embeddings=64)
+    bare = ModelConfig(encoder=bert, head=None)
+    native.save_params(tmp_path / "bert", bare, init_params(bare, seed=4), vocab=resolve_hf_folder("minilm"))
+    lists = tmp_path / "lists.jsonl"
+    lists.write_text("".join(json.dumps({"query": f"query {i}", "candidates": [f"right {i}", f"wrong {i}"],
+                                         "labels": [1, 0]}) + "\n" for i in range(16)))
+    ranker = [no_gin_file, "--gin.ModelConfig.kind='cross_encoder'", "--gin.ModelConfig.head=@HeadConfig()",
+              "--gin.HeadConfig.pooling='pooler'", "--gin.HeadConfig.projection_dim=0",
+              "--gin.DataConfig.source='lists'", f"--gin.DataConfig.train_file='{lists}'",
+              "--gin.DataConfig.batch_size=8", "--gin.DataConfig.prefix_length=16",
+              "--gin.DataConfig.continuation_length=8", "--gin.LossConfig.name='listmle'",
+              f"--gin.TrainerConfig.init_checkpoint='{tmp_path / 'bert'}'", "--gin.TrainerConfig.num_steps=1"]
+    assert main(["train", f"--workdir={tmp_path / 'run'}", *ranker, "--gin.BertConfig.dropout_rate=0.2",
+                 "--gin.ModelConfig.encoder=@BertConfig()"]) == 0, capsys.readouterr().err
+    trained = native.load_model_config(tmp_path / "run")
+    assert trained.encoder == dataclasses.replace(bert, dropout_rate=0.2) and trained.head.pooling == "pooler"
+    code = main(["train", f"--workdir={tmp_path / 'other'}", *ranker, "--gin_file=models/t5_1_1_tiny.gin"])
+    err = capsys.readouterr().err
+    assert code == 2 and "holds a bert encoder (1 layers, d_model 32); the gin config binds ModelConfig.encoder, " \
+                         "t5_config.size, t5_config.version, which build a T5 encoder" in err, err
+    code = main(["train", f"--workdir={tmp_path / 'deeper'}", *ranker, "--gin.ModelConfig.encoder=@BertConfig()",
+                 "--gin.BertConfig.num_layers=3"])
+    err = capsys.readouterr().err
+    assert code == 2 and "differ from it (d_model=384 where the checkpoint has 32" in err, err
+    assert "num_layers=3 where the checkpoint has 1" in err
+
+
+def test_a_time_budgeted_run_counts_steps(tmp_path, capsys):
+    """The bar of a time-budgeted run shows steps, steps per minute and the budget's time left, not seconds."""
+    code = main(["train", f"--workdir={tmp_path}", *TINY, "--gin.TrainerConfig.num_steps=100000",
+                 "--gin.TrainerConfig.max_minutes=0.01", "--gin.OptimizerConfig.schedule='linear'"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert re.search(r"train \(\d+\.\d steps/min, 0:00 of 0.01 min left\): \d+ steps \[", err), err
+    assert "ends at step 100000; the time budget may stop the run before that" in err
+    assert re.search(r"time budget of 0.01 minutes used: saved step \d+ \(learning rate [\d.e-]+: the linear schedule "
+                     r"ends at step 100000\)", err), err

@@ -9,6 +9,7 @@ each handle one format.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 from pathlib import Path
@@ -280,6 +281,8 @@ def export_hf(checkpoint: str, out: str, fmt: str = "rankgen", overwrite: bool =
         limits = _export_one(checkpoint, model_config, params, out, fmt, overwrite, conventions)
     for limit in limits:
         _note(f"note: sentence-transformers cannot express how this model reads text: {limit}")
+    if model_config.kind == "cross_encoder":
+        _record_pair_length(Path(out), conventions.prefix_length + conventions.suffix_length)
     record = Path(out) / CONVENTIONS_FILE
     if model_config.kind == "encoder":
         record.unlink(missing_ok=True)  # a bare encoder reads no text by itself; an older export's record is stale
@@ -296,6 +299,17 @@ def export_hf(checkpoint: str, out: str, fmt: str = "rankgen", overwrite: bool =
         provenance=native.load_provenance(checkpoint), operative_gin=operative, results=results,
         results_path=results_path))
     return model_config
+
+
+def _record_pair_length(out: Path, length: int) -> None:
+    """A cross encoder reads a pair of at most `length` tokens: its tokenizer's model_max_length says so, which
+    sentence-transformers' CrossEncoder and HF pipelines cut pairs to."""
+    config_file = out / "tokenizer_config.json"
+    if not config_file.is_file():
+        return
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    config["model_max_length"] = length
+    config_file.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
 def _tokenizer(checkpoint: str, config: ModelConfig) -> list[str] | None:

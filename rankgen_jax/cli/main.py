@@ -32,6 +32,7 @@ SUBCOMMANDS = (
     training.add_demo_curve,
     ranking.add_index,
     ranking.add_search,
+    ranking.add_bm25,
     ranking.add_evaluate,
     ranking.add_mine_negatives,
     ranking.add_encode,
@@ -41,6 +42,7 @@ SUBCOMMANDS = (
     training.add_report,
     training.add_perspectives,
     training.add_compile,
+    checkpoints.add_smoke,
 )
 
 # Packages that only an extra of the pip package installs (pyproject.toml), by the module a command imports.

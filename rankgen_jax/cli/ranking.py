@@ -1,5 +1,5 @@
-"""`rankgen-jax score`, `encode`, `index`, `search`, `evaluate` and `mine-negatives`: a trained model's scores, vectors,
-runs and hard negatives."""
+"""`rankgen-jax score`, `encode`, `index`, `search`, `bm25`, `evaluate` and `mine-negatives`: a trained model's scores,
+vectors, runs and hard negatives, and the BM25 baseline's runs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from rankgen_jax.eval.ranking import METHODS, run_score
 from rankgen_jax.eval.retrieval_metrics import DEFAULT_MEASURES, MISSING_QUERIES, evaluate_files
 from rankgen_jax.inference.api import KINDS, TRUNCATION_MODES, run_encode
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.retrieval import mining
+from rankgen_jax.retrieval import bm25, mining
 from rankgen_jax.retrieval.dense_index import DEFAULT_TRAIN_SAMPLE, index_corpus, search_queries
 
 CORPUS_HELP = ("passages: TSV `id<TAB>text` (MS MARCO collection.tsv), JSON lines {\"id\", \"text\"} (also BEIR's "
@@ -148,7 +148,7 @@ def add_search(subparsers) -> None:
     p.add_argument("--queries", required=True,
                    help="queries: TSV `qid<TAB>text` (MS MARCO queries.*.tsv), JSON lines {\"id\", \"text\"} (or "
                    "BEIR's / Tevatron's), or a BEIR folder (the queries its --split judges)")
-    p.add_argument("--split", help="a BEIR folder's qrels split whose queries to search (default: test)")
+    p.add_argument("--split", help="a BEIR folder's qrels split whose queries to search (required with a BEIR folder)")
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--output", help="file to write (default: stdout)")
     p.add_argument("--format", choices=RUN_FORMATS, default="jsonl", help="output format (default: jsonl)")
@@ -167,6 +167,39 @@ def _run_search(args) -> None:
     if not args.output:
         for line in run_lines(results, args.format, args.run_tag):
             print(line)
+
+
+def add_bm25(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bm25", help="top-K passages of each query by BM25, as a TREC run (the baseline row of a retrieval table)",
+        description="Rank the corpus for each query with BM25 (bm25s, Lucene's variant; lower-cased words of 2+ "
+        "characters, English stopwords removed, no stemming; k1 / b default to Pyserini's 0.9 / 0.4, the retriever "
+        "mine-negatives --bm25 uses) and write the top K as a run: TREC (qid Q0 docid rank score tag, the default), "
+        "MS MARCO or search's JSON lines, each query's passages in trec_eval's order. Evaluate it with "
+        "`rankgen-jax evaluate`.")
+    p.add_argument("--corpus", required=True, help=CORPUS_HELP)
+    p.add_argument("--queries", required=True,
+                   help="queries: TSV `qid<TAB>text`, JSON lines {\"id\", \"text\"} (or BEIR's / Tevatron's), or a BEIR "
+                   "folder with --split")
+    p.add_argument("--split", help="a BEIR folder's qrels split whose queries to rank (required with a BEIR folder)")
+    p.add_argument("--k", type=int, default=100, help="passages per query (default 100)")
+    p.add_argument("--output", required=True, help="run file to write")
+    p.add_argument("--format", choices=RUN_FORMATS, default="trec", help="output format (default: trec)")
+    p.add_argument("--run_tag", default="bm25", help="a TREC run's tag column (default bm25)")
+    p.add_argument("--k1", type=float, default=bm25.DEFAULT_BM25_K1, help="BM25 k1 (default %(default)s, Pyserini's)")
+    p.add_argument("--b", type=float, default=bm25.DEFAULT_BM25_B, help="BM25 b (default %(default)s, Pyserini's)")
+    p.add_argument("--keep_stopwords", action="store_true", help="keep English stopwords in BM25's tokens")
+    _add_title_flags(p, "what joins a passage's title to its text (default: a space)", "rank passages without titles")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=_run_bm25)
+
+
+def _run_bm25(args) -> None:
+    results = bm25.bm25_search(args.corpus, args.queries, args.k, out_path=args.output, split=args.split,
+                               out_format=args.format, run_tag=args.run_tag, k1=args.k1, b=args.b,
+                               stopwords=None if args.keep_stopwords else bm25.DEFAULT_STOPWORDS,
+                               title_join=_title_join(args), progress=not args.no_progress)
+    print(f"wrote the BM25 run of {len(results)} queries over {args.corpus} to {args.output}")
 
 
 def add_evaluate(subparsers) -> None:
@@ -249,15 +282,15 @@ def add_mine_negatives(subparsers) -> None:
                    "give the positives unless --qrels is given)")
     q.add_argument("--qrels", help="qrels (TREC, MS MARCO, BEIR file or folder): the positives of --queries; with "
                    "--train_file, what --drop_judged drops")
-    q.add_argument("--split", help="a BEIR folder's qrels split (default: test)")
+    q.add_argument("--split", help=f"a BEIR folder's qrels split (default: {mining.MINING_SPLIT})")
     q.add_argument("--positive_level", type=int, default=1, help="qrels label of a positive (default: >= 1)")
     p.add_argument("--corpus", required=True, help=CORPUS_HELP)
     p.add_argument("--output", required=True, help="Tevatron JSON-lines file to write (or to resume)")
     r = p.add_argument_group("retriever (one of --bm25, --model)")
     r.add_argument("--bm25", action="store_true", help="BM25 over the corpus (bm25s, the retrieval extra)")
-    r.add_argument("--bm25_k1", type=float, default=mining.DEFAULT_BM25_K1, help="BM25 k1 (default %(default)s, "
+    r.add_argument("--bm25_k1", type=float, default=bm25.DEFAULT_BM25_K1, help="BM25 k1 (default %(default)s, "
                    "Pyserini's)")
-    r.add_argument("--bm25_b", type=float, default=mining.DEFAULT_BM25_B, help="BM25 b (default %(default)s, "
+    r.add_argument("--bm25_b", type=float, default=bm25.DEFAULT_BM25_B, help="BM25 b (default %(default)s, "
                    "Pyserini's)")
     r.add_argument("--bm25_keep_stopwords", action="store_true", help="keep English stopwords in BM25's tokens")
     r.add_argument("--model", help="dual encoder (checkpoint, training workdir or HF folder)")
@@ -297,7 +330,7 @@ def _run_mine_negatives(args) -> dict:
         depth=args.depth, negatives=args.negatives, pick=args.pick, seed=args.seed, drop_judged=args.drop_judged,
         positive_level=args.positive_level, on_missing=args.on_missing,
         title_join=_title_join(args), bm25_k1=args.bm25_k1, bm25_b=args.bm25_b,
-        bm25_stopwords=None if args.bm25_keep_stopwords else mining.DEFAULT_STOPWORDS, batch_size=args.batch_size,
+        bm25_stopwords=None if args.bm25_keep_stopwords else bm25.DEFAULT_STOPWORDS, batch_size=args.batch_size,
         query_batch=args.query_batch, overwrite=args.overwrite, progress=not args.no_progress,
         conventions=convention_args(args))
     print(json.dumps(summary))

@@ -44,14 +44,14 @@ class ExampleTriples:
     def __init__(self, examples: Sequence[Example], text: TextEncoder, batch_size: int, prefix_length: int,
                  continuation_length: int, seed: int, mix_documents: bool = False, with_negative: bool = True,
                  prefix_keep: str = "end", recut: Callable[[int], Sequence[Example]] | None = None,
-                 pool_leftovers: bool = False):
+                 pool_leftovers: bool = False, markers: tuple[str, str] = (PREFIX_MARKER, SUFFIX_MARKER)):
         if not examples:
             raise RankgenError("no examples to train on (documents too short for the configured prefix length?)")
         self.batch_size = batch_size
         self.seed, self.mix_documents, self.with_negative = seed, mix_documents, with_negative
         self.pool_leftovers = pool_leftovers
         self.lengths = {"query_ids": prefix_length, "positive_ids": continuation_length, "negative_ids": continuation_length}
-        self.text, self.prefix_keep, self.recut = text, prefix_keep, recut
+        self.text, self.prefix_keep, self.recut, self.markers = text, prefix_keep, recut, markers
         self.pad_id = text.pad_id
         self.examples = list(examples)
         self.ids = self._tokenised(self.examples)
@@ -67,10 +67,12 @@ class ExampleTriples:
     def _tokenised(self, examples: Sequence[Example]) -> dict[str, list[list[int]]]:
         text, prefix_length, continuation_length = self.text, self.lengths["query_ids"], self.lengths["positive_ids"]
         return {
-            "query_ids": [encode_truncated(text, PREFIX_MARKER, e.prefix, prefix_length, self.prefix_keep)
+            "query_ids": [encode_truncated(text, self.markers[0], e.prefix, prefix_length, self.prefix_keep)
                           for e in examples],
-            "positive_ids": [encode_truncated(text, SUFFIX_MARKER, e.continuation, continuation_length) for e in examples],
-            "negative_ids": [encode_truncated(text, SUFFIX_MARKER, e.negatives[0], continuation_length) for e in examples],
+            "positive_ids": [encode_truncated(text, self.markers[1], e.continuation, continuation_length)
+                             for e in examples],
+            "negative_ids": [encode_truncated(text, self.markers[1], e.negatives[0], continuation_length)
+                             for e in examples],
         }
 
     def _batches(self, epoch: int, examples: Sequence[Example]) -> list[list[int]]:

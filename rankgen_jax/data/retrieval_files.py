@@ -369,6 +369,20 @@ def passages_file(path: str | Path) -> Path:
     return _beir_file(Path(path), BEIR_CORPUS) if Path(path).is_dir() else _existing_file(path, "passage")
 
 
+def beir_splits(folder: str | Path) -> list[str]:
+    """The qrels splits of a BEIR folder (qrels/<split>.tsv), sorted."""
+    qrels = Path(folder) / "qrels"
+    return sorted(p.stem for p in qrels.glob("*.tsv")) if qrels.is_dir() else []
+
+
+def require_split(queries_path: str | Path, split: str | None, flag: str = "split") -> None:
+    """A BEIR folder's queries are read only at a split named on purpose: a default one (test) could as well be the
+    split a user trains on, or mines for, by mistake."""
+    if split is None and Path(queries_path).is_dir():
+        raise RankgenError(f"{queries_path} is a BEIR folder: name the split whose queries to read with {flag} "
+                           f"(its splits: {', '.join(beir_splits(queries_path)) or 'none'})")
+
+
 def read_queries(path: str | Path, split: str | None = None, quiet: bool = False) -> TextFile:
     """The queries of a TSV or JSON-lines file, or those of a BEIR folder its split's qrels judge (default "test").
 
@@ -393,7 +407,7 @@ def _beir_qrels_file(folder: Path, split: str | None) -> Path:
     split = DEFAULT_SPLIT if split is None else split
     path = folder / "qrels" / f"{split}.tsv"
     if not path.is_file():
-        found = sorted(p.stem for p in (folder / "qrels").glob("*.tsv")) if (folder / "qrels").is_dir() else []
+        found = beir_splits(folder)
         raise RankgenError(f"{path}: no qrels for split {split!r} in {folder}"
                            + (f" (splits there: {', '.join(found)})" if found else ""))
     return path

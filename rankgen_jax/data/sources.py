@@ -33,7 +33,8 @@ from rankgen_jax.data.documents import Document, ReadStats, require_documents
 from rankgen_jax.data.example_source import PREFIX_MARKER, SUFFIX_MARKER, ExampleTriples, build_examples
 from rankgen_jax.data.examples import Example, ExampleConfig
 from rankgen_jax.data.jsonl import read_jsonl
-from rankgen_jax.data.retrieval_files import DEFAULT_TITLE_JOIN, is_beir_folder, read_passages, read_qrels
+from rankgen_jax.data.retrieval_files import (DEFAULT_TITLE_JOIN, beir_splits, is_beir_folder, read_passages,
+                                              read_qrels)
 from rankgen_jax.data.text import load_text_encoder, pad_batch
 from rankgen_jax.data.vocab import BUNDLED_CORPUS, EOS_ID
 from rankgen_jax.errors import RankgenError, check_field_types
@@ -41,6 +42,46 @@ from rankgen_jax.models.batch_layout import TRIPLES, BatchLayout
 from rankgen_jax.resources import DEMO_VOCAB
 # What the triple sources build, whatever the model: a dual encoder's triples.
 TRIPLE_LAYOUT = BatchLayout("dual_encoder", TRIPLES)
+
+SOURCES = ("examples", "seqio", "books", "random", "lists", "pairs", "retrieval")
+# The sources that tokenise text with DataConfig.vocab (the model's own tokenizer by default).
+TEXT_SOURCES = ("books", "examples", "lists", "pairs", "retrieval")
+_RANKGEN_TEXT = ("books", "examples")
+
+# Which sources read each DataConfig field. A field set away from its default for a source that does not read it
+# is an error (DataConfig.__post_init__): it would be silently ignored. The configuration reference is built
+# from this table.
+DATA_FIELD_SOURCES: dict[str, tuple[str, ...]] = {
+    "source": SOURCES,
+    "corpus": _RANKGEN_TEXT,
+    "vocab": TEXT_SOURCES,
+    "batch_size": SOURCES,
+    "prefix_length": SOURCES,
+    "continuation_length": ("examples", "seqio", "books", "random", "lists", "retrieval"),
+    "with_negative": ("examples", "seqio", "books", "random"),
+    "same_document": _RANKGEN_TEXT,
+    "holdout_documents": _RANKGEN_TEXT,
+    "holdout_ids": _RANKGEN_TEXT,
+    "vocab_size": ("random",),
+    "prefix_words": ("examples",),
+    "min_continuation_words": ("examples",),
+    "max_continuation_words": ("examples",),
+    "prefix_keep": ("examples", "lists", "retrieval"),
+    "prefix_marker": ("examples", "books", "lists", "retrieval"),
+    "suffix_marker": ("examples", "books", "lists", "retrieval"),
+    "recut_examples": ("examples",),
+    "pool_leftovers": ("examples",),
+    "task": ("seqio",),
+    "seqio_cache_dir": ("seqio",),
+    "seed": SOURCES,
+    "train_file": ("lists", "pairs", "retrieval"),
+    "eval_file": ("lists", "pairs", "retrieval"),
+    "list_size": ("lists", "retrieval"),
+    "tfdata_threads": ("seqio",),
+    **{name: ("retrieval",) for name in ("retrieval_corpus", "queries", "qrels", "eval_qrels", "split", "eval_split",
+                                         "negatives_run", "hard_negatives", "positive_choice", "too_few_negatives",
+                                         "title_join")},
+}
 
 
 class BatchSource(Protocol):
@@ -101,11 +142,22 @@ class DataConfig:
     title_join: joins a passage's title to its text (None: titles dropped).
     list_size: candidate lists (listwise losses, cross encoders) hold
       list_size candidates (0: 1 + hard_negatives): positives (label 1) first.
+    vocab: the tokenizer ("": the model's own, from TrainerConfig.init_checkpoint,
+      else the demo vocabulary).
+    prefix_marker / suffix_marker: text put before each prefix (query) and
+      continuation (passage); None: the source's own (RankGen's "pre " /
+      "suffi " for dual encoders, none for cross encoders). Recorded with the
+      model in its input conventions, as prefix_keep is.
+    eval_file: optional; without it (and for retrieval data without an eval
+      split) the run has no eval source and TrainerConfig.eval_every must be 0.
+
+    DATA_FIELD_SOURCES says which sources read each field; a field set for a
+    source that does not read it is an error.
     """
 
     source: str = "books"
     corpus: str = str(BUNDLED_CORPUS)
-    vocab: str = str(DEMO_VOCAB)  # spiece.model, tokenizer.json, or a folder with one
+    vocab: str = ""  # spiece.model, tokenizer.json, or a folder with one; "": the model's own
     batch_size: int = 32
     prefix_length: int = 256
     continuation_length: int = 128
@@ -118,6 +170,8 @@ class DataConfig:
     min_continuation_words: int = 10
     max_continuation_words: int = 128
     prefix_keep: str = "end"
+    prefix_marker: str | None = None
+    suffix_marker: str | None = None
     recut_examples: bool = False
     pool_leftovers: bool = False
     task: str = ""  # seqio task or mixture name (source "seqio"), e.g. "rankgen_demo"
@@ -141,6 +195,39 @@ class DataConfig:
 
     def __post_init__(self):
         check_field_types(self)  # gin hands values over unchecked
+        if self.source not in SOURCES:
+            raise RankgenError(f"unknown data source {self.source!r}: expected one of {', '.join(map(repr, SOURCES))}")
+        unread = [name for name, sources in DATA_FIELD_SOURCES.items()
+                  if self.source not in sources and not _is_default(self, name)]
+        if unread:
+            shown = "; ".join(f"DataConfig.{name}={_short_repr(getattr(self, name))} is read by source "
+                              f"{' / '.join(DATA_FIELD_SOURCES[name])} only" for name in unread)
+            raise RankgenError(f"DataConfig.source={self.source!r} does not read {', '.join(unread)} ({shown}): "
+                               "remove the binding or choose a source that reads it")
+
+    def tokenizer_path(self) -> str:
+        """The tokenizer the text sources read with: `vocab`, or the demo vocabulary when none was chosen."""
+        return self.vocab or str(DEMO_VOCAB)
+
+    def markers(self, default: tuple[str, str]) -> tuple[str, str]:
+        """(prefix marker, suffix marker): those chosen, else the source's `default`."""
+        return (default[0] if self.prefix_marker is None else self.prefix_marker,
+                default[1] if self.suffix_marker is None else self.suffix_marker)
+
+
+def _short_repr(value, limit: int = 60) -> str:
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"[{len(value)} items]" if isinstance(value, (list, tuple)) else text[: limit - 3] + "..."
+
+
+def _is_default(config: DataConfig, name: str) -> bool:
+    """Whether a field holds its declared default (a list counts as the tuple it stands for, as gin writes one)."""
+    field = DataConfig.__dataclass_fields__[name]
+    default = field.default_factory() if field.default is dataclasses.MISSING else field.default
+    value = getattr(config, name)
+    return (tuple(value) == tuple(default)) if isinstance(value, (list, tuple)) else value == default
 
 
 def _row_rng(seed: int, index: int, row: int) -> np.random.Generator:
@@ -185,9 +272,10 @@ class BookTriples:
     def __init__(self, config: DataConfig, documents: list[Document]):
         self.config = config
         self.batch_size = config.batch_size
-        self.text = load_text_encoder(config.vocab)
-        self.pre = self.text.tokenize("pre")
-        self.suffi = self.text.tokenize("suffi")
+        self.text = load_text_encoder(config.tokenizer_path())
+        # Marker pieces joined to the token windows (the released markers end in a space, which joins nothing).
+        self.pre, self.suffi = (self.text.tokenize(m.strip()) if m.strip() else []
+                                for m in config.markers((PREFIX_MARKER, SUFFIX_MARKER)))
         self.prefix_body = config.prefix_length - len(self.pre) - self.text.num_special
         self.cont_body = config.continuation_length - len(self.suffi) - self.text.num_special
         span = self.prefix_body + self.cont_body
@@ -230,14 +318,36 @@ class BookTriples:
         return {k: pad_batch(out[k], length, self.text.pad_id) for k, length in lengths.items()}
 
 
-def make_sources(config: DataConfig, layout: BatchLayout = TRIPLE_LAYOUT) -> tuple[BatchSource, BatchSource]:
-    """(train source, eval source). Eval uses held-out documents, or another seed for random data.
+def missing_eval_data(config: DataConfig) -> str:
+    """What to give for held-out data when the config has none ("" when it has): a run without it cannot evaluate.
+
+    Sources built from a corpus hold documents out, random data draws with another seed, seqio reads its
+    validation split; list, pair and retrieval data need their own held-out file or qrels.
+    """
+    if config.source in ("lists", "pairs") or (config.source == "retrieval" and config.train_file):
+        return "" if config.eval_file else "DataConfig.eval_file (held-out queries in the train_file's format)"
+    if config.source != "retrieval" or config.eval_qrels or not config.retrieval_corpus:
+        return ""
+    folder = _folder(config.qrels or _folder(config.retrieval_corpus))
+    if not folder or (Path(folder) / "qrels" / f"{config.eval_split}.tsv").is_file():
+        return ""
+    splits = beir_splits(folder)
+    return (f"DataConfig.eval_qrels, or a DataConfig.eval_split that {folder} has (it has no "
+            f"qrels/{config.eval_split}.tsv; its splits: {', '.join(splits) or 'none'})")
+
+
+def make_sources(config: DataConfig, layout: BatchLayout = TRIPLE_LAYOUT) -> tuple[BatchSource, BatchSource | None]:
+    """(train source, eval source). Eval uses held-out documents, or another seed for random data; None where
+    the config names no held-out data (missing_eval_data).
 
     layout: the batch the model kind and loss train on; list and pair sources
     build its arrays, triple sources always build triples.
     """
     if config.batch_size <= 0:
         raise RankgenError(f"DataConfig.batch_size must be positive, got {config.batch_size}")
+    if layout.joint and any(config.markers(("", ""))):
+        raise RankgenError(f"a {layout.model_kind} reads query and candidate together, without markers: leave "
+                           "DataConfig.prefix_marker and suffix_marker unset")
     if config.source == "random":
         return RandomTriples(config), RandomTriples(dataclasses.replace(config, seed=config.seed + 10_000))
     if config.source == "books":
@@ -250,10 +360,7 @@ def make_sources(config: DataConfig, layout: BatchLayout = TRIPLE_LAYOUT) -> tup
         return _seqio_sources(config)
     if config.source in ("lists", "pairs"):
         return _record_sources(config, layout)
-    if config.source == "retrieval":
-        return _retrieval_sources(config, layout)
-    raise RankgenError(f"unknown data source {config.source!r}: expected 'examples', 'seqio', 'books', 'random', "
-                       "'lists', 'pairs' or 'retrieval'")
+    return _retrieval_sources(config, layout)
 
 
 def training_conventions(config: DataConfig, layout: BatchLayout = TRIPLE_LAYOUT) -> InputConventions:
@@ -267,12 +374,10 @@ def training_conventions(config: DataConfig, layout: BatchLayout = TRIPLE_LAYOUT
     pairs: no markers, both passages keep their start (joint pairs: half the
     length each).
     """
-    markers, prefix_keep = (PREFIX_MARKER, SUFFIX_MARKER), config.prefix_keep
+    markers, prefix_keep = config.markers(source_markers(config, layout)), config.prefix_keep
     prefix_length, suffix_length = config.prefix_length, config.continuation_length
     if config.source == "seqio":
         markers, prefix_keep = _seqio_markers(config.task), "start"
-    elif config.source in ("lists", "retrieval") and layout.joint:
-        markers = ("", "")
     elif config.source == "pairs":
         markers, prefix_keep = ("", ""), "start"
         if layout.joint:
@@ -285,6 +390,14 @@ def training_conventions(config: DataConfig, layout: BatchLayout = TRIPLE_LAYOUT
                             truncation="clean")
 
 
+def source_markers(config: DataConfig, layout: BatchLayout = TRIPLE_LAYOUT) -> tuple[str, str]:
+    """The markers a source puts before prefixes and continuations unless DataConfig chooses others:
+    RankGen's for dual encoders, none where query and candidate are read together (cross encoders)."""
+    if config.source == "pairs" or (config.source in ("lists", "retrieval") and layout.joint):
+        return "", ""
+    return PREFIX_MARKER, SUFFIX_MARKER
+
+
 def _seqio_markers(task: str) -> tuple[str, str]:
     """The markers of a RankGen seqio task (the registry is filled by entry points; others use RankGen's)."""
     # seqio brings TensorFlow: only a seqio run, which has imported it already, gets here.
@@ -294,12 +407,15 @@ def _seqio_markers(task: str) -> tuple[str, str]:
 
 
 def _record_sources(config: DataConfig, layout: BatchLayout) -> tuple[BatchSource, BatchSource]:
-    """Candidate lists or labelled pairs from JSON-lines files (train_file, eval_file)."""
-    if not config.train_file or not config.eval_file:
-        raise RankgenError(f"DataConfig.source={config.source!r} needs DataConfig.train_file and DataConfig.eval_file")
-    text = load_text_encoder(config.vocab)
+    """Candidate lists or labelled pairs from JSON-lines files (train_file, and eval_file when given)."""
+    if not config.train_file:
+        raise RankgenError(f"DataConfig.source={config.source!r} needs DataConfig.train_file")
+    text = load_text_encoder(config.tokenizer_path())
     sources = []
     for path, seed in ((config.train_file, config.seed), (config.eval_file, config.seed + 10_000)):
+        if not path:
+            sources.append(None)
+            continue
         if config.source == "pairs":
             records = read_jsonl(path, lists.check_pair_record)
             sources.append(lists.PairBatches(records, text, config.batch_size, layout, config.prefix_length, seed,
@@ -308,7 +424,8 @@ def _record_sources(config: DataConfig, layout: BatchLayout) -> tuple[BatchSourc
             records = read_jsonl(path, lists.check_list_record)
             sources.append(lists.ListBatches(
                 records, text, config.batch_size, layout, config.prefix_length, config.continuation_length,
-                config.list_size, seed, query_keep=config.prefix_keep, where=path))
+                config.list_size, seed, query_keep=config.prefix_keep, where=path,
+                markers=config.markers(source_markers(config, layout))))
     return sources[0], sources[1]
 
 
@@ -320,12 +437,15 @@ def _retrieval_sources(config: DataConfig, layout: BatchLayout) -> tuple[BatchSo
         if config.retrieval_corpus:
             raise RankgenError("DataConfig.source='retrieval' reads Tevatron files (train_file, eval_file) or "
                                "retrieval_corpus + qrels, not both")
-        if not config.train_file or not config.eval_file:
-            raise RankgenError("DataConfig.source='retrieval' with Tevatron files needs DataConfig.train_file and "
-                               "DataConfig.eval_file")
+        if not config.train_file:
+            raise RankgenError("DataConfig.source='retrieval' with Tevatron files needs DataConfig.train_file "
+                               "(and, to evaluate, DataConfig.eval_file)")
         pools = []
         for path, qrels, split in ((config.train_file, config.qrels, config.split),
                                    (config.eval_file, config.eval_qrels or _folder(config.qrels), config.eval_split)):
+            if not path:
+                pools.append(None)
+                continue
             judged = read_qrels(qrels, split=split if Path(qrels).is_dir() else None) if qrels else None
             pools.append(retrieval_source.tevatron_queries(path, rules, judged))
     else:
@@ -342,16 +462,21 @@ def _retrieval_sources(config: DataConfig, layout: BatchLayout) -> tuple[BatchSo
                                    f"retrieval_corpus ({config.retrieval_corpus}) is not a BEIR folder"
                                    + ("" if name != "eval_qrels" else " and qrels is a file"))
         passages = read_passages(config.retrieval_corpus)
+        held_out = not missing_eval_data(config)
         pools = [retrieval_source.qrels_queries(
             retrieval_source.QrelsFiles(config.retrieval_corpus, queries, judged, split, config.negatives_run),
-            rules, passages) for judged, split in ((qrels, config.split), (eval_qrels, config.eval_split))]
-    text = load_text_encoder(config.vocab)
+            rules, passages) if use else None
+            for judged, split, use in ((qrels, config.split, True), (eval_qrels, config.eval_split, held_out))]
+    text = load_text_encoder(config.tokenizer_path())
     sources = []
     for pool, seed in zip(pools, (config.seed, config.seed + 10_000)):
+        if pool is None:
+            sources.append(None)
+            continue
         print(pool.summary(), file=sys.stderr, flush=True)
         sources.append(retrieval_source.RetrievalBatches(
             pool, text, config.batch_size, layout, config.prefix_length, config.continuation_length, rules,
-            config.list_size, seed, query_keep=config.prefix_keep))
+            config.list_size, seed, query_keep=config.prefix_keep, markers=config.markers(source_markers(config, layout))))
     return sources[0], sources[1]
 
 
@@ -427,7 +552,7 @@ def held_out_ids(doc_ids: list[str], patterns: tuple[str, ...], where: str) -> s
 def _example_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
     """RankGen examples cut from the corpus documents; the held-out documents (corpus_split) are the eval source."""
     (train_docs, held_docs), stats = corpus_split(config)
-    text = load_text_encoder(config.vocab)
+    text = load_text_encoder(config.tokenizer_path())
     example_config = ExampleConfig(prefix_words=config.prefix_words, min_continuation_words=config.min_continuation_words,
                                    max_continuation_words=config.max_continuation_words, seed=config.seed)
 
@@ -443,6 +568,7 @@ def _example_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
         sources.append(ExampleTriples(examples, text, config.batch_size, config.prefix_length,
                                       config.continuation_length, config.seed, mix_documents=mix,
                                       with_negative=config.with_negative, prefix_keep=config.prefix_keep,
+                                      markers=config.markers((PREFIX_MARKER, SUFFIX_MARKER)),
                                       recut=recut if config.recut_examples and part is train_docs else None,
                                       pool_leftovers=config.pool_leftovers and part is train_docs))
     print(f"{stats.summary()}; {len(sources[0].examples)} training and {len(sources[1].examples)} held-out examples; "

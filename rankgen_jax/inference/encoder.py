@@ -451,6 +451,10 @@ class LoadedModel:
         query_length = self.conventions.prefix_length if query_length is None else query_length
         candidate_length = self.conventions.suffix_length if candidate_length is None else candidate_length
         query_keep = self.conventions.prefix_keep if query_keep is None else query_keep
+        # A string is a sequence too: score_pairs("q", ["a", "b"]) would score characters.
+        if isinstance(queries, str) or isinstance(candidates, str) or any(isinstance(c, str) for c in candidates):
+            raise RankgenError("score_pairs takes a list of queries and, for each query, a list of candidate strings, "
+                               "e.g. score_pairs(['a query'], [['passage 1', 'passage 2']])")
         if len(queries) != len(candidates):
             raise RankgenError(f"score_pairs: {len(queries)} queries but {len(candidates)} candidate lists")
         if query_keep not in ("start", "end"):

@@ -470,6 +470,64 @@ def generate(
 
 
 # ---------------------------------------------------------------------------
+# The released package's generator
+
+
+class RankGenGenerator:
+    """The released `rankgen` package's RankGenGenerator over `generate` (code written for it runs unchanged).
+
+    rankgen_encoder: a rankgen_jax RankGenEncoder; language_model: a local HF
+    causal LM folder (no model hub here). beam_search is the `beam` strategy,
+    overgenerate_rerank `rerank` and generate_single `nucleus`, re-ranked by
+    RankGenReranker; each returns (texts, scores) per context as the released
+    class does: the final beams' texts, best first, and their scores (NumPy
+    here, torch there). The sampler is this module's (seeded by `seed`, see
+    the module docstring), so samples differ from the released code's.
+    """
+
+    def __init__(self, rankgen_encoder, language_model: str, cache_dir: str | None = None, device: str = "cpu",
+                 seed: int = 0, batch_size: int = 64):
+        if cache_dir is not None:
+            raise RankgenError("RankGenGenerator: cache_dir is for model-hub downloads; pass a local causal LM folder "
+                               "as language_model")
+        self.rankgen_encoder = rankgen_encoder
+        self.lm = load_causal_lm(str(language_model), device)
+        # The released class's attribute names.
+        self.language_model, self.tokenizer, self.device = self.lm.model, self.lm.tokenizer, device
+        self.reranker = RankGenReranker(rankgen_encoder.model, batch_size=batch_size)
+        self.seed = seed
+
+    def _run(self, contexts: Sequence[str], strategy: str, temperature: float, top_p: float, max_length: int,
+             **settings) -> tuple[list[list[str]], list[np.ndarray]]:
+        if isinstance(contexts, str) or not all(isinstance(c, str) for c in contexts):
+            raise RankgenError("RankGenGenerator takes a list of context strings, e.g. beam_search(['Once upon a "
+                               "time'])")
+        if temperature != 1.0:
+            raise RankgenError(f"RankGenGenerator: temperature={temperature} is not supported (the sampler draws at "
+                               "temperature 1.0, as the RankGen paper's runs do)")
+        results = generate(self.lm, list(contexts), strategy, reranker=self.reranker, max_new_tokens=max_length,
+                           decoding=Decoding("nucleus", top_p), seed=self.seed, **settings)
+        return ([[b["text"] for b in r.beams] for r in results],
+                [np.array([np.nan if b["score"] is None else b["score"] for b in r.beams]) for r in results])
+
+    def beam_search(self, contexts: Sequence[str], beam_size: int = 2, temperature: float = 1.0, top_p: float = 0.9,
+                    num_tokens: int = 20, num_samples: int = 10, max_length: int = 115):
+        """RankGen beam search: num_samples continuations of num_tokens per beam, the best beam_size kept."""
+        return self._run(contexts, "beam", temperature, top_p, max_length, beam_size=beam_size,
+                         num_samples=num_samples, rerank_length=num_tokens)
+
+    def overgenerate_rerank(self, contexts: Sequence[str], temperature: float = 1.0, top_p: float = 0.9,
+                            num_samples: int = 10, max_length: int = 115):
+        """num_samples whole continuations, the best one kept."""
+        return self._run(contexts, "rerank", temperature, top_p, max_length, num_samples=num_samples)
+
+    def generate_single(self, contexts: Sequence[str], temperature: float = 1.0, top_p: float = 0.9,
+                        num_samples: int = 10, max_length: int = 115):
+        """One nucleus sample per context (num_samples is unused, as in the released class)."""
+        return self._run(contexts, "nucleus", temperature, top_p, max_length)
+
+
+# ---------------------------------------------------------------------------
 # JSONL in, JSONL out
 
 

@@ -477,16 +477,17 @@ def listwise_softmax_loss(
     *,
     temperature: float = 1.0,
 ) -> tuple[Array, dict[str, Array]]:
-    """Cross entropy of a candidate list's softmax against its normalised labels (cross encoders).
+    """Cross entropy of a candidate list's softmax against its normalised labels.
 
-    `outputs["scores"]` [B, C]; `batch["labels"]` [B, C] (graded relevance >= 0,
+    Scores [B, C] as `list_scores` reads them (a cross encoder's, or a dual
+    encoder's dot products); `batch["labels"]` [B, C] (graded relevance >= 0,
     e.g. one-hot gold); optional `batch["candidate_mask"]` [B, C] marks real
     candidates (padding gets -inf before the logsumexp). Rows without any
     positive label are left out of the mean. Per-query terms only: gradient
     accumulation is exact when every microbatch has as many such rows.
     """
     del loss_params
-    scores_BxC = jnp.asarray(outputs["scores"], jnp.float32)
+    scores_BxC = list_scores(outputs)
     labels_BxC = jnp.maximum(jnp.asarray(batch["labels"], jnp.float32), 0.0)
     mask_BxC = batch["candidate_mask"].astype(bool) if "candidate_mask" in batch else jnp.ones_like(scores_BxC, bool)
     labels_BxC = jnp.where(mask_BxC, labels_BxC, 0.0)

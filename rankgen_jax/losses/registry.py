@@ -32,6 +32,31 @@ LOSS_BATCH_FORMS: dict[str, str] = {
     **{name: CANDIDATE_LISTS for name in LIST_LOSSES},
 }
 
+_BOTH = ("dual_encoder", "cross_encoder")
+# The model kinds each loss trains (models.configs.MODEL_KINDS); a model of another kind is refused before anything
+# compiles, with the reason below.
+LOSS_MODEL_KINDS: dict[str, tuple[str, ...]] = {
+    "in_batch_softmax": ("dual_encoder",),
+    "per_example_softmax": ("dual_encoder",),
+    "listwise_softmax": _BOTH,
+    "listmle": _BOTH,
+    "kl_distillation": _BOTH,
+    "lambdarank_mrr": _BOTH,
+    "margin_mse": _BOTH,
+    "sigmoid_bce": ("cross_encoder",),
+    "multi_perspective_bce": ("dual_encoder",),
+}
+_TRIPLES_ONLY = ("it compares separate query and candidate vectors of triples, and a cross encoder reads each "
+                 "pair together: train it with a list loss (listwise_softmax, listmle, ...)")
+REFUSED_MODEL_KINDS: dict[tuple[str, str], str] = {
+    ("in_batch_softmax", "cross_encoder"): _TRIPLES_ONLY,
+    ("per_example_softmax", "cross_encoder"): _TRIPLES_ONLY,
+    ("sigmoid_bce", "dual_encoder"): "it reads a cross encoder's per-pair logits; a dual encoder trains with "
+                                     "in_batch_softmax or a list loss (listwise_softmax, ...)",
+    ("multi_perspective_bce", "cross_encoder"): "it compares a bi-encoder's per-perspective vectors; a cross "
+                                                "encoder's per-perspective logits train with sigmoid_bce",
+}
+
 # Losses with cross-example terms: a micro-batch sees fewer negatives, so the
 # step refuses gradient accumulation for these (GradCache is exact). Every list
 # loss is a sum of per-query terms.
@@ -51,6 +76,21 @@ def batch_form(name: str) -> str:
     if name not in LOSS_BATCH_FORMS:
         raise RankgenError(f"loss {name!r} declares no batch form: add it to LOSS_BATCH_FORMS")
     return LOSS_BATCH_FORMS[name]
+
+
+def model_kinds(name: str) -> tuple[str, ...]:
+    """The model kinds the named loss trains."""
+    get_loss(name)
+    if name not in LOSS_MODEL_KINDS:
+        raise RankgenError(f"loss {name!r} declares no model kinds: add it to LOSS_MODEL_KINDS")
+    return LOSS_MODEL_KINDS[name]
+
+
+def check_model_kind(name: str, model_kind: str) -> None:
+    """Raise a RankgenError, with the reason, when the named loss does not train a model of this kind."""
+    if model_kind not in model_kinds(name):
+        reason = REFUSED_MODEL_KINDS.get((name, model_kind), f"it trains {' and '.join(model_kinds(name))} models")
+        raise RankgenError(f"loss {name!r} does not train a {model_kind}: {reason} (LossConfig.name)")
 
 
 def needs_full_batch(name: str) -> bool:

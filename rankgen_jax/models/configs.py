@@ -214,13 +214,17 @@ class ModelConfig:
             raise RankgenError(f"ModelConfig.kind={self.kind!r} {'takes no' if self.kind == 'encoder' else 'needs a'} head")
         if self.num_scores < 1:
             raise RankgenError(f"ModelConfig.num_scores must be >= 1, got {self.num_scores}")
-        if self.head is not None and self.head.pooling == POOLER_POOLING:
-            encoder = self.encoder
-            if self.kind != "cross_encoder" or not isinstance(encoder, BertConfig) or not encoder.has_pooler:
-                got = (f"{encoder.variant} encoder with has_pooler={encoder.has_pooler}"
-                       if isinstance(encoder, BertConfig) else "T5 encoder")
-                raise RankgenError(f"HeadConfig.pooling={POOLER_POOLING!r} reads the BERT / RoBERTa pooler: it needs"
-                                   f" a cross encoder whose encoder has one (got kind={self.kind!r}, a {got})")
+        if self.head is not None and self.head.pooling == POOLER_POOLING and self.kind != "cross_encoder":
+            _refuse_pooler(self)
+        # Whether the encoder has a pooler is checked when a model is built (check_head_fits_encoder): a run from
+        # a checkpoint takes its encoder from there, whatever encoder the gin config would build.
+
+    def check_head_fits_encoder(self) -> None:
+        """The head can read this encoder: a `pooler` head needs a BERT / RoBERTa encoder that has one."""
+        encoder = self.encoder
+        if self.head is not None and self.head.pooling == POOLER_POOLING and not (
+                self.kind == "cross_encoder" and isinstance(encoder, BertConfig) and encoder.has_pooler):
+            _refuse_pooler(self)
 
     @property
     def encoder_type(self) -> str:
@@ -247,7 +251,9 @@ class ModelConfig:
             extra = {k: data[k] for k in ("kind", "shared_towers", "num_scores") if k in data}
         except (KeyError, TypeError) as e:
             raise RankgenError(f"{where}: malformed model config ({e})") from None
-        return cls(encoder=encoder, head=head, **extra)
+        config = cls(encoder=encoder, head=head, **extra)
+        config.check_head_fits_encoder()
+        return config
 
     def to_json(self) -> str:
         return json.dumps(self.to_json_dict(), indent=2, sort_keys=True)
@@ -259,3 +265,11 @@ class ModelConfig:
         except json.JSONDecodeError as e:
             raise RankgenError(f"{where}: not valid JSON ({e})") from None
         return cls.from_json_dict(data, where)
+
+
+def _refuse_pooler(config: "ModelConfig"):
+    encoder = config.encoder
+    got = (f"{encoder.variant} encoder with has_pooler={encoder.has_pooler}"
+           if isinstance(encoder, BertConfig) else "T5 encoder")
+    raise RankgenError(f"HeadConfig.pooling={POOLER_POOLING!r} reads the BERT / RoBERTa pooler: it needs"
+                       f" a cross encoder whose encoder has one (got kind={config.kind!r}, a {got})")

@@ -16,6 +16,7 @@ from rankgen_jax.models.t5 import to_scanned_layout, to_unscanned_layout
 
 def build_model(config: ModelConfig) -> nn.Module:
     """The module for config.kind: DualEncoder, CrossEncoder, or the bare encoder."""
+    config.check_head_fits_encoder()
     if config.kind == "dual_encoder":
         return DualEncoder(config)
     if config.kind == "cross_encoder":

@@ -52,7 +52,8 @@ from tqdm import tqdm
 
 from rankgen_jax.data import jsonl
 from rankgen_jax.data.retrieval_files import (DEFAULT_RUN_TAG, DEFAULT_TITLE_JOIN, RUN_FORMATS, Passage, iter_texts,
-                                              join_title, passages_file, read_queries, report_read, write_run)
+                                              join_title, passages_file, read_queries, report_read, require_split,
+                                              write_run)
 from rankgen_jax.errors import RankgenError
 
 INDEX_KINDS = ("flat", "ivf", "hnsw")
@@ -799,7 +800,7 @@ def search_queries(
     (search_shards). Queries go through the query tower ("prefix") by default,
     read with the model's input conventions (`conventions` on top; one stderr
     line names them). The queries of a BEIR folder are those its split's qrels
-    judge (default "test"). With out_path, the results are also written there
+    judge; the split must be named (retrieval_files.require_split). With out_path, the results are also written there
     in out_format: "jsonl" (these records), "trec" or "msmarco" (run files;
     retrieval_files.run_lines).
     """
@@ -813,6 +814,7 @@ def search_queries(
         raise RankgenError(f"{out_path}: the output would overwrite the queries file")
     if out_format not in RUN_FORMATS:
         raise RankgenError(f"unknown output format {out_format!r}: expected one of {RUN_FORMATS}")
+    require_split(queries_path, split, "--split")
     shards = check_shards(index_folders(index_dir))
     where = shards[0][0] if len(shards) == 1 else f"the {len(shards)} shards in {', '.join(f for f, _ in shards)}"
     built = shards[0][1]

@@ -8,15 +8,9 @@ passages judged at least `positive_level`, default 1). The corpus is any
 passage file data/retrieval_files.py reads.
 
 Retrievers:
-- "bm25": bm25s (Lucene's BM25 variant: idf log(1 + (N - df + 0.5) / (df + 0.5))),
-  k1 = 0.9 and b = 0.4 by default, Anserini's / Pyserini's defaults, with which
-  MS MARCO and Tevatron BM25 negatives are usually mined. Text is tokenised as
-  bm25s.tokenize does: lower-cased, scikit-learn's token pattern
-  `(?u)\\b\\w\\w+\\b` (words of 2+ word characters), bm25s's English stopwords
-  removed (stopwords=None keeps them), no stemming (Lucene's English analyzer
-  stems with Porter; PyStemmer is not a dependency here), so rankings are close
-  to, not equal to, Pyserini's. A query term counts once per occurrence. Only
-  passages holding a query term (score > 0) are candidates, as in Lucene.
+- "bm25": bm25s with Pyserini's defaults (retrieval/bm25.py says how text is
+  tokenised and scored). Only passages holding a query term (score > 0) are
+  candidates, as in Lucene.
 - dense: a dual encoder; passages through the document tower ("suffix"),
   queries through the query tower ("prefix"), inner product; either an index
   folder written by `rankgen-jax index` (its ids must all be in the corpus) or
@@ -54,7 +48,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import random
 import sys
@@ -70,6 +63,8 @@ from rankgen_jax.data.retrieval_files import (BEIR_CORPUS, BEIR_QUERIES, DEFAULT
                                               iter_training_queries, read_passages, read_qrels, read_queries,
                                               training_query_record)
 from rankgen_jax.errors import RankgenError
+from rankgen_jax.retrieval.bm25 import (DEFAULT_BM25_B, DEFAULT_BM25_K1, DEFAULT_STOPWORDS, Bm25Retriever,
+                                       ranked_order)
 from rankgen_jax.retrieval.dense_index import (CONFIG_FILE, IDS_FILE, INDEX_FILE, build_faiss_index, encode_all,
                                               load_index, search_index)
 
@@ -79,10 +74,8 @@ DROP_JUDGED = ("relevant", "all")
 ON_MISSING = ("error", "skip")
 DEFAULT_DEPTH = "30-200"
 DEFAULT_NEGATIVES = 30
-DEFAULT_BM25_K1 = 0.9
-DEFAULT_BM25_B = 0.4
-DEFAULT_STOPWORDS = "en"
 DEFAULT_QUERY_BATCH = 256
+MINING_SPLIT = "train"
 PROGRESS_SUFFIX = ".progress.json"
 PROGRESS_VERSION = 1
 # Why a query is skipped. Qrels judge it, but none at positive_level:
@@ -120,53 +113,6 @@ def parse_depth(depth: str | Iterable[tuple[int, int]]) -> tuple[tuple[int, int]
         if first <= last:
             raise RankgenError(f"depth ranges overlap ({first}-{end} starts at or before {last})")
     return tuple(ranges)
-
-
-def ranked_order(rows: Iterable[int], scores: np.ndarray, ids: list[str], depth: int) -> list[tuple[int, float]]:
-    """(row, score) of the best `depth` rows, by score descending, equal scores by id descending (trec_eval's order)."""
-    return sorted(((int(r), float(scores[i])) for i, r in enumerate(rows)), key=lambda x: (x[1], ids[x[0]]),
-                  reverse=True)[:depth]
-
-
-class Bm25Retriever:
-    """bm25s over the corpus texts; rank() gives each query's passages with a query term, best first."""
-
-    def __init__(self, texts: list[str], ids: list[str], k1: float = DEFAULT_BM25_K1, b: float = DEFAULT_BM25_B,
-                 stopwords: str | None = DEFAULT_STOPWORDS, progress: bool = True):
-        # Optional (the retrieval extra), and bm25s runs a jax op when imported (its top-k backend), which
-        # must come after the CLI sets XLA's flags.
-        import bm25s
-
-        # bm25s sets its logger to DEBUG on import, which prints its steps wherever logging is configured.
-        logging.getLogger("bm25s").setLevel(logging.WARNING)
-        self._bm25s = bm25s
-        self.ids = ids
-        self.stopwords = stopwords
-        self.retriever = bm25s.BM25(k1=k1, b=b, method="lucene")
-        self.retriever.index(bm25s.tokenize(texts, stopwords=stopwords, show_progress=progress),
-                             show_progress=progress)
-
-    def query_tokens(self, query: str) -> list[str]:
-        return self._bm25s.tokenize([query], stopwords=self.stopwords, return_ids=False, show_progress=False)[0]
-
-    def scores(self, query: str) -> np.ndarray:
-        """BM25 scores [N] of every passage for a query (zeros when no query term is in the corpus)."""
-        token_ids = self.retriever.get_tokens_ids(self.query_tokens(query))
-        if not token_ids:
-            return np.zeros(len(self.ids), np.float32)
-        return self.retriever.get_scores_from_ids(token_ids)
-
-    def rank(self, queries: list[str], depth: int) -> list[list[tuple[int, float]]]:
-        out = []
-        for query in queries:
-            scores_N = self.scores(query)
-            rows = np.flatnonzero(scores_N > 0)
-            if len(rows) > depth:
-                # Every row scoring at least the depth-th best score, so that ties at the cut break by id.
-                kth = np.partition(scores_N[rows], len(rows) - depth)[len(rows) - depth]
-                rows = rows[scores_N[rows] >= kth]
-            out.append(ranked_order(rows, scores_N[rows], self.ids, depth))
-        return out
 
 
 class DenseRetriever:
@@ -242,6 +188,8 @@ def load_training_queries(corpus: TextFile, train_file: str | None = None, queri
     if isinstance(positive_level, bool) or not isinstance(positive_level, int) or positive_level < 1:
         raise RankgenError(f"positive_level must be an integer >= 1, got {positive_level!r}")
     skipped: dict[str, int] = {}
+    # Mining is for training queries: a BEIR folder is read at its train split unless another is named.
+    split = MINING_SPLIT if split is None else split
     if qrels_path is None and queries_path is not None and is_beir_folder(queries_path):
         qrels_path = queries_path
     qrels = None

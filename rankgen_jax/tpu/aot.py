@@ -265,7 +265,7 @@ def batch_shapes(data, layout: BatchLayout) -> dict[str, tuple[int, ...]]:
     return {key: (data.batch_size, length) for key, length in lengths.items()}
 
 
-def _model_config(trainer, gin_model):
+def _model_config(trainer, gin_model, encoder_bindings=()):
     """The model config training would use (as checkpointing.resolve_model_config), without reading weights."""
     # An init checkpoint readable here supplies its saved encoder config; otherwise (gs://)
     # gin's encoder stands in for it. Either way the trainer's encoder_overrides apply.
@@ -282,7 +282,7 @@ def _model_config(trainer, gin_model):
         print(f"note: {path} is not readable here; compiling gin's ModelConfig with TrainerConfig.encoder_overrides",
               file=sys.stderr)
         saved = gin_model
-    return model_config_from_checkpoint(saved, trainer, gin_model)
+    return model_config_from_checkpoint(saved, trainer, gin_model, encoder_bindings)
 
 
 def _first_line(error: BaseException) -> str:
@@ -325,16 +325,19 @@ def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAU
     from rankgen_jax.runtime import partitioning
     from rankgen_jax.models.configs import ModelConfig
     from rankgen_jax.data.sources import DataConfig
-    from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer
+    from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer, schedule_for_run
     from rankgen_jax.train.step import StepOptions
     from rankgen_jax.train.compiled import build_step_functions
     from rankgen_jax.train.config import LossConfig, TrainerConfig, check_divisible
+    from rankgen_jax.train import gin_parsing
     from rankgen_jax.models.flops import train_step_model_flops
 
     trainer, data, loss, optimizer = TrainerConfig(), DataConfig(), LossConfig(), OptimizerConfig()
-    model_config = _model_config(trainer, ModelConfig())
+    model_config = _model_config(trainer, ModelConfig(), gin_parsing.encoder_bindings())
+    losses.check_model_kind(loss.name, model_config.kind)
     layout = BatchLayout(model_config.kind, losses.batch_form(loss.name))
     shapes = batch_shapes(data, layout)
+    gin_parsing.check_bindings_used()
 
     # The same mesh, options and step functions as train.loop.train, on the topology's devices.
     mesh = partitioning.make_mesh(trainer.mesh_data, trainer.mesh_model, devices=devices, replica=trainer.mesh_replica)
@@ -342,7 +345,7 @@ def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAU
     check_divisible(data.batch_size, partitioning.data_parallel_size(mesh), trainer)
     options = StepOptions(loss.name, tuple(sorted(loss.options().items())), trainer.num_chunks, trainer.accum_steps,
                           towers=layout.towers)
-    tx, schedule = make_optimizer(optimizer)
+    tx, schedule = make_optimizer(schedule_for_run(optimizer, trainer.num_steps))
     loss_params = losses.init_loss_params(loss.name, **loss.options())
     setup = build_step_functions(model_config, options, tx, schedule, loss_params, mesh, rules, trainer.seed)
 

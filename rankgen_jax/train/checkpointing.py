@@ -22,6 +22,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Sequence
 
 import jax
 import numpy as np
@@ -31,7 +32,7 @@ from jax.experimental import multihost_utils
 
 from rankgen_jax.checkpoints import native
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.models.configs import ModelConfig
+from rankgen_jax.models.configs import ModelConfig, T5Config
 from rankgen_jax.models.factory import check_params_match, to_model_layout
 from rankgen_jax.models.factory import init_params as random_params
 from rankgen_jax.train import run_record
@@ -49,14 +50,30 @@ def _encoder_only(saved: ModelConfig, trainer: TrainerConfig, gin_model: ModelCo
     return saved.kind == "encoder" or trainer.init_encoder_only or gin_model.kind != saved.kind
 
 
-def model_config_from_checkpoint(saved: ModelConfig, trainer: TrainerConfig, gin_model: ModelConfig) -> ModelConfig:
+# Encoder fields that change how an encoder runs, not what it computes: a gin binding of one applies to a
+# checkpoint's encoder too.
+RUNTIME_ENCODER_FIELDS = ("dropout_rate", "dtype", "remat", "scan_layers")
+
+
+def model_config_from_checkpoint(saved: ModelConfig, trainer: TrainerConfig, gin_model: ModelConfig,
+                                 gin_encoder_bindings: Sequence[str] = ()) -> ModelConfig:
     """The model config a run from a checkpoint trains, given the checkpoint's saved config (no weights read).
 
-    The saved encoder config applies with trainer.encoder_overrides; the rest
+    The encoder is the checkpoint's, whatever its type: gin's encoder config
+    counts only where gin_encoder_bindings (the gin config's bindings of the
+    encoder, gin_parsing.encoder_bindings) name it. Bound runtime fields
+    (RUNTIME_ENCODER_FIELDS) apply, then trainer.encoder_overrides; any other
+    bound field must agree with the checkpoint (an include of the matching
+    models/*.gin file does), else a RankgenError names the difference. The rest
     is the checkpoint's, or gin's when only the encoder carries over.
     """
+    bound = {b.split(".", 1)[1] for b in gin_encoder_bindings if not b.startswith("ModelConfig.")}
+    runtime = {f: getattr(gin_model.encoder, f) for f in RUNTIME_ENCODER_FIELDS if f in bound}
+    if bound - set(RUNTIME_ENCODER_FIELDS) or "ModelConfig.encoder" in gin_encoder_bindings:
+        _check_gin_encoder_agrees(saved.encoder, gin_model.encoder, trainer.init_checkpoint, gin_encoder_bindings,
+                                  sizes=bool(bound - set(RUNTIME_ENCODER_FIELDS)))
     try:
-        encoder = dataclasses.replace(saved.encoder, **dict(trainer.encoder_overrides))
+        encoder = dataclasses.replace(saved.encoder, **runtime, **dict(trainer.encoder_overrides))
     except TypeError as e:
         raise RankgenError(f"TrainerConfig.encoder_overrides: {e}") from None
     if _encoder_only(saved, trainer, gin_model):
@@ -64,16 +81,42 @@ def model_config_from_checkpoint(saved: ModelConfig, trainer: TrainerConfig, gin
     return dataclasses.replace(saved, encoder=encoder)
 
 
+def _check_gin_encoder_agrees(saved, gin_encoder, checkpoint: str, bindings: Sequence[str], sizes: bool) -> None:
+    """The gin config's encoder, which it binds, is of the checkpoint's type and, where it binds more than the
+    type (`sizes`), describes the checkpoint's encoder (runtime fields aside)."""
+    where = (f"TrainerConfig.init_checkpoint={checkpoint!r} holds a {_encoder_name(saved)}; the gin config binds "
+             f"{', '.join(bindings)}")
+    if type(saved) is not type(gin_encoder):
+        raise RankgenError(f"{where}, which build a {_encoder_name(gin_encoder)}: remove those bindings (the "
+                           "checkpoint's encoder is what trains)")
+    differ = [f"{f.name}={getattr(gin_encoder, f.name)!r} where the checkpoint has {getattr(saved, f.name)!r}"
+              for f in dataclasses.fields(saved) if sizes and f.name not in RUNTIME_ENCODER_FIELDS
+              and getattr(saved, f.name) != getattr(gin_encoder, f.name)]
+    if differ:
+        raise RankgenError(f"{where}, which differ from it ({'; '.join(differ)}): remove those bindings or "
+                           f"bind the checkpoint's values (the runtime fields {', '.join(RUNTIME_ENCODER_FIELDS)} "
+                           "may differ; TrainerConfig.encoder_overrides changes a checkpoint's encoder)")
+
+
+def _encoder_name(encoder) -> str:
+    if isinstance(encoder, T5Config):
+        return f"T5 encoder ({encoder.num_layers} layers, d_model {encoder.d_model})"
+    return f"{encoder.variant} encoder ({encoder.num_layers} layers, d_model {encoder.d_model})"
+
+
 def resolve_model_config(
-    workdir: epath.Path, trainer: TrainerConfig, gin_model: ModelConfig
+    workdir: epath.Path, trainer: TrainerConfig, gin_model: ModelConfig, gin_encoder_bindings: Sequence[str] = ()
 ) -> tuple[ModelConfig, dict | None, str | None]:
-    """(model config, initial params or None, vocab path or None): resume > init checkpoint > gin."""
+    """(model config, initial params or None, vocab path or None): resume > init checkpoint > gin.
+
+    gin_encoder_bindings: as model_config_from_checkpoint takes them.
+    """
     if holds_run(workdir):
         return native.load_model_config(workdir), None, native.vocab_path(workdir)
     if not trainer.init_checkpoint:
         return gin_model, None, None
     saved, params = native.restore_params(trainer.init_checkpoint)
-    config = model_config_from_checkpoint(saved, trainer, gin_model)
+    config = model_config_from_checkpoint(saved, trainer, gin_model, gin_encoder_bindings)
     if _encoder_only(saved, trainer, gin_model):
         params = encoder_params(params, saved)
     return config, params, native.vocab_path(trainer.init_checkpoint)
@@ -88,7 +131,8 @@ def holds_run(workdir: epath.Path) -> bool:
     return native.is_checkpoint_dir(workdir) and native.latest_step(workdir) is not None
 
 
-def intended_model_config(trainer: TrainerConfig, gin_model: ModelConfig) -> ModelConfig | None:
+def intended_model_config(trainer: TrainerConfig, gin_model: ModelConfig,
+                          gin_encoder_bindings: Sequence[str] = ()) -> ModelConfig | None:
     """The model a fresh start with these settings would train (no weights read): init checkpoint > gin.
 
     None when the init checkpoint is no longer there (a resumed run does not need it).
@@ -97,7 +141,8 @@ def intended_model_config(trainer: TrainerConfig, gin_model: ModelConfig) -> Mod
         return gin_model
     if not native.is_checkpoint_dir(trainer.init_checkpoint):
         return None
-    return model_config_from_checkpoint(native.load_model_config(trainer.init_checkpoint), trainer, gin_model)
+    return model_config_from_checkpoint(native.load_model_config(trainer.init_checkpoint), trainer, gin_model,
+                                        gin_encoder_bindings)
 
 
 def check_workdir(workdir: epath.Path) -> None:

@@ -20,11 +20,17 @@ class TrainerConfig:
     accumulation (losses without cross-example terms only).
     init_checkpoint: a rankgen_jax checkpoint (from `import`) to start from,
       local or on a bucket (gs://...);
-      its encoder config is used as saved (dropout included) except for the
+      its encoder (T5 or BERT family, whatever gin's ModelConfig.encoder is)
+      is used as saved (dropout included) except for the runtime fields
+      (dropout_rate, dtype, remat, scan_layers) the gin config binds and the
       fields in encoder_overrides (e.g. {'dropout_rate': 0.0, 'remat': True,
-      'dtype': 'bfloat16'}); the gin ModelConfig supplies the head and towers
+      'dtype': 'bfloat16'}); other encoder bindings must agree with it. The
+      gin ModelConfig supplies the head and towers
       when the checkpoint is a bare encoder, is of another kind than gin's
       (e.g. a ranker started from a retriever), or init_encoder_only is set.
+    num_steps: the run's length, and the length of a decaying learning-rate
+      schedule (OptimizerConfig.total_steps left unset). max_minutes stops a
+      run early but never changes its schedule.
     """
 
     num_steps: int = 100
@@ -64,10 +70,6 @@ class TrainerConfig:
         unknown = sorted(set(self.encoder_overrides) - known)
         if unknown:
             raise RankgenError(f"TrainerConfig.encoder_overrides: unknown encoder field(s) {unknown}")
-
-
-# Sources that tokenise text with DataConfig.vocab (the checkpoint's own tokenizer by default).
-TEXT_SOURCES = ("books", "examples", "lists", "pairs", "retrieval")
 
 
 @gin.configurable

@@ -1,4 +1,5 @@
-"""Gin parsing with clear errors: missing files and unknown bindings fail before anything compiles."""
+"""Gin parsing with clear errors: missing files, unknown bindings and bindings nothing reads fail before anything
+compiles."""
 
 from __future__ import annotations
 
@@ -113,3 +114,62 @@ def _tokenizes(text: str) -> bool:
     except (tokenize.TokenError, SyntaxError):
         return False
     return True
+
+
+# How a configurable comes into a run, for the message about a binding nothing read.
+_HOW_USED = {
+    "HeadConfig": "a head comes from ModelConfig.head = @HeadConfig()",
+    "BertConfig": "the encoder is ModelConfig.encoder (@BertConfig() for a BERT-family one)",
+    "T5Config": "the encoder is ModelConfig.encoder (@T5Config() or @t5_config() for a T5)",
+    "t5_config": "the encoder is ModelConfig.encoder (@t5_config() for a named T5 size)",
+    "JobConfig": "JobConfig is read by `rankgen-jax train --job` (and the demo)",
+}
+
+
+def _bindings() -> dict[tuple[str, str], dict]:
+    # gin has no public API listing the bound parameters or those a run read; its module state holds both.
+    return gin.config._CONFIG  # noqa: SLF001
+
+
+def bound_parameters(names: Iterable[str]) -> list[str]:
+    """The bound parameters (`Name.param`) of the library's configurables called `names` (unscoped or scoped)."""
+    names = set(names)
+    return sorted(f"{selector.rsplit('.', 1)[-1]}.{param}" for (_, selector), params in _bindings().items()
+                  if selector.startswith("rankgen_jax.") and selector.rsplit(".", 1)[-1] in names for param in params)
+
+
+def unused_bindings() -> list[str]:
+    """The library's gin bindings (`[scope/]Name.param`) that no configurable call has read since parsing.
+
+    A configurable reads its bindings when it is called: a binding of one that the run never calls, or one
+    that its caller overrides, is unused (gin's operative config records what each call read).
+    """
+    operative = gin.config._OPERATIVE_CONFIG  # noqa: SLF001
+    unused = []
+    for (scope, selector), params in _bindings().items():
+        if not selector.startswith("rankgen_jax."):
+            continue  # the seqio tasks' options (tasks/) are read later, when a task is read
+        read = set()
+        for (call_scope, called), values in operative.items():
+            if called == selector and (not scope or scope in call_scope.split("/")):
+                read |= set(values)
+        name = (f"{scope}/" if scope else "") + selector.rsplit(".", 1)[-1]
+        unused += [f"{name}.{param}" for param in params if param not in read]
+    return sorted(unused)
+
+
+def check_bindings_used() -> None:
+    """A RankgenError naming every library binding the run has not read (call it once the run's configs are
+    built, before anything compiles): a binding that changes nothing is a mistake, not a setting."""
+    unused = unused_bindings()
+    if not unused:
+        return
+    hints = sorted({_HOW_USED[name] for name in (u.split("/")[-1].split(".")[0] for u in unused) if name in _HOW_USED})
+    raise RankgenError(f"gin binds {', '.join(unused)}, which nothing in this run reads"
+                       + (f" ({'; '.join(hints)})" if hints else "") + ": remove the binding or bind what reads it")
+
+
+def encoder_bindings() -> list[str]:
+    """The gin config's bindings of a model's encoder: ModelConfig.encoder and the encoder configs' parameters."""
+    return ([b for b in bound_parameters(("ModelConfig",)) if b == "ModelConfig.encoder"]
+            + bound_parameters(("T5Config", "t5_config", "BertConfig")))

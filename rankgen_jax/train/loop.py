@@ -36,18 +36,20 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from rankgen_jax.checkpoints import native
-from rankgen_jax.data.sources import DataConfig, make_sources, training_conventions
+from rankgen_jax.data.sources import (TEXT_SOURCES, DataConfig, make_sources, missing_eval_data,
+                                      training_conventions)
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.losses import registry as losses
 from rankgen_jax.models.batch_layout import BatchLayout
 from rankgen_jax.models.configs import ModelConfig
 from rankgen_jax.runtime import partitioning
 from rankgen_jax.runtime.process import initialize_distributed
-from rankgen_jax.train import checkpointing, run_record, stopping
+from rankgen_jax.train import checkpointing, gin_parsing, run_record, stopping
 from rankgen_jax.train.compiled import build_step_functions, put_batch
-from rankgen_jax.train.config import TEXT_SOURCES, LossConfig, TrainerConfig, check_divisible
+from rankgen_jax.train.config import LossConfig, TrainerConfig, check_divisible
 from rankgen_jax.train.metric_writers import MetricWriter
-from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer, nonfinite_counts
+from rankgen_jax.train.optimizers import (DECAYING_SCHEDULES, OptimizerConfig, make_optimizer,
+                                         nonfinite_counts, schedule_for_run)
 from rankgen_jax.train.state import TrainState
 from rankgen_jax.train.step import StepOptions
 
@@ -62,6 +64,8 @@ def train(
 ) -> dict:
     """Train (or resume) in workdir; returns the last logged train metrics, with "preempted" set when SIGTERM
     stopped training before its end (the state is saved: rerunning resumes). Configs default to gin's."""
+    # Gin's encoder bindings count against an init checkpoint's encoder only when the model config is gin's.
+    encoder_bindings = gin_parsing.encoder_bindings() if model_config is None else ()
     trainer, model_config = trainer or TrainerConfig(), model_config or ModelConfig()
     data, loss, optimizer = data or DataConfig(), loss or LossConfig(), optimizer or OptimizerConfig()
     # One spelling of the workdir for every file of the run: the OS's (a symlink then `..` resolves as opening a
@@ -77,18 +81,20 @@ def train(
     check_divisible(data.batch_size, partitioning.data_parallel_size(mesh), trainer)
     resuming = checkpointing.holds_run(workdir_path)
     intended_model = model_config
-    model_config, init_params, vocab = checkpointing.resolve_model_config(workdir_path, trainer, model_config)
+    model_config, init_params, vocab = checkpointing.resolve_model_config(workdir_path, trainer, model_config,
+                                                                          encoder_bindings)
     record = run_record.run_config(trainer=trainer, data=data, loss=loss, optimizer=optimizer)
     if resuming:  # before anything compiles: a resume trains the recorded run, or stops here
         recorded_run = run_record.load_run_config(workdir_path)
         # A resume may leave out the init checkpoint: the model it intends is still the one started from it.
         init = trainer.init_checkpoint or run_record.recorded_init_checkpoint(recorded_run)
         intended = checkpointing.intended_model_config(dataclasses.replace(trainer, init_checkpoint=init),
-                                                       intended_model)
+                                                       intended_model, encoder_bindings)
         run_record.check_resume(workdir, model_config, intended, recorded_run, record)
     vocab = checkpointing.local_vocab(vocab)
     if model_config.kind == "encoder":
         raise RankgenError("ModelConfig.kind='encoder' has no head to train: use dual_encoder or cross_encoder")
+    losses.check_model_kind(loss.name, model_config.kind)
     if model_config.kind == "cross_encoder" and data.source not in ("lists", "pairs", "retrieval"):
         raise RankgenError(f"a cross encoder trains on candidate lists or pairs (DataConfig.source 'lists', "
                            f"'pairs' or 'retrieval'), not {data.source!r}")
@@ -96,12 +102,19 @@ def train(
     layout = BatchLayout(model_config.kind, losses.batch_form(loss.name))
     options = StepOptions(loss.name, tuple(sorted(loss.options().items())), trainer.num_chunks, trainer.accum_steps,
                           towers=layout.towers)
+    optimizer = schedule_for_run(optimizer, trainer.num_steps)
     tx, schedule = make_optimizer(optimizer)
     loss_params = losses.init_loss_params(loss.name, **loss.options())
-    if vocab and data.source in TEXT_SOURCES and data.vocab == DataConfig().vocab:
-        data = dataclasses.replace(data, vocab=vocab)  # tokenise with the checkpoint's own tokenizer
+    if vocab and data.source in TEXT_SOURCES and not data.vocab:
+        data = dataclasses.replace(data, vocab=vocab)  # none chosen: tokenise with the checkpoint's own tokenizer
+    missing = missing_eval_data(data)
+    if missing and trainer.eval_every:
+        raise RankgenError(f"TrainerConfig.eval_every={trainer.eval_every} evaluates on held-out data, which this data "
+                           f"config does not name: give {missing}, or set TrainerConfig.eval_every=0")
     train_source, eval_source = make_sources(data, layout)
     _check_vocab_fits(data, train_source, model_config)
+
+    gin_parsing.check_bindings_used()  # every configurable of the run has been called by now
 
     # --- state, created sharded; step functions jitted once -----------------------------
     setup = build_step_functions(model_config, options, tx, schedule, loss_params, mesh, rules, trainer.seed)
@@ -126,7 +139,7 @@ def train(
                 state = state.replace(params=partitioning.device_put_tree(init_params, setup.shardings.params))
             if jax.process_index() == 0:  # one writer on shared storage
                 native.save_model_config(workdir_path, model_config,
-                                         data.vocab if data.source in TEXT_SOURCES else vocab)
+                                         data.tokenizer_path() if data.source in TEXT_SOURCES else vocab)
                 provenance = training_provenance(trainer)
                 if provenance:
                     native.save_provenance(workdir_path, provenance)
@@ -149,9 +162,11 @@ def training_provenance(trainer: TrainerConfig) -> dict:
         return {}
     source = native.load_provenance(trainer.init_checkpoint)
     provenance = {"trained_from": str(trainer.init_checkpoint)}
-    # The starting model is the trained one's base (when its hub id is known); its license carries over.
-    if source.get("model_id"):
-        provenance["base_model"] = source["model_id"]
+    # The starting model is the trained one's base (when its hub id is known; for a fine-tuned start, the hub model
+    # that one came from); its license carries over.
+    base = source.get("model_id") or (source.get("base_model") if source.get("trained_from") else None)
+    if base:
+        provenance["base_model"] = base
     if source.get("license"):
         provenance["license"] = source["license"]
     return provenance
@@ -166,7 +181,7 @@ def _check_vocab_fits(data: DataConfig, source, model_config: ModelConfig) -> No
     if size is not None and size > model_config.encoder.vocab_size:
         raise RankgenError(
             f"the data's vocabulary has {size} ids but the model's embedding has {model_config.encoder.vocab_size} rows "
-            f"(DataConfig.vocab={data.vocab!r}); use the model's own tokenizer"
+            f"(DataConfig.vocab={data.tokenizer_path()!r}); use the model's own tokenizer"
         )
 
 
@@ -179,12 +194,16 @@ def _loop(trainer, workdir, state, start, data_start, train_source, eval_source,
     preemption = stopping.Preemption()
     pending: list[tuple[int, dict]] = []
     last: dict = {}
-    # With a time budget the bar counts seconds, so its ETA is the budget's end.
+    # With a time budget the bar counts steps with no total; its description gives steps per minute and the
+    # budget's time left (_budget_description).
     by_time = trainer.max_minutes > 0
-    bar = tqdm(total=int(60 * trainer.max_minutes) if by_time else trainer.num_steps, initial=0 if by_time else start,
+    bar = tqdm(total=None if by_time else trainer.num_steps, initial=start, unit="step", dynamic_ncols=True,
                desc=f"train (budget {trainer.max_minutes:g} min)" if by_time else "train",
-               unit="s" if by_time else "step", dynamic_ncols=True,
+               bar_format="{desc}{n_fmt} steps [{elapsed}{postfix}]" if by_time else None,
                mininterval=1.0 if sys.stderr.isatty() else 30.0, disable=jax.process_index() != 0)
+    if by_time and optimizer.schedule in DECAYING_SCHEDULES:
+        print(f"note: the {optimizer.schedule} learning-rate schedule ends at step {optimizer.total_steps}; the time "
+              "budget may stop the run before that, and does not shorten the schedule", file=sys.stderr)
     started = time.time()
     if trainer.eval_every and start == 0:
         # The starting point (e.g. a pretrained encoder zero-shot) is the first point of the eval curve.
@@ -213,7 +232,10 @@ def _loop(trainer, workdir, state, start, data_start, train_source, eval_source,
                 writer.write_scalars(done, _evaluate(eval_fn, state, eval_source, put, trainer.eval_batches), prefix="eval/")
             if done % trainer.checkpoint_every == 0 or is_last or sigterm:
                 checkpointing.save(manager, state, next_batch_index=data_start + done - start)
-            bar.update(min(int(time.time() - started), bar.total) - bar.n if by_time else 1)
+            if by_time:
+                bar.set_description(_budget_description(done - start, time.time() - started, trainer.max_minutes),
+                                    refresh=False)
+            bar.update(1)
             if sigterm:
                 where = "" if preemption.requested else " on another host"
                 print(f"SIGTERM{where}: saved step {done}; exiting", file=sys.stderr)
@@ -222,7 +244,12 @@ def _loop(trainer, workdir, state, start, data_start, train_source, eval_source,
                 break
             if out_of_time:
                 where = "" if local_out_of_time else " (by another host's clock)"
-                print(f"time budget of {trainer.max_minutes} minutes used{where}: saved step {done}", file=sys.stderr)
+                unfinished = ""
+                if optimizer.schedule in DECAYING_SCHEDULES and done < optimizer.total_steps and "learning_rate" in last:
+                    unfinished = (f" (learning rate {last['learning_rate']:.3g}: the {optimizer.schedule} schedule "
+                                  f"ends at step {optimizer.total_steps})")
+                print(f"time budget of {trainer.max_minutes} minutes used{where}: saved step {done}{unfinished}",
+                      file=sys.stderr)
                 break
         if pending:
             last = _flush_metrics(writer, pending, bar, time.time() - started)
@@ -235,6 +262,13 @@ def _loop(trainer, workdir, state, start, data_start, train_source, eval_source,
     last["seconds"] = time.time() - started
     last["steps"] = float(int(state.step))
     return last
+
+
+def _budget_description(steps: int, seconds: float, max_minutes: float) -> str:
+    """A time-budgeted run's progress: steps per minute so far and the budget's time left."""
+    left = max(0, int(60 * max_minutes - seconds))
+    rate = 60 * steps / seconds if seconds > 0 else 0.0
+    return f"train ({rate:.1f} steps/min, {left // 60}:{left % 60:02d} of {max_minutes:g} min left)"
 
 
 def prefetch_batches(source, start: int, stop: int, put) -> Iterator:

@@ -29,6 +29,7 @@ from rankgen_jax.errors import RankgenError, check_field_types
 
 OPTIMIZERS = ("adafactor", "adamw")
 SCHEDULES = ("constant", "linear", "cosine")
+DECAYING_SCHEDULES = ("linear", "cosine")
 
 # optax.apply_if_finite gives up and applies a non-finite update after
 # `max_consecutive_errors` skipped steps. We want every such step skipped and
@@ -46,7 +47,11 @@ class OptimizerConfig:
 
     schedule: "constant", "linear" or "cosine"; all start with `warmup_steps` of
       linear warmup from 0. "linear"/"cosine" then decay from `learning_rate`
-      to `end_lr_fraction * learning_rate` at `total_steps` and stay there.
+      to `end_lr_fraction * learning_rate` at the schedule's last step.
+    total_steps: that last step. 0 (the default): the run's length,
+      TrainerConfig.num_steps (`schedule_for_run`); set it only on purpose, to
+      a value the run does not pass (a longer schedule that a run stops
+      partway through is allowed, a shorter one is an error).
     weight_decay: AdamW decoupled weight decay, multiplied by the LR (the optax
       and PyTorch convention); applied only to parameters with >= 2 dimensions
       (kernels and embeddings, not layer-norm scales or scalars), and not to
@@ -82,7 +87,14 @@ class OptimizerConfig:
             raise RankgenError(f"OptimizerConfig.learning_rate must be positive, got {self.learning_rate}")
         if self.warmup_steps < 0:
             raise RankgenError(f"OptimizerConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
-        if self.schedule in ("linear", "cosine") and self.total_steps <= self.warmup_steps:
+        if self.total_steps < 0:
+            raise RankgenError(f"OptimizerConfig.total_steps must be >= 0 (0: TrainerConfig.num_steps), "
+                               f"got {self.total_steps}")
+        if self.total_steps and self.schedule not in DECAYING_SCHEDULES:
+            raise RankgenError(f"OptimizerConfig.total_steps={self.total_steps} has no effect with "
+                               f"schedule={self.schedule!r}: it is the length of a decaying schedule "
+                               f"{DECAYING_SCHEDULES}")
+        if self.total_steps and self.total_steps <= self.warmup_steps:
             raise RankgenError(
                 f"OptimizerConfig.schedule={self.schedule!r} decays until total_steps, so total_steps must be "
                 f"greater than warmup_steps={self.warmup_steps}; got total_steps={self.total_steps}")
@@ -99,8 +111,42 @@ class OptimizerConfig:
                 f"OptimizerConfig.max_consecutive_nonfinite must be >= 1, got {self.max_consecutive_nonfinite}")
 
 
+def schedule_for_run(cfg: OptimizerConfig, num_steps: int) -> OptimizerConfig:
+    """The config with its schedule's length settled for a run of `num_steps` steps (TrainerConfig.num_steps).
+
+    One number sets a run's length: a decaying schedule ends at num_steps
+    unless total_steps was set on purpose, and a total_steps that would leave
+    steps after the end of the decay is refused before anything compiles. A
+    time budget (TrainerConfig.max_minutes) stops a run early but never
+    changes its schedule: the schedule counts steps, so that a resumed run
+    follows the same one.
+    """
+    if cfg.schedule not in DECAYING_SCHEDULES:
+        return cfg
+    if not cfg.total_steps:
+        if num_steps <= cfg.warmup_steps:
+            raise RankgenError(
+                f"OptimizerConfig.schedule={cfg.schedule!r} decays over TrainerConfig.num_steps={num_steps}, "
+                f"which must be greater than OptimizerConfig.warmup_steps={cfg.warmup_steps}")
+        return dataclasses.replace(cfg, total_steps=num_steps)
+    if cfg.total_steps < num_steps:
+        end = cfg.learning_rate * cfg.end_lr_fraction
+        raise RankgenError(
+            f"OptimizerConfig.total_steps={cfg.total_steps} ends the {cfg.schedule} decay before "
+            f"TrainerConfig.num_steps={num_steps}: steps {cfg.total_steps}-{num_steps} would train at the end "
+            f"learning rate {end:g}; leave OptimizerConfig.total_steps unset (the schedule then ends at "
+            "TrainerConfig.num_steps) or make it at least TrainerConfig.num_steps")
+    return cfg
+
+
 def make_schedule(cfg: OptimizerConfig) -> optax.Schedule:
-    """The model's LR as a function of the optimizer step (linear warmup, then constant/linear/cosine)."""
+    """The model's LR as a function of the optimizer step (linear warmup, then constant/linear/cosine).
+
+    A decaying schedule needs its length: pass the config through schedule_for_run first.
+    """
+    if cfg.schedule in DECAYING_SCHEDULES and not cfg.total_steps:
+        raise RankgenError(f"OptimizerConfig.schedule={cfg.schedule!r} has no length yet: settle it with "
+                           "schedule_for_run(config, TrainerConfig.num_steps)")
     lr = cfg.learning_rate
     decay_steps = cfg.total_steps - cfg.warmup_steps
     if cfg.schedule == "constant":
