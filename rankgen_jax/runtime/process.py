@@ -11,7 +11,7 @@ from rankgen_jax.errors import RankgenError
 # jax is imported inside the functions only: this module sets what must be in place before jax
 # starts (XLA flags, glibc's malloc, the multi-host job), and is imported before jax is.
 
-# YNNPACK fusions slow XLA:CPU training steps of these models (docs/design.md, 'CPU performance');
+# YNNPACK fusions slow XLA:CPU training steps of these models (docs/design/environment.md, 'CPU performance');
 # the flag is harmless on TPU and GPU.
 CPU_XLA_FLAGS = ("--xla_cpu_experimental_ynn_fusion_type=",)
 
@@ -45,7 +45,7 @@ def configure_xla_flags(host_device_count: int | None = None) -> None:
 # glibc malloc hands XLA:CPU's large per-step buffers out as fresh mmaps and unmaps them
 # when freed, so every step faults its working set in again (tiny T5 step, batch 32:
 # ~180k page faults and 0.3 s of kernel time per 0.6 s step). Transparent huge pages for
-# malloc cut the faults ~10x and the step time by ~15% (docs/performance.md). glibc
+# malloc cut the faults ~10x and the step time by ~15% (docs/performance/cpu-step.md, 'malloc on huge pages'). glibc
 # reads tunables only at process start, hence the re-exec.
 MALLOC_TUNABLES = "glibc.malloc.hugetlb=1"
 
