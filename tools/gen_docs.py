@@ -160,8 +160,9 @@ def cli_page() -> str:
 
 # ----------------------------------------------------------------------------- configuration
 
-# Which DataConfig.source reads each DataConfig field. Read from make_sources and the sources it builds
-# (rankgen_jax/data/sources.py); a field that is not listed here fails the page, so a new field gets an entry.
+# Which DataConfig.source reads each DataConfig field, read from make_sources and the sources it builds, until
+# rankgen_jax/data/sources.py holds the table itself (DATA_FIELD_SOURCES, SOURCES); then that one is used and this
+# copy goes. A field missing from the table fails the page, so a new field gets an entry.
 DATA_SOURCES = ("examples", "books", "random", "seqio", "lists", "pairs", "retrieval")
 _TEXT = ("examples", "books", "lists", "pairs", "retrieval")
 _RETRIEVAL = ("retrieval",)
@@ -183,9 +184,11 @@ DATA_FIELD_SOURCES: dict[str, tuple[str, ...]] = {
 }
 
 
-def data_field_sources() -> dict[str, tuple[str, ...]]:
-    """DataConfig field -> the sources that read it."""
-    return DATA_FIELD_SOURCES
+def data_field_sources() -> tuple[tuple[str, ...], dict[str, tuple[str, ...]]]:
+    """(every source, DataConfig field -> the sources that read it)."""
+    from rankgen_jax.data import sources
+
+    return getattr(sources, "SOURCES", DATA_SOURCES), getattr(sources, "DATA_FIELD_SOURCES", DATA_FIELD_SOURCES)
 
 
 # The configuration page lists these modules' configurables first, in this order (what a training run binds),
@@ -292,13 +295,13 @@ def config_page() -> str:
         if text:
             lines += [textwrap.dedent(text), ""]
         fields = _fields(obj)
-        sources = data_field_sources() if name == "DataConfig" else None
+        every_source, sources = data_field_sources() if name == "DataConfig" else ((), None)
         if sources is not None:
             missing = sorted({f[0] for f in fields} - set(sources))
             if missing:
                 raise SystemExit(f"DataConfig fields {missing} have no sources in DATA_FIELD_SOURCES")
             header = ("field", "type", "default", "read by sources", "meaning")
-            rows = [(_code(f), t, _code(d), ", ".join(sources[f]) if set(sources[f]) != set(DATA_SOURCES) else "all",
+            rows = [(_code(f), t, _code(d), ", ".join(sources[f]) if set(sources[f]) != set(every_source) else "all",
                      entries.get(f) or comments.get(f, "")) for f, t, d in fields]
         else:
             header = ("field", "type", "default", "meaning")
