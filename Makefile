@@ -12,7 +12,7 @@ AOT_STAMP := $(AOT_VENV)/.installed
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: venv aot-venv demo demo-curve ablations retrieval-example smoke test test-all test-aot wheel-check bench bench-gpu bench-gpu-wheels clean
+.PHONY: venv aot-venv demo demo-curve ablations retrieval-example smoke test test-all test-aot wheel-check docs bench bench-gpu bench-gpu-wheels clean
 
 # Creates or updates .venv only when requirements.txt or pyproject.toml changed.
 venv: $(STAMP)
@@ -79,6 +79,11 @@ test-aot:
 # (.wheel-check/), then `rankgen-jax --help`, a tiny train and export there (tests/wheel_check.sh; CI runs it).
 wheel-check: venv
 	bash tests/wheel_check.sh
+
+# The generated reference pages (docs/reference/: command line, configuration, losses) from the code;
+# tests/test_docs.py fails when the committed ones differ from what this writes.
+docs: venv
+	$(PY) tools/gen_docs.py
 
 clean:
 	rm -rf runs .pytest_cache .wheel-check

@@ -105,7 +105,7 @@ def render_markdown(report: dict) -> str:
         "# Benchmarks",
         "",
         "Written by `make bench` (`python -m benchmarks.bench`); do not edit by hand. How the",
-        "numbers were reached and what moved them: [performance.md](performance.md).",
+        "numbers were reached and what moved them: [the performance notes](performance/cpu-step.md).",
         "",
         f"- Date: {machine['date']}{' (quick run: tiny cases only)' if report.get('quick') else ''}; "
         f"total time {report.get('seconds', 0) / 60:.1f} min.",

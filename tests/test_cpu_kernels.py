@@ -32,7 +32,8 @@ def test_build_is_cached_and_a_broken_compiler_falls_back(tmp_path, monkeypatch,
 
 def test_vectors_are_as_wide_as_the_machine_registers():
     # 16-lane vectors on an AVX2 machine compiled and gave the right numbers, 13-20x slower
-    # than XLA: the register blocks did not fit in the 16 registers (docs/performance.md).
+    # than XLA: the register blocks did not fit in the 16 registers (docs/performance/cpu-kernels.md,
+    # 'Vector width that follows the instruction set').
     kernels_or_skip()
     flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), None) \
         if os.path.exists("/proc/cpuinfo") else None

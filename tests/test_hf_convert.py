@@ -90,7 +90,7 @@ def random_params(cfg: T5Config, head: HeadConfig | None, seed: int = 0) -> dict
 
 
 def reference_encoder(cfg: T5Config, params: dict) -> transformers.T5EncoderModel:
-    """A transformers T5EncoderModel holding `params`, mapped by hand from docs/design.md, 'HF T5 names'."""
+    """A transformers T5EncoderModel holding `params`, mapped by hand from docs/design/models.md, 'HF T5 names'."""
     hf_cfg = transformers.T5Config(
         vocab_size=cfg.vocab_size, d_model=cfg.d_model, d_ff=cfg.d_ff, num_layers=cfg.num_layers,
         num_heads=cfg.num_heads, d_kv=cfg.d_kv, feed_forward_proj=cfg.mlp_activation, dropout_rate=0.0,

@@ -167,10 +167,10 @@ def test_references_stay_inside_the_repository(folder):
     assert offending == []
 
 
-def _readme_layout_entries() -> list[tuple[Path, list[str]]]:
-    """(folder or file of each entry of the README's layout tree, the file names its description mentions)."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    block = readme.split("## Layout\n", 1)[1].split("\n###", 1)[0]
+def _layout_entries(page: str) -> list[tuple[Path, list[str]]]:
+    """(folder or file of each entry of a page's layout tree, the file names its description mentions)."""
+    text = (REPO / page).read_text(encoding="utf-8")
+    block = text.split("## Layout\n", 1)[1].split("\n##", 1)[0]
     entries: list[tuple[Path, list[str]]] = []
     for line in block.splitlines():
         if not line.startswith("    ") or not line.strip():
@@ -187,8 +187,9 @@ def _readme_layout_entries() -> list[tuple[Path, list[str]]]:
     return entries
 
 
-def test_every_path_in_the_readme_layout_is_real():
-    entries = _readme_layout_entries()
+@pytest.mark.parametrize("page", ["README.md", "docs/architecture.md"])
+def test_every_path_in_a_layout_tree_is_real(page):
+    entries = _layout_entries(page)
     assert len(entries) > 20
     missing = [str(path) for path, _ in entries if not path.exists()]
     missing += [f"{path.name}: {name}" for path, names in entries if path.is_dir() for name in names

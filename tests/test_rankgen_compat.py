@@ -1,6 +1,6 @@
 """The released `rankgen` package's face of RankGenEncoder: encode(inputs, vectors_type=..., return_input_ids=...)
 returning {"embeddings", "input_ids"} as the released class computes them (checked against transformers running the
-released-format folder), and the README's released usage running as written."""
+released-format folder), and the documented released usage (docs/inference.md) running as written."""
 
 import re
 from pathlib import Path
@@ -12,7 +12,7 @@ from test_encoder_api import ONE_DEVICE, TEXTS, folders  # noqa: F401 (folders i
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.inference.api import RELEASED_BATCH_SIZE, RankGenEncoder
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+INFERENCE_PAGE = Path(__file__).resolve().parents[1] / "docs" / "inference.md"
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +94,8 @@ def test_released_constructor_names(folders):  # noqa: F811
     assert RankGenEncoder(folders["released"], devices=ONE_DEVICE, max_batch_size=4).batch_size == 4
 
 
-def test_readme_released_usage_runs_as_written(folders):  # noqa: F811
-    section = README.read_text(encoding="utf-8").split("#### The released `rankgen` API", 1)[1]
+def test_documented_released_usage_runs_as_written(folders):  # noqa: F811
+    section = INFERENCE_PAGE.read_text(encoding="utf-8").split("### The released `rankgen` API", 1)[1]
     block = re.search(r"\n\n((?:    .*\n|\n)+?)\n(?! )", section).group(1)
     code = "\n".join(line[4:] for line in block.splitlines())
     assert 'RankGenEncoder("path/to/rankgen-t5-xl-all")' in code and "from rankgen_jax import" in code

@@ -14,7 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 TPU_PY = REPO / "tpu_scripts" / "tpu.py"
 SLICE = ["--name", "rg-xl", "--zone", "europe-west4-a", "--project", "my-proj"]
-XL = ["train", "--gin_file=rankgen_t5_xl_paper.gin", "--workdir=gs://my-bucket/rankgen/xl",
+XL = ["train", "--gin_file=tpu/rankgen_xl_v3_128.gin", "--workdir=gs://my-bucket/rankgen/xl",
       '--gin.TrainerConfig.init_checkpoint="gs://my-bucket/ckpt/t5_xl"']
 
 

@@ -322,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tpu.py", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("create", parents=[common], help="create the slice (or queue it with --queued)")
-    p.add_argument("--runtime_version", help="TPU VM image (default: per generation, see README)")
+    p.add_argument("--runtime_version", help="TPU VM image (default: per generation, see docs/tpu.md)")
     kind = p.add_mutually_exclusive_group()
     kind.add_argument("--spot", action="store_true", help="Spot VMs (cheaper, can be preempted)")
     kind.add_argument("--preemptible", action="store_true", help="legacy preemptible VMs (not with --queued)")

@@ -18,7 +18,7 @@ def add_cache_tasks(subparsers) -> None:
         "info and stats files and rankgen_stats.{split}.json (group size, skipped input) per task. Data paths "
         "come from gin (--gin_file, --gin.rankgen_data_paths.folder=...) or RANKGEN_* variables. Locally: "
         "--pipeline_options=--runner=DirectRunner,--direct_num_workers=2,--direct_running_mode=multi_processing; "
-        "Dataflow: see tpu_scripts/README.md.",
+        "Dataflow: see docs/data.md, 'On Google Cloud Dataflow'.",
     )
     p.add_argument("--tasks", required=True, help="comma-separated RankGen task names, e.g. rankgen_pg19_inbook")
     p.add_argument("--output_cache_dir", required=True, help="cache root (local or gs://); each task gets a folder")
@@ -47,7 +47,7 @@ def _run_cache_tasks(args) -> dict:
     options = [option for option in args.pipeline_options.split(",") if option]
     if any(option.startswith("--runner=") and "prism" in option.lower() for option in options):
         raise RankgenError("the Prism runner downloads its binary at start; use --runner=DirectRunner here, "
-                           "or DataflowRunner (tpu_scripts/README.md)")
+                           "or DataflowRunner (docs/data.md)")
     parse_gin(args.gin_file, args.gin_bindings, lambda text: [SEQIO_TASKS_MODULE])
     try:
         plan = CachePlan(tasks, args.output_cache_dir, source_shards=args.source_shards,

@@ -1,6 +1,6 @@
 """Metrics of generated continuations: the RankGen paper's rep, token overlap, length and MAUVE, and variants.
 
-The paper's, as its released code defines them (docs/design.md, 'RankGen
+The paper's, as its released code defines them (docs/design/rankgen.md, 'RankGen
 generation metrics'), each averaged over examples:
 
 - rep: the words of prefix + generation (retrieval.sparse.normalized_words:

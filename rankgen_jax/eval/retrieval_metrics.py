@@ -3,7 +3,7 @@
 `evaluate_run(run, qrels, measures)` computes ir-measures' measures (names as
 ir-measures writes them: "nDCG@10", "RR@10", "R@100", "AP", "P@10",
 "Success@20", "Rprec", "AP(rel=2)", ...) through its pytrec_eval provider,
-i.e. with trec_eval's own C code. Conventions (docs/design.md, 'Retrieval
+i.e. with trec_eval's own C code. Conventions (docs/design/retrieval.md, 'Retrieval
 metrics'), all trec_eval's:
 - a run is ranked by score, descending; equal scores are ordered by docid,
   descending (trec_eval's rule; the order of the file or list does not

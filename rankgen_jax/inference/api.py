@@ -6,7 +6,7 @@ format (recognised by its config, whatever the folder is called). Inputs follow
 the model's input conventions (data/conventions.py): the recorded ones (a
 trained model reads text as its training data did), a sentence-transformers
 folder's own, or for the released checkpoints the released code's
-(docs/design.md, 'RankGen format'): "pre " / "suffi " markers, 512 / 128
+(docs/design/checkpoints.md, 'RankGen format'): "pre " / "suffi " markers, 512 / 128
 tokens, and a too-long input is sliced after padding so it loses its EOS.
 Arguments override them (truncation="clean" keeps the EOS). Batches are grouped
 by length, sized from memory unless batch_size is given, and split over all

@@ -3,7 +3,7 @@
 The forward product x w and d_x = d_y w^T read x (or d_y) in place and the weight
 packed once per call into panels that stay in L1; XLA:CPU's own dots run the same
 shapes at 225-330 GFLOP/s on a 2-core AVX-512 Xeon, the kernel at 267-333 (8192
-tokens; both vary from run to run, docs/performance.md). The weight gradient
+tokens; both vary from run to run, docs/performance/cpu-kernels.md, 'Dense-layer kernels'). The weight gradient
 x^T d_y, a transposed-left product with a long K (the tokens), is where XLA:CPU is
 slowest: [512, 384] at 187-197 GFLOP/s against the kernel's 265-272. At T5 small's
 MLP shapes ([512, 1024], [1024, 512]) the kernel is also ahead alone (265-278

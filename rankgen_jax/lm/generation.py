@@ -6,7 +6,7 @@ Strategies (`generate --strategy`):
   prefix, token by token, nothing re-ranked (the paper's baselines).
 - `rerank`: over-generate `num_samples` continuations of `max_new_tokens`
   and keep the best by the re-ranker (beam search with B=1, L=max).
-- `beam`: RankGen beam search (docs/design.md, 'RankGen beam search'). For every unfinished
+- `beam`: RankGen beam search (docs/design/rankgen.md, 'RankGen beam search'). For every unfinished
   beam sample N continuations of L more tokens from the LM given prefix +
   beam; score every candidate's whole generated text (not only its last L
   tokens) against the prefix; keep the top B of these candidates and of the

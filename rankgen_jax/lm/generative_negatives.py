@@ -1,7 +1,7 @@
 """Generative negatives: sample one continuation per prefix from a causal LM (RankGen's hard negatives).
 
 RankGen trains against continuations sampled with nucleus sampling (p=0.9)
-from an LM, trimmed to 10-128 words (docs/design.md, 'RankGen training'). This module reads
+from an LM, trimmed to 10-128 words (docs/design/rankgen.md, 'RankGen training'). This module reads
 a JSONL file of objects with a `"prefix"` string, samples a continuation for
 each from any local HuggingFace causal LM folder, and writes the same objects
 plus `"generative_negative"` and `"generative_negative_words"`.

@@ -413,7 +413,7 @@ def multi_perspective_bce_loss(
     mask_BxN = _mask(batch, "perspective_mask", shape)
     labels_BxN = jnp.where(mask_BxN, _batch_array(batch, "labels", shape), 0.0)
     cosine_BxN = exact_einsum(_l2_normalize(a_BxNxD), _l2_normalize(b_BxNxD), "bnd,bnd->bn")
-    # s = cos / tau, p = sigmoid(2 s) (docs/design.md, 'Losses', multi-perspective).
+    # s = cos / tau, p = sigmoid(2 s) (docs/design/losses.md, 'Multi-perspective (MPTS)').
     logits_BxN = jnp.where(mask_BxN, 2.0 * cosine_BxN / tau, 0.0)
     loss, metrics = _bce_loss_and_metrics(logits_BxN, labels_BxN, mask_BxN)
     metrics["mean_cosine"] = jnp.sum(jnp.where(mask_BxN, cosine_BxN, 0.0)) / jnp.maximum(jnp.sum(mask_BxN), 1)

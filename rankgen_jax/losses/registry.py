@@ -57,6 +57,25 @@ REFUSED_MODEL_KINDS: dict[tuple[str, str], str] = {
                                                 "encoder's per-perspective logits train with sigmoid_bce",
 }
 
+# Each loss in one line (s: scores, T: temperature, y: labels, t: teacher scores; docs/design/losses.md has the
+# details and pitfalls). The reference page docs/reference/losses.md is generated from this table.
+LOSS_FORMULAS: dict[str, str] = {
+    "in_batch_softmax": "-mean_i log softmax_j(c (s_ij - m [j = i]))_i, s_ij = q_i . d_j over the global batch's "
+                        "B positives and B*K negatives; columns with the row's gold text masked",
+    "per_example_softmax": "-mean_i log softmax_j(c (s_ij - m [j = 0]))_0 over example i's own positive (j = 0) "
+                           "and its K negatives",
+    "listwise_softmax": "-mean_b sum_c (y_bc / sum_c' y_bc') log softmax_c(s_bc / T), rows with a positive label",
+    "listmle": "-mean_b sum_i w_i [s_(i) / T - logsumexp_{j >= i} s_(j) / T], candidates sorted by label "
+               "(w = 1, or PListMLE's (2^(n-i+1) - 1) / (2^n - 1))",
+    "kl_distillation": "mean_b KL(softmax(t_b / T) || softmax(s_b / T)) (times T^2 with t_squared)",
+    "lambdarank_mrr": "sum over pairs y_i > y_j of |1/pi_i - 1/pi_j| softplus(s_j - s_i) / #pairs, "
+                      "pi the student's own ranks",
+    "sigmoid_bce": "mean over valid entries of BCE(sigmoid(s / T), y)",
+    "margin_mse": "mean_{b, j >= 1} ((s_b0 - s_bj) - (t_b0 - t_bj))^2, candidate 0 the positive",
+    "multi_perspective_bce": "mean_{b, n} BCE(sigmoid(2 cos(a_bn, b_bn) / tau), y_bn), one projection per "
+                             "perspective n",
+}
+
 # Losses with cross-example terms: a micro-batch sees fewer negatives, so the
 # step refuses gradient accumulation for these (GradCache is exact). Every list
 # loss is a sum of per-query terms.

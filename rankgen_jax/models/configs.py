@@ -63,7 +63,7 @@ class T5Config:
                 raise RankgenError(f"T5Config.{name} must be positive, got {getattr(self, name)}")
 
 
-# T5 1.1 sizes (docs/design.md, 'T5 encoder'). `tiny` is for tests only.
+# T5 1.1 sizes (docs/design/models.md, 'T5 encoder'). `tiny` is for tests only.
 T5_1_1_SIZES: dict[str, dict[str, int]] = {
     "tiny": dict(d_model=128, d_ff=512, num_layers=2, num_heads=4, d_kv=32),
     "small": dict(d_model=512, d_ff=1024, num_layers=8, num_heads=6, d_kv=64),
@@ -174,7 +174,7 @@ class HeadConfig:
         return d_model if self.projection_dim in (-1, 0) else self.projection_dim
 
 
-# RankGen: first token -> projection d -> d, no normalisation (docs/design.md, 'RankGen format').
+# RankGen: first token -> projection d -> d, no normalisation (docs/design/checkpoints.md, 'RankGen format').
 RANKGEN_HEAD = HeadConfig(pooling="first", projection_dim=-1, l2_normalize=False)
 # Sentence-T5 / t5x_retrieval: mean over non-pad -> projection -> L2.
 ST5_HEAD = HeadConfig(pooling="mean", projection_dim=-1, l2_normalize=True)

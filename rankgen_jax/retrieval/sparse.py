@@ -41,7 +41,7 @@ yours yourself yourselves s t d ll m re ve
 
 # NLTK's English stop word list (nltk_data corpora/stopwords "english", the 179 words of 2022), which the
 # RankGen paper's token overlap removes. Only its 153 entries without an apostrophe can match a word of
-# `normalized_words`, which has no punctuation left (docs/design.md, 'RankGen generation metrics').
+# `normalized_words`, which has no punctuation left (docs/design/rankgen.md, 'RankGen generation metrics').
 NLTK_ENGLISH_STOPWORDS = frozenset("""
 i me my myself we our ours ourselves you you're you've you'll you'd your yours yourself yourselves
 he him his himself she she's her hers herself it it's its itself they them their theirs themselves

@@ -12,7 +12,7 @@ from rankgen_jax.errors import RankgenError
 # jax is imported inside the functions only: this module sets what must be in place before jax
 # starts (XLA flags, glibc's malloc, the multi-host job), and is imported before jax is.
 
-# YNNPACK fusions slow XLA:CPU training steps of these models (docs/design.md, 'CPU performance');
+# YNNPACK fusions slow XLA:CPU training steps of these models (docs/design/environment.md, 'CPU performance');
 # the flag is harmless on TPU and GPU.
 CPU_XLA_FLAGS = ("--xla_cpu_experimental_ynn_fusion_type=",)
 
@@ -46,7 +46,7 @@ def configure_xla_flags(host_device_count: int | None = None) -> None:
 # glibc malloc hands XLA:CPU's large per-step buffers out as fresh mmaps and unmaps them
 # when freed, so every step faults its working set in again (tiny T5 step, batch 32:
 # ~180k page faults and 0.3 s of kernel time per 0.6 s step). Transparent huge pages for
-# malloc cut the faults ~10x; measured on `python -m benchmarks.bench` (docs/performance.md,
+# malloc cut the faults ~10x; measured on `python -m benchmarks.bench` (docs/performance/cpu-step.md,
 # 'malloc on huge pages'): the tiny step 0.63 -> 0.52 s, the small step 5.48 -> 4.68 s. That
 # is what the re-exec buys, on CPU only (accelerator steps do not run on malloc'd buffers).
 # glibc reads tunables only at process start, hence the re-exec.

@@ -33,25 +33,25 @@ class TrainerConfig:
       run early but never changes its schedule.
     """
 
-    num_steps: int = 100
-    log_every: int = 10
-    eval_every: int = 0
-    eval_batches: int = 2
-    checkpoint_every: int = 100
-    keep_checkpoints: int = 3
-    async_checkpoints: bool = True
-    seed: int = 0
+    num_steps: int = 100  # the run's length in optimizer steps
+    log_every: int = 10  # train metrics to metrics.jsonl / TensorBoard every this many steps
+    eval_every: int = 0  # held-out loss every this many steps (and at the start and end); 0 = never
+    eval_batches: int = 2  # batches of the eval source per evaluation
+    checkpoint_every: int = 100  # save every this many steps (and at the end, on SIGTERM or the time budget)
+    keep_checkpoints: int = 3  # the newest this many saved steps are kept
+    async_checkpoints: bool = True  # write checkpoints while training goes on
+    seed: int = 0  # parameter init and dropout
     init_checkpoint: str = ""
-    init_encoder_only: bool = False
+    init_encoder_only: bool = False  # take only the encoder of init_checkpoint; the head comes from gin
     encoder_overrides: dict = dataclasses.field(default_factory=dict)
-    mesh_data: int = -1
-    mesh_model: int = 1
-    mesh_replica: int = 1
-    axis_rules: str = "standard"
-    num_chunks: int = 1
-    accum_steps: int = 1
-    profile_start_step: int = -1
-    profile_num_steps: int = 3
+    mesh_data: int = -1  # devices on the `data` mesh axis (-1: the rest)
+    mesh_model: int = 1  # devices on the `model` mesh axis
+    mesh_replica: int = 1  # slices on the `replica` axis (data parallel over the data-centre network)
+    axis_rules: str = "standard"  # "standard" (T5X) or "fsdp" (parameters and optimizer state also split over data)
+    num_chunks: int = 1  # > 1: GradCache over that many chunks of the global batch
+    accum_steps: int = 1  # > 1: gradient accumulation (losses without cross-example terms only)
+    profile_start_step: int = -1  # >= 0: a jax.profiler trace from this step (WORKDIR/profile/)
+    profile_num_steps: int = 3  # steps the trace covers
     # Wall-clock budget: stop (and save) after this many minutes; 0 = no limit.
     max_minutes: float = 0.0
     # Multi-host slices: "auto" joins jax.distributed when the environment is one host of many.

@@ -11,7 +11,7 @@ first:
 2. optional global-norm gradient clipping (over model and loss gradients);
 3. Adafactor (the RankGen / T5X recipe) or AdamW, with the LR schedule; when
    `loss_params_learning_rate > 0` the `loss` subtree gets its own optimizer of
-   the same kind at that constant LR (docs/design.md, 'MiniLM demo': a learned logit scale
+   the same kind at that constant LR (docs/design/rankgen.md, 'MiniLM demo': a learned logit scale
    barely moves at the model's LR).
 """
 
@@ -43,7 +43,7 @@ _NEVER_GIVE_UP = 2**31 - 1
 class OptimizerConfig:
     """Optimizer, LR schedule, clipping and non-finite guard settings.
 
-    Defaults are the RankGen recipe (docs/design.md, 'RankGen training'): Adafactor, constant LR 2e-3.
+    Defaults are the RankGen recipe (docs/design/rankgen.md, 'RankGen training'): Adafactor, constant LR 2e-3.
 
     schedule: "constant", "linear" or "cosine"; all start with `warmup_steps` of
       linear warmup from 0. "linear"/"cosine" then decay from `learning_rate`

@@ -1,8 +1,8 @@
 """HuggingFace <-> canonical parameter conversion for T5 encoders and RankGen dual encoders.
 
 Canonical parameters are nested dicts of float32 numpy arrays with T5X names
-(`rankgen_jax.models.t5`; the name mapping is in docs/design.md, 'HF T5 names'). Two HF folder formats are
-supported (docs/design.md, 'RankGen format'):
+(`rankgen_jax.models.t5`; the name mapping is in docs/design/models.md, 'HF T5 names'). Two HF folder formats are
+supported (docs/design/checkpoints.md, 'RankGen format'):
 
 - `t5-encoder`: a plain `T5EncoderModel` (`shared.weight`, `encoder.block...`).
   Reading also accepts `T5Model` / `T5ForConditionalGeneration` folders, whose

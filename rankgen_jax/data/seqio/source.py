@@ -1,47 +1,9 @@
 """The trainer's batch source over a seqio task or mixture (SeqioTriples) and the feature converter it pads with.
 
-Reading for training: SeqioTriples
-----------------------------------
-`SeqioTriples` is the trainer's `BatchSource` over a task or mixture:
-`batch(index)` is global batch `index` of the repeated stream
-(`num_epochs=None`), padded to fixed lengths by `RankGenFeatureConverter`.
-Sequential calls reuse one iterator; any other index (the first call, a
-resume, an eval pass starting again at 0) rebuilds the pipeline and skips
-`index` batches (`index * batch_size` examples) from the start of the stream.
-The skipped examples are still generated and tokenised (about 2,200-3,300
-examples per second per host on a 2-vCPU machine, at 512/128 tokens), so
-resuming late in a long run costs minutes per million examples per host.
-
-Multi-host: pass `shard_info=seqio.ShardInfo(jax.process_index(),
-jax.process_count())`. Host h then tokenises only rows [h*g/n, (h+1)*g/n) of
-every group of g = `group_size` examples, so `group_size` must be divisible by
-the number of hosts n, and `batch_size` must be a multiple of `group_size`.
-With `batch_size == group_size` (the RankGen in-book setting: one document per
-batch) host h's local batch is exactly rows [h*B/n, (h+1)*B/n) of the global
-batch, i.e. the trainer's `rows` slice, and the hosts' batches concatenate to
-the global one. With `batch_size = m * group_size` the global batch is the
-same m groups but each host's rows are its slices of each group in turn.
-Mixtures are mixed one whole batch at a time (seeded, identically on every
-host), so a batch never mixes domains or documents; seqio's own
-`Mixture.get_dataset` mixes single examples, which is right only for
-`mix_documents` tasks.
-
-Reading a cached task (`use_cached=True`, DataConfig.seqio_cache_dir)
----------------------------------------------------------------------
-`rankgen-jax cache-tasks` (data/seqio/beam_cache.py) stores one record per
-whole group of g examples; the post-cache `ungroup_examples` splits each into
-its rows. Files are read in order (no file shuffle: `seed` does not reorder a
-cached task, its order is fixed when the cache is written), so the stream is
-deterministic and `batch(index)` resumes exactly by skipping, as uncached,
-but skipping only parses records (no sentence splitting or tokenising).
-
-Multi-host, each host reads its own files: seqio gives host h the files
-h, h+n, h+2n, ... (when there are fewer files than hosts, every n-th record of
-all files instead), and the host's local batch of B/n rows is B/(n*g) whole
-groups of its own. So B/n must be a multiple of the cached g, and a global
-batch holds B/g groups, at least one per host; uncached, with B == g, the
-hosts share one group instead. Hosts' streams are independent: a host
-whose files hold fewer groups starts its next epoch sooner.
+`SeqioTriples.batch(index)` is global batch `index` of the repeated stream, padded to fixed lengths; each
+host reads its rows of every group (uncached) or its own files (cached), and a resume skips to the index.
+How hosts share groups and files, and what resuming costs: docs/design/seqio.md, 'Reading for training:
+SeqioTriples'.
 """
 
 from __future__ import annotations

@@ -1,109 +1,10 @@
 """RankGen training data as seqio tasks (the trainer reads them through `data/seqio/source.py`).
 
-What a task emits
------------------
-`register_rankgen_task` registers a `seqio.Task` whose examples are RankGen
-triples, already tokenised with the model's own tokenizer:
-
-- `query_ids`    int32 [Lq]: "pre " + prefix, with the model's special tokens
-- `positive_ids` int32 [Lc]: "suffi " + gold continuation
-- `negative_ids` int32 [Lc]: "suffi " + a negative continuation
-- `doc_id`       string []: the document the example was cut from
-
-Tokenising in Python (through `rankgen_jax.data.text.TextEncoder`) rather than with
-seqio's `tokenize` preprocessor keeps the special tokens right for both model
-families: T5 gets `ids </s>`, BERT gets `[CLS] ids [SEP]` (RoBERTa `<s> ids
-</s>`). The output features are therefore declared with `add_eos=False`. When
-a sequence length is given, a too-long feature is cut cleanly: it keeps its
-first L-1 ids and its last id (the EOS / [SEP]), as `text.pad_batch` does.
-
-Negatives (`negatives=`):
-
-- "inbook": examples cut from documents by `examples.make_examples`
-  (sentence-bounded prefix and continuation; the negative is the first InBook
-  negative, another span of the same document).
-- "generative": records of a JSON-lines file written by `rankgen-jax
-  generate-negatives` (fields `prefix`, `continuation`, `generative_negative`,
-  `doc_id`; the `doc_id` groups them into documents); the negative is the
-  sampled continuation.
-- "both": the two streams above, alternating one document at a time; a
-  document's InBook and generative examples that land in the same shuffle
-  block share its groups.
-
-In every mode the trainer also sees in-batch negatives (the other rows'
-continuations), which are in-book when batches are same-document.
-
-Example order
--------------
-Documents are read in a fixed order (`documents.read_documents`: sorted files,
-then lines) and processed in blocks of `shuffle_block_documents` usable
-documents (a block is fixed before its examples are cut, so one with no
-example that fits still takes its place), so memory stays bounded for
-PG19-sized corpora. Within a block, each document's
-examples are shuffled and cut into groups of `group_size` consecutive examples
-(`examples.same_document_batches`; a document's leftover examples are dropped),
-and the groups of the block are shuffled together, all seeded by the `seed`
-given to the dataset function (seqio passes the `seed` of `get_dataset`; None
-means 0) and the block's index. The stream is therefore a sequence of whole groups, deterministic
-for a seed, and every epoch repeats the same order. `mix_documents=True` cuts
-the block's examples into groups regardless of document instead. The examples
-themselves (spans, negatives) depend only on `ExampleConfig.seed` and the
-document id, so a held-out document always gives the same validation examples.
-seqio's own shuffle would break the groups: the tasks declare no shuffle
-buffer and a source that orders itself, so `shuffle=True` is accepted and
-changes nothing.
-
-Splits: "train" and "validation". Validation is the last `holdout_documents`
-documents of each stream in reading order (for one file per document: the
-last N by file name), found with a look-behind buffer so the stream is read
-once; train is everything else. Pass `validation_documents` (and
-`validation_generative_negatives_jsonl`) to read validation from its own files
-instead, e.g. PG19's validation/ folder; train then reads all of `documents`.
-
-Bad input never stops a read: what `documents.read_documents` skips (empty,
-binary, unreadable files, malformed JSON), documents below the word minimum or
-too short for one example, and malformed or incomplete generative records are
-counted in a `ReadStats` (see `scan_task`, and the log line at the end of every
-pass). A split that cannot give a single example fails when it is read, with a
-RankgenError naming the files, before any tf.data work starts.
-
-Any argument of `register_rankgen_task` except `name`, `negatives` and
-`markers` may be a zero-argument callable; it is called whenever the task is
-read. `tasks/rankgen_tasks.py` uses that to bind data paths with gin after the
-tasks are registered at import.
-
-Caching with Beam (`rankgen-jax cache-tasks`)
----------------------------------------------
-Reading uncached runs at about 2,200-3,300 examples per second per process.
-`rankgen-jax cache-tasks` (data/seqio/beam_cache.py, the `beam` extra)
-precomputes tasks into seqio's cache with seqio's Beam pipeline:
-
-    rankgen-jax cache-tasks --tasks=rankgen_pg19_inbook --output_cache_dir=/data/seqio_cache \
-        --gin.rankgen_data_paths.pg19="'/data/pg19/train'" \
-        --pipeline_options=--runner=DirectRunner,--direct_num_workers=2,--direct_running_mode=multi_processing
-
-(Dataflow flags: tpu_scripts/README.md.) Two things make the cache keep what
-training needs:
-
-- Before the CacheDatasetPlaceholder the source emits one record per
-  same-document group (`_group_records`: each id feature's rows end to end,
-  their lengths, the rows' doc_ids), and the post-cache `ungroup_examples`
-  splits records into rows. Beam's global `Reshuffle` therefore permutes whole
-  groups, and a cached InBook task still gives same-document batches. Uncached
-  reads pass through the same two steps.
-- While a cache pipeline reads (`set_source_sharding`), `list_shards` names
-  `num_shards` source shards and shard i cuts and tokenises only the blocks b
-  with b mod num_shards == i, so Beam workers split the work. Every block's
-  groups are seeded by the pipeline's seed (not seqio's per-shard seed) and
-  the block index, so the cache holds exactly the uncached stream's groups at
-  that seed, however many shards or workers read it. Each shard writes its
-  ReadStats; the driver merges them into `rankgen_stats.{split}.json`.
-
-The cache holds full-length token ids (the length trim comes after the cache
-point). Train from it with `DataConfig.seqio_cache_dir = DIR`
-(`SeqioTriples(use_cached=True)`; per-host files, see data/seqio/source.py).
-The Prism runner downloads a binary when it starts, so it is refused here;
-use the DirectRunner locally.
+`register_rankgen_task` registers a `seqio.Task` of tokenised RankGen triples (`query_ids`, `positive_ids`,
+`negative_ids`, `doc_id`) with InBook, generative or both kinds of negatives, emitted as whole
+same-document groups so that a Beam cache (`rankgen-jax cache-tasks`) keeps InBook batches. What a task
+emits, how examples are ordered and split, what bad input does and how the cache is sharded:
+docs/design/seqio.md.
 """
 
 
@@ -581,7 +482,8 @@ def _merged(first: ReadStats, second: ReadStats) -> ReadStats:
 # reshuffle moves whole groups); `ungroup_examples`, after the cache point, splits it into rows.
 _LENGTHS = "_lengths"
 # The generator hands groups to tf.data several at a time: each element crossing from Python costs
-# a few hundred microseconds, as much as making and tokenising an example (docs/performance.md).
+# a few hundred microseconds, as much as making and tokenising an example (docs/performance/cpu-step.md,
+# 'seqio examples cross into tf.data 64 at a time').
 _CHUNK_EXAMPLES = 64
 _CHUNK_SIGNATURE = {
     **{key: tf.TensorSpec([None], tf.int32) for key in ID_FEATURES},
