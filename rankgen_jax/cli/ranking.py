@@ -49,8 +49,9 @@ def add_score(subparsers) -> None:
         description='Score JSONL lines {"prefix": str, "candidates": [str, ...], "label": int (optional)} with a '
         'dual encoder (prefix vector . candidate vector, RankGen\'s "pre " / "suffi " markers), the RankGen '
         "paper's token-overlap baseline (token_overlap), the unigram-overlap F1 baseline (unigram), or a causal "
-        "LM's mean log-likelihood of the candidate given the prefix (lm_loglik) or PMI, log p(c|prefix) - log p(c) "
-        '(pmi). With labels, the last stdout line is a JSON object {"n": ..., "accuracy": ..., "mrr": ..., '
+        "LM's mean log-likelihood of the candidate given the prefix (lm_loglik), PMI, log p(c|prefix) - log p(c) "
+        "(pmi), or the average unconditional log-likelihood of prefix + candidate, log p(p c) / (|p| + |c|) "
+        '(avg_ull, the paper\'s Appendix C.6). With labels, the last stdout line is a JSON object {"n": ..., "accuracy": ..., "mrr": ..., '
         '"pairwise_accuracy": ...} (pairwise: the paper\'s share of negatives the gold beats, averaged over '
         "lines). Malformed lines are skipped and counted on stderr; a file with no well-formed line is an error "
         "(exit status 2).",
@@ -60,7 +61,7 @@ def add_score(subparsers) -> None:
     p.add_argument("--output", help="JSONL file to write: each well-formed input line plus its \"scores\"")
     p.add_argument("--method", choices=METHODS, default="model", help="default: model")
     p.add_argument("--batch_size", type=int, default=64, help="texts per encoder call (default 64)")
-    lm = p.add_argument_group("LM baselines (--method lm_loglik / pmi)")
+    lm = p.add_argument_group("LM baselines (--method lm_loglik / pmi / avg_ull)")
     lm.add_argument("--lm", help="local HuggingFace causal LM folder (model + tokenizer)")
     lm.add_argument("--lm_reduce", choices=("mean", "sum"), default="mean",
                     help="per-token mean (default, as the paper) or sum of token log-probabilities")
