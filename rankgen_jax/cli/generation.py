@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from rankgen_jax.eval.generation_metrics import MAUVE_MAX_LENGTH, REP_WINDOW, run_generation_metrics
-from rankgen_jax.lm.generation import RERANKERS, SAMPLERS, STRATEGIES, Decoding, generate_file
+from rankgen_jax.lm.generation import (BEAM_SAMPLES, BEAM_SIZE, CUTS, MAX_NEW_TOKENS, RERANK_LENGTH, RERANK_SAMPLES,
+                                      RERANKERS, SAMPLERS, STRATEGIES, Decoding, generate_file)
 from rankgen_jax.lm.generative_negatives import generate_negatives, merge_negatives
 
 
@@ -71,7 +72,9 @@ def add_generate(subparsers) -> None:
         description='Read JSONL objects with a "prefix" and write them back with a "generation", the strategy, '
         'the final "beams" (rerank / beam), "new_tokens" and the seconds spent generating and re-ranking. '
         "beam: RankGen beam search (B beams, N samples per beam, re-rank every L tokens); rerank: N samples "
-        "re-ranked once; nucleus / greedy / ancestral / top_k / typical: one plain sample. Lines without a "
+        "re-ranked once; nucleus / greedy / ancestral / top_k / typical: one plain sample. The defaults are the "
+        "RankGen paper's protocol: 128-token generations cut after their last sentence end, 20 samples for "
+        "rerank, B=2 beams of N=10 samples re-ranked every L=20 tokens for beam. Lines without a "
         "non-empty string prefix are skipped and counted.",
     )
     p.add_argument("--lm", required=True, help="local HuggingFace causal LM folder (model + tokenizer)")
@@ -83,10 +86,16 @@ def add_generate(subparsers) -> None:
                    help="re-ranker of rerank / beam (default rankgen)")
     p.add_argument("--sampling", choices=[s for s in SAMPLERS if s != "greedy"], default="nucleus",
                    help="token sampler of rerank / beam (default nucleus)")
-    p.add_argument("--beam_size", type=int, default=2, help="B, beams kept per prefix (default 2)")
-    p.add_argument("--num_samples", type=int, default=10, help="N, samples per beam (default 10)")
-    p.add_argument("--rerank_length", type=int, default=20, help="L, tokens sampled between re-rankings (default 20)")
-    p.add_argument("--max_new_tokens", type=int, default=115, help="token budget of each prefix (default 115)")
+    p.add_argument("--beam_size", type=int, default=BEAM_SIZE, help=f"B, beams kept per prefix (default {BEAM_SIZE})")
+    p.add_argument("--num_samples", type=int,
+                   help=f"N, samples per beam (default: {RERANK_SAMPLES} for rerank, {BEAM_SAMPLES} for beam)")
+    p.add_argument("--rerank_length", type=int, default=RERANK_LENGTH,
+                   help=f"L, tokens sampled between re-rankings (default {RERANK_LENGTH})")
+    p.add_argument("--max_new_tokens", type=int, default=MAX_NEW_TOKENS,
+                   help=f"token budget of each prefix (default {MAX_NEW_TOKENS})")
+    p.add_argument("--cut", choices=CUTS, default="sentence",
+                   help="sentence: a finished text is cut after its last . ? ! or ; (the paper's); none: kept whole "
+                   "(default sentence)")
     p.add_argument("--top_p", type=float, default=0.9, help="nucleus p (default 0.9)")
     p.add_argument("--top_k", type=int, default=40, help="k of top-k sampling (default 40)")
     p.add_argument("--typical_p", type=float, default=0.95, help="mass of typical sampling (default 0.95)")
@@ -108,7 +117,7 @@ def _run_generate(args) -> dict:
         max_new_tokens=args.max_new_tokens, decoding=Decoding(args.sampling, args.top_p, args.top_k, args.typical_p),
         seed=args.seed, max_batch_rows=args.max_batch_rows, prefix_batch=args.prefix_batch,
         max_prompt_tokens=args.max_prompt_tokens, rankgen_batch_size=args.rankgen_batch_size, device=args.device,
-        progress=not args.no_progress,
+        cut=args.cut, progress=not args.no_progress,
     )
 
 

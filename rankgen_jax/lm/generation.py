@@ -13,6 +13,16 @@ Strategies (`generate --strategy`):
   beams already finished; stop when every kept beam has hit EOS or the
   budget. The first round starts from one empty beam.
 
+The paper's protocol is the default (RankGen §2.3, §3.1, App. A.3): 128-token
+generations; `rerank` over-generates 20 samples, `beam` keeps B = 2 beams of
+N = 10 samples each, re-ranked every L = 20 tokens; nucleus sampling with
+p = 0.9. A finished text (EOS or budget) is cut as the paper cuts generations
+(`cut="sentence"`: whitespace collapsed, then cut after its last . ? ! or ;,
+`data.sentences.cut_at_last_sentence_end`, the released code's `truncate`),
+and a finished candidate is scored as cut, so what is ranked is what is
+output (the released re-ranking scores cut samples; its beam search cuts
+after the last ranking). `cut="none"` keeps the decoded text whole.
+
 The token budget (`max_new_tokens`) belongs to each prefix: a beam counts its
 own new tokens, so prefixes decoded together never share or reset a budget.
 Work is batched across prefixes and beams; `max_batch_rows` caps how many
@@ -58,6 +68,7 @@ import numpy as np
 from tqdm import tqdm
 
 from rankgen_jax.data.jsonl import collect_jsonl
+from rankgen_jax.data.sentences import cut_at_last_sentence_end
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.retrieval.sparse import unigram_overlap_scores
 from rankgen_jax.lm.scoring import CausalLM, load_causal_lm, pad_for_causal_lm, score_lists
@@ -70,6 +81,12 @@ if TYPE_CHECKING:
 SAMPLERS = ("nucleus", "greedy", "ancestral", "top_k", "typical")
 STRATEGIES = SAMPLERS + ("rerank", "beam")
 RERANKERS = ("rankgen", "perplexity", "unigram")
+CUTS = ("sentence", "none")
+# The paper's protocol (RankGen §2.3, §3.1, App. A.3): 128-token generations; over-generate-and-rerank with 20
+# samples; beam search with B = 2 beams of N = 10 samples, re-ranked every L = 20 tokens.
+MAX_NEW_TOKENS = 128
+RERANK_SAMPLES = 20
+BEAM_SIZE, BEAM_SAMPLES, RERANK_LENGTH = 2, 10, 20
 Reranker = Callable[[str, Sequence[str]], np.ndarray]
 
 
@@ -327,16 +344,17 @@ def search(
     lm: CausalLM,
     prefixes: Sequence[str],
     *,
-    beam_size: int = 2,
-    num_samples: int = 10,
-    rerank_length: int | None = 20,
-    max_new_tokens: int = 115,
+    beam_size: int = BEAM_SIZE,
+    num_samples: int = BEAM_SAMPLES,
+    rerank_length: int | None = RERANK_LENGTH,
+    max_new_tokens: int = MAX_NEW_TOKENS,
     decoding: Decoding = Decoding(),
     reranker: Reranker | None = None,
     seed: int = 0,
     max_batch_rows: int = 64,
     prefix_indices: Sequence[int] | None = None,
     max_prompt_tokens: int | None = None,
+    cut: str = "sentence",
 ) -> list[Generation]:
     """RankGen beam search over a group of prefixes (see the module docstring); rerank_length None = max_new_tokens.
 
@@ -348,6 +366,8 @@ def search(
             raise RankgenError(f"--{name} must be at least 1, got {value}")
     if rerank_length is not None and rerank_length < 1:
         raise RankgenError(f"--rerank_length must be at least 1, got {rerank_length}")
+    if cut not in CUTS:
+        raise RankgenError(f"unknown cut {cut!r}: expected one of {CUTS}")
     decoding.check()
     keys = list(range(len(prefixes))) if prefix_indices is None else list(prefix_indices)
     if len(keys) != len(prefixes):
@@ -382,6 +402,8 @@ def search(
             for beam in prefix_candidates:
                 if beam.text is None:
                     beam.text = lm.decode(beam.ids)
+                    if beam.finished and cut == "sentence":
+                        beam.text = cut_at_last_sentence_end(beam.text)
         _score_candidates(reranker, prefixes, candidates, seconds_rerank)
         for i, prefix_candidates in enumerate(candidates):
             # Stable sort: equal scores keep candidate order (finished beams first, then by beam and sample).
@@ -434,18 +456,20 @@ def generate(
     strategy: str = "beam",
     *,
     reranker: Reranker | None = None,
-    beam_size: int = 2,
-    num_samples: int = 10,
-    rerank_length: int = 20,
-    max_new_tokens: int = 115,
+    beam_size: int = BEAM_SIZE,
+    num_samples: int | None = None,
+    rerank_length: int = RERANK_LENGTH,
+    max_new_tokens: int = MAX_NEW_TOKENS,
     decoding: Decoding = Decoding(),
     seed: int = 0,
     max_batch_rows: int = 64,
     prefix_indices: Sequence[int] | None = None,
     max_prompt_tokens: int | None = None,
+    cut: str = "sentence",
 ) -> list[Generation]:
     """Continue every prefix with `strategy` (see STRATEGIES); `decoding` is the token sampler of rerank / beam.
 
+    num_samples None is the paper's: 20 for rerank, 10 per beam for beam.
     The plain strategies ignore beam_size, num_samples, rerank_length and
     reranker, and take their sampler's kind from the strategy name (its
     top_p / top_k / typical_p from `decoding`).
@@ -453,7 +477,7 @@ def generate(
     if strategy not in STRATEGIES:
         raise RankgenError(f"unknown strategy {strategy!r}: expected one of {STRATEGIES}")
     common = dict(max_new_tokens=max_new_tokens, seed=seed, max_batch_rows=max_batch_rows,
-                  prefix_indices=prefix_indices, max_prompt_tokens=max_prompt_tokens)
+                  prefix_indices=prefix_indices, max_prompt_tokens=max_prompt_tokens, cut=cut)
     if strategy in SAMPLERS:
         plain = Decoding(strategy, decoding.top_p, decoding.top_k, decoding.typical_p)
         return search(lm, prefixes, beam_size=1, num_samples=1, rerank_length=None, decoding=plain, reranker=None,
@@ -463,9 +487,11 @@ def generate(
     if decoding.kind == "greedy":
         raise RankgenError(f"strategy {strategy!r} needs a random sampler: greedy would give N identical samples")
     if strategy == "rerank":
-        return search(lm, prefixes, beam_size=1, num_samples=num_samples, rerank_length=None, decoding=decoding,
+        samples = RERANK_SAMPLES if num_samples is None else num_samples
+        return search(lm, prefixes, beam_size=1, num_samples=samples, rerank_length=None, decoding=decoding,
                       reranker=reranker, **common)
-    return search(lm, prefixes, beam_size=beam_size, num_samples=num_samples, rerank_length=rerank_length,
+    samples = BEAM_SAMPLES if num_samples is None else num_samples
+    return search(lm, prefixes, beam_size=beam_size, num_samples=samples, rerank_length=rerank_length,
                   decoding=decoding, reranker=reranker, **common)
 
 
@@ -523,7 +549,7 @@ def generate_file(
     loads the dual encoder at model_path. The LM at lm_path runs on the torch
     device. search_settings are generate()'s other keyword arguments
     (beam_size, num_samples, rerank_length, max_new_tokens, seed,
-    max_batch_rows, max_prompt_tokens), with its defaults.
+    max_batch_rows, max_prompt_tokens, cut), with its defaults.
     """
     if prefix_batch < 1:
         raise RankgenError(f"--prefix_batch must be at least 1, got {prefix_batch}")
