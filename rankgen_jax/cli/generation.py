@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rankgen_jax.eval.generation_metrics import MAUVE_MAX_LENGTH, REP_WINDOW, run_generation_metrics
+from rankgen_jax.eval.generation_metrics import MAUVE_MAX_LENGTH, MAUVE_SEED, REP_WINDOW, run_generation_metrics
 from rankgen_jax.lm.generation import (BEAM_SAMPLES, BEAM_SIZE, CUTS, MAX_NEW_TOKENS, RERANK_LENGTH, RERANK_SAMPLES,
                                       RERANKERS, SAMPLERS, STRATEGIES, Decoding, generate_file)
 from rankgen_jax.lm.generative_negatives import generate_negatives, merge_negatives
@@ -130,11 +130,14 @@ def add_generation_metrics(subparsers) -> None:
         "rep (share of the generation's normalised words seen in the previous --rep_window words of prefix + "
         "generation), token_overlap (precision of the generation's words against the prefix's, stop words "
         "removed), length_words, and MAUVE of prefix + generation against prefix + --reference_field when "
-        "--mauve_model is given (needs the optional mauve-text package); then the variants rep_pooled (tokens of "
-        "--tokenizer, pooled over the corpus) and unigram_overlap (F1 of word sets), and the mean new tokens and "
+        "--mauve_model is given (needs the optional mauve-text package; both texts cut at their last sentence "
+        "end; the mean and standard deviation over the runs, one per input file and --mauve_seeds seed); then "
+        "the variants rep_pooled (tokens of --tokenizer, pooled over the corpus) and unigram_overlap (F1 of word sets), and the mean new tokens and "
         "seconds.",
     )
-    p.add_argument("--input", required=True, help="JSONL output of `rankgen-jax generate`")
+    p.add_argument("--input", required=True, nargs="+",
+                   help="JSONL output of `rankgen-jax generate`; several files (one per generation seed) are "
+                   "MAUVE's runs, the other metrics pooled over them")
     p.add_argument("--tokenizer", help="HF tokenizer folder for rep_pooled, e.g. the LM's (default: whitespace words)")
     p.add_argument("--rep_window", type=int, default=REP_WINDOW, help="words / tokens looked back over (default 20)")
     p.add_argument("--rep_no_prefix", action="store_true", help="rep_pooled looks at the generation alone")
@@ -144,6 +147,11 @@ def add_generation_metrics(subparsers) -> None:
                    help=f"first tokens of each text MAUVE reads (default {MAUVE_MAX_LENGTH}, as the paper)")
     p.add_argument("--mauve_no_prefix", action="store_true",
                    help="MAUVE of the generations against the references alone, without the prefix before them")
+    p.add_argument("--mauve_seeds", type=int, nargs="+", default=[MAUVE_SEED],
+                   help=f"k-means seeds of mauve-text, one run per input file and seed (default {MAUVE_SEED}, "
+                   "mauve-text's own)")
+    p.add_argument("--mauve_no_cut", action="store_true",
+                   help="compare the texts whole instead of cut after their last sentence end (the paper's)")
     p.add_argument("--device", default="cpu", help="torch device of the MAUVE feature model (default cpu)")
     p.add_argument("--output", help="also write the metrics to this JSON file")
     p.set_defaults(run=_run_generation_metrics)
@@ -153,5 +161,6 @@ def _run_generation_metrics(args) -> dict:
     return run_generation_metrics(
         args.input, tokenizer=args.tokenizer, rep_window=args.rep_window, with_prefix=not args.rep_no_prefix,
         reference_field=args.reference_field, mauve_model=args.mauve_model, mauve_max_length=args.mauve_max_length,
-        mauve_with_prefix=not args.mauve_no_prefix, device=args.device, output_path=args.output,
+        mauve_with_prefix=not args.mauve_no_prefix, mauve_seeds=args.mauve_seeds, mauve_cut=not args.mauve_no_cut,
+        device=args.device, output_path=args.output,
     )
