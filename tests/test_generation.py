@@ -114,9 +114,10 @@ def test_beam_search_returns_b_beams_scored_on_the_whole_text(lm):
         assert result.beams[0]["score"] >= result.beams[1]["score"]
         assert result.seconds_generate > 0 and result.seconds_rerank > 0
     assert any(b["new_tokens"] == 12 for r in results for b in r.beams)
-    # Rounds of 5, 5, 2 tokens: the first scores N candidates, later ones up to B*N new ones per prefix.
+    # Rounds of 5, 5, 2 tokens: the first scores B*N candidates (B empty beams, as the paper's code starts),
+    # later ones up to B*N new ones per prefix.
     per_prefix = [[len(c) for p, c, _ in reranker.calls if p == prefix] for prefix in prefixes]
-    assert all(counts[0] == 3 and 1 <= len(counts) <= 3 and max(counts) <= 6 for counts in per_prefix)
+    assert all(counts[0] == 6 and 1 <= len(counts) <= 3 and max(counts) <= 6 for counts in per_prefix)
     # What the last round scored is the beams' whole generated text, not its last 5 tokens.
     for prefix, result in zip(prefixes, results):
         last = [c for p, c, _ in reranker.calls if p == prefix][-1]
@@ -207,7 +208,7 @@ def test_paper_protocol_is_the_default(lm):
     assert [len(c) for _, c, _ in rerank.calls] == [20]
     beam = Recording(unigram_reranker)
     result = generate(lm, prefix, "beam", reranker=beam, max_new_tokens=4, rerank_length=2, seed=1)[0]
-    assert len(beam.calls[0][1]) == 10 and len(result.beams) == 2
+    assert len(beam.calls[0][1]) == 20 and len(result.beams) == 2  # B x N samples a round
     # One sample with the default budget: 128 new tokens unless it ended at EOS.
     plain = generate(lm, prefix, "ancestral", seed=3)[0]
     assert plain.new_tokens == 128 or plain.beams[0]["eos"]

@@ -11,7 +11,9 @@ Strategies (`generate --strategy`):
   beam; score every candidate's whole generated text (not only its last L
   tokens) against the prefix; keep the top B of these candidates and of the
   beams already finished; stop when every kept beam has hit EOS or the
-  budget. The first round starts from one empty beam.
+  budget. The first round starts from B empty beams, so every round samples
+  up to B x N continuations per prefix: the paper's "number of samples"
+  (App. A.3) and its released code's start.
 
 The paper's protocol is the default (RankGen §2.3, §3.1, App. A.3): 128-token
 generations; `rerank` over-generates 20 samples, `beam` keeps B = 2 beams of
@@ -374,7 +376,7 @@ def search(
         raise RankgenError(f"search: {len(prefixes)} prefixes but {len(keys)} prefix indices")
     step = max_new_tokens if rerank_length is None else min(rerank_length, max_new_tokens)
     prompts = [_prompt_ids(lm, p, max_new_tokens, max_prompt_tokens) for p in prefixes]
-    beams = [[_Beam([], False)] for _ in prefixes]
+    beams = [[_Beam([], False) for _ in range(beam_size)] for _ in prefixes]
     seconds_generate = [0.0] * len(prefixes)
     seconds_rerank = [0.0] * len(prefixes)
     round_index = 0
