@@ -1,4 +1,5 @@
-"""`rankgen-jax generate-negatives`, `generate` and `generation-metrics`: text from a causal LM, and its metrics."""
+"""`rankgen-jax generate-negatives`, `generate`, `generation-metrics` and `generation-sweep`: text from a causal LM,
+and its metrics."""
 
 from __future__ import annotations
 
@@ -164,3 +165,40 @@ def _run_generation_metrics(args) -> dict:
         mauve_with_prefix=not args.mauve_no_prefix, mauve_seeds=args.mauve_seeds, mauve_cut=not args.mauve_no_cut,
         device=args.device, output_path=args.output,
     )
+
+
+def add_generation_sweep(subparsers) -> None:
+    p = subparsers.add_parser(
+        "generation-sweep",
+        help="the RankGen paper's generation grid (App. A.3): MAUVE and time per rerank length, beams and samples",
+        description="Generate the prefixes of --input with every configuration of a grid file (rerank length L x "
+        "[beams B, samples per beam N], plus full re-ranking with N samples) under every seed of the grid, then "
+        "report per configuration MAUVE against --reference_field (the paper's: cut at sentence ends, mean ± std "
+        "over the seeds), the words on both sides, rep and the seconds per generation, in "
+        "WORKDIR/generation_grid.md. gin_configs/generation/grid_paper_a3.json is the paper's grid; a rerun "
+        "resumes (finished seeds are kept).",
+    )
+    p.add_argument("--grid", required=True, help="grid JSON (e.g. generation/grid_paper_a3.json, generation/grid_cpu.json)")
+    p.add_argument("--lm", required=True, help="local HuggingFace causal LM folder that generates")
+    p.add_argument("--input", required=True, help='JSONL file with a "prefix" (and the reference field) per line')
+    p.add_argument("--workdir", required=True, help="folder of the runs and the table")
+    p.add_argument("--model", help="RankGen dual encoder for --reranker rankgen")
+    p.add_argument("--reranker", choices=RERANKERS, default="rankgen", help="default rankgen")
+    p.add_argument("--reference_field", help='field holding the human continuation (e.g. "continuation"), for MAUVE')
+    p.add_argument("--mauve_model", help="HF causal LM folder whose features MAUVE compares (the paper: gpt2-large)")
+    p.add_argument("--device", default="cpu", help="torch device of the LMs (default cpu)")
+    p.add_argument("--prefix_batch", type=int, default=8, help="prefixes decoded together (default 8)")
+    p.add_argument("--max_batch_rows", type=int, default=64, help="sequences the LM samples at once (default 64)")
+    p.add_argument("--rankgen_batch_size", type=int, default=64, help="texts per RankGen encoder call (default 64)")
+    p.add_argument("--no_progress", action="store_true", help="no progress bars")
+    p.set_defaults(run=_run_generation_sweep)
+
+
+def _run_generation_sweep(args) -> dict:
+    from rankgen_jax.experiments.generation_sweep import run_generation_sweep
+
+    return run_generation_sweep(args.grid, args.lm, args.input, args.workdir, model_path=args.model,
+                                reranker=args.reranker, reference_field=args.reference_field,
+                                mauve_model=args.mauve_model, device=args.device, prefix_batch=args.prefix_batch,
+                                max_batch_rows=args.max_batch_rows, rankgen_batch_size=args.rankgen_batch_size,
+                                progress=not args.no_progress)

@@ -38,6 +38,7 @@ SUBCOMMANDS = (
     ranking.add_encode,
     generation.add_generate,
     generation.add_generation_metrics,
+    generation.add_generation_sweep,
     training.add_sweep,
     training.add_report,
     training.add_perspectives,

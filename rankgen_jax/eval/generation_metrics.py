@@ -239,6 +239,24 @@ def mauve_runs(runs: Sequence[tuple[Sequence[str], Sequence[str]]], feature_lm, 
     return out
 
 
+def mauve_report(runs: Sequence[Sequence[dict]], reference_field: str, feature_lm,
+                 seeds: Sequence[int] = (MAUVE_SEED,), max_length: int = MAUVE_MAX_LENGTH, *, cut: bool = True,
+                 with_prefix: bool = True, names: Sequence[str] | None = None, progress: bool = False) -> dict:
+    """MAUVE over runs of generation records (one per generation seed) and k-means seeds, as the paper reports it:
+    {"mauve": mean, "mauve_std", "mauve_runs": [{"input", "seed", "mauve"}], "mauve_generation_words",
+    "mauve_reference_words"} (the words of the texts MAUVE read after the prefix)."""
+    texts = [paper_mauve_texts(records, reference_field, cut, with_prefix) for records in runs]
+    scores = mauve_runs(texts, feature_lm, seeds, max_length, progress=progress)
+    names = list(names) if names is not None else [str(k) for k in range(len(runs))]
+    mean, std = mean_and_std([s["mauve"] for s in scores])
+    # MAUVE compares at equal lengths only.
+    alone = [paper_mauve_texts(records, reference_field, cut, with_prefix=False) for records in runs]
+    return {"mauve": mean, "mauve_std": std,
+            "mauve_runs": [{"input": names[s["run"]], "seed": s["seed"], "mauve": s["mauve"]} for s in scores],
+            "mauve_generation_words": float(np.mean([len(g.split()) for _, gens in alone for g in gens])),
+            "mauve_reference_words": float(np.mean([len(r.split()) for refs, _ in alone for r in refs]))}
+
+
 def read_generations(path: str, reference_field: str | None = None) -> tuple[list[dict], int]:
     """Records with string "prefix" and "generation" (and the reference field, when asked); bad lines counted."""
     if not Path(path).is_file():
@@ -322,14 +340,8 @@ def run_generation_metrics(input_path: str | Sequence[str], *, tokenizer: str | 
                                 with_prefix=with_prefix)
     if mauve_model:
         feature_lm = load_causal_lm(mauve_model, device)
-        texts = [paper_mauve_texts(records, reference_field, mauve_cut, mauve_with_prefix) for records in runs]
-        scores = mauve_runs(texts, feature_lm, mauve_seeds, mauve_max_length, progress=not quiet)
-        result["mauve"], result["mauve_std"] = mean_and_std([s["mauve"] for s in scores])
-        result["mauve_runs"] = [{"input": paths[s["run"]], "seed": s["seed"], "mauve": s["mauve"]} for s in scores]
-        # MAUVE compares at equal lengths only: the words of the texts it read after the prefix, cut.
-        alone = [paper_mauve_texts(records, reference_field, mauve_cut, with_prefix=False) for records in runs]
-        result["mauve_generation_words"] = float(np.mean([len(g.split()) for _, gens in alone for g in gens]))
-        result["mauve_reference_words"] = float(np.mean([len(r.split()) for refs, _ in alone for r in refs]))
+        result.update(mauve_report(runs, reference_field, feature_lm, mauve_seeds, mauve_max_length, cut=mauve_cut,
+                                   with_prefix=mauve_with_prefix, names=paths, progress=not quiet))
     result["bad_lines"] = bad
     if output_path:
         Path(output_path).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -571,7 +571,24 @@ def generate_file(
     records, bad = read_prefix_records(input_path)
     lm = load_causal_lm(lm_path, device)
     scorer = make_reranker(reranker_name, lm, model_path, rankgen_batch_size) if reranker_name else None
-    settings = dict(reranker=scorer, decoding=decoding, **search_settings)
+    stats = write_generations(lm, records, output, strategy, reranker_name, scorer, decoding=decoding,
+                              prefix_batch=prefix_batch, progress=progress, **search_settings)
+    stats["bad_lines"] = bad
+    print(f"generate: {len(records)} prefixes with {strategy}, {bad} bad lines skipped; "
+          f"{stats['seconds_generate']:.1f}s generating, {stats['seconds_rerank']:.1f}s re-ranking "
+          f"({stats['rerank_share']:.1%}) -> {output_path}")
+    return stats
+
+
+def write_generations(lm: CausalLM, records: Sequence[dict], output: Path, strategy: str,
+                      reranker_name: str | None, scorer: Reranker | None, *, prefix_batch: int = 8,
+                      progress: bool = True, **settings) -> dict:
+    """Continue every record's prefix with loaded models and write the records with their generations.
+
+    Each record is written back with "generation", "strategy", the re-ranker's
+    name and the final "beams" (rerank / beam), the seconds and "new_tokens";
+    `settings` are generate()'s keyword arguments. Returns the totals.
+    """
     totals = {"seconds_generate": 0.0, "seconds_rerank": 0.0, "new_tokens": 0}
     bar = tqdm(total=len(records), unit="prefix", desc=f"generate ({strategy})", dynamic_ncols=True,
                disable=not progress, file=sys.stderr)
@@ -579,7 +596,7 @@ def generate_file(
         with open(output, "w", encoding="utf-8") as out:
             for start in range(0, len(records), prefix_batch):
                 group = records[start : start + prefix_batch]
-                results = generate(lm, [r["prefix"] for r in group], strategy,
+                results = generate(lm, [r["prefix"] for r in group], strategy, reranker=scorer,
                                    prefix_indices=range(start, start + len(group)), **settings)
                 lines = []
                 for record, result in zip(group, results):
@@ -598,9 +615,4 @@ def generate_file(
     finally:
         bar.close()
     spent = totals["seconds_generate"] + totals["seconds_rerank"]
-    stats = {"generated": len(records), "bad_lines": bad, **totals,
-             "rerank_share": totals["seconds_rerank"] / spent if spent > 0 else 0.0}
-    print(f"generate: {len(records)} prefixes with {strategy}, {bad} bad lines skipped; "
-          f"{totals['seconds_generate']:.1f}s generating, {totals['seconds_rerank']:.1f}s re-ranking "
-          f"({stats['rerank_share']:.1%}) -> {output_path}")
-    return stats
+    return {"generated": len(records), **totals, "rerank_share": totals["seconds_rerank"] / spent if spent > 0 else 0.0}
