@@ -24,6 +24,7 @@ SUBCOMMANDS = (
     checkpoints.add_export,
     training.add_train,
     ranking.add_score,
+    data.add_split_data,
     generation.add_generate_negatives,
     generation.add_merge_negatives,
     data.add_cache_tasks,

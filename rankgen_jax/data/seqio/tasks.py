@@ -312,6 +312,21 @@ def _unit_examples(spec: RankGenTaskSpec, unit: Document | list[Example], stats:
     return examples
 
 
+def document_examples(name: str, split: str = TRAIN,
+                      stats: ReadStats | None = None) -> Iterator[tuple[Document, list[Example]]]:
+    """The documents of task `name`'s InBook stream for one split, in reading order, each with its examples
+    exactly as the task cuts them; documents no example fits are skipped and counted in `stats`."""
+    spec = task_spec(name)
+    if not spec.reads_documents:
+        raise RankgenError(f"task {name!r} reads no documents (negatives={spec.negatives!r})")
+    _check_split_readable(dataclasses.replace(spec, negatives="inbook"), split)  # the documents only
+    stats = stats if stats is not None else ReadStats()
+    for doc in _inbook_units(spec, split, stats):
+        examples = _unit_examples(spec, doc, stats)
+        if examples:
+            yield doc, examples
+
+
 def _generative_records(path: str, stats: ReadStats) -> Iterator[Example]:
     """Complete records of a generate-negatives JSONL as Examples whose one negative is the generative one."""
     p = Path(path)
