@@ -11,7 +11,7 @@ from rankgen_jax.cli.main import run_command  # noqa: E402
 from rankgen_jax.data.documents import read_documents  # noqa: E402
 from rankgen_jax.data.examples import ExampleConfig, make_examples  # noqa: E402
 from rankgen_jax.data.sentences import split_sentences  # noqa: E402
-from rankgen_jax.experiments.gin_runs import SEQIO_TASKS_MODULE, experiment_configurables  # noqa: E402
+from rankgen_jax.experiments.gin_runs import experiment_configurables  # noqa: E402
 from rankgen_jax.testing import BOTCHAN  # noqa: E402
 from rankgen_jax.train.gin_parsing import parse_gin  # noqa: E402
 
@@ -35,7 +35,8 @@ PATHS = ["rankgen_data_paths.pg19 = '/data/pg19'", "rankgen_data_paths.folder = 
 
 
 def _parse(files, bindings=()):
-    parse_gin(files, list(bindings), lambda text: [*experiment_configurables(text), SEQIO_TASKS_MODULE])
+    # As `train` and `compile` parse: the seqio tasks' module is found from what the files include.
+    parse_gin(files, list(bindings), experiment_configurables)
 
 
 @pytest.mark.parametrize("gin_file, size, batch_size, steps", RECIPES)
