@@ -30,6 +30,7 @@ SUBCOMMANDS = (
     data.add_cache_tasks,
     training.add_pipeline,
     training.add_retrieval_example,
+    training.add_recipe_example,
     training.add_demo_curve,
     ranking.add_index,
     ranking.add_search,

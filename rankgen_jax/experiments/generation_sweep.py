@@ -39,7 +39,7 @@ from rankgen_jax.eval.generation_metrics import MAUVE_SEED, generation_metrics, 
 from rankgen_jax.lm.generation import (MAX_NEW_TOKENS, RERANKERS, Decoding, make_reranker, read_prefix_records,
                                        write_generations)
 from rankgen_jax.lm.scoring import load_causal_lm
-from rankgen_jax.train.gin_parsing import GIN_SEARCH_PATH, find_config_file
+from rankgen_jax.train.gin_parsing import read_grid_file
 
 GRID_KEYS = {"rerank_lengths", "samples", "full_rerank_samples", "seeds", "mauve_seeds", "max_new_tokens", "top_p",
              "prefixes"}
@@ -66,13 +66,7 @@ def _positive_int(value) -> bool:
 
 def read_generation_grid(path: str) -> dict:
     """The grid file (as given or a shipped one), checked: errors name the file and the key."""
-    found = find_config_file(path)
-    if found is None:
-        raise RankgenError(f"{path}: no such grid file (looked in the current folder and {GIN_SEARCH_PATH})")
-    try:
-        grid = json.loads(found.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise RankgenError(f"{path}: not valid JSON ({e})") from None
+    grid = read_grid_file(path)
     if not isinstance(grid, dict) or set(grid) - GRID_KEYS or "seeds" not in grid:
         raise RankgenError(f"{path}: expected an object with 'seeds' and keys among {sorted(GRID_KEYS)}")
     grid = {"rerank_lengths": [], "samples": [], "full_rerank_samples": [], "mauve_seeds": [MAUVE_SEED],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import json
 import logging
 import re
 import tokenize
@@ -41,6 +42,17 @@ def find_config_file(name: str) -> Path | None:
         if candidate.is_file():
             return candidate
     return None
+
+
+def read_grid_file(name: str) -> object:
+    """The JSON of a grid file found by find_config_file; a RankgenError names the file when it is missing or bad."""
+    found = find_config_file(name)
+    if found is None:
+        raise RankgenError(f"{name}: no such grid file (looked in the current folder and {GIN_SEARCH_PATH})")
+    try:
+        return json.loads(found.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RankgenError(f"{name}: not valid JSON ({e})") from None
 
 
 def resolve_gin_file(name: str) -> str:
