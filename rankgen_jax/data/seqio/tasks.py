@@ -217,6 +217,14 @@ def task_markers(name: str) -> tuple[str, str]:
     return tuple(_TASK_ARGS[name]["markers"])
 
 
+def task_vocab_path(name: str) -> str | None:
+    """A registered task's vocabulary path, without resolving its data paths (a cached read has none)."""
+    if name not in _TASK_ARGS:
+        raise RankgenError(f"{name!r} is not a registered RankGen task")
+    path = _resolve(_TASK_ARGS[name]["vocab_path"])
+    return str(path) if path else None
+
+
 def task_spec(name: str) -> RankGenTaskSpec:
     """The resolved spec of a task registered by `register_rankgen_task`; RankgenError for unset or bad values."""
     if name not in _TASK_ARGS:
