@@ -127,3 +127,17 @@ def test_split_data_cuts_the_lm_half_and_the_prefix_file_as_training_does(tmp_pa
     assert held["negatives_half"]["documents"] == [last.id]
     assert held["negatives_half"]["examples"] == len(make_examples(last, PAPER_EXAMPLES))
     capsys.readouterr()
+
+
+def test_split_data_refuses_a_task_without_documents_and_a_lone_document(tmp_path):
+    from rankgen_jax.errors import RankgenError
+
+    folder = _documents(tmp_path / "docs", count=2)
+    paths = [f"--gin.rankgen_data_paths.folder='{folder}'",
+             f"--gin.rankgen_data_paths.generative_jsonl={{'folder': '{tmp_path / 'g.jsonl'}'}}"]
+    with pytest.raises(RankgenError, match="reads no documents"):
+        run_command(["split-data", "--task", "rankgen_folder_generative", "--out_dir", str(tmp_path / "a"), *paths])
+    # Two documents, one held out: one left, which the LM's half takes; none for the negatives.
+    with pytest.raises(RankgenError, match="no document left for the generative negatives' half"):
+        run_command(["split-data", "--task", "rankgen_folder_inbook", "--out_dir", str(tmp_path / "b"),
+                     "--gin_file", "recipes/rankgen_paper_data.gin", *paths])
