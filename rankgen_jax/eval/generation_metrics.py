@@ -299,7 +299,7 @@ def run_generation_metrics(input_path: str | Sequence[str], *, tokenizer: str | 
                            reference_field: str | None = None, mauve_model: str | None = None,
                            mauve_max_length: int = MAUVE_MAX_LENGTH, mauve_with_prefix: bool = True,
                            mauve_seeds: Sequence[int] = (MAUVE_SEED,), mauve_cut: bool = True,
-                           device: str = "cpu", output_path: str | None = None, quiet: bool = False) -> dict:
+                           device: str = "cpu", output_path: str | None = None) -> dict:
     """What `rankgen-jax generation-metrics` does: the metrics of `generate` output files, printed as JSON.
 
     input_path: one file, or several (one per generation seed: MAUVE's runs);
@@ -341,10 +341,9 @@ def run_generation_metrics(input_path: str | Sequence[str], *, tokenizer: str | 
     if mauve_model:
         feature_lm = load_causal_lm(mauve_model, device)
         result.update(mauve_report(runs, reference_field, feature_lm, mauve_seeds, mauve_max_length, cut=mauve_cut,
-                                   with_prefix=mauve_with_prefix, names=paths, progress=not quiet))
+                                   with_prefix=mauve_with_prefix, names=paths, progress=True))
     result["bad_lines"] = bad
     if output_path:
         Path(output_path).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    if not quiet:
-        print(json.dumps(result))
+    print(json.dumps(result))
     return result
