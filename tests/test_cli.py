@@ -75,9 +75,10 @@ def test_help_lists_every_command_in_order(capsys):
         main(["--help"])
     commands = [line.split()[0] for line in capsys.readouterr().out.splitlines()
                 if line.startswith("    ") and not line.startswith("     ")]
-    assert commands == ["import", "export-hf", "train", "score", "generate-negatives", "merge-negatives",
-                        "cache-tasks", "pipeline", "retrieval-example", "demo-curve", "index", "search", "bm25",
-                        "evaluate", "mine-negatives", "encode", "generate", "generation-metrics", "sweep", "report",
+    assert commands == ["import", "export-hf", "train", "score", "split-data", "generate-negatives",
+                        "merge-negatives", "cache-tasks", "pipeline", "retrieval-example", "recipe-example",
+                        "demo-curve", "index", "search", "bm25", "evaluate", "mine-negatives", "suffix-negatives",
+                        "encode", "generate", "generation-metrics", "generation-sweep", "sweep", "report",
                         "perspectives", "compile", "smoke"]
 
 

@@ -114,9 +114,10 @@ def test_beam_search_returns_b_beams_scored_on_the_whole_text(lm):
         assert result.beams[0]["score"] >= result.beams[1]["score"]
         assert result.seconds_generate > 0 and result.seconds_rerank > 0
     assert any(b["new_tokens"] == 12 for r in results for b in r.beams)
-    # Rounds of 5, 5, 2 tokens: the first scores N candidates, later ones up to B*N new ones per prefix.
+    # Rounds of 5, 5, 2 tokens: the first scores B*N candidates (B empty beams, as the paper's code starts),
+    # later ones up to B*N new ones per prefix.
     per_prefix = [[len(c) for p, c, _ in reranker.calls if p == prefix] for prefix in prefixes]
-    assert all(counts[0] == 3 and 1 <= len(counts) <= 3 and max(counts) <= 6 for counts in per_prefix)
+    assert all(counts[0] == 6 and 1 <= len(counts) <= 3 and max(counts) <= 6 for counts in per_prefix)
     # What the last round scored is the beams' whole generated text, not its last 5 tokens.
     for prefix, result in zip(prefixes, results):
         last = [c for p, c, _ in reranker.calls if p == prefix][-1]
@@ -186,6 +187,58 @@ def test_lm_and_unigram_rerankers_pick_their_best(lm):
         np.testing.assert_allclose(scores, reference(candidates), rtol=1e-6)
         # Ties keep sampling order, so the first of the best wins.
         assert result.text == candidates[int(np.argmax(scores))]
+
+
+def test_paper_protocol_is_the_default(lm):
+    """RankGen §2.3 / §3.1 / App. A.3: rerank 20 samples; beam B=2, N=10, L=20; 128-token generations, cut."""
+    import inspect
+
+    from rankgen_jax.cli.main import build_parser
+
+    defaults = {k: v.default for k, v in inspect.signature(generate).parameters.items()}
+    assert (defaults["beam_size"], defaults["rerank_length"], defaults["max_new_tokens"]) == (2, 20, 128)
+    assert defaults["num_samples"] is None and defaults["cut"] == "sentence" and Decoding().top_p == 0.9
+    args = build_parser().parse_args(["generate", "--lm", "x", "--input", "y", "--output", "z"])
+    assert (args.beam_size, args.num_samples, args.rerank_length, args.max_new_tokens, args.cut, args.top_p) == (
+        2, None, 20, 128, "sentence", 0.9)
+    # num_samples unset: 20 over-generated samples for rerank, 10 per beam for beam search.
+    prefix = botchan_prefixes(1)
+    rerank = Recording(unigram_reranker)
+    generate(lm, prefix, "rerank", reranker=rerank, max_new_tokens=4, seed=1)
+    assert [len(c) for _, c, _ in rerank.calls] == [20]
+    beam = Recording(unigram_reranker)
+    result = generate(lm, prefix, "beam", reranker=beam, max_new_tokens=4, rerank_length=2, seed=1)[0]
+    assert len(beam.calls[0][1]) == 20 and len(result.beams) == 2  # B x N samples a round
+    # One sample with the default budget: 128 new tokens unless it ended at EOS.
+    plain = generate(lm, prefix, "ancestral", seed=3)[0]
+    assert plain.new_tokens == 128 or plain.beams[0]["eos"]
+
+
+def test_cut_at_the_last_sentence_end_as_the_released_code():
+    from rankgen_jax.data.sentences import cut_at_last_sentence_end as cut
+
+    assert cut("He left.  She  stayed and") == "He left."
+    assert cut("Was it? Yes! no; and then") == "Was it? Yes! no;"
+    assert cut("no end at all") == "no end at all"
+    assert cut(".only a leading mark") == ".only a leading mark"  # the released code cuts only after index 0
+    assert cut("  Mr. Smith came\n in") == "Mr."
+    assert cut("") == ""
+
+
+def test_generations_are_cut_at_a_sentence_end(lm):
+    prefixes = botchan_prefixes(4)
+    whole = generate(lm, prefixes, "rerank", reranker=unigram_reranker, num_samples=3, max_new_tokens=40, seed=2,
+                     cut="none")
+    cut = generate(lm, prefixes, "rerank", reranker=unigram_reranker, num_samples=3, max_new_tokens=40, seed=2)
+    from rankgen_jax.data.sentences import cut_at_last_sentence_end
+
+    for w, c in zip(whole, cut):
+        # Candidates are cut before they are scored: every beam is the cut of an uncut candidate.
+        assert all(b["text"] == cut_at_last_sentence_end(b["text"]) for b in c.beams)
+        assert c.new_tokens <= 40
+    assert any(cut_at_last_sentence_end(w.text) != w.text for w in whole)  # the cut changes something here
+    with pytest.raises(RankgenError, match="unknown cut"):
+        generate(lm, prefixes, "nucleus", cut="words")
 
 
 def test_baseline_strategies(lm):

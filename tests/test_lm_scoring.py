@@ -1,4 +1,4 @@
-"""LM baselines: token log-probs independent of padding, lm_loglik / PMI, and `score --method lm_loglik|pmi`."""
+"""LM baselines: token log-probs independent of padding, lm_loglik / PMI / avg ULL, and `score --method ...`."""
 
 import json
 import math
@@ -74,6 +74,32 @@ def test_loglik_and_pmi_definitions(lm):
         score_lists(lm, [prefix], [candidates], "perplexity")
 
 
+def test_average_unconditional_loglik_is_the_joined_texts_mean(lm):
+    """Appendix C.6's avg ULL: log p(prefix + candidate) / (|prefix| + |candidate|), by one plain forward pass."""
+    import torch
+
+    prefix = botchan_prefixes(1)[0]
+    candidates = [" and so he went home. ", "The cat sat.", ""]
+    got = score_lists(lm, [prefix], [candidates], "avg_ull")[0]
+    total = score_lists(lm, [prefix], [candidates], "avg_ull", reduce="sum")[0]
+    for j, candidate in enumerate(candidates[:2]):
+        ids = lm.tokenizer(prefix.strip() + " " + candidate.strip(), add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            logits = lm.model(input_ids=torch.tensor([[lm.start_id] + ids])).logits[0].double()
+        logprobs = torch.log_softmax(logits, -1)[:-1].gather(-1, torch.tensor(ids)[:, None])[:, 0]
+        assert got[j] == pytest.approx(float(logprobs.mean()), abs=2e-5)
+        assert total[j] == pytest.approx(float(logprobs.sum()), abs=1e-3)
+    assert got[2] == -math.inf
+    # The prefix counts: another prefix changes the score of the same candidate (unlike a suffix-only score).
+    other = score_lists(lm, ["Snow fell on the hills."], [candidates[:1]], "avg_ull")[0]
+    assert abs(other[0] - got[0]) > 1e-3
+    # Too long for the context: the joined text keeps its end, the candidate whole.
+    long_prefix = " ".join(botchan_prefixes(12))
+    ids = lm.text_ids(long_prefix.strip() + " He laughed.")[-127:]
+    want = reference_logprobs(lm, [lm.start_id], ids).mean()
+    assert score_lists(lm, [long_prefix], [[" He laughed."]], "avg_ull")[0][0] == pytest.approx(want, abs=2e-5)
+
+
 def test_long_inputs_keep_the_end_of_the_prefix(lm):
     long_prefix = " ".join(botchan_prefixes(12))  # far beyond the 128-position context
     target = lm.text_ids(" He laughed.")
@@ -94,7 +120,7 @@ def test_score_command_lm_methods(lm, lm_dir, tmp_path, capsys):
                for i in range(3)]
     path = write_jsonl(tmp_path / "in.jsonl", records + [{"prefix": "no candidates"}])
     parser = build_parser()
-    for method in ("lm_loglik", "pmi"):
+    for method in ("lm_loglik", "pmi", "avg_ull"):
         out = tmp_path / f"{method}.jsonl"
         args = parser.parse_args(["score", "--method", method, "--lm", lm_dir, "--input", path,
                                   "--output", str(out), "--lm_batch_size", "3", "--no_progress"])

@@ -9,7 +9,7 @@ import pytest
 from rankgen_jax.cli.main import run_command
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.eval.generation_metrics import (MAUVE_MAX_LENGTH, generation_metrics, last_token_features,
-                                                 paper_metrics, rep_statistic)
+                                                 mean_and_std, paper_mauve_texts, paper_metrics, rep_statistic)
 from rankgen_jax.eval.ranking import gold_beats, pairwise_accuracy, score_file
 from rankgen_jax.experiments.demo import suffix_identification
 from rankgen_jax.retrieval.sparse import (NLTK_ENGLISH_STOPWORDS, normalized_words, token_overlap,
@@ -185,18 +185,81 @@ def test_paper_mauve_equals_mauve_text_called_as_the_paper(gpt2_dir, tmp_path, c
     source.write_text("\n".join(json.dumps({"prefix": p, "generation": g, "gold": c})
                                 for p, g, c in zip(prefixes, generations, golds)) + "\n", encoding="utf-8")
     out = run_command(["generation-metrics", "--input", str(source), "--mauve_model", gpt2_dir,
-                       "--reference_field", "gold"])
+                       "--reference_field", "gold", "--mauve_no_cut"])
     # The paper's call: texts in, mauve-text tokenises, featurises and cuts at 768 tokens itself.
     want = mauve.compute_mauve(p_text=[p + " " + g for p, g in zip(prefixes, generations)],
                                q_text=[p + " " + c for p, c in zip(prefixes, golds)],
                                featurize_model_name=gpt2_dir, device_id=-1, max_text_length=768, verbose=False)
     assert 0.1 < want.mauve < 0.9  # far from both ends, so comparing other texts would show
-    assert out["mauve"] == pytest.approx(want.mauve, abs=1e-6)
+    assert out["mauve"] == pytest.approx(want.mauve, abs=1e-6) and out["mauve_std"] == 0.0
     capsys.readouterr()
     # Without the prefixes (the variant) the texts compared differ, and so does the score.
     alone = run_command(["generation-metrics", "--input", str(source), "--mauve_model", gpt2_dir,
-                         "--reference_field", "gold", "--mauve_no_prefix"])
+                         "--reference_field", "gold", "--mauve_no_prefix", "--mauve_no_cut"])
     want_alone = mauve.compute_mauve(p_text=generations, q_text=golds, featurize_model_name=gpt2_dir,
                                      device_id=-1, max_text_length=768, verbose=False)
     assert alone["mauve"] == pytest.approx(want_alone.mauve, abs=1e-6)
     assert abs(alone["mauve"] - out["mauve"]) > 1e-3
+
+
+def test_mauve_runs_mean_and_std_as_the_paper():
+    # The paper's five MAUVE runs (App. D.1) and the standard deviation it reports for them, 0.015.
+    mean, std = mean_and_std([0.803, 0.778, 0.759, 0.785, 0.768])
+    assert mean == pytest.approx(0.7786)
+    # By hand: squared deviations 0.0244^2 + 0.0006^2 + 0.0196^2 + 0.0064^2 + 0.0106^2 = 0.0011332, over 5.
+    assert std == pytest.approx((0.0011332 / 5) ** 0.5) and round(std, 3) == 0.015
+    with pytest.raises(RankgenError, match="no runs"):
+        mean_and_std([])
+
+
+def test_paper_mauve_texts_cut_both_sides_at_a_sentence_end():
+    records = [{"prefix": "It rained.", "generation": " He  ran home. Then he", "gold": "She sat; the dog slept and"},
+               {"prefix": "Night.", "generation": "No end here", "gold": "Done! Yes? maybe"}]
+    references, generations = paper_mauve_texts(records, "gold")
+    assert references == ["It rained. She sat;", "Night. Done! Yes?"]
+    assert generations == ["It rained. He ran home.", "Night. No end here"]
+    assert paper_mauve_texts(records, "gold", cut=False, with_prefix=False)[1] == [" He  ran home. Then he",
+                                                                                   "No end here"]
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_mauve_repeated_over_runs_and_seeds_against_mauve_text(gpt2_dir, tmp_path, capsys):
+    """Two generation files (two generation seeds) at two k-means seeds: four mauve-text calls on the cut texts,
+    their mean and ddof-0 standard deviation."""
+    mauve = pytest.importorskip("mauve")
+    n = 24
+    prefixes, golds = _passages(n, 30), _passages(2 * n, 20)[n:]
+    # Unfinished last sentences on both sides, so the cut matters.
+    golds = [g + ". And then the" for g in golds]
+    rng = np.random.default_rng(1)
+    files, cut_generations = [], []
+    for run in range(2):
+        generations = [" ".join(rng.permutation(g.split()[:12])) + ". It was so. but " + "w" * (run + i % 3)
+                       for i, g in enumerate(golds)]
+        path = tmp_path / f"run{run}.jsonl"
+        path.write_text("".join(json.dumps({"prefix": p, "generation": g, "gold": c}) + "\n"
+                                for p, g, c in zip(prefixes, generations, golds)), encoding="utf-8")
+        files.append(str(path))
+        # By hand: the generation up to "It was so." and the gold up to its own last full stop.
+        cut_generations.append([g[: g.index("It was so.") + len("It was so.")] for g in generations])
+    cut_golds = [g[: -len(" And then the")] for g in golds]
+    out = run_command(["generation-metrics", "--input", *files, "--mauve_model", gpt2_dir, "--reference_field",
+                       "gold", "--mauve_seeds", "25", "7"])
+    want = []
+    for run in range(2):
+        for seed in (25, 7):
+            want.append(mauve.compute_mauve(
+                p_text=[" ".join((p + " " + g).split()) for p, g in zip(prefixes, cut_generations[run])],
+                q_text=[" ".join((p + " " + c).split()) for p, c in zip(prefixes, cut_golds)],
+                featurize_model_name=gpt2_dir, device_id=-1, max_text_length=768, verbose=False, seed=seed).mauve)
+    assert [(r["input"], r["seed"]) for r in out["mauve_runs"]] == [(files[0], 25), (files[0], 7),
+                                                                    (files[1], 25), (files[1], 7)]
+    np.testing.assert_allclose([r["mauve"] for r in out["mauve_runs"]], want, atol=1e-6)
+    mean = sum(want) / 4
+    assert out["mauve"] == pytest.approx(mean, abs=1e-6)
+    assert out["mauve_std"] == pytest.approx((sum((w - mean) ** 2 for w in want) / 4) ** 0.5, abs=1e-6)
+    assert len(set(np.round(want, 6))) > 1  # the runs do differ, so the spread is measured
+    assert out["n"] == 2 * n
+    assert out["mauve_generation_words"] == pytest.approx(np.mean([len(g.split()) for c in cut_generations
+                                                                   for g in c]))
+    assert out["mauve_reference_words"] == pytest.approx(np.mean([len(c.split()) for c in cut_golds]))

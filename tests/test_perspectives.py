@@ -14,12 +14,12 @@ from rankgen_jax.data.lists import PairBatches
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.batch_layout import CANDIDATE_LISTS, BatchLayout
 from rankgen_jax.models.factory import build_model, init_params
-from rankgen_jax.experiments.perspective_eval import pair_scores, roc_auc
+from rankgen_jax.experiments.perspective_eval import pair_scores, perspective_metrics, roc_auc, weighted_f1
 from rankgen_jax.experiments.perspective_pairs import (
     PERSPECTIVES, Passages, Work, build_passages, load_works, pair_labels, passages_of_text, sample_pairs,
     strip_gutenberg,
 )
-from rankgen_jax.experiments.perspectives import ROWS, PerspectivesConfig, format_table, initial_params
+from rankgen_jax.experiments.perspectives import ROWS, PerspectivesConfig, format_table, initial_params, model_configs
 from rankgen_jax.experiments.stages import resolve_hf_folder
 from rankgen_jax.data.text import load_text_encoder
 from rankgen_jax.inference.encoder import LoadedModel
@@ -152,10 +152,58 @@ def test_roc_auc_matches_hand_computed_cases():
     assert roc_auc(labels, scores) == pytest.approx(brute)
 
 
+def test_weighted_f1_is_scikit_learns():
+    from sklearn.metrics import f1_score
+
+    rng = np.random.default_rng(0)
+    cases = [([1, 0, 1, 1], [1, 1, 0, 1]), ([1, 1, 1], [0, 0, 0]), ([0, 0], [0, 0]), ([1, 0], [1, 1])]
+    for n, rate in ((200, 0.5), (50, 0.1), (31, 0.9)):
+        cases.append((rng.random(n) < rate, rng.random(n) < 0.5))
+    for labels, predictions in cases:
+        want = f1_score(labels, predictions, average="weighted", zero_division=0)
+        assert weighted_f1(labels, predictions) == pytest.approx(want, abs=1e-12), (labels, predictions)
+    # By hand: class 1 has TP 2 of 3 true and 3 predicted (F1 2/3), class 0 TP 0 (F1 0); supports 3 and 1.
+    assert weighted_f1([1, 0, 1, 1], [1, 1, 0, 1]) == pytest.approx(0.5)
+    with pytest.raises(RankgenError, match="weighted F1"):
+        weighted_f1([1, 0], [1])
+
+
+def test_perspective_metrics_predict_similar_at_probability_one_half():
+    from sklearn.metrics import f1_score
+
+    rng = np.random.default_rng(1)
+    labels = (rng.random((60, len(PERSPECTIVES))) < 0.4).astype(float)
+    probs = rng.random((60, len(PERSPECTIVES)))
+    probs[:5] = 0.5  # MPTS: s >= 0 (p >= 0.5) is similar
+    out = perspective_metrics(labels, probs, probs)
+    for n, p in enumerate(PERSPECTIVES):
+        want = f1_score(labels[:, n], probs[:, n] >= 0.5, average="weighted")
+        assert out[p]["weighted_f1"] == pytest.approx(want)
+        assert out[p]["accuracy"] == pytest.approx(np.mean((probs[:, n] >= 0.5) == labels[:, n]))
+    assert out["mean_weighted_f1"] == pytest.approx(np.mean([out[p]["weighted_f1"] for p in PERSPECTIVES]))
+    assert perspective_metrics(labels, probs, None)["mean_weighted_f1"] is None
+
+
+def test_mpts_defaults_last2_avg_cls_linear_and_tau():
+    cfg = PerspectivesConfig()
+    configs = model_configs(cfg)
+    assert configs["bi_encoder"].head == HeadConfig("last2_avg", -1, True) and cfg.tau == 0.5
+    # [CLS] -> one linear layer of N outputs: no projection before the logits.
+    assert configs["cross_encoder"].head == HeadConfig("first", 0, False)
+    from rankgen_jax.train.config import LossConfig
+
+    assert LossConfig().tau == 0.5
+    # The earlier heads stay as options.
+    old = model_configs(PerspectivesConfig(bi_encoder_pooling="mean", cross_encoder_projection=True))
+    assert old["bi_encoder"].head == HeadConfig("mean", -1, True)
+    assert old["cross_encoder"].head == HeadConfig("first", -1, False)
+
+
 def test_format_table_shows_missing_accuracy_as_dash():
-    row = {p: {"accuracy": None, "auc": 0.61} for p in PERSPECTIVES}
-    table = format_table({"zero_shot": row})
+    row = {p: {"weighted_f1": None, "accuracy": None, "auc": 0.61} for p in PERSPECTIVES}
+    table = format_table({"zero_shot": {**row, "mean_weighted_f1": None}})
     assert "zero_shot" in table and "-" in table.splitlines()[1] and "0.610" in table
+    assert "author wF1" in table and "mean wF1" in table
 
 
 @pytest.fixture(scope="module")
@@ -213,6 +261,8 @@ def test_tiny_end_to_end_run_and_resume(tmp_path, tiny_init, capsys):
         for p in PERSPECTIVES:
             assert 0.0 <= row[p]["auc"] <= 1.0, (name, p)
             assert (row[p]["accuracy"] is None) == (name == "zero_shot"), (name, p)
+            assert (row[p]["weighted_f1"] is None) == (name == "zero_shot"), (name, p)
+        assert (row["mean_weighted_f1"] is None) == (name == "zero_shot")
     assert all(table["majority"][p]["auc"] == 0.5 for p in PERSPECTIVES)
     root = tmp_path / "run"
     for name in ("bi_encoder", "cross_encoder"):

@@ -23,6 +23,13 @@ def test_train_from_seqio_demo_task(tmp_path, capsys):
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records if "train/loss" in r] == [1, 2, 3]
     assert [r["step"] for r in records if "eval/loss" in r] == [0, 3]
+    # Trained from scratch: the task's tokenizer is saved with the model, which then loads and reads text.
+    from pathlib import Path
+
+    from rankgen_jax.checkpoints import native
+    from rankgen_jax.resources import DEMO_VOCAB
+
+    assert (Path(native.vocab_path(tmp_path)) / "spiece.model").read_bytes() == Path(DEMO_VOCAB).read_bytes()
 
 
 def test_an_unregistered_task_says_which_module_registers_the_project_tasks():

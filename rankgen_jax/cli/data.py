@@ -1,11 +1,48 @@
-"""`rankgen-jax cache-tasks`: RankGen seqio tasks precomputed into seqio's cache with Apache Beam."""
+"""`rankgen-jax split-data` and `cache-tasks`: RankGen seqio tasks' documents split for the generator LM and the
+generative negatives, and the tasks precomputed into seqio's cache with Apache Beam."""
 
 from __future__ import annotations
 
 from rankgen_jax.errors import RankgenError
 
 # The commands here configured with gin (they take --gin.Name.param=value bindings).
-GIN_COMMANDS = ("cache-tasks",)
+GIN_COMMANDS = ("split-data", "cache-tasks")
+
+
+def add_split_data(subparsers) -> None:
+    p = subparsers.add_parser(
+        "split-data",
+        help="cut a task's documents as training does into the generator LM's half and the generative negatives' "
+        "prefix file (the RankGen recipe)",
+        description="Read the documents of a RankGen seqio task's InBook stream (the same documents, holdout and "
+        "example settings as training: use the domain's _inbook task, e.g. rankgen_pg19_inbook, with the recipe "
+        "gin) and split them, whole documents, into two halves of about 50%% of the examples each: OUT/lm_train.txt, "
+        "the LM's causal-LM text (prefix + continuation, one example per line), and OUT/prefixes.jsonl, the input "
+        "of `rankgen-jax generate-negatives` ({id, doc_id, prefix, continuation}); OUT/split.json says which "
+        "document went where. --split validation writes every document to the prefix file (the LM must not learn "
+        "validation text).",
+    )
+    p.add_argument("--task", required=True, help="a RankGen task that reads documents, e.g. rankgen_pg19_inbook")
+    p.add_argument("--out_dir", required=True, help="folder for lm_train.txt, prefixes.jsonl and split.json")
+    p.add_argument("--split", choices=("train", "validation"), default="train", help="default train")
+    p.add_argument("--gin_file", action="append", default=[],
+                   help="gin file binding the task's paths and options, e.g. the recipe gin (repeatable)")
+    p.set_defaults(run=_run_split_data)
+
+
+def _run_split_data(args) -> dict:
+    from rankgen_jax.data.seqio.split_data import split_task_data
+    from rankgen_jax.experiments.gin_runs import SEQIO_TASKS_MODULE, experiment_configurables
+    from rankgen_jax.train.gin_parsing import parse_gin
+
+    # A training gin (the recipe's) binds the trainer's configurables too: all of them are known.
+    parse_gin(args.gin_file, args.gin_bindings, lambda text: [*experiment_configurables(text), SEQIO_TASKS_MODULE])
+    try:
+        return split_task_data(args.task, args.out_dir, args.split, lm_half=args.split == "train")
+    finally:
+        import gin
+
+        gin.clear_config()
 
 
 def add_cache_tasks(subparsers) -> None:

@@ -1,9 +1,11 @@
-"""`rankgen-jax generate-negatives`, `generate` and `generation-metrics`: text from a causal LM, and its metrics."""
+"""`rankgen-jax generate-negatives`, `generate`, `generation-metrics` and `generation-sweep`: text from a causal LM,
+and its metrics."""
 
 from __future__ import annotations
 
-from rankgen_jax.eval.generation_metrics import MAUVE_MAX_LENGTH, REP_WINDOW, run_generation_metrics
-from rankgen_jax.lm.generation import RERANKERS, SAMPLERS, STRATEGIES, Decoding, generate_file
+from rankgen_jax.eval.generation_metrics import MAUVE_MAX_LENGTH, MAUVE_SEED, REP_WINDOW, run_generation_metrics
+from rankgen_jax.lm.generation import (BEAM_SAMPLES, BEAM_SIZE, CUTS, MAX_NEW_TOKENS, RERANK_LENGTH, RERANK_SAMPLES,
+                                      RERANKERS, SAMPLERS, STRATEGIES, Decoding, generate_file)
 from rankgen_jax.lm.generative_negatives import generate_negatives, merge_negatives
 
 
@@ -71,7 +73,9 @@ def add_generate(subparsers) -> None:
         description='Read JSONL objects with a "prefix" and write them back with a "generation", the strategy, '
         'the final "beams" (rerank / beam), "new_tokens" and the seconds spent generating and re-ranking. '
         "beam: RankGen beam search (B beams, N samples per beam, re-rank every L tokens); rerank: N samples "
-        "re-ranked once; nucleus / greedy / ancestral / top_k / typical: one plain sample. Lines without a "
+        "re-ranked once; nucleus / greedy / ancestral / top_k / typical: one plain sample. The defaults are the "
+        "RankGen paper's protocol: 128-token generations cut after their last sentence end, 20 samples for "
+        "rerank, B=2 beams of N=10 samples re-ranked every L=20 tokens for beam. Lines without a "
         "non-empty string prefix are skipped and counted.",
     )
     p.add_argument("--lm", required=True, help="local HuggingFace causal LM folder (model + tokenizer)")
@@ -83,10 +87,16 @@ def add_generate(subparsers) -> None:
                    help="re-ranker of rerank / beam (default rankgen)")
     p.add_argument("--sampling", choices=[s for s in SAMPLERS if s != "greedy"], default="nucleus",
                    help="token sampler of rerank / beam (default nucleus)")
-    p.add_argument("--beam_size", type=int, default=2, help="B, beams kept per prefix (default 2)")
-    p.add_argument("--num_samples", type=int, default=10, help="N, samples per beam (default 10)")
-    p.add_argument("--rerank_length", type=int, default=20, help="L, tokens sampled between re-rankings (default 20)")
-    p.add_argument("--max_new_tokens", type=int, default=115, help="token budget of each prefix (default 115)")
+    p.add_argument("--beam_size", type=int, default=BEAM_SIZE, help=f"B, beams kept per prefix (default {BEAM_SIZE})")
+    p.add_argument("--num_samples", type=int,
+                   help=f"N, samples per beam (default: {RERANK_SAMPLES} for rerank, {BEAM_SAMPLES} for beam)")
+    p.add_argument("--rerank_length", type=int, default=RERANK_LENGTH,
+                   help=f"L, tokens sampled between re-rankings (default {RERANK_LENGTH})")
+    p.add_argument("--max_new_tokens", type=int, default=MAX_NEW_TOKENS,
+                   help=f"token budget of each prefix (default {MAX_NEW_TOKENS})")
+    p.add_argument("--cut", choices=CUTS, default="sentence",
+                   help="sentence: a finished text is cut after its last . ? ! or ; (the paper's); none: kept whole "
+                   "(default sentence)")
     p.add_argument("--top_p", type=float, default=0.9, help="nucleus p (default 0.9)")
     p.add_argument("--top_k", type=int, default=40, help="k of top-k sampling (default 40)")
     p.add_argument("--typical_p", type=float, default=0.95, help="mass of typical sampling (default 0.95)")
@@ -108,7 +118,7 @@ def _run_generate(args) -> dict:
         max_new_tokens=args.max_new_tokens, decoding=Decoding(args.sampling, args.top_p, args.top_k, args.typical_p),
         seed=args.seed, max_batch_rows=args.max_batch_rows, prefix_batch=args.prefix_batch,
         max_prompt_tokens=args.max_prompt_tokens, rankgen_batch_size=args.rankgen_batch_size, device=args.device,
-        progress=not args.no_progress,
+        cut=args.cut, progress=not args.no_progress,
     )
 
 
@@ -121,11 +131,14 @@ def add_generation_metrics(subparsers) -> None:
         "rep (share of the generation's normalised words seen in the previous --rep_window words of prefix + "
         "generation), token_overlap (precision of the generation's words against the prefix's, stop words "
         "removed), length_words, and MAUVE of prefix + generation against prefix + --reference_field when "
-        "--mauve_model is given (needs the optional mauve-text package); then the variants rep_pooled (tokens of "
-        "--tokenizer, pooled over the corpus) and unigram_overlap (F1 of word sets), and the mean new tokens and "
+        "--mauve_model is given (needs the optional mauve-text package; both texts cut at their last sentence "
+        "end; the mean and standard deviation over the runs, one per input file and --mauve_seeds seed); then "
+        "the variants rep_pooled (tokens of --tokenizer, pooled over the corpus) and unigram_overlap (F1 of word sets), and the mean new tokens and "
         "seconds.",
     )
-    p.add_argument("--input", required=True, help="JSONL output of `rankgen-jax generate`")
+    p.add_argument("--input", required=True, nargs="+",
+                   help="JSONL output of `rankgen-jax generate`; several files (one per generation seed) are "
+                   "MAUVE's runs, the other metrics pooled over them")
     p.add_argument("--tokenizer", help="HF tokenizer folder for rep_pooled, e.g. the LM's (default: whitespace words)")
     p.add_argument("--rep_window", type=int, default=REP_WINDOW, help="words / tokens looked back over (default 20)")
     p.add_argument("--rep_no_prefix", action="store_true", help="rep_pooled looks at the generation alone")
@@ -135,6 +148,11 @@ def add_generation_metrics(subparsers) -> None:
                    help=f"first tokens of each text MAUVE reads (default {MAUVE_MAX_LENGTH}, as the paper)")
     p.add_argument("--mauve_no_prefix", action="store_true",
                    help="MAUVE of the generations against the references alone, without the prefix before them")
+    p.add_argument("--mauve_seeds", type=int, nargs="+", default=[MAUVE_SEED],
+                   help=f"k-means seeds of mauve-text, one run per input file and seed (default {MAUVE_SEED}, "
+                   "mauve-text's own)")
+    p.add_argument("--mauve_no_cut", action="store_true",
+                   help="compare the texts whole instead of cut after their last sentence end (the paper's)")
     p.add_argument("--device", default="cpu", help="torch device of the MAUVE feature model (default cpu)")
     p.add_argument("--output", help="also write the metrics to this JSON file")
     p.set_defaults(run=_run_generation_metrics)
@@ -144,5 +162,43 @@ def _run_generation_metrics(args) -> dict:
     return run_generation_metrics(
         args.input, tokenizer=args.tokenizer, rep_window=args.rep_window, with_prefix=not args.rep_no_prefix,
         reference_field=args.reference_field, mauve_model=args.mauve_model, mauve_max_length=args.mauve_max_length,
-        mauve_with_prefix=not args.mauve_no_prefix, device=args.device, output_path=args.output,
+        mauve_with_prefix=not args.mauve_no_prefix, mauve_seeds=args.mauve_seeds, mauve_cut=not args.mauve_no_cut,
+        device=args.device, output_path=args.output,
     )
+
+
+def add_generation_sweep(subparsers) -> None:
+    p = subparsers.add_parser(
+        "generation-sweep",
+        help="the RankGen paper's generation grid (App. A.3): MAUVE and time per rerank length, beams and samples",
+        description="Generate the prefixes of --input with every configuration of a grid file (rerank length L x "
+        "[beams B, samples per beam N], plus full re-ranking with N samples) under every seed of the grid, then "
+        "report per configuration MAUVE against --reference_field (the paper's: cut at sentence ends, mean ± std "
+        "over the seeds), the words on both sides, rep and the seconds per generation, in "
+        "WORKDIR/generation_grid.md. gin_configs/generation/grid_paper_a3.json is the paper's grid; a rerun "
+        "resumes (finished seeds are kept).",
+    )
+    p.add_argument("--grid", required=True, help="grid JSON (e.g. generation/grid_paper_a3.json, generation/grid_cpu.json)")
+    p.add_argument("--lm", required=True, help="local HuggingFace causal LM folder that generates")
+    p.add_argument("--input", required=True, help='JSONL file with a "prefix" (and the reference field) per line')
+    p.add_argument("--workdir", required=True, help="folder of the runs and the table")
+    p.add_argument("--model", help="RankGen dual encoder for --reranker rankgen")
+    p.add_argument("--reranker", choices=RERANKERS, default="rankgen", help="default rankgen")
+    p.add_argument("--reference_field", help='field holding the human continuation (e.g. "continuation"), for MAUVE')
+    p.add_argument("--mauve_model", help="HF causal LM folder whose features MAUVE compares (the paper: gpt2-large)")
+    p.add_argument("--device", default="cpu", help="torch device of the LMs (default cpu)")
+    p.add_argument("--prefix_batch", type=int, default=8, help="prefixes decoded together (default 8)")
+    p.add_argument("--max_batch_rows", type=int, default=64, help="sequences the LM samples at once (default 64)")
+    p.add_argument("--rankgen_batch_size", type=int, default=64, help="texts per RankGen encoder call (default 64)")
+    p.add_argument("--no_progress", action="store_true", help="no progress bars")
+    p.set_defaults(run=_run_generation_sweep)
+
+
+def _run_generation_sweep(args) -> dict:
+    from rankgen_jax.experiments.generation_sweep import run_generation_sweep
+
+    return run_generation_sweep(args.grid, args.lm, args.input, args.workdir, model_path=args.model,
+                                reranker=args.reranker, reference_field=args.reference_field,
+                                mauve_model=args.mauve_model, device=args.device, prefix_batch=args.prefix_batch,
+                                max_batch_rows=args.max_batch_rows, rankgen_batch_size=args.rankgen_batch_size,
+                                progress=not args.no_progress)

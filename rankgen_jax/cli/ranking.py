@@ -49,8 +49,9 @@ def add_score(subparsers) -> None:
         description='Score JSONL lines {"prefix": str, "candidates": [str, ...], "label": int (optional)} with a '
         'dual encoder (prefix vector . candidate vector, RankGen\'s "pre " / "suffi " markers), the RankGen '
         "paper's token-overlap baseline (token_overlap), the unigram-overlap F1 baseline (unigram), or a causal "
-        "LM's mean log-likelihood of the candidate given the prefix (lm_loglik) or PMI, log p(c|prefix) - log p(c) "
-        '(pmi). With labels, the last stdout line is a JSON object {"n": ..., "accuracy": ..., "mrr": ..., '
+        "LM's mean log-likelihood of the candidate given the prefix (lm_loglik), PMI, log p(c|prefix) - log p(c) "
+        "(pmi), or the average unconditional log-likelihood of prefix + candidate, log p(p c) / (|p| + |c|) "
+        '(avg_ull, the paper\'s Appendix C.6). With labels, the last stdout line is a JSON object {"n": ..., "accuracy": ..., "mrr": ..., '
         '"pairwise_accuracy": ...} (pairwise: the paper\'s share of negatives the gold beats, averaged over '
         "lines). Malformed lines are skipped and counted on stderr; a file with no well-formed line is an error "
         "(exit status 2).",
@@ -60,7 +61,7 @@ def add_score(subparsers) -> None:
     p.add_argument("--output", help="JSONL file to write: each well-formed input line plus its \"scores\"")
     p.add_argument("--method", choices=METHODS, default="model", help="default: model")
     p.add_argument("--batch_size", type=int, default=64, help="texts per encoder call (default 64)")
-    lm = p.add_argument_group("LM baselines (--method lm_loglik / pmi)")
+    lm = p.add_argument_group("LM baselines (--method lm_loglik / pmi / avg_ull)")
     lm.add_argument("--lm", help="local HuggingFace causal LM folder (model + tokenizer)")
     lm.add_argument("--lm_reduce", choices=("mean", "sum"), default="mean",
                     help="per-token mean (default, as the paper) or sum of token log-probabilities")
@@ -75,6 +76,42 @@ def _run_score(args) -> dict:
     return run_score(args.input, args.output, method=args.method, model_path=args.model, batch_size=args.batch_size,
                      lm_path=args.lm, lm_reduce=args.lm_reduce, lm_batch_size=args.lm_batch_size,
                      device=args.device, progress=not args.no_progress, conventions=convention_args(args))
+
+
+def add_suffix_negatives(subparsers) -> None:
+    p = subparsers.add_parser(
+        "suffix-negatives",
+        help="suffix identification items with hard negatives mined by a trained dual encoder (RankGen App. C.1)",
+        description="Cut documents into items (a sentence-bounded prefix of up to --prefix_words words and its gold "
+        "continuation of up to --continuation_words) and give each the --negatives spans of its document that the "
+        "model scores highest against the prefix, among every sentence-bounded run of up to --span_words words "
+        "(at least --min_words) that overlaps neither the prefix nor the gold. Writes JSONL {prefix, candidates "
+        "(gold first), label 0, doc_id, spans, scores}: the input of `rankgen-jax score`.",
+    )
+    p.add_argument("--model", required=True, help="the trained dual encoder (checkpoint, workdir or HF folder)")
+    p.add_argument("--documents", required=True, nargs="+", help="folders or files of documents (as training reads)")
+    p.add_argument("--out", required=True, help="JSONL file to write (replaced)")
+    p.add_argument("--prefix_words", type=int, default=256, help="longest prefix in words (default 256)")
+    p.add_argument("--continuation_words", type=int, default=128, help="longest gold continuation (default 128)")
+    p.add_argument("--span_words", type=int, default=128, help="longest candidate span in words (default 128)")
+    p.add_argument("--min_words", type=int, default=10, help="shortest gold and candidate span (default 10)")
+    p.add_argument("--negatives", type=int, default=10, help="hard negatives per item (default 10, as the paper)")
+    p.add_argument("--items_per_document", type=int, default=0,
+                   help="items drawn per document (default 0: every non-overlapping item)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the items drawn per document (default 0)")
+    p.add_argument("--batch_size", type=int, default=64, help="texts per encoder call (default 64)")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=_run_suffix_negatives)
+
+
+def _run_suffix_negatives(args) -> dict:
+    from rankgen_jax.eval.hard_negatives import HardNegativeConfig, mine_hard_negatives
+
+    config = HardNegativeConfig(prefix_words=args.prefix_words, continuation_words=args.continuation_words,
+                                span_words=args.span_words, min_words=args.min_words, negatives=args.negatives,
+                                items_per_document=args.items_per_document, seed=args.seed)
+    return mine_hard_negatives(args.model, args.documents, args.out, config, args.batch_size,
+                               progress=not args.no_progress)
 
 
 def _add_title_flags(parser, join_help: str, no_title_help: str) -> None:

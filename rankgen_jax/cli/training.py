@@ -1,5 +1,5 @@
-"""`rankgen-jax train`, `pipeline`, `perspectives`, `compile` (configured with gin), `demo-curve`, `sweep` and
-`report`."""
+"""`rankgen-jax train`, `pipeline`, `perspectives`, `compile` (configured with gin), `recipe-example`, `demo-curve`,
+`sweep` and `report`."""
 
 from __future__ import annotations
 
@@ -75,6 +75,25 @@ def _run_retrieval_example(args) -> dict:
     from rankgen_jax.experiments.retrieval_example import run_retrieval_example
 
     return run_retrieval_example(args.workdir)
+
+
+def add_recipe_example(subparsers) -> None:
+    p = subparsers.add_parser(
+        "recipe-example", help="the RankGen recipe end to end at CPU size (tiny random models, a few minutes)",
+        description="Copy a few bundled addresses, split them with split-data (the paper's examples, the tiny recipe "
+        "gin) into the LM's half and the negatives' prefix file, sample generative negatives with a random-init "
+        "tiny GPT-2, train the tiny recipe on InBook and (p, c, g) examples, mine hard negatives on the held-out "
+        "address with the trained model and score them with the model and the baselines; WORKDIR/recipe_table.md. "
+        "Resumes stage by stage.")
+    p.add_argument("--workdir", required=True, help="folder for the documents, splits, LM, negatives, model, tables")
+    p.set_defaults(run=_run_recipe_example)
+
+
+def _run_recipe_example(args) -> dict:
+    # Imports jax, which must start after main() sets XLA's flags.
+    from rankgen_jax.experiments.recipe_example import run_recipe_example
+
+    return run_recipe_example(args.workdir)
 
 
 def add_demo_curve(subparsers) -> None:
@@ -174,9 +193,13 @@ def add_compile(subparsers) -> None:
     p.add_argument("--utilization", type=float, nargs="+", default=list(DEFAULT_UTILIZATIONS),
                    help="fractions of peak FLOP/s to convert FLOPs into step times (default: 0.4 0.6)")
     p.add_argument("--hlo_out", help="write the compiled (optimized, per-device) HLO text here")
+    p.add_argument("--step_seconds", type=float,
+                   help="a step time (measured, or a paper's: 100k steps in 2 days is 1.728) to report the MFU it "
+                   "implies")
     p.set_defaults(run=_run_compile)
 
 
 def _run_compile(args) -> dict:
     with gin_config(args.gin_file, args.gin_bindings):
-        return run_compile(args.topology, args.utilization, hlo_out=args.hlo_out, json_out=args.json)
+        return run_compile(args.topology, args.utilization, hlo_out=args.hlo_out, json_out=args.json,
+                           step_seconds=args.step_seconds)

@@ -136,10 +136,7 @@ class Example:
 def make_examples(doc: Document, config: ExampleConfig) -> list[Example]:
     """All examples of one document (see the module docstring); [] when it is too short for one."""
     sentences = split_sentences(doc.text)
-    # cum[i] = words in sentences[:i]; strictly increasing (no sentence is empty).
-    cum = [0]
-    for sentence in sentences:
-        cum.append(cum[-1] + word_count(sentence))
+    cum = cumulative_words(sentences)
     rng = np.random.default_rng([config.seed, _stable_hash(doc.id)])
     examples = []
     start = 0
@@ -147,7 +144,7 @@ def make_examples(doc: Document, config: ExampleConfig) -> list[Example]:
         budget = config.prefix_words
         if config.draw_prefix_words:
             budget = int(rng.integers(config.min_prefix_words, config.prefix_words + 1))
-        prefix_end = _longest_run(cum, start, budget)
+        prefix_end = longest_run(cum, start, budget)
         example = None
         if cum[prefix_end] - cum[start] >= config.min_prefix_words:
             example = _example_at(doc.id, sentences, cum, (start, prefix_end), config, rng)
@@ -165,11 +162,19 @@ def _stable_hash(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "little") >> 1
 
 
+def cumulative_words(sentences: Sequence[str]) -> list[int]:
+    """cum[i] = words in sentences[:i]; strictly increasing (no sentence is empty)."""
+    cum = [0]
+    for sentence in sentences:
+        cum.append(cum[-1] + word_count(sentence))
+    return cum
+
+
 def _words(cum: list[int], span: Span) -> int:
     return cum[span[1]] - cum[span[0]]
 
 
-def _longest_run(cum: list[int], start: int, max_words: int, limit: int | None = None) -> int:
+def longest_run(cum: list[int], start: int, max_words: int, limit: int | None = None) -> int:
     """End of the longest run of sentences from `start` (not past `limit`) with at most `max_words` words."""
     limit = len(cum) - 1 if limit is None else limit
     end = bisect.bisect_right(cum, cum[start] + max_words, lo=start, hi=limit + 1) - 1
@@ -212,7 +217,7 @@ def _continuation(cum: list[int], start: int, config: ExampleConfig, rng: np.ran
     n = len(cum) - 1
     if start >= n:
         return None
-    end = _longest_run(cum, start, target)
+    end = longest_run(cum, start, target)
     if cum[end] - cum[start] < config.min_continuation_words:
         # Shortest run reaching the minimum (a long next sentence, or the target fell between sentences).
         end = bisect.bisect_left(cum, cum[start] + config.min_continuation_words, lo=start)
@@ -254,7 +259,7 @@ def _negative(
 
 def _closest_run(cum: list[int], start: int, limit: int, target: int) -> Span:
     """The run of at least one sentence from `start` (ending by `limit`) whose word count is closest to `target`."""
-    shorter = _longest_run(cum, start, target, limit)
+    shorter = longest_run(cum, start, target, limit)
     candidates = [end for end in (shorter, shorter + 1) if start < end <= limit]
     end = min(candidates, key=lambda e: abs(cum[e] - cum[start] - target))
     return (start, end)

@@ -171,3 +171,15 @@ def _is_abbreviation(core: str) -> bool:
     # Initials: "J." or "J.R.R." (but "I." is the pronoun ending a sentence).
     parts = stem.split(".")
     return all(len(p) == 1 and p.isupper() for p in parts) and stem != "I"
+
+
+# The characters the RankGen paper's released code cuts generations and human text after.
+_CUT_MARKS = ".?!;"
+
+
+def cut_at_last_sentence_end(text: str) -> str:
+    """Whitespace collapsed, then cut after the last ". ? ! ;" (the RankGen paper's cut of generations and human
+    text for MAUVE, as its released `truncate`); unchanged when there is none, or only at the first character."""
+    text = " ".join(text.split())
+    last = max(text.rfind(mark) for mark in _CUT_MARKS)
+    return text[: last + 1] if last > 0 else text

@@ -14,7 +14,16 @@ generation metrics'), each averaged over examples:
   generation and prefix + " " + gold continuation: features are the
   last-layer hidden state at the last token of each text under a given HF
   causal LM (the paper used GPT-2 large), each text cut to its first 768
-  tokens; mauve-text's defaults otherwise.
+  tokens; mauve-text's defaults otherwise (its k-means seed 25 included).
+  As the paper (App. D.1): generation and gold are each cut to end at a
+  sentence boundary (`data.sentences.cut_at_last_sentence_end`, the released
+  code's `truncate`), and MAUVE is the mean of several runs with its
+  standard deviation (numpy's, ddof 0: the paper's five runs 0.803, 0.778,
+  0.759, 0.785, 0.768 give its 0.015). A run is one generation file (one
+  generation seed, as the paper's five runs of nucleus sampling) scored at
+  one k-means seed; several files and several seeds give every pair. The
+  mean words of the cut generations and references are reported beside it,
+  since MAUVE is only comparable at equal lengths (the paper: 70-80 words).
 
 Variants, under their own names:
 
@@ -40,6 +49,7 @@ import numpy as np
 from tqdm import tqdm
 
 from rankgen_jax.data.jsonl import collect_jsonl
+from rankgen_jax.data.sentences import cut_at_last_sentence_end
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.lm.scoring import load_causal_lm, pad_for_causal_lm
 from rankgen_jax.retrieval.sparse import normalized_words, token_overlap, unigram_overlap_scores
@@ -47,6 +57,8 @@ from rankgen_jax.retrieval.sparse import normalized_words, token_overlap, unigra
 REP_WINDOW = 20
 # Tokens of each text MAUVE reads, as the RankGen paper's evaluation (mauve-text's own default is 1024).
 MAUVE_MAX_LENGTH = 768
+# mauve-text's default k-means seed, which the paper's runs kept (they varied the generations).
+MAUVE_SEED = 25
 
 
 def _check_window(window: int) -> None:
@@ -168,27 +180,81 @@ def require_mauve():
 
 
 def mauve_score(references: Sequence[str], generations: Sequence[str], feature_lm,
-                max_length: int = MAUVE_MAX_LENGTH, batch_size: int = 8, seed: int = 25,
+                max_length: int = MAUVE_MAX_LENGTH, batch_size: int = 8, seed: int = MAUVE_SEED,
                 progress: bool = False) -> float:
     """MAUVE of generations against human references, with features from `feature_lm` (an lm.scoring.CausalLM).
 
     The texts are compared as given; the paper's MAUVE passes prefix + " " +
-    text on both sides (`paper_mauve_texts`). Generations are mauve-text's P
-    and references its Q, as in the paper's code.
+    text on both sides, each cut at a sentence end (`paper_mauve_texts`).
+    Generations are mauve-text's P and references its Q, as in the paper's code.
+    """
+    return mauve_runs([(references, generations)], feature_lm, (seed,), max_length, batch_size, progress)[0]["mauve"]
+
+
+def paper_mauve_texts(records: Sequence[dict], reference_field: str, cut: bool = True,
+                      with_prefix: bool = True) -> tuple[list[str], list[str]]:
+    """(references, generations) as the paper's MAUVE reads them: prefix + " " + gold and prefix + " " +
+    generation, gold and generation each cut to end at a sentence boundary (`cut`); without the prefix when
+    with_prefix is False (a variant)."""
+    def text(record: dict, field: str) -> str:
+        body = cut_at_last_sentence_end(record[field]) if cut else record[field]
+        return record["prefix"] + " " + body if with_prefix else body
+
+    return [text(r, reference_field) for r in records], [text(r, "generation") for r in records]
+
+
+def mean_and_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard deviation (ddof 0, as the paper reports MAUVE over its runs) of a non-empty list."""
+    if not len(values):
+        raise RankgenError("mean and standard deviation of no runs")
+    array = np.asarray(values, np.float64)
+    return float(array.mean()), float(array.std())
+
+
+def mauve_runs(runs: Sequence[tuple[Sequence[str], Sequence[str]]], feature_lm, seeds: Sequence[int] = (MAUVE_SEED,),
+               max_length: int = MAUVE_MAX_LENGTH, batch_size: int = 8, progress: bool = False) -> list[dict]:
+    """MAUVE of every (references, generations) run at every k-means seed: [{"run", "seed", "mauve"}].
+
+    Each distinct list of texts is featurised once (runs of one evaluation set share their references).
     """
     mauve = require_mauve()
-    if not references or not generations:
-        raise RankgenError("MAUVE needs at least one reference and one generation")
-    p_features = last_token_features(feature_lm, generations, max_length, batch_size, progress)
-    q_features = last_token_features(feature_lm, references, max_length, batch_size, progress)
-    result = mauve.compute_mauve(p_features=p_features, q_features=q_features, verbose=False, seed=seed)
-    return float(result.mauve)
+    if not runs or not seeds:
+        raise RankgenError("MAUVE needs at least one run and one seed")
+    cache: dict[tuple[str, ...], np.ndarray] = {}
+
+    def features(texts: Sequence[str]) -> np.ndarray:
+        key = tuple(texts)
+        if not key:
+            raise RankgenError("MAUVE needs at least one reference and one generation")
+        if key not in cache:
+            cache[key] = last_token_features(feature_lm, texts, max_length, batch_size, progress)
+        return cache[key]
+
+    out = []
+    for k, (references, generations) in enumerate(runs):
+        q_features, p_features = features(references), features(generations)
+        for seed in seeds:
+            result = mauve.compute_mauve(p_features=p_features, q_features=q_features, verbose=False, seed=seed)
+            out.append({"run": k, "seed": int(seed), "mauve": float(result.mauve)})
+    return out
 
 
-def paper_mauve_texts(records: Sequence[dict], reference_field: str) -> tuple[list[str], list[str]]:
-    """(references, generations) as the paper's MAUVE reads them: prefix + " " + gold, prefix + " " + generation."""
-    return ([r["prefix"] + " " + r[reference_field] for r in records],
-            [r["prefix"] + " " + r["generation"] for r in records])
+def mauve_report(runs: Sequence[Sequence[dict]], reference_field: str, feature_lm,
+                 seeds: Sequence[int] = (MAUVE_SEED,), max_length: int = MAUVE_MAX_LENGTH, *, cut: bool = True,
+                 with_prefix: bool = True, names: Sequence[str] | None = None, progress: bool = False) -> dict:
+    """MAUVE over runs of generation records (one per generation seed) and k-means seeds, as the paper reports it:
+    {"mauve": mean, "mauve_std", "mauve_runs": [{"input", "seed", "mauve"}], "mauve_generation_words",
+    "mauve_reference_words"} (the words of the texts MAUVE read after the prefix)."""
+    texts = [paper_mauve_texts(records, reference_field, cut, with_prefix) for records in runs]
+    scores = mauve_runs(texts, feature_lm, seeds, max_length, progress=progress)
+    names = list(names) if names is not None else [str(k) for k in range(len(runs))]
+    mean, std = mean_and_std([s["mauve"] for s in scores])
+    # MAUVE compares at equal lengths only.
+    alone = [paper_mauve_texts(records, reference_field, cut, with_prefix=False) for records in runs]
+    return {"mauve": mean, "mauve_std": std,
+            "mauve_runs": [{"input": names[s["run"]], "seed": s["seed"], "mauve": s["mauve"]} for s in scores],
+            "mauve_generation_words": float(np.mean([len(g.split()) for _, gens in alone for g in gens])),
+            "mauve_reference_words": float(np.mean([len(r.split()) for refs, _ in alone for r in refs]))}
 
 
 def read_generations(path: str, reference_field: str | None = None) -> tuple[list[dict], int]:
@@ -228,43 +294,55 @@ def generation_metrics(records: Sequence[dict], tokenize: Callable[[str], list] 
     return result
 
 
-def run_generation_metrics(input_path: str, *, tokenizer: str | None = None, rep_window: int = REP_WINDOW,
-                           with_prefix: bool = True, reference_field: str | None = None,
-                           mauve_model: str | None = None, mauve_max_length: int = MAUVE_MAX_LENGTH,
-                           mauve_with_prefix: bool = True, device: str = "cpu",
-                           output_path: str | None = None) -> dict:
-    """What `rankgen-jax generation-metrics` does: the metrics of a `generate` output file, printed as JSON.
+def run_generation_metrics(input_path: str | Sequence[str], *, tokenizer: str | None = None,
+                           rep_window: int = REP_WINDOW, with_prefix: bool = True,
+                           reference_field: str | None = None, mauve_model: str | None = None,
+                           mauve_max_length: int = MAUVE_MAX_LENGTH, mauve_with_prefix: bool = True,
+                           mauve_seeds: Sequence[int] = (MAUVE_SEED,), mauve_cut: bool = True,
+                           device: str = "cpu", output_path: str | None = None) -> dict:
+    """What `rankgen-jax generation-metrics` does: the metrics of `generate` output files, printed as JSON.
 
+    input_path: one file, or several (one per generation seed: MAUVE's runs);
+    the other metrics are over all their records together.
     tokenizer: an HF tokenizer folder for rep_pooled (default: whitespace
     words); with_prefix: rep_pooled's window looks back into the prefix.
     MAUVE against each record's reference_field when mauve_model (an HF
     causal LM folder, run on the torch device) is given: the paper's
-    (prefix + " " + text on both sides), or the texts alone when
-    mauve_with_prefix is False.
+    (prefix + " " + text on both sides, each text cut at its last sentence
+    end), or the texts alone when mauve_with_prefix is False, uncut when
+    mauve_cut is False; one run per input file and seed of `mauve_seeds`,
+    reported as `mauve` (the mean), `mauve_std` and `mauve_runs`.
     """
+    paths = [input_path] if isinstance(input_path, str) else list(input_path)
+    if not paths:
+        raise RankgenError("--input needs at least one file")
     _check_window(rep_window)
     if mauve_model:
         if not reference_field:
             raise RankgenError("--mauve_model needs --reference_field (the human continuations to compare with)")
         if isinstance(mauve_max_length, bool) or not isinstance(mauve_max_length, int) or mauve_max_length < 1:
             raise RankgenError(f"--mauve_max_length must be a positive integer, got {mauve_max_length!r}")
+        if not mauve_seeds:
+            raise RankgenError("--mauve_seeds needs at least one seed")
         require_mauve()  # fail before loading the feature model
-    records, bad = read_generations(input_path, reference_field)
-    if not records:
-        raise RankgenError(f"--input {input_path}: no line with string \"prefix\" and \"generation\" fields")
+    runs, bad = [], 0
+    for path in paths:
+        records, skipped = read_generations(path, reference_field)
+        if not records:
+            raise RankgenError(f"--input {path}: no line with string \"prefix\" and \"generation\" fields")
+        runs.append(records)
+        bad += skipped
+        if skipped:
+            fields = "prefix / generation" + (f" / {reference_field}" if reference_field else "")
+            print(f"note: skipped {skipped} line(s) of {path} without string {fields} fields", file=sys.stderr)
     tokenize = hf_tokens(tokenizer) if tokenizer else word_tokens
-    result = generation_metrics(records, tokenize, rep_window, with_prefix=with_prefix)
+    result = generation_metrics([r for records in runs for r in records], tokenize, rep_window,
+                                with_prefix=with_prefix)
     if mauve_model:
         feature_lm = load_causal_lm(mauve_model, device)
-        if mauve_with_prefix:
-            references, generations = paper_mauve_texts(records, reference_field)
-        else:
-            references, generations = [r[reference_field] for r in records], [r["generation"] for r in records]
-        result["mauve"] = mauve_score(references, generations, feature_lm, mauve_max_length, progress=True)
+        result.update(mauve_report(runs, reference_field, feature_lm, mauve_seeds, mauve_max_length, cut=mauve_cut,
+                                   with_prefix=mauve_with_prefix, names=paths, progress=True))
     result["bad_lines"] = bad
-    if bad:
-        fields = "prefix / generation" + (f" / {reference_field}" if reference_field else "")
-        print(f"note: skipped {bad} line(s) of {input_path} without string {fields} fields", file=sys.stderr)
     if output_path:
         Path(output_path).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(result))

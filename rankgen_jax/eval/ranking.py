@@ -4,8 +4,10 @@ Methods: `model` (dual encoder dot product), `token_overlap` (the RankGen
 paper's baseline: precision of the candidate's words against the prefix's,
 stop words removed), `unigram` (this project's unigram-overlap F1 of word
 sets with the prefix), and for any HF causal LM (`--lm DIR`) `lm_loglik` (mean
-log-likelihood of the candidate given the prefix) and `pmi` (log p(c | x) -
-log p(c), per token by default); see lm/scoring.py for the exact definitions.
+log-likelihood of the candidate given the prefix), `pmi` (log p(c | x) -
+log p(c), per token by default) and `avg_ull` (log p(x + c) / (|x| + |c|),
+the paper's average unconditional log-likelihood); see lm/scoring.py for the
+exact definitions.
 
 Input lines are `{"prefix": str, "candidates": [str, ...], "label": int}`,
 `label` (optional) being the index of the gold candidate. Metrics are

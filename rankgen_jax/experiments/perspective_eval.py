@@ -1,9 +1,18 @@
-"""The perspectives demo's evaluation: per-perspective accuracy and ROC AUC of held-out passage pairs.
+"""The perspectives demo's evaluation: per-perspective weighted F1, accuracy and ROC AUC of held-out passage pairs.
 
 A bi-encoder scores a pair by the cosine of the two passages' vectors, one
 per perspective head; a cross encoder reads both passages together and gives
 one logit per perspective. Pairs are tokenised as data/lists.py's PairBatches
 feeds them to the trainer, so a model is measured on the inputs it learned.
+
+MPTS's metric is the weighted F1 of each perspective: a pair is predicted
+similar when its probability is at least 0.5 (cos >= 0 for the bi-encoder,
+sigmoid >= 0.5 for the cross encoder), and the F1 of the two classes
+(similar, not similar) is averaged weighted by each class's support, as
+scikit-learn's `f1_score(average="weighted")` defines it (an undefined
+precision or recall counts 0). Every pair is labelled in every perspective,
+so the perspectives' supports are equal and their weighted average is the
+plain mean (`mean_weighted_f1`).
 """
 
 from __future__ import annotations
@@ -33,15 +42,36 @@ def roc_auc(labels_N, scores_N) -> float:
     return float((ranks_N[positive_N].sum() - num_pos * (num_pos + 1) / 2.0) / (num_pos * num_neg))
 
 
+def weighted_f1(labels_N, predictions_N) -> float:
+    """F1 of each class present, averaged weighted by the class's support (scikit-learn's average="weighted")."""
+    labels_N, predictions_N = np.asarray(labels_N), np.asarray(predictions_N)
+    if labels_N.shape != predictions_N.shape or labels_N.ndim != 1 or labels_N.size == 0:
+        raise RankgenError(f"weighted F1 needs two equal non-empty 1-D arrays, got shapes {labels_N.shape} "
+                           f"and {predictions_N.shape}")
+    total = 0.0
+    for label in np.unique(labels_N):  # a class only predicted has support 0: no weight
+        support = int(np.sum(labels_N == label))
+        true_positive = int(np.sum((labels_N == label) & (predictions_N == label)))
+        predicted = int(np.sum(predictions_N == label))
+        # F1 = 2 TP / (predicted + support); 0 when there is no true positive (precision or recall 0 or undefined).
+        total += support * (2.0 * true_positive / (predicted + support) if true_positive else 0.0)
+    return total / labels_N.size
+
+
 def perspective_metrics(labels_PxN: np.ndarray, scores_PxN: np.ndarray, probs_PxN: np.ndarray | None) -> dict:
-    """Per perspective: accuracy of probability > 0.5 (None without probabilities) and ROC AUC of the scores."""
+    """Per perspective: weighted F1 and accuracy of the prediction probability >= 0.5 (None without
+    probabilities) and ROC AUC of the scores; `mean_weighted_f1` over the perspectives."""
     labels_PxN = np.asarray(labels_PxN, np.float64)
     out = {}
     for n, name in enumerate(PERSPECTIVES):
-        accuracy = None
+        accuracy = f1 = None
         if probs_PxN is not None:
-            accuracy = float(np.mean((probs_PxN[:, n] > 0.5) == (labels_PxN[:, n] >= 0.5)))
-        out[name] = {"accuracy": accuracy, "auc": roc_auc(labels_PxN[:, n], scores_PxN[:, n])}
+            predicted_P, truth_P = probs_PxN[:, n] >= 0.5, labels_PxN[:, n] >= 0.5
+            accuracy = float(np.mean(predicted_P == truth_P))
+            f1 = weighted_f1(truth_P, predicted_P)
+        out[name] = {"weighted_f1": f1, "accuracy": accuracy, "auc": roc_auc(labels_PxN[:, n], scores_PxN[:, n])}
+    f1s = [out[name]["weighted_f1"] for name in PERSPECTIVES]
+    out["mean_weighted_f1"] = None if probs_PxN is None else float(np.mean(f1s))
     out["n"] = int(labels_PxN.shape[0])
     return out
 

@@ -5,15 +5,19 @@ Stages, each skipped when its output exists so that a rerun resumes:
 1. data: passages of the works of data/perspectives/works.json and labelled
    pairs of them, train and held-out (perspective_pairs.py);
 2. init: the pretrained MiniLM, imported once;
-3. bi_encoder: MPTS dual encoder (mean pooling, one L2-normalised projection
-   per perspective) with multi_perspective_bce; cross_encoder: [CLS] ->
-   three logits with sigmoid_bce. Both start from MiniLM's encoder, their
-   heads random, through the shared trainer.
-4. evaluation on the held-out pairs, per perspective: accuracy of the
-   probability at 0.5 and ROC AUC (perspective_eval.py), for the majority
-   class, zero-shot MiniLM cosine (AUC only), each model at step 0 (the
-   trainer's initial parameters) and after training. WORKDIR/results.json
-   and a printed table.
+3. bi_encoder: MPTS dual encoder (Last2-Avg pooling, one L2-normalised
+   projection per perspective) with multi_perspective_bce at tau 0.5;
+   cross_encoder: [CLS] -> one linear layer of three logits with sigmoid_bce
+   (MPTS settles on Last2-Avg and CLS; `bi_encoder_pooling`,
+   `cross_encoder_pooling` and `cross_encoder_projection` give the other
+   poolings and the earlier head with a projection before the logits). Both
+   start from MiniLM's encoder, their heads random, through the shared
+   trainer.
+4. evaluation on the held-out pairs, per perspective: MPTS's weighted F1,
+   accuracy of the probability at 0.5 and ROC AUC (perspective_eval.py), for
+   the majority class, zero-shot MiniLM cosine (AUC only), each model at step
+   0 (the trainer's initial parameters) and after training.
+   WORKDIR/results.json and a printed table.
 """
 
 from __future__ import annotations
@@ -62,6 +66,11 @@ class PerspectivesConfig:
     passage_length: tokens per passage (the cross encoder reads two).
     init_from_hf: the pretrained encoder ("minilm" or an HF folder), imported
       once; or init_checkpoint, a rankgen_jax checkpoint to start from instead.
+    tau: the bi-encoder's temperature (MPTS: 0.5).
+    bi_encoder_pooling / cross_encoder_pooling: HeadConfig poolings (MPTS:
+      last2_avg and first, the [CLS] token).
+    cross_encoder_projection: a d -> d projection between the pooled vector
+      and the logits (MPTS has none: one linear layer of N outputs).
     """
 
     works_file: str = str(PERSPECTIVES_DIR / "works.json")
@@ -76,6 +85,9 @@ class PerspectivesConfig:
     init_checkpoint: str = ""
     passage_length: int = 128
     tau: float = 0.5
+    bi_encoder_pooling: str = "last2_avg"
+    cross_encoder_pooling: str = "first"
+    cross_encoder_projection: bool = False
     batch_size: int = 32
     eval_batch_size: int = 32
     learning_rate: float = 5e-5
@@ -111,12 +123,13 @@ def build_pair_data(cfg: PerspectivesConfig, out: Path) -> dict:
 # --- 3. models and training -------------------------------------------------------------
 
 
-def model_configs(num_perspectives: int = len(PERSPECTIVES)) -> dict[str, ModelConfig]:
+def model_configs(cfg: PerspectivesConfig, num_perspectives: int = len(PERSPECTIVES)) -> dict[str, ModelConfig]:
     """The gin-side configs; the trainer swaps in the init checkpoint's encoder."""
+    cross_head = HeadConfig(cfg.cross_encoder_pooling, -1 if cfg.cross_encoder_projection else 0, False)
     return {
-        "bi_encoder": ModelConfig(head=HeadConfig("mean", -1, True), kind="dual_encoder", num_scores=num_perspectives),
-        "cross_encoder": ModelConfig(head=HeadConfig("first", -1, False), kind="cross_encoder",
-                                     num_scores=num_perspectives),
+        "bi_encoder": ModelConfig(head=HeadConfig(cfg.bi_encoder_pooling, -1, True), kind="dual_encoder",
+                                  num_scores=num_perspectives),
+        "cross_encoder": ModelConfig(head=cross_head, kind="cross_encoder", num_scores=num_perspectives),
     }
 
 
@@ -145,7 +158,7 @@ def train_model(cfg: PerspectivesConfig, root: Path, init: Path, name: str) -> d
                       eval_file=str(root / "data" / "eval_pairs.jsonl"), batch_size=cfg.batch_size,
                       prefix_length=_pair_length(cfg, name), seed=cfg.seed)
     optimizer = OptimizerConfig(name="adamw", learning_rate=cfg.learning_rate, warmup_steps=10, weight_decay=0.01)
-    metrics = train(str(root / name), trainer=_trainer_config(cfg, init, name), model_config=model_configs()[name],
+    metrics = train(str(root / name), trainer=_trainer_config(cfg, init, name), model_config=model_configs(cfg)[name],
                     data=data, loss=_loss(cfg, name), optimizer=optimizer)
     return {"steps": int(metrics.get("steps", 0)), "seconds": float(metrics.get("seconds", 0.0)),
             "train_loss": float(metrics.get("loss", float("nan")))}
@@ -156,7 +169,7 @@ def initial_params(cfg: PerspectivesConfig, init: Path, name: str) -> tuple[Mode
     trainer = _trainer_config(cfg, init, name)
     # An empty folder is never a run to resume, so the trainer's own resolution runs as for a new run.
     with tempfile.TemporaryDirectory() as empty:
-        config, params, _ = resolve_model_config(native.as_path(empty), trainer, model_configs()[name])
+        config, params, _ = resolve_model_config(native.as_path(empty), trainer, model_configs(cfg)[name])
     return config, complete_params(params, config, str(init), trainer.seed)
 
 
@@ -174,7 +187,9 @@ def _evaluate(cfg: PerspectivesConfig, model: LoadedModel, name: str, records: l
 
 
 def _describe(row: dict) -> str:
-    return ", ".join(f"{p} AUC {row[p]['auc']:.3f}" for p in PERSPECTIVES)
+    f1 = row.get("mean_weighted_f1")
+    return ", ".join(f"{p} AUC {row[p]['auc']:.3f}" for p in PERSPECTIVES) + (
+        f"; mean weighted F1 {f1:.3f}" if f1 is not None else "")
 
 
 def run_perspectives(workdir: str, cfg: PerspectivesConfig | None = None) -> dict:
@@ -202,7 +217,7 @@ def run_perspectives(workdir: str, cfg: PerspectivesConfig | None = None) -> dic
             training[name] = run.timed(f"train_{name}", train_model, cfg, root, init, name)
             mark_done(root / name)
             run.save()
-        kind = model_configs()[name].kind
+        kind = model_configs(cfg)[name].kind
         run.evaluate(table, name, lambda n=name: _evaluate(cfg, load_model(str(root / n), kind), n, eval_records),
                      describe=_describe)
     results["table"] = {row: table[row] for row in ROWS if row in table}
@@ -211,10 +226,14 @@ def run_perspectives(workdir: str, cfg: PerspectivesConfig | None = None) -> dic
     return results
 
 
+_METRIC_HEADERS = {"weighted_f1": "wF1", "accuracy": "acc", "auc": "AUC"}
+
+
 def format_table(table: dict) -> str:
-    """The results as an aligned text table: accuracy and AUC per perspective, one row per model."""
+    """The results as an aligned text table: weighted F1, accuracy and AUC per perspective and the mean
+    weighted F1, one row per model."""
     short = {"same_author": "author", "same_work": "work", "same_form": "form"}
-    columns = [(p, m) for p in PERSPECTIVES for m in ("accuracy", "auc")]
-    headers = [short[p] + (" acc" if m == "accuracy" else " AUC") for p, m in columns]
-    rows = {name: [row[p][m] for p, m in columns] for name, row in table.items()}
-    return aligned_table(rows, headers, name_width=22, cell_width=12)
+    columns = [(p, m) for p in PERSPECTIVES for m in _METRIC_HEADERS]
+    headers = [f"{short[p]} {_METRIC_HEADERS[m]}" for p, m in columns] + ["mean wF1"]
+    rows = {name: [row[p].get(m) for p, m in columns] + [row.get("mean_weighted_f1")] for name, row in table.items()}
+    return aligned_table(rows, headers, name_width=22, cell_width=11)

@@ -32,7 +32,7 @@ import numpy as np
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.experiments.ablations import write_report
 from rankgen_jax.experiments.gin_runs import train_from_gin
-from rankgen_jax.train.gin_parsing import GIN_SEARCH_PATH, find_config_file
+from rankgen_jax.train.gin_parsing import read_grid_file
 from rankgen_jax.train.metric_writers import read_metrics
 
 GRID_KEYS = {"gin_files", "bindings", "axes", "baseline", "per_run", "job"}
@@ -51,14 +51,8 @@ def _gin_value(value) -> str:
 
 
 def read_grid(path: str) -> dict:
-    """The grid file (as given or a shipped one, see find_config_file), checked: errors name the file."""
-    found = find_config_file(path)
-    if found is None:
-        raise RankgenError(f"{path}: no such grid file (looked in the current folder and {GIN_SEARCH_PATH})")
-    try:
-        grid = json.loads(found.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise RankgenError(f"{path}: not valid JSON ({e})") from None
+    """The grid file (as given or a shipped one, see gin_parsing.find_config_file), checked: errors name the file."""
+    grid = read_grid_file(path)
     if not isinstance(grid, dict) or set(grid) - GRID_KEYS:
         raise RankgenError(f"{path}: expected an object with keys among {sorted(GRID_KEYS)}, "
                            f"got {sorted(grid) if isinstance(grid, dict) else type(grid).__name__}")

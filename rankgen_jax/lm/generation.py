@@ -11,7 +11,19 @@ Strategies (`generate --strategy`):
   beam; score every candidate's whole generated text (not only its last L
   tokens) against the prefix; keep the top B of these candidates and of the
   beams already finished; stop when every kept beam has hit EOS or the
-  budget. The first round starts from one empty beam.
+  budget. The first round starts from B empty beams, so every round samples
+  up to B x N continuations per prefix: the paper's "number of samples"
+  (App. A.3) and its released code's start.
+
+The paper's protocol is the default (RankGen §2.3, §3.1, App. A.3): 128-token
+generations; `rerank` over-generates 20 samples, `beam` keeps B = 2 beams of
+N = 10 samples each, re-ranked every L = 20 tokens; nucleus sampling with
+p = 0.9. A finished text (EOS or budget) is cut as the paper cuts generations
+(`cut="sentence"`: whitespace collapsed, then cut after its last . ? ! or ;,
+`data.sentences.cut_at_last_sentence_end`, the released code's `truncate`),
+and a finished candidate is scored as cut, so what is ranked is what is
+output (the released re-ranking scores cut samples; its beam search cuts
+after the last ranking). `cut="none"` keeps the decoded text whole.
 
 The token budget (`max_new_tokens`) belongs to each prefix: a beam counts its
 own new tokens, so prefixes decoded together never share or reset a budget.
@@ -58,6 +70,7 @@ import numpy as np
 from tqdm import tqdm
 
 from rankgen_jax.data.jsonl import collect_jsonl
+from rankgen_jax.data.sentences import cut_at_last_sentence_end
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.retrieval.sparse import unigram_overlap_scores
 from rankgen_jax.lm.scoring import CausalLM, load_causal_lm, pad_for_causal_lm, score_lists
@@ -70,6 +83,12 @@ if TYPE_CHECKING:
 SAMPLERS = ("nucleus", "greedy", "ancestral", "top_k", "typical")
 STRATEGIES = SAMPLERS + ("rerank", "beam")
 RERANKERS = ("rankgen", "perplexity", "unigram")
+CUTS = ("sentence", "none")
+# The paper's protocol (RankGen §2.3, §3.1, App. A.3): 128-token generations; over-generate-and-rerank with 20
+# samples; beam search with B = 2 beams of N = 10 samples, re-ranked every L = 20 tokens.
+MAX_NEW_TOKENS = 128
+RERANK_SAMPLES = 20
+BEAM_SIZE, BEAM_SAMPLES, RERANK_LENGTH = 2, 10, 20
 Reranker = Callable[[str, Sequence[str]], np.ndarray]
 
 
@@ -327,16 +346,17 @@ def search(
     lm: CausalLM,
     prefixes: Sequence[str],
     *,
-    beam_size: int = 2,
-    num_samples: int = 10,
-    rerank_length: int | None = 20,
-    max_new_tokens: int = 115,
+    beam_size: int = BEAM_SIZE,
+    num_samples: int = BEAM_SAMPLES,
+    rerank_length: int | None = RERANK_LENGTH,
+    max_new_tokens: int = MAX_NEW_TOKENS,
     decoding: Decoding = Decoding(),
     reranker: Reranker | None = None,
     seed: int = 0,
     max_batch_rows: int = 64,
     prefix_indices: Sequence[int] | None = None,
     max_prompt_tokens: int | None = None,
+    cut: str = "sentence",
 ) -> list[Generation]:
     """RankGen beam search over a group of prefixes (see the module docstring); rerank_length None = max_new_tokens.
 
@@ -348,13 +368,15 @@ def search(
             raise RankgenError(f"--{name} must be at least 1, got {value}")
     if rerank_length is not None and rerank_length < 1:
         raise RankgenError(f"--rerank_length must be at least 1, got {rerank_length}")
+    if cut not in CUTS:
+        raise RankgenError(f"unknown cut {cut!r}: expected one of {CUTS}")
     decoding.check()
     keys = list(range(len(prefixes))) if prefix_indices is None else list(prefix_indices)
     if len(keys) != len(prefixes):
         raise RankgenError(f"search: {len(prefixes)} prefixes but {len(keys)} prefix indices")
     step = max_new_tokens if rerank_length is None else min(rerank_length, max_new_tokens)
     prompts = [_prompt_ids(lm, p, max_new_tokens, max_prompt_tokens) for p in prefixes]
-    beams = [[_Beam([], False)] for _ in prefixes]
+    beams = [[_Beam([], False) for _ in range(beam_size)] for _ in prefixes]
     seconds_generate = [0.0] * len(prefixes)
     seconds_rerank = [0.0] * len(prefixes)
     round_index = 0
@@ -382,6 +404,8 @@ def search(
             for beam in prefix_candidates:
                 if beam.text is None:
                     beam.text = lm.decode(beam.ids)
+                    if beam.finished and cut == "sentence":
+                        beam.text = cut_at_last_sentence_end(beam.text)
         _score_candidates(reranker, prefixes, candidates, seconds_rerank)
         for i, prefix_candidates in enumerate(candidates):
             # Stable sort: equal scores keep candidate order (finished beams first, then by beam and sample).
@@ -434,18 +458,20 @@ def generate(
     strategy: str = "beam",
     *,
     reranker: Reranker | None = None,
-    beam_size: int = 2,
-    num_samples: int = 10,
-    rerank_length: int = 20,
-    max_new_tokens: int = 115,
+    beam_size: int = BEAM_SIZE,
+    num_samples: int | None = None,
+    rerank_length: int = RERANK_LENGTH,
+    max_new_tokens: int = MAX_NEW_TOKENS,
     decoding: Decoding = Decoding(),
     seed: int = 0,
     max_batch_rows: int = 64,
     prefix_indices: Sequence[int] | None = None,
     max_prompt_tokens: int | None = None,
+    cut: str = "sentence",
 ) -> list[Generation]:
     """Continue every prefix with `strategy` (see STRATEGIES); `decoding` is the token sampler of rerank / beam.
 
+    num_samples None is the paper's: 20 for rerank, 10 per beam for beam.
     The plain strategies ignore beam_size, num_samples, rerank_length and
     reranker, and take their sampler's kind from the strategy name (its
     top_p / top_k / typical_p from `decoding`).
@@ -453,7 +479,7 @@ def generate(
     if strategy not in STRATEGIES:
         raise RankgenError(f"unknown strategy {strategy!r}: expected one of {STRATEGIES}")
     common = dict(max_new_tokens=max_new_tokens, seed=seed, max_batch_rows=max_batch_rows,
-                  prefix_indices=prefix_indices, max_prompt_tokens=max_prompt_tokens)
+                  prefix_indices=prefix_indices, max_prompt_tokens=max_prompt_tokens, cut=cut)
     if strategy in SAMPLERS:
         plain = Decoding(strategy, decoding.top_p, decoding.top_k, decoding.typical_p)
         return search(lm, prefixes, beam_size=1, num_samples=1, rerank_length=None, decoding=plain, reranker=None,
@@ -463,9 +489,11 @@ def generate(
     if decoding.kind == "greedy":
         raise RankgenError(f"strategy {strategy!r} needs a random sampler: greedy would give N identical samples")
     if strategy == "rerank":
-        return search(lm, prefixes, beam_size=1, num_samples=num_samples, rerank_length=None, decoding=decoding,
+        samples = RERANK_SAMPLES if num_samples is None else num_samples
+        return search(lm, prefixes, beam_size=1, num_samples=samples, rerank_length=None, decoding=decoding,
                       reranker=reranker, **common)
-    return search(lm, prefixes, beam_size=beam_size, num_samples=num_samples, rerank_length=rerank_length,
+    samples = BEAM_SAMPLES if num_samples is None else num_samples
+    return search(lm, prefixes, beam_size=beam_size, num_samples=samples, rerank_length=rerank_length,
                   decoding=decoding, reranker=reranker, **common)
 
 
@@ -581,7 +609,7 @@ def generate_file(
     loads the dual encoder at model_path. The LM at lm_path runs on the torch
     device. search_settings are generate()'s other keyword arguments
     (beam_size, num_samples, rerank_length, max_new_tokens, seed,
-    max_batch_rows, max_prompt_tokens), with its defaults.
+    max_batch_rows, max_prompt_tokens, cut), with its defaults.
     """
     if prefix_batch < 1:
         raise RankgenError(f"--prefix_batch must be at least 1, got {prefix_batch}")
@@ -601,7 +629,24 @@ def generate_file(
     records, bad = read_prefix_records(input_path)
     lm = load_causal_lm(lm_path, device)
     scorer = make_reranker(reranker_name, lm, model_path, rankgen_batch_size) if reranker_name else None
-    settings = dict(reranker=scorer, decoding=decoding, **search_settings)
+    stats = write_generations(lm, records, output, strategy, reranker_name, scorer, decoding=decoding,
+                              prefix_batch=prefix_batch, progress=progress, **search_settings)
+    stats["bad_lines"] = bad
+    print(f"generate: {len(records)} prefixes with {strategy}, {bad} bad lines skipped; "
+          f"{stats['seconds_generate']:.1f}s generating, {stats['seconds_rerank']:.1f}s re-ranking "
+          f"({stats['rerank_share']:.1%}) -> {output_path}")
+    return stats
+
+
+def write_generations(lm: CausalLM, records: Sequence[dict], output: Path, strategy: str,
+                      reranker_name: str | None, scorer: Reranker | None, *, prefix_batch: int = 8,
+                      progress: bool = True, **settings) -> dict:
+    """Continue every record's prefix with loaded models and write the records with their generations.
+
+    Each record is written back with "generation", "strategy", the re-ranker's
+    name and the final "beams" (rerank / beam), the seconds and "new_tokens";
+    `settings` are generate()'s keyword arguments. Returns the totals.
+    """
     totals = {"seconds_generate": 0.0, "seconds_rerank": 0.0, "new_tokens": 0}
     bar = tqdm(total=len(records), unit="prefix", desc=f"generate ({strategy})", dynamic_ncols=True,
                disable=not progress, file=sys.stderr)
@@ -609,7 +654,7 @@ def generate_file(
         with open(output, "w", encoding="utf-8") as out:
             for start in range(0, len(records), prefix_batch):
                 group = records[start : start + prefix_batch]
-                results = generate(lm, [r["prefix"] for r in group], strategy,
+                results = generate(lm, [r["prefix"] for r in group], strategy, reranker=scorer,
                                    prefix_indices=range(start, start + len(group)), **settings)
                 lines = []
                 for record, result in zip(group, results):
@@ -628,9 +673,4 @@ def generate_file(
     finally:
         bar.close()
     spent = totals["seconds_generate"] + totals["seconds_rerank"]
-    stats = {"generated": len(records), "bad_lines": bad, **totals,
-             "rerank_share": totals["seconds_rerank"] / spent if spent > 0 else 0.0}
-    print(f"generate: {len(records)} prefixes with {strategy}, {bad} bad lines skipped; "
-          f"{totals['seconds_generate']:.1f}s generating, {totals['seconds_rerank']:.1f}s re-ranking "
-          f"({stats['rerank_share']:.1%}) -> {output_path}")
-    return stats
+    return {"generated": len(records), **totals, "rerank_share": totals["seconds_rerank"] / spent if spent > 0 else 0.0}

@@ -12,6 +12,12 @@ Two scores of a continuation c (a candidate suffix) given a prefix x:
   default `reduce="mean"` both terms are divided by c's token count, i.e.
   the mean per-token PMI, which keeps long and short candidates comparable;
   `reduce="sum"` gives the unnormalised log-ratio (Holtzman et al. 2021).
+- `avg_ull`: the average unconditional log-likelihood of the paper's
+  Appendix C.6, log p(x + c) / (|x| + |c|): every token of the joined text
+  (prefix and candidate, each stripped, joined by one space, as the
+  released scoring code joins them) after the LM's start token, averaged
+  over the joined text's tokens; `reduce="sum"` gives log p(x + c). A joined
+  text longer than the LM's context drops the beginning of the prefix.
 
 `reduce="sum"` turns `lm_loglik` into the total log-probability log p(c | x).
 An empty continuation has no tokens to judge and scores -inf.
@@ -41,7 +47,7 @@ import numpy as np
 from rankgen_jax.checkpoints.hf.common import safetensors_files
 from rankgen_jax.errors import RankgenError
 
-LM_METHODS = ("lm_loglik", "pmi")
+LM_METHODS = ("lm_loglik", "pmi", "avg_ull")
 REDUCTIONS = ("mean", "sum")
 
 
@@ -258,10 +264,10 @@ def score_lists(
         raise RankgenError(f"score_lists: {len(prefixes)} prefixes but {len(candidate_lists)} candidate lists")
     contexts, targets = [], []
     for prefix, candidates in zip(prefixes, candidate_lists):
-        context = lm.prefix_ids(prefix)
+        context = [lm.start_id] if method == "avg_ull" else lm.prefix_ids(prefix)
         for candidate in candidates:
             contexts.append(context)
-            targets.append(lm.text_ids(candidate))
+            targets.append(_joined_ids(lm, prefix, candidate) if method == "avg_ull" else lm.text_ids(candidate))
     conditional = token_logprobs(lm, contexts, targets, batch_size)
     if method == "pmi":
         # Each distinct candidate's unconditional log-probability is computed once.
@@ -281,6 +287,17 @@ def score_lists(
             k += 1
         out.append(scores_C)
     return out
+
+
+def _joined_ids(lm: CausalLM, prefix: str, candidate: str) -> list[int]:
+    """Token ids of prefix + " " + candidate (an empty candidate: none, so it scores -inf as in the other
+    methods), cut from the left to fit the LM's context after the start token."""
+    if not candidate.strip():
+        return []
+    ids = lm.text_ids(prefix.strip() + " " + candidate.strip())
+    if lm.max_positions is not None and len(ids) >= lm.max_positions:
+        ids = ids[len(ids) - (lm.max_positions - 1) :]
+    return ids
 
 
 def lm_loglik_scores(lm: CausalLM, prefix: str, candidates: Sequence[str], reduce: str = "mean",

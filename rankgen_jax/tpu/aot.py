@@ -156,6 +156,13 @@ def days_for_steps(step_seconds: float, num_steps: int) -> float:
     return step_seconds * num_steps / 86400.0
 
 
+def implied_utilization(flops_per_device: float, peak_flops_per_device: float, step_seconds: float) -> float:
+    """The fraction of peak a device sustains when its step takes step_seconds (MFU with the model's FLOPs)."""
+    if step_seconds <= 0:
+        raise RankgenError(f"step seconds must be positive, got {step_seconds}")
+    return flops_per_device / (peak_flops_per_device * step_seconds)
+
+
 # --- FLOPs --------------------------------------------------------------------------------
 # XLA's cost analysis counts the body of a while loop once, whatever its trip
 # count, so with scanned layers and GradCache's chunk loops it reports a small
@@ -309,11 +316,17 @@ def _memory_report(stats, hbm_bytes: float) -> dict[str, Any]:
 
 
 def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAULT_UTILIZATIONS,
-                       hlo_out: str | None = None) -> dict[str, Any]:
-    """Compile the train step of the parsed gin config (as `train` reads it) for a TPU topology; returns the report."""
+                       hlo_out: str | None = None, step_seconds: float | None = None) -> dict[str, Any]:
+    """Compile the train step of the parsed gin config (as `train` reads it) for a TPU topology; returns the report.
+
+    step_seconds: a step time (measured, or a paper's: 100k steps in 2 days is 1.728 s) to turn into the
+    model FLOPs utilization (MFU) and the compiled program's utilization it implies.
+    """
     topology = parse_topology(topology_name)
     for u in utilizations:
         step_time_seconds(1.0, 1.0, u)  # validates before minutes of compiling
+    if step_seconds is not None:
+        implied_utilization(1.0, 1.0, step_seconds)
     devices = topology_devices(topology)
 
     # Imported only now: jax (which all of these import) must load after topology_devices has set
@@ -382,6 +395,11 @@ def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAU
         mfu_seconds = step_time_seconds(model_flops, peak, u)
         timings[f"{u:g}"] = {"step_seconds": seconds, "days": days_for_steps(seconds, steps),
                              "mfu_step_seconds": mfu_seconds, "mfu_days": days_for_steps(mfu_seconds, steps)}
+    implied = None
+    if step_seconds is not None:
+        implied = {"step_seconds": step_seconds, "mfu": implied_utilization(model_flops, peak, step_seconds),
+                   "compiled_utilization": implied_utilization(flops, peak, step_seconds),
+                   "days": days_for_steps(step_seconds, steps)}
     return {
         "topology": topology.libtpu_name,
         "requested": topology.requested,
@@ -407,6 +425,7 @@ def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAU
         "peak_flops_per_device": peak,
         "num_steps": steps,
         "timing": timings,
+        "implied_by_step_seconds": implied,
         "compile_seconds": compile_seconds,
     }
 
@@ -440,18 +459,22 @@ def format_report(r: dict[str, Any]) -> str:
         lines.append(f"at {float(u):.0%} of peak: {t['step_seconds']:.4g} s/step, {t['days']:.3g} days for "
                      f"{r['num_steps']} steps; at {float(u):.0%} MFU: {t['mfu_step_seconds']:.4g} s/step, "
                      f"{t['mfu_days']:.3g} days")
+    implied = r.get("implied_by_step_seconds")
+    if implied:
+        lines.append(f"at {implied['step_seconds']:.4g} s/step ({implied['days']:.3g} days for {r['num_steps']} steps): "
+                     f"MFU {implied['mfu']:.1%}, compiled FLOPs at {implied['compiled_utilization']:.1%} of peak")
     lines.append(f"compiled in {r['compile_seconds']:.0f} s")
     return "\n".join(lines)
 
 
 def run_compile(topology: str, utilizations: Sequence[float] = DEFAULT_UTILIZATIONS, *,
-                hlo_out: str | None = None, json_out: str | None = None) -> dict:
+                hlo_out: str | None = None, json_out: str | None = None, step_seconds: float | None = None) -> dict:
     """What `rankgen-jax compile` does with the gin config parsed: compile_train_step, print the report.
 
     json_out: also write the report there. Raises RankgenError when the
     step's buffers exceed the chip's HBM; returns the report otherwise.
     """
-    report = compile_train_step(topology, utilizations, hlo_out=hlo_out)
+    report = compile_train_step(topology, utilizations, hlo_out=hlo_out, step_seconds=step_seconds)
     print(format_report(report))
     if json_out:
         Path(json_out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

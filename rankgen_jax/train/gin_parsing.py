@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import json
 import logging
 import re
 import tokenize
@@ -44,6 +45,17 @@ def find_config_file(name: str) -> Path | None:
     return None
 
 
+def read_grid_file(name: str) -> object:
+    """The JSON of a grid file found by find_config_file; a RankgenError names the file when it is missing or bad."""
+    found = find_config_file(name)
+    if found is None:
+        raise RankgenError(f"{name}: no such grid file (looked in the current folder and {GIN_SEARCH_PATH})")
+    try:
+        return json.loads(found.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RankgenError(f"{name}: not valid JSON ({e})") from None
+
+
 def resolve_gin_file(name: str) -> str:
     """A gin file found by find_config_file; a RankgenError names where it looked."""
     found = find_config_file(name)
@@ -66,7 +78,11 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str],
             texts[path] = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise RankgenError(f"gin file {path}: cannot read it as UTF-8 text ({e})") from None
-    text = "\n".join(list(texts.values()) + list(bindings))
+    # The files they include count too: a recipe may name the seqio tasks' options only in an included file.
+    included: dict[str, str] = {}
+    for path, file_text in texts.items():
+        _add_includes(Path(path), file_text, included)
+    text = "\n".join(list(texts.values()) + list(included.values()) + list(bindings))
     for module in configurables(text):
         importlib.import_module(module)
     gin.clear_config()
@@ -79,6 +95,24 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str],
         raise RankgenError(f"gin config: {_describe_gin_error(e, texts, bindings)}") from None
     finally:
         logging.disable(logging.NOTSET)
+
+
+_INCLUDE = re.compile(r"""^\s*include\s+['"]([^'"]+)['"]""", re.MULTILINE)
+
+
+def _add_includes(path: Path, text: str, found: dict[str, str]) -> None:
+    """The text of every file `text` includes, recursively, into found (path -> text); gin reports missing ones."""
+    for name in _INCLUDE.findall(text):
+        candidate = find_config_file(name)
+        if candidate is None and (path.parent / name).is_file():
+            candidate = path.parent / name
+        if candidate is None or str(candidate) in found:
+            continue
+        try:
+            found[str(candidate)] = candidate.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue  # gin's own parse reports it
+        _add_includes(candidate, found[str(candidate)], found)
 
 
 def _describe_gin_error(e: Exception, texts: dict[str, str], bindings: Sequence[str]) -> str:

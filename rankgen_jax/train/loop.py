@@ -138,8 +138,10 @@ def train(
                 # Optimizer moments start at zero whatever the params, so the fresh opt_state stays valid.
                 state = state.replace(params=partitioning.device_put_tree(init_params, setup.shardings.params))
             if jax.process_index() == 0:  # one writer on shared storage
-                native.save_model_config(workdir_path, model_config,
-                                         data.tokenizer_path() if data.source in TEXT_SOURCES else vocab)
+                # A seqio task's tokenizer when the run starts from scratch: the model then reads text as it learned.
+                saved_vocab = data.tokenizer_path() if data.source in TEXT_SOURCES else (
+                    vocab or getattr(train_source, "vocab_path", None))
+                native.save_model_config(workdir_path, model_config, saved_vocab)
                 provenance = training_provenance(trainer)
                 if provenance:
                     native.save_provenance(workdir_path, provenance)

@@ -26,6 +26,7 @@ from rankgen_jax.data.seqio.tasks import (
     check_cached_vocabularies,
     is_rankgen_task,
     task_spec,
+    task_vocab_path,
     trim_ids_keeping_last,
     vocabulary_fingerprints,
 )
@@ -148,6 +149,8 @@ class SeqioTriples:
         self._task_lengths = {k: int(lengths[k]) for k in ID_FEATURES}
         self.lengths = {k: self._task_lengths[k] for k in keys}
         self.vocabulary = provider.output_features[QUERY].vocabulary
+        # The tokenizer file a model trained on this data reads text with (saved with a model trained from scratch).
+        self.vocab_path = next((task_vocab_path(t.name) for t in self._tasks if is_rankgen_task(t.name)), None)
         self.pad_id = int(self.vocabulary.pad_id)
         self.vocab_size = int(self.vocabulary.vocab_size)
         self.converter = RankGenFeatureConverter(pad_id=self.pad_id, with_negative=with_negative)

@@ -118,6 +118,14 @@ def task_markers(name: str) -> tuple[str, str]:
     return tuple(_TASK_ARGS[name]["markers"])
 
 
+def task_vocab_path(name: str) -> str | None:
+    """A registered task's vocabulary path, without resolving its data paths (a cached read has none)."""
+    if name not in _TASK_ARGS:
+        raise RankgenError(f"{name!r} is not a registered RankGen task")
+    path = _resolve(_TASK_ARGS[name]["vocab_path"])
+    return str(path) if path else None
+
+
 def task_spec(name: str) -> RankGenTaskSpec:
     """The resolved spec of a task registered by `register_rankgen_task`; RankgenError for unset or bad values."""
     if name not in _TASK_ARGS:
@@ -211,6 +219,21 @@ def _unit_examples(spec: RankGenTaskSpec, unit: Document | list[Example], stats:
     if not examples:
         stats.skip(SHORT_DOCUMENT, unit.id)
     return examples
+
+
+def document_examples(name: str, split: str = TRAIN,
+                      stats: ReadStats | None = None) -> Iterator[tuple[Document, list[Example]]]:
+    """The documents of task `name`'s InBook stream for one split, in reading order, each with its examples
+    exactly as the task cuts them; documents no example fits are skipped and counted in `stats`."""
+    spec = task_spec(name)
+    if not spec.reads_documents:
+        raise RankgenError(f"task {name!r} reads no documents (negatives={spec.negatives!r})")
+    _check_split_readable(dataclasses.replace(spec, negatives="inbook"), split)  # the documents only
+    stats = stats if stats is not None else ReadStats()
+    for doc in _inbook_units(spec, split, stats):
+        examples = _unit_examples(spec, doc, stats)
+        if examples:
+            yield doc, examples
 
 
 def _generative_records(path: str, stats: ReadStats) -> Iterator[Example]:
