@@ -67,7 +67,6 @@ def _table(header: tuple[str, ...], rows: list[tuple]) -> list[str]:
 
 def losses_page() -> str:
     from rankgen_jax.losses import registry
-    from rankgen_jax.models.batch_layout import KINDS
 
     lines = ["# Losses", "", GENERATED_NOTE.format(source="the loss registry, `rankgen_jax/losses/registry.py`"), "",
              "Pick one with `LossConfig.name`; its options are `LossConfig` fields of the same name "
@@ -81,7 +80,7 @@ def losses_page() -> str:
     rows = []
     for name in registry.LOSSES:
         form = registry.batch_form(name)
-        kinds = ", ".join(k for k, layout in KINDS.items() if form in layout.arrays)
+        kinds = ", ".join(registry.model_kinds(name))
         accumulation = "no (cross-example terms)" if registry.needs_full_batch(name) else "yes"
         rows.append((_code(name), form, kinds, accumulation))
     lines += _table(("loss", "batch form", "model kinds", "gradient accumulation"), rows)
@@ -160,35 +159,11 @@ def cli_page() -> str:
 
 # ----------------------------------------------------------------------------- configuration
 
-# Which DataConfig.source reads each DataConfig field, read from make_sources and the sources it builds, until
-# rankgen_jax/data/sources.py holds the table itself (DATA_FIELD_SOURCES, SOURCES); then that one is used and this
-# copy goes. A field missing from the table fails the page, so a new field gets an entry.
-DATA_SOURCES = ("examples", "books", "random", "seqio", "lists", "pairs", "retrieval")
-_TEXT = ("examples", "books", "lists", "pairs", "retrieval")
-_RETRIEVAL = ("retrieval",)
-DATA_FIELD_SOURCES: dict[str, tuple[str, ...]] = {
-    "source": DATA_SOURCES, "batch_size": DATA_SOURCES, "seed": DATA_SOURCES, "prefix_length": DATA_SOURCES,
-    "continuation_length": ("examples", "books", "random", "seqio", "lists", "retrieval"),
-    "vocab": _TEXT, "vocab_size": ("random",),
-    "corpus": ("examples", "books"), "holdout_documents": ("examples", "books"), "holdout_ids": ("examples", "books"),
-    "same_document": ("examples", "books"), "with_negative": ("examples", "books", "random", "seqio"),
-    "prefix_words": ("examples",), "min_continuation_words": ("examples",), "max_continuation_words": ("examples",),
-    "recut_examples": ("examples",), "pool_leftovers": ("examples",),
-    "prefix_keep": ("examples", "lists", "retrieval"),
-    "task": ("seqio",), "seqio_cache_dir": ("seqio",), "tfdata_threads": ("seqio",),
-    "train_file": ("lists", "pairs", "retrieval"), "eval_file": ("lists", "pairs", "retrieval"),
-    "list_size": ("lists", "retrieval"),
-    **{name: _RETRIEVAL for name in ("retrieval_corpus", "queries", "qrels", "eval_qrels", "split", "eval_split",
-                                     "negatives_run", "hard_negatives", "positive_choice", "too_few_negatives",
-                                     "title_join")},
-}
-
-
 def data_field_sources() -> tuple[tuple[str, ...], dict[str, tuple[str, ...]]]:
-    """(every source, DataConfig field -> the sources that read it)."""
+    """(every source, DataConfig field -> the sources that read it), as DataConfig checks them."""
     from rankgen_jax.data import sources
 
-    return getattr(sources, "SOURCES", DATA_SOURCES), getattr(sources, "DATA_FIELD_SOURCES", DATA_FIELD_SOURCES)
+    return sources.SOURCES, sources.DATA_FIELD_SOURCES
 
 
 # The configuration page lists these modules' configurables first, in this order (what a training run binds),
