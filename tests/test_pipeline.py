@@ -8,7 +8,6 @@ import pytest
 from rankgen_jax.checkpoints import native
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.train.gin_parsing import parse_gin
-from rankgen_jax.losses.listwise import curriculum_group_labels
 from rankgen_jax.experiments.pipeline import (RANKERS, RETRIEVERS1, PipelineConfig, _ranker_lists, _ranking_metrics,
                                               format_table, run_pipeline)
 from rankgen_jax.data.vocab import BUNDLED_CORPUS
@@ -80,12 +79,6 @@ def test_ranking_metrics_go_through_evaluate_run():
     assert metrics["mrr@10"] == pytest.approx((1 / 2 + 0 + 1) / 3)
     assert metrics["recall@1"] == pytest.approx(1 / 3) and metrics["recall@10"] == pytest.approx(2 / 3)
     assert metrics["n"] == 3
-
-
-def test_curriculum_lists_follow_the_teacher():
-    scores = np.array([0.1, 0.9, 0.5, 0.7, 0.3, 0.2])
-    indices, labels = curriculum_group_labels(scores, 2, (2, 2, 2), np.random.default_rng(0))
-    assert indices[:4].tolist() == [1, 3, 2, 4] and labels[:2].tolist() == [1.0, 0.5]
 
 
 def test_pipeline_config_errors(tmp_path):

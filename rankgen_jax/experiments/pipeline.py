@@ -49,7 +49,7 @@ from rankgen_jax.checkpoints.native import require_vocab_path
 from rankgen_jax.experiments.stages import (StageRun, aligned_table, is_done, log, mark_done,
                                             starting_checkpoint)
 from rankgen_jax.inference.encoder import load_model
-from rankgen_jax.losses.listwise import curriculum_group_labels
+from rankgen_jax.data.curriculum import CurriculumStage, curriculum_groups
 from rankgen_jax.models.configs import HeadConfig, ModelConfig
 from rankgen_jax.retrieval.dense_index import index_corpus, search_queries
 from rankgen_jax.retrieval.sparse import TfidfIndex
@@ -297,7 +297,9 @@ def train_retrievers1(cfg: PipelineConfig, root: Path) -> None:
     for stage, (k, groups) in enumerate(cfg.curriculum):
         lists = []
         for p in pools:
-            indices, labels = curriculum_group_labels(np.asarray(p["teacher_scores"]), k, tuple(groups), rng)
+            # The fixed pool's next ranks are group 2 whole (K' = N_h): see PipelineConfig.curriculum.
+            stage = CurriculumStage(k=k, k_prime=groups[1], n_hard=groups[1], n_rest=groups[2])
+            indices, labels = curriculum_groups(np.asarray(p["teacher_scores"]), stage, rng)
             lists.append({"query": p["query"], "candidates": [p["candidates"][i] for i in indices],
                           "labels": [float(x) for x in labels]})
         name = f"retriever1_cldrd_stage{stage + 1}"
