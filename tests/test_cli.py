@@ -77,7 +77,7 @@ def test_help_lists_every_command_in_order(capsys):
                 if line.startswith("    ") and not line.startswith("     ")]
     assert commands == ["import", "export-hf", "train", "score", "generate-negatives", "merge-negatives",
                         "cache-tasks", "pipeline", "retrieval-example", "demo-curve", "index", "search",
-                        "evaluate", "mine-negatives", "encode", "generate", "generation-metrics", "sweep", "report",
+                        "evaluate", "mine-negatives", "score-candidates", "encode", "generate", "generation-metrics", "sweep", "report",
                         "perspectives", "compile"]
 
 

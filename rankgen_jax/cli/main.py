@@ -34,6 +34,7 @@ SUBCOMMANDS = (
     ranking.add_search,
     ranking.add_evaluate,
     ranking.add_mine_negatives,
+    ranking.add_score_candidates,
     ranking.add_encode,
     generation.add_generate,
     generation.add_generation_metrics,

@@ -101,6 +101,10 @@ class DataConfig:
     title_join: joins a passage's title to its text (None: titles dropped).
     list_size: candidate lists (listwise losses, cross encoders) hold
       list_size candidates (0: 1 + hard_negatives): positives (label 1) first.
+    list_labels: candidate lists' labels: "relevance" (1 positive, 0 negative)
+      or "teacher" (the teacher scores the training file's passages carry, so
+      ListMLE learns the teacher's order); teacher scores always come along as
+      `teacher_scores` for KL / MarginMSE when the file has them.
     """
 
     source: str = "books"
@@ -138,6 +142,7 @@ class DataConfig:
     positive_choice: str = "sample"
     too_few_negatives: str = "fill"
     title_join: str | None = DEFAULT_TITLE_JOIN
+    list_labels: str = "relevance"
 
     def __post_init__(self):
         check_field_types(self)  # gin hands values over unchecked
@@ -315,7 +320,7 @@ def _record_sources(config: DataConfig, layout: BatchLayout) -> tuple[BatchSourc
 def _retrieval_sources(config: DataConfig, layout: BatchLayout) -> tuple[BatchSource, BatchSource]:
     """Queries with positives and hard negatives: from Tevatron files, or passages + queries + qrels (+ a run)."""
     rules = retrieval_source.SamplingRules(config.hard_negatives, config.positive_choice, config.too_few_negatives,
-                                           config.title_join)
+                                           config.title_join, config.list_labels)
     if config.train_file or config.eval_file:
         if config.retrieval_corpus:
             raise RankgenError("DataConfig.source='retrieval' reads Tevatron files (train_file, eval_file) or "
