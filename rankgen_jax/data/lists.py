@@ -10,7 +10,7 @@ candidate 0 is the positive when the batch form is triples. Pair records:
 The ids arrays follow the BatchLayout a source is given (see
 rankgen_jax.models.batch_layout; `[B, C, L]` lists are never split along C):
 - candidate lists, separate towers: `query_ids` [B, Lq] ("pre " marker) and
-  `candidate_ids` [B, C, Lc] ("suffi " marker);
+  `candidate_ids` [B, C, Lc] ("suffi " marker; DataConfig.list_markers sets others);
 - triples, separate towers: `query_ids`, `positive_ids` [B, Lc] (candidate 0)
   and `negative_ids` [B, C - 1, Lc] (the rest; hard negatives);
 - joint pairs (cross encoders): `pair_ids` [B, C, Lq + Lc] (`query </s>
@@ -96,16 +96,19 @@ class ListEncoder:
 
     Lists are cut or padded to list_size candidates (padding masked); float_keys
     are the record fields copied as [B, C] float arrays; seed and the batch
-    index and row numbers seed each row's tie-break noise.
+    index and row numbers seed each row's tie-break noise. markers: the texts
+    put before queries and candidates for separate towers (RankGen's by default).
     """
 
     def __init__(self, text: TextEncoder, layout: BatchLayout, query_length: int, candidate_length: int,
-                 list_size: int, float_keys: Sequence[str] = (), seed: int = 0, query_keep: str = "end"):
+                 list_size: int, float_keys: Sequence[str] = (), seed: int = 0, query_keep: str = "end",
+                 markers: tuple[str, str] = (PREFIX_MARKER, SUFFIX_MARKER)):
         self.text, self.layout, self.list_size, self.float_keys, self.seed = text, layout, list_size, list(float_keys), seed
         self.query_length, self.candidate_length, self.query_keep = query_length, candidate_length, query_keep
+        self.query_marker, self.candidate_marker = markers
 
     def _candidate_ids(self, candidates: Sequence[str]) -> np.ndarray:
-        ids = [encode_truncated(self.text, SUFFIX_MARKER, c, self.candidate_length) for c in candidates]
+        ids = [encode_truncated(self.text, self.candidate_marker, c, self.candidate_length) for c in candidates]
         return pad_batch(ids, self.candidate_length, self.text.pad_id)
 
     def encode(self, records: Sequence[dict], row_numbers: Sequence[int], index: int) -> dict[str, np.ndarray]:
@@ -131,7 +134,8 @@ class ListEncoder:
                 out["pair_type_ids"] = pad_batch([p[1] for p in pairs], length, 0).reshape(num, size, length)
             return out
         out["query_ids"] = pad_batch(
-            [encode_truncated(self.text, PREFIX_MARKER, r["query"], self.query_length, self.query_keep) for r in records],
+            [encode_truncated(self.text, self.query_marker, r["query"], self.query_length, self.query_keep)
+             for r in records],
             self.query_length, self.text.pad_id)
         cand_BxCxL = np.stack([self._candidate_ids(c) for c in padded])
         if self.layout.form == TRIPLES:
@@ -148,14 +152,14 @@ class ListBatches:
 
     def __init__(self, records: list[dict], text: TextEncoder, batch_size: int, layout: BatchLayout, query_length: int,
                  candidate_length: int, list_size: int = 0, seed: int = 0, query_keep: str = "end",
-                 where: str = "lists"):
+                 where: str = "lists", markers: tuple[str, str] = (PREFIX_MARKER, SUFFIX_MARKER)):
         self.text, self.layout = text, layout
         self.list_size = list_size or max(len(r["candidates"]) for r in records)
         if layout.form == TRIPLES and self.list_size < 1:
             raise RankgenError(f"{where}: triples need at least the positive candidate")
         float_keys = [k for k in LIST_FLOAT_KEYS if all(k in r for r in records)]
         self.encoder = ListEncoder(text, layout, query_length, candidate_length, self.list_size, float_keys, seed,
-                                   query_keep)
+                                   query_keep, markers)
         self.batches = RecordBatches(records, batch_size, seed, where)
         self.batch_size, self.seed = batch_size, seed
 

@@ -48,6 +48,7 @@ from typing import Sequence
 import numpy as np
 
 from rankgen_jax.data import jsonl
+from rankgen_jax.data.example_source import PREFIX_MARKER, SUFFIX_MARKER
 from rankgen_jax.data.lists import ListEncoder, RecordBatches
 from rankgen_jax.data.retrieval_files import (DEFAULT_TITLE_JOIN, Passage, Qrels, TextFile, TrainingQuery,
                                               check_qrels, read_numbered_training_queries, read_passages, read_qrels,
@@ -210,7 +211,7 @@ class RetrievalBatches:
 
     def __init__(self, pool: QueryPool, text: TextEncoder, batch_size: int, layout: BatchLayout, query_length: int,
                  candidate_length: int, rules: SamplingRules, list_size: int = 0, seed: int = 0,
-                 query_keep: str = "end"):
+                 query_keep: str = "end", markers: tuple[str, str] = (PREFIX_MARKER, SUFFIX_MARKER)):
         if not pool.queries:
             raise RankgenError(f"{pool.where}: no usable training query ({pool.skipped.describe() or 'none read'})")
         pool.check_scores()
@@ -232,7 +233,8 @@ class RetrievalBatches:
                                    f"hard_negatives={k} negatives")
         self.list_size = size
         float_keys = () if self.triples else ("labels", "teacher_scores") if pool.scored else ("labels",)
-        self.encoder = ListEncoder(text, layout, query_length, candidate_length, size, float_keys, seed, query_keep)
+        self.encoder = ListEncoder(text, layout, query_length, candidate_length, size, float_keys, seed, query_keep,
+                                   markers)
         self.batches = RecordBatches(pool.queries, batch_size, seed, pool.where)
         self.batch_size, self.seed = batch_size, seed
 

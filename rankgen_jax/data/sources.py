@@ -101,6 +101,9 @@ class DataConfig:
     title_join: joins a passage's title to its text (None: titles dropped).
     list_size: candidate lists (listwise losses, cross encoders) hold
       list_size candidates (0: 1 + hard_negatives): positives (label 1) first.
+    list_markers: the texts put before queries and passages of a dual
+      encoder's candidate lists and retrieval data (RankGen's "pre " /
+      "suffi " by default; ("", "") keeps a pretrained retriever's own inputs).
     list_labels: candidate lists' labels: "relevance" (1 positive, 0 negative)
       or "teacher" (the teacher scores the training file's passages carry, so
       ListMLE learns the teacher's order); teacher scores always come along as
@@ -143,9 +146,13 @@ class DataConfig:
     too_few_negatives: str = "fill"
     title_join: str | None = DEFAULT_TITLE_JOIN
     list_labels: str = "relevance"
+    list_markers: tuple[str, ...] = (PREFIX_MARKER, SUFFIX_MARKER)
 
     def __post_init__(self):
         check_field_types(self)  # gin hands values over unchecked
+        if len(self.list_markers) != 2 or not all(isinstance(m, str) for m in self.list_markers):
+            raise RankgenError(f"DataConfig.list_markers must be (query marker, passage marker), got "
+                               f"{self.list_markers!r}")
 
 
 def _row_rng(seed: int, index: int, row: int) -> np.random.Generator:
@@ -278,6 +285,8 @@ def training_conventions(config: DataConfig, layout: BatchLayout = TRIPLE_LAYOUT
         markers, prefix_keep = _seqio_markers(config.task), "start"
     elif config.source in ("lists", "retrieval") and layout.joint:
         markers = ("", "")
+    elif config.source in ("lists", "retrieval"):
+        markers = tuple(config.list_markers)
     elif config.source == "pairs":
         markers, prefix_keep = ("", ""), "start"
         if layout.joint:
@@ -313,7 +322,8 @@ def _record_sources(config: DataConfig, layout: BatchLayout) -> tuple[BatchSourc
             records = read_jsonl(path, lists.check_list_record)
             sources.append(lists.ListBatches(
                 records, text, config.batch_size, layout, config.prefix_length, config.continuation_length,
-                config.list_size, seed, query_keep=config.prefix_keep, where=path))
+                config.list_size, seed, query_keep=config.prefix_keep, where=path,
+                markers=tuple(config.list_markers)))
     return sources[0], sources[1]
 
 
@@ -356,7 +366,7 @@ def _retrieval_sources(config: DataConfig, layout: BatchLayout) -> tuple[BatchSo
         print(pool.summary(), file=sys.stderr, flush=True)
         sources.append(retrieval_source.RetrievalBatches(
             pool, text, config.batch_size, layout, config.prefix_length, config.continuation_length, rules,
-            config.list_size, seed, query_keep=config.prefix_keep))
+            config.list_size, seed, query_keep=config.prefix_keep, markers=tuple(config.list_markers)))
     return sources[0], sources[1]
 
 
