@@ -28,6 +28,7 @@ SUBCOMMANDS = (
     generation.add_merge_negatives,
     data.add_cache_tasks,
     training.add_pipeline,
+    training.add_cl_drd,
     training.add_retrieval_example,
     training.add_demo_curve,
     ranking.add_index,
