@@ -76,7 +76,7 @@ def test_help_lists_every_command_in_order(capsys):
     commands = [line.split()[0] for line in capsys.readouterr().out.splitlines()
                 if line.startswith("    ") and not line.startswith("     ")]
     assert commands == ["import", "export-hf", "train", "score", "generate-negatives", "merge-negatives",
-                        "cache-tasks", "pipeline", "cl-drd", "retrieval-example", "demo-curve", "index", "search",
+                        "cache-tasks", "pipeline", "cl-drd", "cl-drd-example", "retrieval-example", "demo-curve", "index", "search",
                         "evaluate", "mine-negatives", "score-candidates", "encode", "generate", "generation-metrics", "sweep", "report",
                         "perspectives", "compile"]
 

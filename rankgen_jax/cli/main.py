@@ -29,6 +29,7 @@ SUBCOMMANDS = (
     data.add_cache_tasks,
     training.add_pipeline,
     training.add_cl_drd,
+    training.add_cl_drd_example,
     training.add_retrieval_example,
     training.add_demo_curve,
     ranking.add_index,
