@@ -256,3 +256,25 @@ def test_score_file_teacher_resume_and_shards(collection, tmp_path, monkeypatch,
     assert cli_out.read_bytes() == whole.read_bytes()
     with pytest.raises(RankgenError, match="give a Tevatron training file or a run"):
         teachers.score_candidates(str(tmp_path / "x.jsonl"), teacher, progress=False)
+
+
+def test_file_scores_are_sentence_transformers_labels(tmp_path, one_torch_thread):
+    """A record's scores in the order positive, negatives are the `label` list sentence-transformers' MarginMSELoss
+    and DistillKLDivLoss take: on the same embeddings their losses equal ours on the file's teacher scores."""
+    import torch
+    from sentence_transformers.sentence_transformer.losses import DistillKLDivLoss, MarginMSELoss
+
+    from rankgen_jax.losses.listwise import kl_distillation_loss, margin_mse_loss
+
+    records = [r for r in scored_records(8, seed=4) if len(r["negative_passages"]) >= 3][:4]
+    queries = read_training_queries(write_jsonl(tmp_path / "scored.jsonl", records))
+    labels = np.array([[q.positives[0].score] + [p.score for p in q.negatives[:3]] for q in queries], np.float32)
+    rng = np.random.default_rng(2)
+    query, columns = rng.normal(size=(4, 8)).astype(np.float32), rng.normal(size=(4, 4, 8)).astype(np.float32)
+    embeddings = [torch.from_numpy(query)] + [torch.from_numpy(columns[:, c]) for c in range(4)]
+    ours = {"query": query, "candidates": columns}
+    batch = {"teacher_scores": labels}
+    st_margin = MarginMSELoss(None).compute_loss_from_embeddings(embeddings, torch.from_numpy(labels))
+    st_kl = DistillKLDivLoss(None).compute_loss_from_embeddings(embeddings, torch.from_numpy(labels))
+    assert float(margin_mse_loss(ours, batch, {})[0]) == pytest.approx(float(st_margin), rel=1e-5)
+    assert float(kl_distillation_loss(ours, batch, {})[0]) == pytest.approx(float(st_kl), rel=1e-5)

@@ -22,6 +22,7 @@ from pathlib import Path
 import gin
 import numpy as np
 
+from rankgen_jax.checkpoints import native
 from rankgen_jax.data.beir_books import BooksCollectionConfig, build_books_collection
 from rankgen_jax.data.retrieval_files import read_passages, read_queries, read_run, write_run
 from rankgen_jax.data.sources import DataConfig
@@ -42,21 +43,25 @@ SPLITS = ("dev", "test")
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 class ClDrdExampleConfig:
-    """The collection, the starting student and the teacher's training; CL-DRD's own settings are ClDrdConfig's."""
+    """The collection, the starting student (an HF folder, "minilm" or a rankgen_jax checkpoint) and the teacher's
+    training; CL-DRD's own settings are ClDrdConfig's."""
 
-    passages_per_book: int = 100
+    passages_per_book: int = 50
     test_books: int = 2
     dev_books: int = 1
+    prefix_words: int = 64
+    min_continuation_words: int = 10
+    max_continuation_words: int = 40
     student: str = MINILM
-    teacher_steps: int = 150
-    teacher_batch_size: int = 8
-    teacher_list_size: int = 8
-    teacher_learning_rate: float = 3e-5
-    teacher_query_length: int = 128
-    teacher_passage_length: int = 96
+    teacher_steps: int = 60
+    teacher_batch_size: int = 4
+    teacher_list_size: int = 6
+    teacher_learning_rate: float = 5e-5
+    teacher_query_length: int = 96
+    teacher_passage_length: int = 64
     mining_depth: str = "1-30"
     mined_negatives: int = 15
-    rerank_depth: int = 20
+    rerank_depth: int = 10
     bm25_depth: int = 100
     measures: tuple[str, ...] = ("nDCG@10", "RR@10", "R@100")
 
@@ -94,7 +99,8 @@ def _train_teacher(beir: Path, root: Path, init: Path, cfg: ClDrdExampleConfig) 
                       continuation_length=cfg.teacher_passage_length, prefix_keep="end")
     ranker = ModelConfig(head=HeadConfig(pooling="first", projection_dim=0), kind="cross_encoder")
     trainer = TrainerConfig(num_steps=cfg.teacher_steps, log_every=10, eval_every=0,
-                            checkpoint_every=cfg.teacher_steps, init_checkpoint=str(init), async_checkpoints=False)
+                            checkpoint_every=min(50, cfg.teacher_steps), init_checkpoint=str(init),
+                            async_checkpoints=False)
     optimizer = OptimizerConfig(name="adamw", learning_rate=cfg.teacher_learning_rate, schedule="linear",
                                 warmup_steps=max(1, cfg.teacher_steps // 10), total_steps=cfg.teacher_steps,
                                 weight_decay=0.01, clip_grad_norm=1.0)
@@ -188,10 +194,13 @@ def run_cl_drd_example(workdir: str, cfg: ClDrdExampleConfig | None = None,
     beir = root / "beir"
     if "collection" not in results:
         collection = BooksCollectionConfig(passages_per_book=cfg.passages_per_book, test_books=cfg.test_books,
-                                           dev_books=cfg.dev_books)
+                                           dev_books=cfg.dev_books, prefix_words=cfg.prefix_words,
+                                           min_continuation_words=cfg.min_continuation_words,
+                                           max_continuation_words=cfg.max_continuation_words)
         results["collection"] = job.stage("collection", build_books_collection,
                                           bundled_books() if corpus is None else corpus, beir, collection)
-    init = starting_checkpoint("", cfg.student, root, "ClDrdExampleConfig.student")
+    init = Path(cfg.student) if native.is_checkpoint_dir(cfg.student) else starting_checkpoint(
+        "", cfg.student, root, "ClDrdExampleConfig.student")
     if "bm25" not in results:
         results["bm25"] = job.stage("bm25", _bm25, beir, root, cfg)
     teacher = job.stage("teacher", _train_teacher, beir, root, init, cfg)
