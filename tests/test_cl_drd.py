@@ -215,3 +215,29 @@ def test_shard_workers_give_the_coordinators_artefacts(setup, uninterrupted, mon
         assert got[rel] == want[rel], rel
     with pytest.raises(RankgenError, match="shard_index 2 is outside 0..1"):
         cl_drd.run_shard_worker(str(workdir), 2, cfg)
+
+
+def test_cli_runs_the_gin_configured_job_and_refuses_a_missing_input(tmp_path, capsys):
+    from rankgen_jax.cli.main import main
+
+    assert main(["cl-drd", "--workdir", str(tmp_path / "run"), "--gin.ClDrdConfig.stages=((2, 4, 2, 2),)",
+                 "--gin.ClDrdConfig.epochs=(1,)", "--gin.ClDrdConfig.learning_rates=(1e-3,)",
+                 "--gin.ClDrdConfig.depth=10"]) == 2
+    assert "ClDrdConfig.corpus is required" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_books_example_writes_its_table(setup, tmp_path):
+    """cl-drd-example end to end with tiny models: BM25, the teacher, CL-DRD, the table with SEs and rates."""
+    from rankgen_jax.experiments.cl_drd_example import ClDrdExampleConfig, run_cl_drd_example
+
+    books = [d for d in require_documents(BUNDLED_CORPUS)[0] if d.id.startswith("austen/")][:4]
+    example = ClDrdExampleConfig(passages_per_book=8, test_books=1, dev_books=1, prefix_words=32,
+                                 max_continuation_words=24, student=str(setup / "student"), teacher_steps=2,
+                                 teacher_batch_size=8, teacher_list_size=4, teacher_query_length=24,
+                                 teacher_passage_length=24, mined_negatives=6, rerank_depth=5)
+    results = run_cl_drd_example(str(tmp_path / "example"), example, config(setup, num_shards=1), corpus=books)
+    table = (tmp_path / "example" / "cl_drd_example_table.md").read_text()
+    assert "| BM25 |" in table and "teacher re-ranking" in table and table.count("\n") == 2 + 2 + 3
+    assert set(results["bm25"]) == {"dev", "test"} and results["bm25"]["test"]["queries"] == 8
+    assert all(v is not None and v > 0 for v in results["rates"].values())

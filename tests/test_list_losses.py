@@ -474,6 +474,10 @@ def test_lambdarank_with_retrieval_ranks_matches_reference_value_and_gradient():
     np.testing.assert_allclose(scalar(loss), want_loss, rtol=RTOL, atol=ATOL)
     got_grad = grad_wrt_scores("lambdarank_mrr", scores, with_ranks, rank_source="retrieval")
     np.testing.assert_allclose(got_grad, want_grad, rtol=1e-4, atol=1e-7)
+    # logit_scale multiplies the scores before the pair losses (ranks do not change).
+    scaled, _ = run("lambdarank_mrr", {"scores": scores}, with_ranks, rank_source="retrieval", logit_scale=20.0)
+    np.testing.assert_allclose(scalar(scaled), ref_lambdarank(20.0 * scores, with_ranks, student_ranks=ranks)[0],
+                               rtol=RTOL, atol=ATOL)
     # The list's own ranks give another loss: the source of pi matters.
     list_loss, _ = run("lambdarank_mrr", {"scores": scores}, with_ranks)
     assert abs(scalar(list_loss) - want_loss) > 1e-3

@@ -107,6 +107,9 @@ class ClDrdConfig:
     rank_source: pi of eq. (2): "retrieval" (the student's retrieved list,
       as the paper defines it) or "list" (its ranking of the training list at
       each step, as the released code computes it).
+    logit_scale: multiplies the student's scores in eq. (2): 1 for the
+      paper's dot-product students; larger for a student with unit vectors
+      (cosine scores), such as all-MiniLM-L6-v2.
     """
 
     corpus: str = ""
@@ -135,6 +138,7 @@ class ClDrdConfig:
     query_keep: str = "start"
     markers: tuple[str, ...] = ()
     rank_source: str = "retrieval"
+    logit_scale: float = 1.0
     teacher_query_length: int = 30
     teacher_passage_length: int = 256
     teacher_batch_size: int = 64
@@ -370,7 +374,8 @@ class Job:
                                 init_checkpoint=str(self.student(t - 1)), seed=cfg.seed + t, async_checkpoints=False)
         started = time.time()
         metrics = train(str(workdir), trainer=trainer, data=data,
-                        loss=LossConfig(name="lambdarank_mrr", rank_source=cfg.rank_source), optimizer=optimizer)
+                        loss=LossConfig(name="lambdarank_mrr", rank_source=cfg.rank_source,
+                                        logit_scale=cfg.logit_scale), optimizer=optimizer)
         if metrics.get("preempted"):
             raise RankgenError(f"{workdir}: training was stopped before its end (SIGTERM); rerun to resume")
         mark_done(workdir)

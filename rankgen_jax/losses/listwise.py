@@ -280,6 +280,7 @@ def lambdarank_mrr_loss(
     loss_params: dict[str, Array],
     *,
     rank_source: str = "list",
+    logit_scale: float = 1.0,
 ) -> tuple[Array, dict[str, Array]]:
     """CL-DRD's loss (eq. 2): LambdaRank with MRR deltas, a weighted pairwise logistic loss over label-ordered pairs.
 
@@ -293,6 +294,9 @@ def lambdarank_mrr_loss(
     valid candidates). The loss is the sum of weighted pair losses divided by
     the number of such pairs in the whole batch (a per-batch mean over valid
     pairs, as the released code's mean, so lists with more pairs weigh more).
+    logit_scale multiplies the scores first (1 in the paper, whose student
+    scores are unbounded dot products; a student with unit vectors, cosine
+    scores in [-1, 1], needs a larger one, as in-batch softmax does).
     """
     del loss_params
     if rank_source not in RANK_SOURCES:
@@ -301,7 +305,7 @@ def lambdarank_mrr_loss(
     shape = scores_BxL.shape
     mask_BxL = _mask(batch, "candidate_mask", shape)
     labels_BxL = jnp.where(mask_BxL, _batch_array(batch, "labels", shape), 0.0)
-    scores_BxL = jnp.where(mask_BxL, scores_BxL, 0.0)
+    scores_BxL = jnp.where(mask_BxL, scores_BxL, 0.0) * logit_scale
 
     if rank_source == "retrieval":
         rank_BxL = jnp.where(mask_BxL, _batch_array(batch, "student_ranks", shape), 1.0)
