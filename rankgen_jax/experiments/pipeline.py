@@ -366,15 +366,15 @@ def train_retrievers1(cfg: PipelineConfig, root: Path) -> None:
     # CL-DRD: each curriculum stage continues from the previous one; the budget is split evenly.
     rng = np.random.default_rng(cfg.seed)
     previous = start
-    for stage, (k, groups) in enumerate(cfg.curriculum):
+    for number, (k, groups) in enumerate(cfg.curriculum, start=1):
+        # The fixed pool's next ranks are group 2 whole (K' = N_h): see PipelineConfig.curriculum.
+        stage = CurriculumStage(k=k, k_prime=groups[1], n_hard=groups[1], n_rest=groups[2])
         lists = []
         for p in pools:
-            # The fixed pool's next ranks are group 2 whole (K' = N_h): see PipelineConfig.curriculum.
-            stage = CurriculumStage(k=k, k_prime=groups[1], n_hard=groups[1], n_rest=groups[2])
             indices, labels = curriculum_groups(np.asarray(p["teacher_scores"]), stage, rng)
             lists.append({"query": p["query"], "candidates": [p["candidates"][i] for i in indices],
                           "labels": [float(x) for x in labels]})
-        name = f"retriever1_cldrd_stage{stage + 1}"
+        name = f"retriever1_cldrd_stage{number}"
         run(name, lists, LossConfig(name="lambdarank_mrr"), previous, cfg.distill_minutes / len(cfg.curriculum))
         previous = str(root / name)
     final = root / "retriever1_cldrd"
