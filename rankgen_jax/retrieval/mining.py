@@ -293,8 +293,10 @@ def load_training_queries(corpus: TextFile, train_file: str | None = None, queri
             print(f"{train_file}: skipped {missing.count} queries: {missing.describe()}", file=sys.stderr)
             skipped[POSITIVE_MISSING] = missing.count
         dropped = set(missing.numbers())
-        # Their negatives are what mining replaces.
-        queries = [dataclasses.replace(q, negatives=()) for n, q in numbered if n not in dropped]
+        # Their negatives are what mining replaces; scores and ranks went with the old negatives' list (a file
+        # scores all its passages or none), so the positives' go too.
+        queries = [dataclasses.replace(q, negatives=(), positives=tuple(
+            dataclasses.replace(p, score=None, rank=None) for p in q.positives)) for n, q in numbered if n not in dropped]
         return queries, qrels, skipped
     if qrels is None:
         raise RankgenError(f"{queries_path}: a queries file needs qrels to say its positives")
