@@ -12,7 +12,7 @@ AOT_STAMP := $(AOT_VENV)/.installed
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: venv aot-venv demo demo-curve ablations retrieval-example smoke test test-all test-aot wheel-check docs bench bench-gpu bench-gpu-wheels clean
+.PHONY: venv aot-venv demo demo-curve ablations retrieval-example cl-drd-example smoke test test-all test-aot wheel-check docs bench bench-gpu bench-gpu-wheels clean
 
 # Creates or updates .venv only when requirements.txt or pyproject.toml changed.
 venv: $(STAMP)
@@ -49,6 +49,11 @@ ablations: venv
 # TREC run, nDCG@10 / RR@10 / R@100 on the test books (runs/retrieval_example/retrieval_table.md).
 retrieval-example: venv
 	.venv/bin/rankgen-jax retrieval-example --workdir runs/retrieval_example
+
+# CL-DRD on the bundled books (gin_configs/cl_drd/books_cpu.gin): BM25, a MiniLM cross-encoder teacher trained first,
+# three CL-DRD iterations from zero-shot MiniLM, the per-iteration table (runs/cl_drd_example/cl_drd_example_table.md).
+cl-drd-example: venv
+	.venv/bin/rankgen-jax cl-drd-example --workdir runs/cl_drd_example
 
 # Quick check of the model core: random T5 -> checkpoint -> HF export -> same vectors in PyTorch.
 smoke: venv

@@ -76,10 +76,10 @@ def test_help_lists_every_command_in_order(capsys):
     commands = [line.split()[0] for line in capsys.readouterr().out.splitlines()
                 if line.startswith("    ") and not line.startswith("     ")]
     assert commands == ["import", "export-hf", "train", "score", "split-data", "generate-negatives",
-                        "merge-negatives", "cache-tasks", "pipeline", "retrieval-example", "recipe-example",
-                        "demo-curve", "index", "search", "bm25", "evaluate", "mine-negatives", "suffix-negatives",
-                        "encode", "generate", "generation-metrics", "generation-sweep", "sweep", "report",
-                        "perspectives", "compile", "smoke"]
+                        "merge-negatives", "cache-tasks", "pipeline", "cl-drd", "cl-drd-example", "retrieval-example",
+                        "recipe-example", "demo-curve", "index", "search", "bm25", "evaluate", "mine-negatives",
+                        "suffix-negatives", "score-candidates", "encode", "generate", "generation-metrics",
+                        "generation-sweep", "sweep", "report", "perspectives", "compile", "smoke"]
 
 
 def test_hf_import_export_is_bit_exact(tmp_path, capsys, hf_t5_folder):

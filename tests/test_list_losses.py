@@ -134,12 +134,15 @@ def ref_student_ranks(s, valid):
     return {j: r + 1 for r, j in enumerate(ranked)}
 
 
-def ref_lambdarank(scores, batch):
-    """Loss and its gradient wrt scores (ranks are piecewise constant, so weights are constants)."""
+def ref_lambdarank(scores, batch, student_ranks=None):
+    """Loss and its gradient wrt scores (ranks are piecewise constant, so weights are constants).
+
+    student_ranks: pi from these [B, L] ranks (rank_source "retrieval"), else the student's ranking of each list.
+    """
     total, num_pairs = 0.0, 0
     grad = np.zeros(scores.shape)
     for b, (s, y, _, valid) in enumerate(rows(scores, batch)):
-        rank = ref_student_ranks(s, valid)
+        rank = ref_student_ranks(s, valid) if student_ranks is None else {j: student_ranks[b][j] for j in valid}
         for i in valid:
             for j in valid:
                 if y[i] > y[j]:
@@ -461,60 +464,24 @@ def test_missing_or_misshapen_inputs_raise():
         list_losses.margin_mse_loss({"scores": scores}, bad_mask, {})
 
 
-# ----------------------------------------------------------------------------- CL-DRD labels
-
-
-@pytest.mark.parametrize("stage", list_losses.CL_DRD_STAGES)
-def test_curriculum_group_labels_invariants(stage):
-    k, sizes = stage
-    teacher = np.random.RandomState(14).normal(size=100)
-    ranked = list(np.argsort(-teacher))
-    indices, labels = list_losses.curriculum_group_labels(teacher, k, sizes, rng=123)
-    assert indices.shape == labels.shape == (30,)
-    assert len(set(indices.tolist())) == 30
-    g1, g2 = sizes[0], sizes[0] + sizes[1]
-    assert indices[:g1].tolist() == ranked[:k]
-    np.testing.assert_allclose(labels[:g1], 1.0 / np.arange(1, k + 1), rtol=1e-7)
-    assert indices[g1:g2].tolist() == ranked[g1:g2]
-    assert set(indices[g2:].tolist()) <= set(ranked[g2:])
-    groups = [labels[:g1], labels[g1:g2], labels[g2:]]
-    for group in groups[1:]:
-        assert len(set(group.tolist())) <= 1  # each lower group shares one label
-    for hi in range(3):
-        for lo in range(hi + 1, 3):
-            if len(groups[hi]) and len(groups[lo]):
-                assert groups[hi].min() > groups[lo].max()
-    again, again_labels = list_losses.curriculum_group_labels(teacher, k, sizes, rng=np.random.default_rng(123))
-    np.testing.assert_array_equal(again, indices)
-    np.testing.assert_array_equal(again_labels, labels)
-    if sizes[2]:
-        other, _ = list_losses.curriculum_group_labels(teacher, k, sizes, rng=7)
-        assert other[g2:].tolist() != indices[g2:].tolist()
-        assert other[:g2].tolist() == indices[:g2].tolist()
-
-
-def test_curriculum_labels_feed_lambdarank():
-    k, sizes = list_losses.CL_DRD_STAGES[0]
-    teacher = np.random.RandomState(15).normal(size=(2, 50))
-    labels = np.stack([list_losses.curriculum_group_labels(t, k, sizes, rng=b)[1] for b, t in enumerate(teacher)])
-    scores = np.random.RandomState(16).normal(size=labels.shape).astype(np.float32)
-    batch = {"labels": labels}
-    loss, _ = run("lambdarank_mrr", {"scores": scores}, batch)
-    np.testing.assert_allclose(scalar(loss), ref_lambdarank(scores, batch)[0], rtol=RTOL)
-
-
-@pytest.mark.parametrize(
-    "teacher, k, sizes, match",
-    [
-        (np.zeros(20), 5, (5, 12, 13), "smaller than the list size"),
-        (np.zeros(40), 4, (5, 12, 13), "k must be"),
-        (np.zeros(40), 0, (0, 10, 10), "k must be"),
-        (np.zeros((2, 40)), 5, (5, 12, 13), "1-D"),
-        (np.zeros(40), 5, (5, 12), "three non-negative"),
-        (np.zeros(40), 5, (5, -1, 13), "three non-negative"),
-        (np.array([np.nan] * 40), 5, (5, 12, 13), "finite"),
-    ],
-)
-def test_curriculum_group_labels_rejects_bad_input(teacher, k, sizes, match):
-    with pytest.raises(RankgenError, match=match):
-        list_losses.curriculum_group_labels(teacher, k, sizes, rng=0)
+def test_lambdarank_with_retrieval_ranks_matches_reference_value_and_gradient():
+    """rank_source="retrieval": pi is the candidate's rank in the student's retrieved list, given by the batch."""
+    scores, batch, _ = make_list_batch(seed=21)
+    ranks = np.random.RandomState(22).permutation(200)[: scores.size].reshape(scores.shape).astype(np.float32) + 1
+    with_ranks = {**batch, "student_ranks": ranks}
+    loss, _ = run("lambdarank_mrr", {"scores": scores}, with_ranks, rank_source="retrieval")
+    want_loss, want_grad = ref_lambdarank(scores, with_ranks, student_ranks=ranks)
+    np.testing.assert_allclose(scalar(loss), want_loss, rtol=RTOL, atol=ATOL)
+    got_grad = grad_wrt_scores("lambdarank_mrr", scores, with_ranks, rank_source="retrieval")
+    np.testing.assert_allclose(got_grad, want_grad, rtol=1e-4, atol=1e-7)
+    # logit_scale multiplies the scores before the pair losses (ranks do not change).
+    scaled, _ = run("lambdarank_mrr", {"scores": scores}, with_ranks, rank_source="retrieval", logit_scale=20.0)
+    np.testing.assert_allclose(scalar(scaled), ref_lambdarank(20.0 * scores, with_ranks, student_ranks=ranks)[0],
+                               rtol=RTOL, atol=ATOL)
+    # The list's own ranks give another loss: the source of pi matters.
+    list_loss, _ = run("lambdarank_mrr", {"scores": scores}, with_ranks)
+    assert abs(scalar(list_loss) - want_loss) > 1e-3
+    with pytest.raises(RankgenError, match="rank_source"):
+        list_losses.lambdarank_mrr_loss({"scores": scores}, with_ranks, {}, rank_source="corpus")
+    with pytest.raises(RankgenError, match="student_ranks"):
+        list_losses.lambdarank_mrr_loss({"scores": scores}, batch, {}, rank_source="retrieval")

@@ -14,7 +14,7 @@ from test_dense_index import model_dir  # noqa: F401 (a fixture: a tiny random-i
 from rankgen_jax.cli.main import main
 from rankgen_jax.data.retrieval_files import join_title, read_training_queries
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.retrieval import bm25, mining
+from rankgen_jax.retrieval import bm25, mining, resumable
 from rankgen_jax.retrieval.dense_index import index_corpus, search_queries
 
 WORDS = ("rain moor house letter candle storm harbour keeper stairs fire snow river bridge garden window night "
@@ -239,7 +239,7 @@ def test_resume_after_an_interruption_writes_the_uninterrupted_file(files, monke
     want = mining.mine_negatives(str(whole), **args)
 
     out = files["dir"] / "resumed.jsonl"
-    real_write_progress = mining._write_progress
+    real_write_progress = resumable.write_progress
     calls = []
 
     def dies_on_the_second_record(path, record):
@@ -248,10 +248,10 @@ def test_resume_after_an_interruption_writes_the_uninterrupted_file(files, monke
             raise KeyboardInterrupt  # the second batch is on disk, its progress record is not
         real_write_progress(path, record)
 
-    monkeypatch.setattr(mining, "_write_progress", dies_on_the_second_record)
+    monkeypatch.setattr(resumable, "write_progress", dies_on_the_second_record)
     with pytest.raises(KeyboardInterrupt):
         mining.mine_negatives(str(out), **args)
-    monkeypatch.setattr(mining, "_write_progress", real_write_progress)
+    monkeypatch.setattr(resumable, "write_progress", real_write_progress)
     assert len(out.read_text().splitlines()) == 4
     with out.open("a", encoding="utf-8") as f:
         f.write('{"query_id": "q4", "query": "fi')  # and a crash mid-line
@@ -422,3 +422,92 @@ def test_bm25_command_writes_a_trec_run_of_bm25s_rankings(files, capsys):
         assert main([*command, "--queries", str(beir)]) == 2
         assert "is a BEIR folder: name the split whose queries to read with --split (its splits: test)" in \
             capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------
+# The false-negative filter
+
+
+def test_false_negative_filter_on_a_case_computed_by_hand():
+    """Positives 2.0 and 5.0: the lower, p = 2.0, is the bar. Absolute margin 0.1 drops s > 1.9; relative margin
+    0.1 then drops s > 2.0 - 0.2 = 1.8."""
+    rules = mining.FalseNegativeFilter(absolute_margin=0.1, relative_margin=0.1).drops(
+        np.array([2.0, 5.0]), np.array([2.5, 2.0, 1.95, 1.85, 1.8, 1.0, -3.0]))
+    assert rules == ["absolute_margin"] * 3 + ["relative_margin", None, None, None]
+    # Margin 0: only candidates above the positive go; an equal score stays.
+    assert mining.FalseNegativeFilter(absolute_margin=0.0).drops(np.array([1.0]), np.array([1.5, 1.0, 0.5])) == [
+        "absolute_margin", None, None]
+    # A negative positive score: the bar is p - |p| r = -2 - 1 = -3, not (1 - r) p = -1 (sentence-transformers #3819).
+    assert mining.FalseNegativeFilter(relative_margin=0.5).drops(np.array([-2.0]), np.array([-2.5, -3.5, -0.5])) == [
+        "relative_margin", None, "relative_margin"]
+    assert not mining.FalseNegativeFilter().active
+    for bad in (-0.1, float("nan"), True):
+        with pytest.raises(RankgenError, match="absolute_margin must be a finite number >= 0"):
+            mining.FalseNegativeFilter(absolute_margin=bad)
+
+
+def test_bm25_filter_drops_what_scores_above_the_positive_and_counts_it(files):
+    # Each query's positive is the passage BM25 ranks 5th, so about four candidates score above it.
+    qrels = files["dir"] / "fifth.txt"
+    qrels.write_text("".join(f"{q} 0 {sorted(bm25s_ranking(t), key=lambda x: (-x[1], x[0]))[4][0]} 1\n"
+                             for q, t in QUERIES.items()), encoding="utf-8")
+    args = dict(corpus_path=files["corpus"], queries_path=files["queries"], qrels_path=str(qrels),
+                depth="1-30", negatives=30, progress=False)
+    plain = read_output(files["dir"] / "plain.jsonl") if mining.mine_negatives(
+        str(files["dir"] / "plain.jsonl"), **args) else None
+    summary = mining.mine_negatives(str(files["dir"] / "filtered.jsonl"), absolute_margin=0.0, **args)
+    filtered = read_output(files["dir"] / "filtered.jsonl")
+    records = {json.loads(l)["query_id"]: json.loads(l) for l in (files["dir"] / "filtered.jsonl").read_text()
+               .splitlines()}
+    total = 0
+    for qid, query in plain.items():
+        scores = dict(bm25s_ranking(QUERIES[qid]))
+        bar = min(scores.get(p.id, 0.0) for p in query.positives)
+        want_kept = [p.id for p in query.negatives if scores[p.id] <= bar + 1e-6]
+        dropped = len(query.negatives) - len(want_kept)
+        total += dropped
+        if want_kept:
+            assert [p.id for p in filtered[qid].negatives] == want_kept, qid
+            assert records[qid]["dropped_false_negatives"] == dropped
+        else:
+            assert qid not in filtered
+    report = summary["false_negative_filter"]
+    assert report["dropped_total"] == report["dropped"]["absolute_margin"] == total > 0
+    assert report["candidates_judged"] == sum(len(q.negatives) for q in plain.values())
+    assert report["queries_with_drops"] >= 1 and report["most_dropped_in_one_query"] >= 1
+    assert summary["skipped"].get(mining.ALL_FILTERED, 0) == sum(qid not in filtered for qid in plain)
+
+
+def test_teacher_judge_uses_the_teachers_scores_and_writes_them(files):
+    """A teacher given as a run of scores: the filter reads its scores, not BM25's; the passages carry them."""
+    args = dict(corpus_path=files["corpus"], queries_path=files["queries"], qrels_path=files["qrels"],
+                depth="1-30", negatives=30, progress=False)
+    plain = read_output(files["dir"] / "plain.jsonl") if mining.mine_negatives(
+        str(files["dir"] / "plain.jsonl"), **args) else None
+    teacher_scores = {}
+    lines = []
+    rng = np.random.RandomState(3)
+    for qid, query in plain.items():
+        for p in query.positives:
+            teacher_scores[(qid, p.id)] = 4.0
+        for p in query.negatives:
+            teacher_scores[(qid, p.id)] = float(np.round(rng.uniform(0, 5), 3))
+    for (qid, docid), score in teacher_scores.items():
+        lines.append(f"{qid} Q0 {docid} 1 {score} teacher\n")
+    run = files["dir"] / "teacher.trec"
+    run.write_text("".join(lines), encoding="utf-8")
+    out = files["dir"] / "judged.jsonl"
+    summary = mining.mine_negatives(str(out), relative_margin=0.25, judge="teacher", teacher=str(run), **args)
+    judged = read_output(out)
+    dropped = 0
+    for qid, query in plain.items():
+        kept = [p.id for p in query.negatives if teacher_scores[(qid, p.id)] <= 4.0 - 1.0]
+        dropped += len(query.negatives) - len(kept)
+        assert [p.id for p in judged[qid].negatives] == kept
+        assert [p.score for p in judged[qid].negatives] == pytest.approx([teacher_scores[(qid, d)] for d in kept])
+        assert all(p.score == 4.0 for p in judged[qid].positives)
+    assert summary["false_negative_filter"]["dropped"] == {"absolute_margin": 0, "relative_margin": dropped}
+    with pytest.raises(RankgenError, match="needs a teacher"):
+        mining.mine_negatives(str(files["dir"] / "x.jsonl"), relative_margin=0.1, judge="teacher", **args)
+    with pytest.raises(RankgenError, match="give --absolute_margin or --relative_margin"):
+        mining.mine_negatives(str(files["dir"] / "x.jsonl"), judge="teacher", teacher=str(run), **args)

@@ -8,9 +8,9 @@ import pytest
 from rankgen_jax.checkpoints import native
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.train.gin_parsing import parse_gin
-from rankgen_jax.losses.listwise import curriculum_group_labels
-from rankgen_jax.experiments.pipeline import (RANKERS, RETRIEVERS1, PipelineConfig, _ranker_lists, _ranking_metrics,
-                                              format_table, run_pipeline)
+from rankgen_jax.experiments.pipeline import (RETRIEVERS1, PipelineConfig, _ranker_lists, _ranking_metrics,
+                                              format_table, hard_negative_pools, run_pipeline)
+from rankgen_jax.retrieval.sparse import TfidfIndex
 from rankgen_jax.data.vocab import BUNDLED_CORPUS
 from test_inference import SHARED, random_params
 
@@ -33,16 +33,31 @@ def test_pipeline_runs_end_to_end(tmp_path, tiny_corpus, spiece_model):
                          num_eval_queries=8, init_from_hf="", init_checkpoint=str(init), query_length=32,
                          candidate_length=24, pool_size=6, ranker_list_size=3, rerank_depth=5,
                          curriculum=((2, (2, 2, 2)), (6, (6, 0, 0))), retriever_batch_size=8, ranker_batch_size=8,
-                         distill_batch_size=8, max_steps=2, teacher_batch_size=16)
+                         distill_batch_size=8, max_steps=2, teacher_batch_size=16, hard_negative_pool_size=4,
+                         rankers=("listmle", "kl", "bce"))
     results = run_pipeline(str(tmp_path / "run"), cfg)
     table = results["table"]
-    assert set(table) == {"tfidf", "zero_shot", "retriever0", *RANKERS, *RETRIEVERS1}
+    assert set(table) == {"tfidf", "zero_shot", "retriever0", *cfg.ranker_names, *RETRIEVERS1}
+    assert cfg.ranker_names == ("ranker0_listmle", "ranker0_kl", "ranker0_bce")
+    # DKMR^2's retriever: two independent towers reading the first token, started from the one encoder.
+    retriever0 = native.load_model_config(tmp_path / "run" / "retriever0")
+    assert not retriever0.shared_towers and (retriever0.head.pooling, retriever0.head.projection_dim) == ("first", 0)
+    # Its hard negatives are drawn from each query's top-4 TF-IDF pool without the gold.
+    corpus = [json.loads(l) for l in (tmp_path / "run" / "data" / "corpus.jsonl").read_text().splitlines()]
+    queries = [json.loads(l) for l in (tmp_path / "run" / "data" / "train_queries.jsonl").read_text().splitlines()]
+    written = [json.loads(l) for l in (tmp_path / "run" / "data" / "retriever0_train.jsonl").read_text().splitlines()]
+    index = TfidfIndex([p["text"] for p in corpus])
+    _, top = index.search([q["query"] for q in queries], 5)
+    for q, record, row in zip(queries, written, top):
+        want = [corpus[j]["id"] for j in row if corpus[j]["id"] != q["gold"]][:4]
+        assert [p["docid"] for p in record["negative_passages"]] == want
+        assert record["positive_passages"][0]["docid"] == q["gold"]
     for name, row in table.items():
         assert row["n"] == 8, name
         assert 0.0 <= row["recall@1"] <= row["recall@10"] <= 1.0 and 0.0 <= row["mrr@10"] <= 1.0, name
         assert 0.0 <= row["bleu_top1"] <= 100.0
     # Every training stage ran through the trainer for its 2 steps and wrote its checkpoint.
-    for stage in ("retriever0", *RANKERS, "retriever1_kl", "retriever1_metric", "retriever1_cldrd_stage1",
+    for stage in ("retriever0", *cfg.ranker_names, "retriever1_kl", "retriever1_metric", "retriever1_cldrd_stage1",
                   "retriever1_cldrd_stage2"):
         assert native.is_checkpoint_dir(tmp_path / "run" / stage), stage
         steps = [json.loads(l)["step"] for l in (tmp_path / "run" / stage / "metrics.jsonl").read_text().splitlines()]
@@ -60,6 +75,26 @@ def test_pipeline_runs_end_to_end(tmp_path, tiny_corpus, spiece_model):
     # A second call resumes: nothing is retrained, the table is read back.
     again = run_pipeline(str(tmp_path / "run"), cfg)
     assert again["table"] == table
+
+
+def test_hard_negative_pools_are_the_sparse_top_k_without_the_gold():
+    corpus = [{"id": f"p{i}", "text": t} for i, t in enumerate([
+        "the rain on the moor", "a letter by candle light", "rain and wind on the moor at night",
+        "the harbour keeper", "wind over the moor", "candle light in the house"])]
+    queries = [{"query": "rain on the moor at night", "gold": "p2"}, {"query": "a candle in the house", "gold": "p5"}]
+    tfidf = hard_negative_pools(PipelineConfig(hard_negative_pool_size=3), queries, corpus)
+    _, top = TfidfIndex([p["text"] for p in corpus]).search([q["query"] for q in queries], 4)
+    assert tfidf == [[corpus[j]["id"] for j in row if corpus[j]["id"] != q["gold"]][:3] for q, row in zip(queries, top)]
+    concepts = hard_negative_pools(PipelineConfig(hard_negative_pool="concepts", hard_negative_pool_size=2), queries,
+                                   corpus)
+    # Concept matching counts the query's (non-stopword) words a passage holds: rain, moor, night / candle, house.
+    assert concepts == [["p0", "p4"], ["p1", "p0"]]
+    assert hard_negative_pools(PipelineConfig(hard_negative_pool="tfidf_top1"), queries, corpus) == [
+        pool[:1] for pool in tfidf]
+    for bad, message in (({"retriever_towers": "three"}, "retriever_towers"), ({"hard_negative_pool": "bm25"},
+                         "hard_negative_pool"), ({"rankers": ("listmle", "listmle")}, "distinct rankers")):
+        with pytest.raises(RankgenError, match=message):
+            PipelineConfig(**bad)
 
 
 def test_ranker_lists_put_the_gold_first():
@@ -80,12 +115,6 @@ def test_ranking_metrics_go_through_evaluate_run():
     assert metrics["mrr@10"] == pytest.approx((1 / 2 + 0 + 1) / 3)
     assert metrics["recall@1"] == pytest.approx(1 / 3) and metrics["recall@10"] == pytest.approx(2 / 3)
     assert metrics["n"] == 3
-
-
-def test_curriculum_lists_follow_the_teacher():
-    scores = np.array([0.1, 0.9, 0.5, 0.7, 0.3, 0.2])
-    indices, labels = curriculum_group_labels(scores, 2, (2, 2, 2), np.random.default_rng(0))
-    assert indices[:4].tolist() == [1, 3, 2, 4] and labels[:2].tolist() == [1.0, 0.5]
 
 
 def test_pipeline_config_errors(tmp_path):

@@ -1,5 +1,5 @@
-"""`rankgen-jax score`, `encode`, `index`, `search`, `bm25`, `evaluate` and `mine-negatives`: a trained model's scores,
-vectors, runs and hard negatives, and the BM25 baseline's runs."""
+"""`rankgen-jax score`, `encode`, `index`, `search`, `bm25`, `evaluate`, `mine-negatives` and `score-candidates`: a
+trained model's scores, vectors, runs, hard negatives and teacher scores, and the BM25 baseline's runs."""
 
 from __future__ import annotations
 
@@ -350,6 +350,17 @@ def add_mine_negatives(subparsers) -> None:
                    help="a positive or qrels passage missing from the corpus: error (default) or skip (counted)")
     _add_title_flags(m, "what joins a passage's title to its text for the retriever (default: a space)",
                      "the retriever reads passages without their titles")
+    f = p.add_argument_group("false negatives (off unless a margin is given; sentence-transformers' rules)")
+    f.add_argument("--absolute_margin", type=float,
+                   help="drop a candidate whose score s has s + MARGIN > p, p the query's lowest positive score "
+                   "(0: drop what scores above the positive)")
+    f.add_argument("--relative_margin", type=float,
+                   help="drop a candidate with s > p - |p| * MARGIN (e.g. 0.05, NV-Retriever's)")
+    f.add_argument("--judge", choices=mining.JUDGES, default="retriever",
+                   help="whose scores the margins compare: the retriever's (default) or --teacher's")
+    f.add_argument("--teacher", help="the judge 'teacher': a cross encoder (checkpoint, HF sequence-classification "
+                   "or CrossEncoder folder) or a file of teacher scores (scored Tevatron JSONL or a run); the written "
+                   "passages then carry its scores")
     m.add_argument("--query_batch", type=int, default=mining.DEFAULT_QUERY_BATCH,
                    help="queries per written batch (default %(default)s)")
     m.add_argument("--overwrite", action="store_true", help="start over instead of resuming an existing --output")
@@ -369,6 +380,59 @@ def _run_mine_negatives(args) -> dict:
         title_join=_title_join(args), bm25_k1=args.bm25_k1, bm25_b=args.bm25_b,
         bm25_stopwords=None if args.bm25_keep_stopwords else bm25.DEFAULT_STOPWORDS, batch_size=args.batch_size,
         query_batch=args.query_batch, overwrite=args.overwrite, progress=not args.no_progress,
-        conventions=convention_args(args))
+        conventions=convention_args(args), absolute_margin=args.absolute_margin,
+        relative_margin=args.relative_margin, judge=args.judge, teacher=args.teacher)
+    print(json.dumps(summary))
+    return summary
+
+
+SCORE_CANDIDATES_DESCRIPTION = (
+    "Score candidate passages with a teacher and write a Tevatron training file whose every passage carries its "
+    "teacher \"score\" (Tevatron's distillation field): KL, MarginMSE, ListMLE on the teacher's order "
+    "(DataConfig.list_labels='teacher') and CL-DRD train from it. Input: a Tevatron training file (e.g. from "
+    "mine-negatives), or a run (TREC, MS MARCO or search's JSON lines) with --queries, --corpus and --qrels: each "
+    "query's first --depth passages are its candidates (each keeps its \"rank\"), those the qrels judge relevant "
+    "its positives (relevant ones the run missed are added). The teacher: a cross encoder or a file of scores; a "
+    "pair a score file lacks is left out and counted. Resumable (OUTPUT.progress.json); --num_shards / "
+    "--shard_index split the queries over processes or hosts. The last stdout line is a JSON summary.")
+
+
+def add_score_candidates(subparsers) -> None:
+    p = subparsers.add_parser("score-candidates", description=SCORE_CANDIDATES_DESCRIPTION,
+                              help="teacher scores for a run's or a training file's candidates, as Tevatron JSONL")
+    p.add_argument("--teacher", required=True, help="cross encoder (checkpoint, HF sequence-classification or "
+                   "CrossEncoder folder) or a file of teacher scores (scored Tevatron JSONL, or a run)")
+    p.add_argument("--output", required=True, help="Tevatron JSON-lines file to write (or to resume)")
+    p.add_argument("--train_file", help="Tevatron training file whose passages to score")
+    p.add_argument("--run", dest="run_file", help="run whose candidates to score (with --queries, --corpus, --qrels)")
+    p.add_argument("--queries", help="queries: TSV, JSON lines or a BEIR folder")
+    p.add_argument("--corpus", help=CORPUS_HELP)
+    p.add_argument("--qrels", help="qrels (default: the BEIR folder of --queries)")
+    p.add_argument("--split", help="a BEIR folder's qrels split (default: test)")
+    p.add_argument("--depth", type=int, default=200, help="candidates per query from the run (default 200)")
+    p.add_argument("--positive_level", type=int, default=1, help="qrels label of a positive (default: >= 1)")
+    p.add_argument("--query_length", type=int, help="a cross encoder's query tokens (default: its conventions')")
+    p.add_argument("--candidate_length", type=int, help="a cross encoder's passage tokens (default: its "
+                   "conventions')")
+    p.add_argument("--batch_size", type=int, default=64, help="pairs per cross-encoder call (default 64)")
+    p.add_argument("--query_batch", type=int, default=64, help="queries per written batch (default 64)")
+    p.add_argument("--num_shards", type=int, default=1, help="split the queries into this many shards (default 1)")
+    p.add_argument("--shard_index", type=int, default=0, help="the shard this process scores: the queries at "
+                   "positions p %% num_shards == shard_index (default 0)")
+    _add_title_flags(p, "what joins a passage's title to its text (default: a space)", "score passages without titles")
+    p.add_argument("--overwrite", action="store_true", help="start over instead of resuming an existing --output")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=_run_score_candidates)
+
+
+def _run_score_candidates(args) -> dict:
+    from rankgen_jax.retrieval.teacher import load_teacher, score_candidates
+
+    teacher = load_teacher(args.teacher, args.query_length, args.candidate_length, args.batch_size)
+    summary = score_candidates(args.output, teacher, train_file=args.train_file, run_path=args.run_file,
+                               queries_path=args.queries, corpus_path=args.corpus, qrels_path=args.qrels,
+                               split=args.split, depth=args.depth, positive_level=args.positive_level,
+                               title_join=_title_join(args), num_shards=args.num_shards, shard_index=args.shard_index,
+                               query_batch=args.query_batch, overwrite=args.overwrite, progress=not args.no_progress)
     print(json.dumps(summary))
     return summary

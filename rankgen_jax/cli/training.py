@@ -1,4 +1,5 @@
-"""`rankgen-jax train`, `pipeline`, `perspectives`, `compile` (configured with gin), `recipe-example`, `demo-curve`,
+"""`rankgen-jax train`, `pipeline`, `cl-drd`, `perspectives`, `compile` (configured with gin), `recipe-example`,
+`cl-drd-example`, `demo-curve`,
 `sweep` and `report`."""
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from rankgen_jax.experiments.sweep import report, run_sweep
 from rankgen_jax.tpu.aot import AOT_VENV_HINT, DEFAULT_UTILIZATIONS, run_compile
 
 # The commands whose run is configured with gin: they take --gin.Name.param=value bindings (args.gin_bindings).
-GIN_COMMANDS = ("train", "pipeline", "perspectives", "compile")
+GIN_COMMANDS = ("train", "pipeline", "cl-drd", "cl-drd-example", "perspectives", "compile")
+CL_DRD_EXAMPLE_GIN = "cl_drd/books_cpu.gin"
 DEMO_WORKDIR = "runs/demo"
 PERSPECTIVES_WORKDIR = "runs/perspectives"
 
@@ -58,6 +60,55 @@ def _run_pipeline(args) -> dict:
 
     with gin_config(args.gin_file, args.gin_bindings):
         return run_pipeline(args.workdir)
+
+
+def add_cl_drd(subparsers) -> None:
+    p = subparsers.add_parser(
+        "cl-drd",
+        help="distil a teacher's ranking into a dense retriever with CL-DRD's curriculum (Algorithm 1)",
+        description="Each iteration the student retrieves the top N of every training query from its own index of "
+        "the corpus, the teacher (cross encoder or score file) re-ranks them, the teacher's ranking is cut into "
+        "CL-DRD's three groups (top K by rank, N_h drawn from the next K', N_s from the rest; K grows per "
+        "iteration), the student trains fixed epochs with the LambdaRank loss of eq. 2, and is evaluated on "
+        "held-out queries (TREC run, nDCG@10 / RR@10 / R@100 with standard errors). Configure with gin "
+        "(ClDrdConfig; gin_configs/cl_drd/msmarco_paper.gin has the paper's settings); resumes stage by stage. "
+        "--shard_index runs one shard's encoding, retrieval and teacher scoring as a worker for a coordinator "
+        "run with ClDrdConfig.shard_workers=True.")
+    p.add_argument("--gin_file", action="append", default=[], help="gin file (repeatable; also looked up in gin_configs/)")
+    p.add_argument("--workdir", required=True, help="folder for every iteration's artefacts and results.json")
+    p.add_argument("--shard_index", type=int, help="run as the worker of this shard (0 .. num_shards-1)")
+    p.set_defaults(run=_run_cl_drd)
+
+
+def _run_cl_drd(args):
+    # Imports jax, which must start after main() sets XLA's flags.
+    from rankgen_jax.experiments.cl_drd import run_cl_drd, run_shard_worker
+
+    with gin_config(args.gin_file, args.gin_bindings):
+        if args.shard_index is not None:
+            return run_shard_worker(args.workdir, args.shard_index)
+        return run_cl_drd(args.workdir)
+
+
+def add_cl_drd_example(subparsers) -> None:
+    p = subparsers.add_parser(
+        "cl-drd-example", help="CL-DRD on the bundled books: MiniLM student, MiniLM cross-encoder teacher (CPU-sized)",
+        description="Build a BEIR folder from the bundled books (train, dev and test books apart), evaluate BM25, "
+        "train a MiniLM cross encoder on the training queries as the teacher, run cl-drd from zero-shot MiniLM, and "
+        "write the per-iteration table (nDCG@10, RR@10, R@100 with standard errors against the starting student, "
+        f"the teacher's re-ranking and BM25). Configured with gin (default: {CL_DRD_EXAMPLE_GIN}); resumes.")
+    p.add_argument("--gin_file", action="append", default=[],
+                   help=f"gin file (repeatable; also looked up in gin_configs/; default {CL_DRD_EXAMPLE_GIN})")
+    p.add_argument("--workdir", required=True, help="folder for the collection, models, iterations and results.json")
+    p.set_defaults(run=_run_cl_drd_example)
+
+
+def _run_cl_drd_example(args) -> dict:
+    # Imports jax, which must start after main() sets XLA's flags.
+    from rankgen_jax.experiments.cl_drd_example import run_cl_drd_example
+
+    with gin_config(args.gin_file or [CL_DRD_EXAMPLE_GIN], args.gin_bindings):
+        return run_cl_drd_example(args.workdir)
 
 
 def add_retrieval_example(subparsers) -> None:

@@ -4,8 +4,8 @@ Each book gives RankGen examples (data/examples.py: a sentence-bounded prefix an
 continuations become the corpus, with ids "<book slug>-<passage number>" (e.g. "austen-emma-0042") and the
 book's title, the prefixes become queries ("q-" + the passage id of their gold continuation), and each query's
 qrels judge its gold continuation 1. The last `test_books` books (by id) are the test split, the others the
-train split, so no book is in both; the corpus holds the passages of both splits (BEIR's layout: one corpus,
-qrels per split). Everything is deterministic for a given configuration.
+train split (with dev_books, the books before the test books a dev split), so no book is in two splits; the
+corpus holds the passages of every split (BEIR's layout: one corpus, qrels per split). Everything is deterministic for a given configuration.
 """
 
 from __future__ import annotations
@@ -25,10 +25,12 @@ from rankgen_jax.errors import RankgenError
 @dataclasses.dataclass(frozen=True)
 class BooksCollectionConfig:
     """passages_per_book: examples kept per book (drawn with `seed`, then in book order); test_books: the last
-    books (sorted by id) whose queries form the test split."""
+    books (sorted by id) whose queries form the test split; dev_books: the books just before those, a dev split
+    (none by default)."""
 
     passages_per_book: int = 60
     test_books: int = 2
+    dev_books: int = 0
     prefix_words: int = 128
     min_continuation_words: int = 10
     max_continuation_words: int = 64
@@ -79,21 +81,25 @@ def build_books_collection(documents: Sequence[Document] | str | Path, out_dir: 
     if not isinstance(documents, (list, tuple)):
         documents, _ = require_documents(documents)
     books = sorted(documents, key=lambda d: d.id)
-    if not 1 <= config.test_books < len(books):
-        raise RankgenError(f"test_books={config.test_books} must leave at least one of the {len(books)} books "
-                           "for training and hold out at least one")
+    if not 1 <= config.test_books or config.dev_books < 0 or config.test_books + config.dev_books >= len(books):
+        raise RankgenError(f"test_books={config.test_books} and dev_books={config.dev_books} must leave at least one "
+                           f"of the {len(books)} books for training and hold out at least one for test")
     slugs = [book_slug(d.id) for d in books]
     if len(set(slugs)) != len(slugs):
         raise RankgenError(f"two books give the same id part: {slugs}")
     out = Path(out_dir)
     (out / "qrels").mkdir(parents=True, exist_ok=True)
     corpus, queries, qrels = [], [], {"train": [], "test": []}
-    test_ids = {d.id for d in books[-config.test_books:]}
+    split_of = {d.id: "test" for d in books[len(books) - config.test_books :]}
+    split_of.update({d.id: "dev" for d in books[len(books) - config.test_books - config.dev_books :
+                                                len(books) - config.test_books]})
+    if config.dev_books:
+        qrels["dev"] = []
     for doc, slug in zip(books, slugs):
         examples = _book_examples(doc, config)
         if not examples:
             raise RankgenError(f"book {doc.id!r} gives no example (prefix_words={config.prefix_words})")
-        split = "test" if doc.id in test_ids else "train"
+        split = split_of.get(doc.id, "train")
         for number, example in enumerate(examples):
             passage_id = f"{slug}-{number:04d}"
             corpus.append({"_id": passage_id, "title": book_title(doc.id), "text": example.continuation})
@@ -103,6 +109,11 @@ def build_books_collection(documents: Sequence[Document] | str | Path, out_dir: 
     _write_lines(out / "queries.jsonl", queries)
     for split, pairs in qrels.items():
         _write_qrels(out / "qrels" / f"{split}.tsv", pairs)
-    return {"folder": str(out), "passages": len(corpus), "train_queries": len(qrels["train"]),
-            "test_queries": len(qrels["test"]), "train_books": [book_slug(d.id) for d in books if d.id not in test_ids],
-            "test_books": [book_slug(d.id) for d in books if d.id in test_ids]}
+    summary = {"folder": str(out), "passages": len(corpus), "train_queries": len(qrels["train"]),
+               "test_queries": len(qrels["test"]),
+               "train_books": [book_slug(d.id) for d in books if d.id not in split_of],
+               "test_books": [book_slug(d.id) for d in books if split_of.get(d.id) == "test"]}
+    if config.dev_books:
+        summary.update(dev_queries=len(qrels["dev"]),
+                       dev_books=[book_slug(d.id) for d in books if split_of.get(d.id) == "dev"])
+    return summary

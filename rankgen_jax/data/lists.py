@@ -1,15 +1,16 @@
 """Candidate lists and labelled pairs from JSON lines, as trainer batch sources (rankers, distillation, MPTS).
 
 List records (one per line): `{"query": str, "candidates": [str, ...],
-"labels": [float, ...], "teacher_scores": [float, ...]}`; labels and teacher
-scores are optional (a loss that needs one fails with a clear error), and
+"labels": [float, ...], "teacher_scores": [float, ...], "student_ranks": [float, ...]}`;
+labels, teacher scores and student ranks (CL-DRD: each candidate's rank in the
+student's retrieved list) are optional (a loss that needs one fails with a clear error), and
 candidate 0 is the positive when the batch form is triples. Pair records:
 `{"a": str, "b": str, "labels": [float] * N}` (one label per perspective).
 
 The ids arrays follow the BatchLayout a source is given (see
 rankgen_jax.models.batch_layout; `[B, C, L]` lists are never split along C):
 - candidate lists, separate towers: `query_ids` [B, Lq] ("pre " marker) and
-  `candidate_ids` [B, C, Lc] ("suffi " marker);
+  `candidate_ids` [B, C, Lc] ("suffi " marker; DataConfig.prefix_marker / suffix_marker set others);
 - triples, separate towers: `query_ids`, `positive_ids` [B, Lc] (candidate 0)
   and `negative_ids` [B, C - 1, Lc] (the rest; hard negatives);
 - joint pairs (cross encoders): `pair_ids` [B, C, Lq + Lc] (`query </s>
@@ -19,7 +20,7 @@ rankgen_jax.models.batch_layout; `[B, C, L]` lists are never split along C):
 - labelled pairs: `query_ids` / `positive_ids` [B, L] with separate towers,
   `pair_ids` [B, L] joint.
 Every list batch has `candidate_mask` [B, C] (padded candidates are 0), the
-float arrays that exist in the records (`labels`, `teacher_scores`), and
+float arrays that exist in every record (`labels`, `teacher_scores`, `student_ranks`), and
 `tie_break` [B, C] uniform noise that ListMLE uses to break label ties at random.
 """
 
@@ -34,7 +35,7 @@ from rankgen_jax.data.text import TextEncoder, encode_pair_truncated, encode_tru
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.batch_layout import TRIPLES, BatchLayout
 
-LIST_FLOAT_KEYS = ("labels", "teacher_scores")
+LIST_FLOAT_KEYS = ("labels", "teacher_scores", "student_ranks")
 
 
 def _is_text(value) -> bool:
@@ -95,7 +96,8 @@ class ListEncoder:
 
     Lists are cut or padded to list_size candidates (padding masked); float_keys
     are the record fields copied as [B, C] float arrays; seed and the batch
-    index and row numbers seed each row's tie-break noise.
+    index and row numbers seed each row's tie-break noise. markers: the texts
+    put before queries and candidates for separate towers (RankGen's by default).
     """
 
     def __init__(self, text: TextEncoder, layout: BatchLayout, query_length: int, candidate_length: int,

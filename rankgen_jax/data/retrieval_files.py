@@ -40,6 +40,9 @@ reads back with score -rank so that every measure ranks as the file does.
 Tevatron training JSON lines (`iter_training_queries`, `read_training_queries`):
 `{"query_id", "query", "positive_passages": [{"docid", "title", "text"}, ...],
 "negative_passages": [...]}`; a query needs a positive, negatives may be absent.
+Teacher scores ride on the passages as Tevatron's distillation data has them
+(`"score"`: a finite number, on every passage of a record or on none), and a
+retriever's rank of a passage as `"rank"` (an integer >= 1); both are optional.
 
 Bad input:
 - passages, queries, training queries: a line that is not UTF-8, not JSON,
@@ -93,16 +96,24 @@ SEVERAL_TEXTS = "both a text and a query field"
 BAD_TITLE = "title that is not a string"
 NO_QUERY = "missing or empty query"
 NO_POSITIVE = "no positive passage"
-BAD_PASSAGE = "a passage without a docid or text, or with a non-string title"
+BAD_PASSAGE = ("a passage without a docid or text, or with a non-string title, a score that is not a finite number "
+               "or a rank that is not an integer >= 1")
+SOME_SCORES = "a teacher score on some passages but not all"
 
 
 @dataclasses.dataclass(frozen=True)
 class Passage:
-    """One passage (or query) as its file gives it: id, text and title ("" when it has none)."""
+    """One passage (or query) as its file gives it: id, text and title ("" when it has none).
+
+    In a training file a passage may also carry a teacher's `score` (Tevatron's
+    "score" field) and the `rank` a retriever gave it (1-based); None when absent.
+    """
 
     id: str
     text: str
     title: str = ""
+    score: float | None = None
+    rank: int | None = None
 
     def joined(self, title_join: str | None = DEFAULT_TITLE_JOIN) -> str:
         """The text a model reads: see join_title."""
@@ -710,13 +721,21 @@ def write_run(path: str | Path, results: Iterable[Mapping], format: str, tag: st
 # Tevatron training queries
 
 
+def _finite_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _tevatron_passage(value) -> Passage | None:
     if not isinstance(value, dict):
         return None
     docid, text, title = _record_id(value.get("docid")), value.get("text"), value.get("title", "")
     if docid is None or not isinstance(text, str) or not text.strip() or not isinstance(title, str):
         return None
-    return Passage(docid, text, title)
+    score, rank = value.get("score"), value.get("rank")
+    if (score is not None and not _finite_number(score)) or (
+            rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1)):
+        return None
+    return Passage(docid, text, title, None if score is None else float(score), rank)
 
 
 def _check_training_record(record: dict) -> str | None:
@@ -728,8 +747,13 @@ def _check_training_record(record: dict) -> str | None:
     negatives = record.get("negative_passages", [])
     if not isinstance(positives, list) or not positives:
         return NO_POSITIVE
-    if not isinstance(negatives, list) or any(_tevatron_passage(p) is None for p in positives + negatives):
+    if not isinstance(negatives, list):
         return BAD_PASSAGE
+    passages = [_tevatron_passage(p) for p in positives + negatives]
+    if any(p is None for p in passages):
+        return BAD_PASSAGE
+    if len({p.score is None for p in passages}) > 1:
+        return SOME_SCORES
     return None
 
 
@@ -763,10 +787,16 @@ def read_numbered_training_queries(path: str | Path, quiet: bool = False) -> lis
 
 
 def training_query_record(query: TrainingQuery) -> dict:
-    """The Tevatron JSON object of a query (titles kept apart), e.g. for jsonl.write_jsonl."""
+    """The Tevatron JSON object of a query (titles kept apart; scores and ranks where passages have them), e.g. for
+    jsonl.write_jsonl."""
 
     def passage(p: Passage) -> dict:
-        return {"docid": p.id, "title": p.title, "text": p.text}
+        record = {"docid": p.id, "title": p.title, "text": p.text}
+        if p.score is not None:
+            record["score"] = p.score
+        if p.rank is not None:
+            record["rank"] = p.rank
+        return record
 
     return {"query_id": query.query_id, "query": query.query,
             "positive_passages": [passage(p) for p in query.positives],

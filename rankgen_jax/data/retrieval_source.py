@@ -32,7 +32,11 @@ Arrays (models.batch_layout), tokenised as the list source does (lists.ListEncod
 - candidate lists (listwise losses, cross encoders): list_size candidates
   (default 1 + K): up to list_size - K positives (label 1, drawn without
   replacement), then the K negatives (label 0), `candidate_mask` 0 on empty
-  slots, `labels` [B, C], `tie_break` [B, C].
+  slots, `labels` [B, C], `tie_break` [B, C]. When the training file's
+  passages carry teacher scores (Tevatron's "score"), `teacher_scores` [B, C]
+  too: KL and MarginMSE (candidate 0 the positive) distil from them, and with
+  list_labels "teacher" the labels are those scores (ListMLE on the teacher's
+  order). Every query must then carry them.
 """
 
 from __future__ import annotations
@@ -55,18 +59,23 @@ from rankgen_jax.models.batch_layout import TRIPLES, BatchLayout
 
 POSITIVE_CHOICES = ("sample", "first")
 TOO_FEW_NEGATIVES = ("fill", "skip")
+# A list's labels: 1 / 0 by relevance, or the teacher's scores (ListMLE on the teacher's order).
+LIST_LABELS = ("relevance", "teacher")
 
 
 @dataclasses.dataclass(frozen=True)
 class SamplingRules:
-    """How each row picks its positive and negatives (see the module docstring)."""
+    """How each row picks its positive and negatives, and what labels a list gets (see the module docstring)."""
 
     hard_negatives: int = 1
     positive_choice: str = "sample"
     too_few_negatives: str = "fill"
     title_join: str | None = DEFAULT_TITLE_JOIN
+    list_labels: str = "relevance"
 
     def __post_init__(self):
+        if self.list_labels not in LIST_LABELS:
+            raise RankgenError(f"DataConfig.list_labels must be one of {LIST_LABELS}, got {self.list_labels!r}")
         if self.hard_negatives < 0:
             raise RankgenError(f"DataConfig.hard_negatives must be >= 0, got {self.hard_negatives}")
         if self.positive_choice not in POSITIVE_CHOICES:
@@ -92,6 +101,20 @@ class QueryPool:
     queries: list[TrainingQuery]
     skipped: jsonl.SkippedLines
     dropped_negatives: int = 0
+
+    @property
+    def scored(self) -> bool:
+        """Whether the queries' passages carry teacher scores (all of them do, or none: see check_scores)."""
+        return bool(self.queries) and self.queries[0].positives[0].score is not None
+
+    def check_scores(self) -> None:
+        """RankgenError when some queries carry teacher scores and others do not (a record has them on every
+        passage or none, retrieval_files checks)."""
+        with_scores = [q.query_id for q in self.queries if q.positives[0].score is not None]
+        if with_scores and len(with_scores) != len(self.queries):
+            without = next(q.query_id for q in self.queries if q.positives[0].score is None)
+            raise RankgenError(f"{self.where}: {len(with_scores)} of {len(self.queries)} queries carry teacher scores "
+                               f"(e.g. {with_scores[0]!r}) and the others none (e.g. {without!r}); score them all")
 
     def summary(self) -> str:
         negatives = [len(q.negatives) for q in self.queries]
@@ -191,6 +214,10 @@ class RetrievalBatches:
                  query_keep: str = "end", markers: tuple[str, str] = (PREFIX_MARKER, SUFFIX_MARKER)):
         if not pool.queries:
             raise RankgenError(f"{pool.where}: no usable training query ({pool.skipped.describe() or 'none read'})")
+        pool.check_scores()
+        if rules.list_labels == "teacher" and not pool.scored:
+            raise RankgenError(f"{pool.where}: DataConfig.list_labels='teacher' needs teacher scores on the passages "
+                               "(Tevatron's \"score\" field; `rankgen-jax score-candidates` writes them)")
         self.pool, self.rules, self.layout, self.text = pool, rules, layout, text
         self.triples = layout.form == TRIPLES
         k = rules.hard_negatives
@@ -205,8 +232,9 @@ class RetrievalBatches:
                 raise RankgenError(f"DataConfig.list_size={list_size} cannot hold one positive and "
                                    f"hard_negatives={k} negatives")
         self.list_size = size
-        self.encoder = ListEncoder(text, layout, query_length, candidate_length, size,
-                                   () if self.triples else ("labels",), seed, query_keep, markers)
+        float_keys = () if self.triples else ("labels", "teacher_scores") if pool.scored else ("labels",)
+        self.encoder = ListEncoder(text, layout, query_length, candidate_length, size, float_keys, seed, query_keep,
+                                   markers)
         self.batches = RecordBatches(pool.queries, batch_size, seed, pool.where)
         self.batch_size, self.seed = batch_size, seed
 
@@ -223,7 +251,8 @@ class RetrievalBatches:
         return [pool[i] for i in picks]
 
     def record(self, query: TrainingQuery, index: int, row: int) -> dict:
-        """The row's list record {"query", "candidates", "labels"}: positives first, then negatives."""
+        """The row's list record {"query", "candidates", "labels"} (and "teacher_scores" when the passages carry
+        them): positives first, then negatives."""
         rng = np.random.default_rng([self.seed, index, row])
         positives = query.positives
         if self.triples:
@@ -235,8 +264,13 @@ class RetrievalBatches:
         else:
             chosen = [positives[i] for i in rng.choice(len(positives), count, replace=False)]
         negatives = self._negatives(query, rng)
-        return {"query": query.query, "candidates": [self._passage(p) for p in chosen + negatives],
-                "labels": [1.0] * len(chosen) + [0.0] * len(negatives)}
+        record = {"query": query.query, "candidates": [self._passage(p) for p in chosen + negatives],
+                  "labels": [1.0] * len(chosen) + [0.0] * len(negatives)}
+        if self.pool.scored:
+            record["teacher_scores"] = [p.score for p in chosen + negatives]
+            if self.rules.list_labels == "teacher":
+                record["labels"] = record["teacher_scores"]
+        return record
 
     def batch(self, index: int, rows: slice | None = None) -> dict[str, np.ndarray]:
         queries, row_numbers = self.batches.members(index, rows)

@@ -77,6 +77,7 @@ DATA_FIELD_SOURCES: dict[str, tuple[str, ...]] = {
     "train_file": ("lists", "pairs", "retrieval"),
     "eval_file": ("lists", "pairs", "retrieval"),
     "list_size": ("lists", "retrieval"),
+    "list_labels": ("lists", "retrieval"),
     "tfdata_threads": ("seqio",),
     **{name: ("retrieval",) for name in ("retrieval_corpus", "queries", "qrels", "eval_qrels", "split", "eval_split",
                                          "negatives_run", "hard_negatives", "positive_choice", "too_few_negatives",
@@ -153,6 +154,10 @@ class DataConfig:
 
     DATA_FIELD_SOURCES says which sources read each field; a field set for a
     source that does not read it is an error.
+    list_labels: candidate lists' labels: "relevance" (1 positive, 0 negative)
+      or "teacher" (the teacher scores the training file's passages carry, so
+      ListMLE learns the teacher's order); teacher scores always come along as
+      `teacher_scores` for KL / MarginMSE when the file has them.
     """
 
     source: str = "books"
@@ -192,6 +197,7 @@ class DataConfig:
     positive_choice: str = "sample"
     too_few_negatives: str = "fill"
     title_join: str | None = DEFAULT_TITLE_JOIN
+    list_labels: str = "relevance"
 
     def __post_init__(self):
         check_field_types(self)  # gin hands values over unchecked
@@ -432,7 +438,7 @@ def _record_sources(config: DataConfig, layout: BatchLayout) -> tuple[BatchSourc
 def _retrieval_sources(config: DataConfig, layout: BatchLayout) -> tuple[BatchSource, BatchSource]:
     """Queries with positives and hard negatives: from Tevatron files, or passages + queries + qrels (+ a run)."""
     rules = retrieval_source.SamplingRules(config.hard_negatives, config.positive_choice, config.too_few_negatives,
-                                           config.title_join)
+                                           config.title_join, config.list_labels)
     if config.train_file or config.eval_file:
         if config.retrieval_corpus:
             raise RankgenError("DataConfig.source='retrieval' reads Tevatron files (train_file, eval_file) or "

@@ -23,6 +23,8 @@ DEMO_GIN = "demo_minilm.gin"
 EXPERIMENT_CONFIGURABLE_MODULES = (
     "rankgen_jax.experiments.demo",
     "rankgen_jax.experiments.pipeline",
+    "rankgen_jax.experiments.cl_drd",
+    "rankgen_jax.experiments.cl_drd_example",
     "rankgen_jax.experiments.perspectives",
 )
 # The seqio task options; importing them brings TensorFlow (seconds), so only for a config that names them.

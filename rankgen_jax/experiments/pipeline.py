@@ -6,16 +6,26 @@ output exists, so a rerun resumes where the last one stopped):
 1. data: RankGen examples of the training and held-out books; query = a
    prefix, reference = its gold continuation, corpus = every continuation and
    InBook negative span of all the books;
-2. retriever0: a dual encoder warmed up with the in-batch softmax and one hard
-   negative per query from a TF-IDF pool;
+2. retriever0: DKMR^2's retriever, two independent encoders started from the
+   pretrained one, each reading the [CLS] (first) token (Sec. 3.1;
+   retriever_towers "shared_start" keeps the starting checkpoint's own towers
+   and head, MiniLM's shared mean pooling), warmed up with the in-batch softmax
+   and one hard negative per query and step drawn at random from the top
+   hard_negative_pool_size of a sparse pool: TF-IDF or concept matching
+   (hard_negative_pool "tfidf", "concepts"; "tfidf_top1", the top TF-IDF hit
+   every time, is the former behaviour);
 3. pools: Retriever0 retrieves a candidate pool per training query (FAISS),
    the gold continuation is put in if missing, and the metric (BLEU / ROUGE)
    scores every candidate against the reference;
-4. rankers: cross encoders trained on those lists with ListMLE over the
-   metric's order (metric distillation) and, as the ablation, with BCE on the
-   gold label;
-5. retriever1: Retriever0 distilled from the ListMLE ranker with KL, or with
-   the CL-DRD curriculum (stages K = 5, 10, 30), or trained directly on the
+4. rankers: cross encoders trained on those lists (`rankers`): "listmle",
+   ListMLE over the metric's order (metric distillation of the order only);
+   "kl", KL to the softmax of the metric's full scores (divided by
+   full_score_scale), the other side of DKMR^2's Table 5; "bce", BCE on the gold
+   label (no distillation);
+5. retriever1: Retriever0 distilled from the first ranker of `rankers` with
+   KL, or with a curriculum over the same fixed pool (stages K = 5, 10, 30 cut
+   from Retriever0's 30 candidates: not CL-DRD's Algorithm 1, which retrieves
+   afresh every iteration: `rankgen-jax cl-drd`), or trained directly on the
    metric's order (the weaker path of the papers);
 6. evaluation: every retriever searches the whole corpus for the held-out
    queries, every ranker re-ranks Retriever0's top candidates; MRR@10,
@@ -49,15 +59,18 @@ from rankgen_jax.checkpoints.native import require_vocab_path
 from rankgen_jax.experiments.stages import (StageRun, aligned_table, is_done, log, mark_done,
                                             starting_checkpoint)
 from rankgen_jax.inference.encoder import load_model
-from rankgen_jax.losses.listwise import curriculum_group_labels
+from rankgen_jax.data.curriculum import CurriculumStage, curriculum_groups
 from rankgen_jax.models.configs import HeadConfig, ModelConfig
 from rankgen_jax.retrieval.dense_index import index_corpus, search_queries
-from rankgen_jax.retrieval.sparse import TfidfIndex
+from rankgen_jax.retrieval.sparse import TfidfIndex, keyword_overlap_search
 from rankgen_jax.train.config import LossConfig, TrainerConfig
 from rankgen_jax.train.loop import train
 from rankgen_jax.train.optimizers import OptimizerConfig
 
-RANKERS = ("ranker0_listmle", "ranker0_bce")
+# How a ranker learns from the metric (DKMR^2 Sec. 3.2, Table 5): its loss and whether it reads the gold label only.
+RANKER_LOSSES = {"listmle": ("listmle", False), "kl": ("kl_distillation", False), "bce": ("sigmoid_bce", True)}
+RETRIEVER_TOWERS = ("two_towers_cls", "shared_start")
+HARD_NEGATIVE_POOLS = ("tfidf", "concepts", "tfidf_top1")
 RETRIEVERS1 = ("retriever1_kl", "retriever1_cldrd", "retriever1_metric")
 TABLE_COLUMNS = ("mrr@10", "recall@1", "recall@10", "bleu_top1", "n")
 
@@ -70,8 +83,19 @@ class PipelineConfig:
     init_from_hf: the pretrained encoder every model starts from ("minilm" or an
       HF folder), imported once; or init_checkpoint, a rankgen_jax dual-encoder
       checkpoint to start from instead.
-    curriculum: CL-DRD stages as (K, (top group, hard negatives, rest)); the
-      group sizes sum to pool_size.
+    retriever_towers: "two_towers_cls" (DKMR^2: two independent encoders, the
+      [CLS] vector, no projection) or "shared_start" (the starting checkpoint's
+      towers and head as they are).
+    hard_negative_pool / hard_negative_pool_size: Retriever0's hard negative is
+      drawn at random per step from the top K of this sparse pool (the gold
+      left out); DKMR^2 does not give its K.
+    rankers: which rankers to train, of RANKER_LOSSES; the first is the
+      teacher of Retriever1. ("listmle", "kl", "bce") is Table 5's comparison
+      (gin_configs/pipelines/dkmr2_table5.gin).
+    full_score_scale: the "kl" ranker's teacher is softmax(metric / scale)
+      (BLEU is 0-100; our choice, the paper gives none).
+    curriculum: the fixed-pool curriculum's stages as (K, (top group, next
+      ranks, drawn from the rest)); the group sizes sum to pool_size.
     """
 
     corpus: str = str(BUNDLED_CORPUS)
@@ -81,6 +105,11 @@ class PipelineConfig:
     num_eval_queries: int = 200
     init_from_hf: str = "minilm"
     init_checkpoint: str = ""
+    retriever_towers: str = "two_towers_cls"
+    hard_negative_pool: str = "tfidf"
+    hard_negative_pool_size: int = 30
+    rankers: tuple[str, ...] = ("listmle", "bce")
+    full_score_scale: float = 10.0
     metric: str = "bleu"
     query_length: int = 128
     candidate_length: int = 128
@@ -101,6 +130,24 @@ class PipelineConfig:
     kl_temperature: float = 1.0
     teacher_batch_size: int = 64
     seed: int = 0
+
+    def __post_init__(self):
+        if self.retriever_towers not in RETRIEVER_TOWERS:
+            raise RankgenError(f"PipelineConfig.retriever_towers must be one of {RETRIEVER_TOWERS}, got "
+                               f"{self.retriever_towers!r}")
+        if self.hard_negative_pool not in HARD_NEGATIVE_POOLS:
+            raise RankgenError(f"PipelineConfig.hard_negative_pool must be one of {HARD_NEGATIVE_POOLS}, got "
+                               f"{self.hard_negative_pool!r}")
+        unknown = [r for r in self.rankers if r not in RANKER_LOSSES]
+        if not self.rankers or unknown or len(set(self.rankers)) != len(self.rankers):
+            raise RankgenError(f"PipelineConfig.rankers must name distinct rankers of {sorted(RANKER_LOSSES)}, got "
+                               f"{self.rankers!r}")
+        if self.hard_negative_pool_size < 1 or not self.full_score_scale > 0:
+            raise RankgenError("PipelineConfig.hard_negative_pool_size must be >= 1 and full_score_scale > 0")
+
+    @property
+    def ranker_names(self) -> tuple[str, ...]:
+        return tuple(f"ranker0_{r}" for r in self.rankers)
 
 
 _log = functools.partial(log, "pipeline")
@@ -148,11 +195,11 @@ def build_data(cfg: PipelineConfig, out: Path) -> dict:
 
 
 def _train_stage(cfg: PipelineConfig, workdir: Path, init: str, model_config: ModelConfig, data: DataConfig,
-                 loss: LossConfig, learning_rate: float, minutes: float) -> dict:
+                 loss: LossConfig, learning_rate: float, minutes: float, encoder_only: bool = False) -> dict:
     """One training run through the shared trainer (resumes if the workdir has a checkpoint)."""
     trainer = TrainerConfig(num_steps=cfg.max_steps, max_minutes=minutes, log_every=5, eval_every=25,
                             eval_batches=2, checkpoint_every=50, init_checkpoint=init, seed=cfg.seed,
-                            encoder_overrides={"dropout_rate": 0.0})
+                            encoder_overrides={"dropout_rate": 0.0}, init_encoder_only=encoder_only)
     optimizer = OptimizerConfig(name="adamw", learning_rate=learning_rate, warmup_steps=10, weight_decay=0.01)
     return train(str(workdir), trainer=trainer, model_config=model_config, data=data, loss=loss, optimizer=optimizer)
 
@@ -168,24 +215,45 @@ def _texts(corpus: list[dict]) -> dict[str, str]:
     return {p["id"]: p["text"] for p in corpus}
 
 
-def train_retriever0(cfg: PipelineConfig, root: Path, init: Path) -> None:
-    """Warm-up: in-batch softmax with one TF-IDF hard negative per query (DPR-style)."""
-    corpus = read_jsonl(root / "data" / "corpus.jsonl")
+# DKMR^2's retriever: two independent encoders, each reading the first token ([CLS]) with no projection.
+TWO_TOWERS_CLS = ModelConfig(head=HeadConfig(pooling="first", projection_dim=0), shared_towers=False)
+
+
+def hard_negative_pools(cfg: PipelineConfig, queries: list[dict], corpus: list[dict]) -> list[list[str]]:
+    """Each query's sparse pool of hard negatives (passage ids, best first, the gold left out)."""
     ids = [p["id"] for p in corpus]
-    index = TfidfIndex([p["text"] for p in corpus])
+    row_of = {pid: row for row, pid in enumerate(ids)}
+    size = 1 if cfg.hard_negative_pool == "tfidf_top1" else cfg.hard_negative_pool_size
+    exclude = [[row_of[q["gold"]]] for q in queries]
+    texts = [q["query"] for q in queries]
+    if cfg.hard_negative_pool == "concepts":
+        _, top_QxK = keyword_overlap_search(texts, [p["text"] for p in corpus], size, exclude=exclude)
+    else:
+        _, top_QxK = TfidfIndex([p["text"] for p in corpus]).search(texts, size, exclude=exclude)
+    return [[ids[j] for j in row if j >= 0] for row in top_QxK]
+
+
+def train_retriever0(cfg: PipelineConfig, root: Path, init: Path) -> None:
+    """Warm-up (DKMR^2 Sec. 3.1): in-batch softmax with one hard negative per query and step, drawn at random from
+    its sparse pool (the retrieval source's sampling: Tevatron files whose negatives are the pool)."""
+    corpus = read_jsonl(root / "data" / "corpus.jsonl")
+    texts = _texts(corpus)
     files = {}
     for split in ("train", "eval"):
         queries = read_jsonl(root / "data" / f"{split}_queries.jsonl")
-        _, top_QxK = index.search([q["query"] for q in queries], 2)
-        records = []
-        for q, row in zip(queries, top_QxK):
-            hard = next(ids[j] for j in row if ids[j] != q["gold"])
-            records.append({"query": q["query"], "candidates": [q["reference"], _texts(corpus)[hard]]})
+        records = [{"query_id": q["qid"], "query": q["query"],
+                    "positive_passages": [{"docid": q["gold"], "title": "", "text": q["reference"]}],
+                    "negative_passages": [{"docid": d, "title": "", "text": texts[d]} for d in pool]}
+                   for q, pool in zip(queries, hard_negative_pools(cfg, queries, corpus))]
         files[split] = write_jsonl(root / "data" / f"retriever0_{split}.jsonl", records)
-    data = _list_data(cfg, require_vocab_path(init), files["train"], files["eval"], cfg.retriever_batch_size)
+    data = DataConfig(source="retrieval", vocab=require_vocab_path(init), train_file=str(files["train"]),
+                      eval_file=str(files["eval"]), batch_size=cfg.retriever_batch_size,
+                      prefix_length=cfg.query_length, continuation_length=cfg.candidate_length, hard_negatives=1,
+                      positive_choice="first", prefix_keep="end", seed=cfg.seed)
     loss = LossConfig(name="in_batch_softmax", logit_scale=cfg.logit_scale)
-    _train_stage(cfg, root / "retriever0", str(init), ModelConfig(), data, loss, cfg.retriever_learning_rate,
-                 cfg.retriever_minutes)
+    two_towers = cfg.retriever_towers == "two_towers_cls"
+    _train_stage(cfg, root / "retriever0", str(init), TWO_TOWERS_CLS if two_towers else ModelConfig(), data, loss,
+                 cfg.retriever_learning_rate, cfg.retriever_minutes, encoder_only=two_towers)
 
 
 def build_pools(cfg: PipelineConfig, root: Path) -> None:
@@ -228,13 +296,17 @@ def _ranker_lists(pools: list[dict], size: int, binary: bool) -> list[dict]:
 
 
 def train_rankers(cfg: PipelineConfig, root: Path, init: Path) -> None:
-    """Ranker0: a cross encoder on metric-ordered lists with ListMLE, and the BCE ablation on gold labels."""
+    """Ranker0: cross encoders on the metric's lists: its order (ListMLE), its full scores (KL) or the gold (BCE)."""
     pools = read_jsonl(root / "data" / "pools_train.jsonl")
     ranker_config = ModelConfig(head=HeadConfig(pooling="first", projection_dim=0), kind="cross_encoder")
-    for name, loss_name, binary in (("ranker0_listmle", "listmle", False), ("ranker0_bce", "sigmoid_bce", True)):
+    for ranker, name in zip(cfg.rankers, cfg.ranker_names):
+        loss_name, binary = RANKER_LOSSES[ranker]
         if native.is_checkpoint_dir(root / name) and is_done(root / name):
             continue
-        train_part, eval_part = _split_lists(_ranker_lists(pools, cfg.ranker_list_size, binary), cfg.ranker_batch_size)
+        lists = _ranker_lists(pools, cfg.ranker_list_size, binary)
+        if ranker == "kl":
+            lists = [{**r, "teacher_scores": [x / cfg.full_score_scale for x in r["labels"]]} for r in lists]
+        train_part, eval_part = _split_lists(lists, cfg.ranker_batch_size)
         train_file = write_jsonl(root / "data" / f"{name}_train.jsonl", train_part)
         eval_file = write_jsonl(root / "data" / f"{name}_eval.jsonl", eval_part)
         data = _list_data(cfg, require_vocab_path(init), train_file, eval_file, cfg.ranker_batch_size, cfg.ranker_list_size)
@@ -245,12 +317,12 @@ def train_rankers(cfg: PipelineConfig, root: Path, init: Path) -> None:
 
 
 def teacher_scores(cfg: PipelineConfig, root: Path) -> Path:
-    """The ListMLE ranker's scores of every training pool (the teacher of KL and CL-DRD)."""
+    """The first ranker's scores of every training pool (the teacher of KL and the curriculum)."""
     out = root / "data" / "pools_train_teacher.jsonl"
     if out.is_file():
         return out
     pools = read_jsonl(root / "data" / "pools_train.jsonl")
-    ranker = load_model(str(root / "ranker0_listmle"), kind="cross_encoder")
+    ranker = load_model(str(root / cfg.ranker_names[0]), kind="cross_encoder")
     started = time.time()
     scores = ranker.score_pairs([p["query"] for p in pools], [p["candidates"] for p in pools],
                                 cfg.query_length, cfg.candidate_length, cfg.teacher_batch_size)
@@ -294,13 +366,15 @@ def train_retrievers1(cfg: PipelineConfig, root: Path) -> None:
     # CL-DRD: each curriculum stage continues from the previous one; the budget is split evenly.
     rng = np.random.default_rng(cfg.seed)
     previous = start
-    for stage, (k, groups) in enumerate(cfg.curriculum):
+    for number, (k, groups) in enumerate(cfg.curriculum, start=1):
+        # The fixed pool's next ranks are group 2 whole (K' = N_h): see PipelineConfig.curriculum.
+        stage = CurriculumStage(k=k, k_prime=groups[1], n_hard=groups[1], n_rest=groups[2])
         lists = []
         for p in pools:
-            indices, labels = curriculum_group_labels(np.asarray(p["teacher_scores"]), k, tuple(groups), rng)
+            indices, labels = curriculum_groups(np.asarray(p["teacher_scores"]), stage, rng)
             lists.append({"query": p["query"], "candidates": [p["candidates"][i] for i in indices],
                           "labels": [float(x) for x in labels]})
-        name = f"retriever1_cldrd_stage{stage + 1}"
+        name = f"retriever1_cldrd_stage{number}"
         run(name, lists, LossConfig(name="lambdarank_mrr"), previous, cfg.distill_minutes / len(cfg.curriculum))
         previous = str(root / name)
     final = root / "retriever1_cldrd"
@@ -383,7 +457,7 @@ def run_pipeline(workdir: str, cfg: PipelineConfig | None = None) -> dict:
     run.evaluate(table, "tfidf", evaluate_tfidf, root)
     run.evaluate(table, "zero_shot", evaluate_retriever, cfg, root, str(init), "zero_shot")
     run.evaluate(table, "retriever0", evaluate_retriever, cfg, root, str(root / "retriever0"), "retriever0")
-    for name in RANKERS:
+    for name in cfg.ranker_names:
         run.evaluate(table, name, evaluate_ranker, cfg, root, name)
     for name in RETRIEVERS1:
         run.evaluate(table, name, evaluate_retriever, cfg, root, str((root / name).resolve()), name)

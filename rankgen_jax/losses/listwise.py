@@ -10,7 +10,8 @@ Same signature as `rankgen_jax.losses.contrastive`:
   [B, N, D] instead.
 - `batch`: `"labels"` [B, L] (metric values, graded relevance or 0/1),
   `"teacher_scores"` [B, L], optional `"candidate_mask"` [B, L] (bool or int,
-  default all valid) and, for ListMLE, optional `"tie_break"` [B, L] noise.
+  default all valid), for ListMLE optional `"tie_break"` [B, L] noise, and
+  for lambdarank_mrr with rank_source "retrieval" `"student_ranks"` [B, L].
 
 Padding is marked by `candidate_mask` only, never by a label value: padded
 scores / labels / teacher scores never reach the loss, the metrics or the
@@ -28,7 +29,6 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.losses.contrastive import exact_einsum
@@ -36,16 +36,8 @@ from rankgen_jax.losses.contrastive import exact_einsum
 Array = jax.Array
 LossFn = Callable[..., tuple[Array, dict[str, Array]]]
 
-# CL-DRD curriculum (Zeng et al. 2022): (k, (group 1, group 2, group 3 sizes)) per stage.
-CL_DRD_STAGES: tuple[tuple[int, tuple[int, int, int]], ...] = (
-    (5, (5, 12, 13)),
-    (10, (10, 10, 10)),
-    (30, (30, 0, 0)),
-)
-# Labels of the two lower CL-DRD groups (group 1 gets 1/r in (0, 1]).
-CL_DRD_HARD_NEGATIVE_LABEL = 0.0
-CL_DRD_SAMPLED_NEGATIVE_LABEL = -1.0
-
+# Where lambdarank_mrr's student ranks pi come from (see lambdarank_mrr_loss).
+RANK_SOURCES = ("list", "retrieval")
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -286,31 +278,46 @@ def lambdarank_mrr_loss(
     outputs: dict[str, Array],
     batch: dict[str, Array],
     loss_params: dict[str, Array],
+    *,
+    rank_source: str = "list",
+    logit_scale: float = 1.0,
 ) -> tuple[Array, dict[str, Array]]:
-    """CL-DRD LambdaRank with MRR deltas: weighted pairwise logistic loss over label-ordered pairs.
+    """CL-DRD's loss (eq. 2): LambdaRank with MRR deltas, a weighted pairwise logistic loss over label-ordered pairs.
 
     Pairs (i, j) of valid candidates with label_i > label_j; weight
-    |1/pi_i - 1/pi_j| with pi the 1-based rank in the student's own ordering
-    of the row's valid candidates (score desc, ties by index asc; no
-    gradient); pair loss softplus(s_j - s_i). The loss is the sum of weighted
-    pair losses divided by the number of such pairs in the whole batch (a
-    per-batch mean over valid pairs, so lists with more pairs weigh more).
+    |1/pi_i - 1/pi_j|, pi the student's 1-based rank of the candidate (no
+    gradient); pair loss softplus(s_j - s_i). rank_source says where pi comes
+    from: "list", the student's ordering of the row's valid candidates at this
+    step (score desc, ties by index asc; as the authors' released code does),
+    or "retrieval", `batch["student_ranks"]` [B, L]: each candidate's rank in
+    the list the student retrieved (the result list the paper names; >= 1 on
+    valid candidates). The loss is the sum of weighted pair losses divided by
+    the number of such pairs in the whole batch (a per-batch mean over valid
+    pairs, as the released code's mean, so lists with more pairs weigh more).
+    logit_scale multiplies the scores first (1 in the paper, whose student
+    scores are unbounded dot products; a student with unit vectors, cosine
+    scores in [-1, 1], needs a larger one, as in-batch softmax does).
     """
     del loss_params
+    if rank_source not in RANK_SOURCES:
+        raise RankgenError(f"lambdarank_mrr: rank_source must be one of {RANK_SOURCES}, got {rank_source!r}")
     scores_BxL = list_scores(outputs)
     shape = scores_BxL.shape
     mask_BxL = _mask(batch, "candidate_mask", shape)
     labels_BxL = jnp.where(mask_BxL, _batch_array(batch, "labels", shape), 0.0)
-    scores_BxL = jnp.where(mask_BxL, scores_BxL, 0.0)
+    scores_BxL = jnp.where(mask_BxL, scores_BxL, 0.0) * logit_scale
 
-    # Student ranks: 1 + number of valid candidates ahead (higher score, or equal score and lower index).
-    ranking_BxL = jax.lax.stop_gradient(scores_BxL)
-    index_L = jnp.arange(shape[1])
-    ahead_BxLxL = (ranking_BxL[:, None, :] > ranking_BxL[:, :, None]) | (
-        (ranking_BxL[:, None, :] == ranking_BxL[:, :, None]) & (index_L[None, :] < index_L[:, None])
-    )
-    rank_BxL = 1 + jnp.sum(ahead_BxLxL & mask_BxL[:, None, :], axis=-1)
-    reciprocal_BxL = 1.0 / rank_BxL.astype(jnp.float32)
+    if rank_source == "retrieval":
+        rank_BxL = jnp.where(mask_BxL, _batch_array(batch, "student_ranks", shape), 1.0)
+    else:
+        # Student ranks: 1 + number of valid candidates ahead (higher score, or equal score and lower index).
+        ranking_BxL = jax.lax.stop_gradient(scores_BxL)
+        index_L = jnp.arange(shape[1])
+        ahead_BxLxL = (ranking_BxL[:, None, :] > ranking_BxL[:, :, None]) | (
+            (ranking_BxL[:, None, :] == ranking_BxL[:, :, None]) & (index_L[None, :] < index_L[:, None])
+        )
+        rank_BxL = 1 + jnp.sum(ahead_BxLxL & mask_BxL[:, None, :], axis=-1)
+    reciprocal_BxL = jax.lax.stop_gradient(1.0 / rank_BxL.astype(jnp.float32))
 
     # pair [b, i, j]: i should be above j.
     pair_BxLxL = (labels_BxL[:, :, None] > labels_BxL[:, None, :]) & mask_BxL[:, :, None] & mask_BxL[:, None, :]
@@ -418,56 +425,6 @@ def multi_perspective_bce_loss(
     loss, metrics = _bce_loss_and_metrics(logits_BxN, labels_BxN, mask_BxN)
     metrics["mean_cosine"] = jnp.sum(jnp.where(mask_BxN, cosine_BxN, 0.0)) / jnp.maximum(jnp.sum(mask_BxN), 1)
     return loss, metrics
-
-
-# ----------------------------------------------------------------------------- CL-DRD labels
-
-
-def curriculum_group_labels(
-    teacher_scores_N: np.ndarray,
-    k: int,
-    group_sizes: tuple[int, int, int],
-    rng: np.random.Generator | int | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The CL-DRD list of one query: L = sum(group_sizes) pool indices [L] and their labels [L].
-
-    The pool is ranked by teacher score (desc, ties by index asc). Group 1 is
-    the teacher's top k in rank order with label 1/r (r = 1..k); group 2 the
-    next group_sizes[1] ranks (hard negatives, label 0.0); group 3
-    group_sizes[2] candidates drawn without replacement from the rest of the
-    pool (label -1.0). Labels decrease strictly across groups; padding is
-    marked by `candidate_mask`, never by a label. `rng` is a Generator or a
-    seed; None draws from fresh OS entropy (not reproducible).
-    """
-    scores_N = np.asarray(teacher_scores_N, dtype=np.float64)
-    if scores_N.ndim != 1:
-        raise RankgenError(f"teacher_scores_N must be 1-D, got shape {scores_N.shape}")
-    if not np.all(np.isfinite(scores_N)):
-        raise RankgenError("teacher_scores_N must be finite")
-    sizes = tuple(group_sizes)
-    if len(sizes) != 3 or not all(isinstance(s, (int, np.integer)) and s >= 0 for s in sizes):
-        raise RankgenError(f"group_sizes must be three non-negative ints, got {group_sizes!r}")
-    if not isinstance(k, (int, np.integer)) or k < 1 or k != sizes[0]:
-        raise RankgenError(f"k must be a positive int equal to group_sizes[0], got k={k!r}, group_sizes={sizes}")
-    top, hard, sampled = sizes
-    list_size = top + hard + sampled
-    if scores_N.shape[0] < list_size:
-        raise RankgenError(f"candidate pool of {scores_N.shape[0]} is smaller than the list size {list_size}")
-    rng = np.random.default_rng(rng)
-
-    # A stable sort of the negated scores keeps equal scores in index order.
-    ranked_N = np.argsort(-scores_N, kind="stable")
-    rest = ranked_N[top + hard :]
-    drawn = rng.choice(rest, size=sampled, replace=False) if sampled else rest[:0]
-    indices_L = np.concatenate([ranked_N[: top + hard], drawn]).astype(np.int64)
-    labels_L = np.concatenate(
-        [
-            1.0 / np.arange(1, top + 1),
-            np.full(hard, CL_DRD_HARD_NEGATIVE_LABEL),
-            np.full(sampled, CL_DRD_SAMPLED_NEGATIVE_LABEL),
-        ]
-    ).astype(np.float32)
-    return indices_L, labels_L
 
 
 def listwise_softmax_loss(

@@ -65,6 +65,10 @@ class Bm25Retriever:
             return np.zeros(len(self.ids), np.float32)
         return self.retriever.get_scores_from_ids(token_ids)
 
+    def passage_scores(self, queries: list[str], rows: list[list[int]]) -> list[np.ndarray]:
+        """BM25 scores of the given corpus rows for each query."""
+        return [np.asarray(self.scores(query), np.float64)[r] for query, r in zip(queries, rows)]
+
     def rank(self, queries: list[str], depth: int) -> list[list[tuple[int, float]]]:
         out = []
         for query in queries:

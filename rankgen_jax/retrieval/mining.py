@@ -23,24 +23,33 @@ order trec_eval and `search`'s runs use. From those candidates the query's
 positives are dropped, and with drop_judged "relevant" every passage the qrels
 judge above 0 for the query (relevant at any level, below positive_level
 included), with "all" every judged passage (label 0 and negative ones too).
+False negatives (FalseNegativeFilter, off by default): with an absolute
+and / or a relative margin, a judge scores the query's positives and the
+candidates left, and a candidate scoring too close to or above the (lowest)
+positive is dropped, as sentence-transformers' mine_hard_negatives does
+(absolute: s + m > p; relative: s > p - |p| r). The judge is the retriever
+itself (its own scores; a dense model's positives are encoded for theirs) or
+a teacher (judge "teacher": a cross encoder or a file of scores,
+retrieval/teacher.py), whose scores the written passages then carry
+(Tevatron's "score"). Each written query records `dropped_false_negatives`,
+and the summary the drops by rule, the queries with drops and the most
+dropped for one query.
 Then `negatives` are kept: the first ones in rank order (pick "first"), or a
 sample (pick "sample") drawn with random.Random(f"{seed}:{query_id}") and
 written in rank order, so a query's negatives do not depend on batching or
 resuming. Fewer candidates than `negatives`: all are written (counted).
 
-Resuming: the output is appended a batch of queries at a time, each batch
-flushed to disk before `OUTPUT.progress.json` (replaced atomically) records
-the output's size, the number of queries handled and the counts. A rerun
-with the same settings cuts the output back to the recorded size (a batch
-or partial line written after the last record goes) and continues from
-the next query, so an interrupted run ends with the file an uninterrupted one
-writes. Other settings or changed inputs are refused (overwrite starts over).
+Resuming (retrieval/resumable.py): the output is appended a batch of queries
+at a time, each batch flushed to disk before `OUTPUT.progress.json` records
+it, so a rerun with the same settings continues from the next query and an
+interrupted run ends with the file an uninterrupted one writes. Other
+settings or changed inputs are refused (overwrite starts over).
 
 Skipped queries (not written, counted by reason in the summary): no positive
 in the qrels, no judgement in the qrels, a positive missing from the corpus
 (on_missing="skip"), no candidate at the depth range, every candidate a
-positive or judged. Ids missing from the corpus (a training file's positives,
-qrels passages) are a RankgenError naming the file and lines (on_missing
+positive or judged, every candidate dropped by the false-negative filter.
+Ids missing from the corpus (a training file's positives, qrels passages) are a RankgenError naming the file and lines (on_missing
 "error", the default) or skipped and counted by line ("skip"); no id is made up.
 """
 
@@ -48,7 +57,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
+import math
 import random
 import sys
 from pathlib import Path
@@ -58,15 +67,14 @@ import numpy as np
 from tqdm import tqdm
 
 from rankgen_jax.data import jsonl
-from rankgen_jax.data.retrieval_files import (BEIR_CORPUS, BEIR_QUERIES, DEFAULT_TITLE_JOIN, Passage, Qrels,
-                                              TextFile, TrainingQuery, check_qrels, is_beir_folder,
-                                              iter_training_queries, read_passages, read_qrels, read_queries,
-                                              training_query_record)
+from rankgen_jax.data.retrieval_files import (DEFAULT_TITLE_JOIN, Passage, Qrels, TextFile, TrainingQuery,
+                                              check_qrels, is_beir_folder, iter_training_queries, read_passages,
+                                              read_qrels, read_queries, training_query_record)
 from rankgen_jax.errors import RankgenError
+from rankgen_jax.retrieval import resumable
 from rankgen_jax.retrieval.bm25 import (DEFAULT_BM25_B, DEFAULT_BM25_K1, DEFAULT_STOPWORDS, Bm25Retriever,
                                        ranked_order)
-from rankgen_jax.retrieval.dense_index import (CONFIG_FILE, IDS_FILE, INDEX_FILE, build_faiss_index, encode_all,
-                                              load_index, search_index)
+from rankgen_jax.retrieval.dense_index import build_faiss_index, encode_all, load_index, search_index
 
 RETRIEVERS = ("bm25", "dense")
 PICKS = ("first", "sample")
@@ -76,8 +84,7 @@ DEFAULT_DEPTH = "30-200"
 DEFAULT_NEGATIVES = 30
 DEFAULT_QUERY_BATCH = 256
 MINING_SPLIT = "train"
-PROGRESS_SUFFIX = ".progress.json"
-PROGRESS_VERSION = 1
+JUDGES = ("retriever", "teacher")
 # Why a query is skipped. Qrels judge it, but none at positive_level:
 NO_POSITIVE = "no positive passage in the qrels"
 # A query of the queries file that the qrels never name:
@@ -88,6 +95,8 @@ POSITIVE_MISSING = "a positive passage not in the corpus"
 NOTHING_RANKED = "the retriever ranks no passage in the depth range"
 # Something is ranked in range, but only the query's positives (or, with drop_judged, judged passages):
 ALL_DROPPED = "every passage in the depth range is a positive or judged"
+# The false-negative filter dropped every candidate left:
+ALL_FILTERED = "every candidate scores too close to or above the positive (the false-negative filter)"
 
 
 def parse_depth(depth: str | Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
@@ -125,7 +134,7 @@ class DenseRetriever:
         from rankgen_jax.inference.encoder import load_model
 
         self.model = load_model(model_dir, conventions=conventions)
-        self.batch_size = batch_size
+        self.batch_size, self.corpus, self.title_join = batch_size, corpus, title_join
         if len(self.model.vector_shape) != 1:
             raise RankgenError(f"{model_dir}: a model with {self.model.vector_shape[0]} perspective heads gives "
                                "several vectors per text; mining needs one")
@@ -148,6 +157,16 @@ class DenseRetriever:
                                      "corpus")
             self.index = build_faiss_index(vectors_NxD, "flat")
             self.corpus_row_of_index_row = np.arange(len(corpus), dtype=np.int64)
+
+    def passage_scores(self, queries: list[str], rows: list[list[int]]) -> list[np.ndarray]:
+        """Dot products of each query's vector with the given corpus rows' vectors (encoded here)."""
+        vectors_QxD = encode_all(self.model, queries, "prefix", None, self.batch_size, False, "queries")
+        flat = [row for r in rows for row in r]
+        texts = [self.corpus.passage(self.corpus.ids[row]).joined(self.title_join) for row in flat]
+        passages_PxD = encode_all(self.model, texts, "suffix", None, self.batch_size, False, "passages")
+        bounds = np.cumsum([0] + [len(r) for r in rows])
+        return [passages_PxD[bounds[q] : bounds[q + 1]].astype(np.float64) @ vectors_QxD[q].astype(np.float64)
+                for q in range(len(queries))]
 
     def rank(self, queries: list[str], depth: int) -> list[list[tuple[int, float]]]:
         vectors_QxD = encode_all(self.model, queries, "prefix", None, self.batch_size, False, "queries")
@@ -218,8 +237,10 @@ def load_training_queries(corpus: TextFile, train_file: str | None = None, queri
             print(f"{train_file}: skipped {missing.count} queries: {missing.describe()}", file=sys.stderr)
             skipped[POSITIVE_MISSING] = missing.count
         dropped = set(missing.numbers())
-        # Their negatives are what mining replaces.
-        queries = [dataclasses.replace(q, negatives=()) for n, q in numbered if n not in dropped]
+        # Their negatives are what mining replaces; scores and ranks went with the old negatives' list (a file
+        # scores all its passages or none), so the positives' go too.
+        queries = [dataclasses.replace(q, negatives=(), positives=tuple(
+            dataclasses.replace(p, score=None, rank=None) for p in q.positives)) for n, q in numbered if n not in dropped]
         return queries, qrels, skipped
     if qrels is None:
         raise RankgenError(f"{queries_path}: a queries file needs qrels to say its positives")
@@ -252,83 +273,86 @@ def _pick(candidates: list[int], negatives: int, pick: str, seed: int, query_id:
     return [candidates[i] for i in chosen]
 
 
-def mine_query(query: TrainingQuery, ranked: list[tuple[int, float]], corpus: TextFile,
-               ranges: tuple[tuple[int, int], ...], negatives: int, pick: str, seed: int,
-               judged: dict[str, int] | None, drop_judged: str | None) -> tuple[list[Passage] | None, str | None]:
-    """(negative passages, None) of one query from its ranking, or (None, the skip reason)."""
-    in_range = [row for rank, (row, _) in enumerate(ranked, start=1) if any(a <= rank <= b for a, b in ranges)]
+def query_candidates(query: TrainingQuery, ranked: list[tuple[int, float]], corpus: TextFile,
+                     ranges: tuple[tuple[int, int], ...], judged: dict[str, int] | None,
+                     drop_judged: str | None) -> tuple[list[tuple[int, float]] | None, str | None]:
+    """((row, retriever score) of each candidate in rank order, None) of one query, or (None, the skip reason)."""
+    in_range = [(row, score) for rank, (row, score) in enumerate(ranked, start=1)
+                if any(a <= rank <= b for a, b in ranges)]
     if not in_range:
         return None, NOTHING_RANKED
     drop = {p.id for p in query.positives}
     if drop_judged is not None and judged:
         drop |= {d for d, label in judged.items() if drop_judged == "all" or label > 0}
-    candidates = [row for row in in_range if corpus.ids[row] not in drop]
+    candidates = [(row, score) for row, score in in_range if corpus.ids[row] not in drop]
     if not candidates:
         return None, ALL_DROPPED
-    return [corpus.passage(corpus.ids[row]) for row in _pick(candidates, negatives, pick, seed, query.query_id)], None
+    return candidates, None
 
 
-def _input_stamp(path: str | None) -> dict | None:
-    """The resolved path and size of an input (a folder: of the files read there), so a resume sees a changed input."""
-    if path is None:
-        return None
-    p = Path(path)
-    files = [p]
-    if p.is_dir():
-        # A BEIR folder's corpus, queries and qrels; an index folder's files. Not all its files: the output may be
-        # written in the folder.
-        files = [p / name for name in (BEIR_CORPUS, BEIR_QUERIES, CONFIG_FILE, IDS_FILE, INDEX_FILE)]
-        files = [f for f in files if f.is_file()] + sorted((p / "qrels").glob("*.tsv"))
-    return {"path": str(p.resolve()), "bytes": sum(f.stat().st_size for f in files)}
+def mine_query(query: TrainingQuery, ranked: list[tuple[int, float]], corpus: TextFile,
+               ranges: tuple[tuple[int, int], ...], negatives: int, pick: str, seed: int,
+               judged: dict[str, int] | None, drop_judged: str | None) -> tuple[list[Passage] | None, str | None]:
+    """(negative passages, None) of one query from its ranking, or (None, the skip reason); no filter."""
+    candidates, reason = query_candidates(query, ranked, corpus, ranges, judged, drop_judged)
+    if candidates is None:
+        return None, reason
+    rows = [row for row, _ in candidates]
+    return [corpus.passage(corpus.ids[row]) for row in _pick(rows, negatives, pick, seed, query.query_id)], None
 
 
-def _write_progress(path: Path, record: dict) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(record) + "\n", encoding="utf-8")
-    partial.replace(path)
+@dataclasses.dataclass(frozen=True)
+class FalseNegativeFilter:
+    """Drops candidates that score too close to or above the query's positive, as sentence-transformers'
+    mine_hard_negatives does.
+
+    With p the lowest score among the query's positives (the harder
+    positive, when there are several) and s a candidate's score, both by the
+    judge: absolute_margin m drops the candidate when s + m > p; then
+    relative_margin r drops it when s > p - |p| r (|p|, so a negative p does
+    not raise the bar). None turns a rule off; the margins must be >= 0.
+    """
+
+    absolute_margin: float | None = None
+    relative_margin: float | None = None
+
+    def __post_init__(self):
+        for name in ("absolute_margin", "relative_margin"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value) or value < 0):
+                raise RankgenError(f"{name} must be a finite number >= 0 or None, got {value!r}")
+
+    @property
+    def active(self) -> bool:
+        return self.absolute_margin is not None or self.relative_margin is not None
+
+    def drops(self, positive_scores: np.ndarray, candidate_scores: np.ndarray) -> list[str | None]:
+        """Per candidate the rule that drops it ("absolute_margin", "relative_margin") or None (kept)."""
+        p = float(np.min(positive_scores))
+        out: list[str | None] = []
+        for s in np.asarray(candidate_scores, np.float64):
+            if self.absolute_margin is not None and s + self.absolute_margin > p:
+                out.append("absolute_margin")
+            elif self.relative_margin is not None and s > p - abs(p) * self.relative_margin:
+                out.append("relative_margin")
+            else:
+                out.append(None)
+        return out
 
 
-def _append(out: Path, lines: list[bytes]) -> int:
-    """Append lines to out, flushed to disk; returns the file's new size."""
-    with out.open("ab") as f:
-        f.write(b"".join(lines))
-        f.flush()
-        os.fsync(f.fileno())
-        return f.tell()
-
-
-def _start_or_resume(out: Path, progress_path: Path, settings: dict, overwrite: bool) -> dict:
-    """The progress record to continue from (a fresh one when starting); the output cut to its recorded size."""
-    fresh = {"version": PROGRESS_VERSION, "settings": settings, "bytes": 0, "handled": 0, "last_query_id": None,
-             "written": 0, "negatives": 0, "short": 0, "skipped": {}}
-    if overwrite:
-        out.unlink(missing_ok=True)
-        progress_path.unlink(missing_ok=True)
-    if not progress_path.is_file():
-        if out.exists():
-            raise RankgenError(f"{out}: exists and has no {progress_path.name} (not a run of mine-negatives to "
-                               "resume); choose another output or pass overwrite (--overwrite)")
-        return fresh
-    try:
-        record = json.loads(progress_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise RankgenError(f"{progress_path}: cannot read the progress record ({e}); pass overwrite to start over")
-    if not isinstance(record, dict) or record.get("version") != PROGRESS_VERSION or set(record) != set(fresh):
-        raise RankgenError(f"{progress_path}: not a progress record of this version; pass overwrite to start over")
-    if record["settings"] != settings:
-        changed = sorted(k for k in settings.keys() | record["settings"].keys()
-                         if settings.get(k) != record["settings"].get(k))
-        raise RankgenError(f"{out}: was started with other settings or inputs ({', '.join(changed)} differ); "
-                           "rerun with those, or pass overwrite (--overwrite) to start over")
-    size = out.stat().st_size if out.is_file() else 0
-    if size < record["bytes"]:
-        raise RankgenError(f"{out}: holds {size} bytes but {progress_path.name} records {record['bytes']} written; "
-                           "the output was changed, pass overwrite to start over")
-    if size > record["bytes"]:
-        # A batch (or part of a line) written after the last progress record: it is mined again.
-        with out.open("r+b") as f:
-            f.truncate(record["bytes"])
-    return record
+def _judge_scores(judge: str, ranker, teacher, batch: list[TrainingQuery], candidates: list[list[tuple[int, float]]],
+                  corpus: TextFile, title_join: str | None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(positive scores, candidate scores) of each query by the judge: the retriever's own scores (the positives'
+    computed alike), or the teacher's (one call for the batch)."""
+    if judge == "teacher":
+        lists = [list(q.positives) + [corpus.passage(corpus.ids[row]) for row, _ in c]
+                 for q, c in zip(batch, candidates)]
+        scores = teacher.score([q.query_id for q in batch], [q.query for q in batch], lists, title_join)
+        return [(s[: len(q.positives)], s[len(q.positives):]) for q, s in zip(batch, scores)]
+    positive_rows = [[corpus.rows[p.id] for p in q.positives] for q in batch]
+    positive_scores = ranker.passage_scores([q.query for q in batch], positive_rows)
+    return [(p, np.array([score for _, score in c], np.float64)) for p, c in zip(positive_scores, candidates)]
 
 
 def mine_negatives(
@@ -357,14 +381,32 @@ def mine_negatives(
     overwrite: bool = False,
     progress: bool = True,
     conventions: dict | None = None,
+    absolute_margin: float | None = None,
+    relative_margin: float | None = None,
+    judge: str = "retriever",
+    teacher: Any = None,
 ) -> dict[str, Any]:
     """Mine hard negatives for each training query into a Tevatron JSON-lines file; returns the summary.
 
     See the module docstring for the retrievers, depth ranges, what is dropped,
-    picking, resuming and bad input. The summary: output, queries written,
-    negatives written, queries with fewer negatives than asked, queries
-    skipped and their reasons, and how many queries this call mined.
+    the false-negative filter, picking, resuming and bad input. The summary:
+    output, queries written, negatives written, queries with fewer negatives
+    than asked, queries skipped and their reasons, how many queries this call
+    mined, and with a filter what it dropped.
     """
+    fn_filter = FalseNegativeFilter(absolute_margin, relative_margin)
+    if judge not in JUDGES:
+        raise RankgenError(f"unknown judge {judge!r}: expected one of {JUDGES}")
+    if judge == "teacher" and teacher is None:
+        raise RankgenError("judge 'teacher' needs a teacher (--teacher: a cross encoder or a file of scores)")
+    if teacher is not None and not fn_filter.active:
+        raise RankgenError("a teacher judges the false-negative filter: give --absolute_margin or --relative_margin")
+    if teacher is not None and judge != "teacher":
+        raise RankgenError("a teacher is given but the judge is the retriever (--judge teacher)")
+    if isinstance(teacher, str):
+        from rankgen_jax.retrieval.teacher import load_teacher
+
+        teacher = load_teacher(teacher, batch_size=batch_size, conventions=conventions)
     if retriever not in RETRIEVERS:
         raise RankgenError(f"unknown retriever {retriever!r}: expected one of {RETRIEVERS}")
     if retriever == "dense" and model_dir is None:
@@ -391,24 +433,25 @@ def mine_negatives(
         raise RankgenError(f"{out_path}: is a folder; the output is a JSON-lines file")
     settings = {
         "retriever": retriever, "model": str(Path(model_dir).resolve()) if model_dir else None,
-        "index": _input_stamp(index_dir), "corpus": _input_stamp(corpus_path), "train_file": _input_stamp(train_file),
-        "queries": _input_stamp(queries_path), "qrels": _input_stamp(qrels_path), "split": split,
+        "index": resumable.input_stamp(index_dir), "corpus": resumable.input_stamp(corpus_path),
+        "train_file": resumable.input_stamp(train_file), "queries": resumable.input_stamp(queries_path),
+        "qrels": resumable.input_stamp(qrels_path), "split": split,
         "depth": [list(r) for r in ranges], "negatives": negatives, "pick": pick, "seed": seed,
         "drop_judged": drop_judged, "positive_level": positive_level, "on_missing": on_missing,
         "title_join": title_join,
         "bm25": {"k1": bm25_k1, "b": bm25_b, "stopwords": bm25_stopwords} if retriever == "bm25" else None,
         "conventions": {k: v for k, v in (conventions or {}).items() if v is not None} or None,
+        "filter": {"absolute_margin": absolute_margin, "relative_margin": relative_margin, "judge": judge,
+                   "teacher": None if teacher is None else teacher.stamp} if fn_filter.active else None,
     }
     corpus = read_passages(corpus_path)
     queries, qrels, load_skips = load_training_queries(corpus, train_file, queries_path, qrels_path, split,
                                                        positive_level, on_missing)
     out.parent.mkdir(parents=True, exist_ok=True)
-    progress_path = out.with_name(out.name + PROGRESS_SUFFIX)
-    record = _start_or_resume(out, progress_path, settings, overwrite)
-    start = record["handled"]
-    if start > len(queries) or (start and queries[start - 1].query_id != record["last_query_id"]):
-        raise RankgenError(f"{progress_path}: records {start} queries handled, last {record['last_query_id']!r}, "
-                           "which the inputs no longer give; pass overwrite to start over")
+    counts = {"written": 0, "negatives": 0, "short": 0, "skipped": {}, "judged": 0,
+              "dropped": {"absolute_margin": 0, "relative_margin": 0}, "queries_with_drops": 0, "most_dropped": 0}
+    record = resumable.start_or_resume(out, settings, counts, overwrite, "mine-negatives")
+    start = resumable.check_resume_point(out, record, [q.query_id for q in queries])
     if start < len(queries):
         last_rank = ranges[-1][1]
         texts = corpus.joined(title_join)
@@ -422,30 +465,63 @@ def mine_negatives(
             for batch_start in range(start, len(queries), query_batch):
                 batch = queries[batch_start : batch_start + query_batch]
                 rankings = ranker.rank([q.query for q in batch], last_rank)
-                lines = []
+                found = []
                 for query, ranked in zip(batch, rankings):
                     judged = qrels.labels.get(query.query_id) if qrels is not None else None
-                    mined, reason = mine_query(query, ranked, corpus, ranges, negatives, pick, seed, judged,
-                                               drop_judged)
-                    if mined is None:
+                    candidates, reason = query_candidates(query, ranked, corpus, ranges, judged, drop_judged)
+                    if candidates is None:
                         record["skipped"][reason] = record["skipped"].get(reason, 0) + 1
-                        continue
+                    else:
+                        found.append((query, candidates))
+                scores = _judge_scores(judge, ranker, teacher, [q for q, _ in found], [c for _, c in found], corpus,
+                                       title_join) if fn_filter.active and found else [None] * len(found)
+                lines = []
+                for (query, candidates), judged_scores in zip(found, scores):
+                    extra = {}
+                    score_of = None
+                    if judged_scores is not None:
+                        positive_scores, candidate_scores = judged_scores
+                        rules = fn_filter.drops(positive_scores, candidate_scores)
+                        dropped = sum(rule is not None for rule in rules)
+                        record["judged"] += len(rules)
+                        for rule in rules:
+                            if rule is not None:
+                                record["dropped"][rule] += 1
+                        record["queries_with_drops"] += dropped > 0
+                        record["most_dropped"] = max(record["most_dropped"], dropped)
+                        extra["dropped_false_negatives"] = dropped
+                        if judge == "teacher":
+                            score_of = {row: float(s) for (row, _), s in zip(candidates, candidate_scores)}
+                            query = dataclasses.replace(query, positives=tuple(
+                                dataclasses.replace(p, score=float(s)) for p, s in zip(query.positives,
+                                                                                        positive_scores)))
+                        candidates = [c for c, rule in zip(candidates, rules) if rule is None]
+                        if not candidates:
+                            record["skipped"][ALL_FILTERED] = record["skipped"].get(ALL_FILTERED, 0) + 1
+                            continue
+                    rows = _pick([row for row, _ in candidates], negatives, pick, seed, query.query_id)
+                    mined = [dataclasses.replace(corpus.passage(corpus.ids[row]),
+                                                 score=None if score_of is None else score_of[row]) for row in rows]
                     written = dataclasses.replace(query, negatives=tuple(mined))
-                    lines.append((json.dumps(training_query_record(written), ensure_ascii=False) + "\n")
+                    lines.append((json.dumps({**training_query_record(written), **extra}, ensure_ascii=False) + "\n")
                                  .encode("utf-8"))
                     record["written"] += 1
                     record["negatives"] += len(mined)
                     record["short"] += len(mined) < negatives
-                record["bytes"] = _append(out, lines) if lines else record["bytes"]
-                record["handled"] = batch_start + len(batch)
-                record["last_query_id"] = batch[-1].query_id
-                _write_progress(progress_path, record)
+                resumable.save_batch(out, record, lines, batch_start + len(batch), batch[-1].query_id)
                 bar.update(len(batch))
     if not out.exists():
         out.touch()  # every query skipped: an empty file, not a missing one
     skipped = dict(load_skips)
     for reason, count in record["skipped"].items():
         skipped[reason] = skipped.get(reason, 0) + count
-    return {"output": str(out), "queries_written": record["written"], "negatives_written": record["negatives"],
-            "queries_with_fewer_negatives": record["short"], "queries_skipped": sum(skipped.values()),
-            "skipped": skipped, "mined_now": len(queries) - start}
+    summary = {"output": str(out), "queries_written": record["written"], "negatives_written": record["negatives"],
+               "queries_with_fewer_negatives": record["short"], "queries_skipped": sum(skipped.values()),
+               "skipped": skipped, "mined_now": len(queries) - start}
+    if fn_filter.active:
+        summary["false_negative_filter"] = {
+            "judge": judge, "absolute_margin": absolute_margin, "relative_margin": relative_margin,
+            "candidates_judged": record["judged"], "dropped": dict(record["dropped"]),
+            "dropped_total": sum(record["dropped"].values()), "queries_with_drops": record["queries_with_drops"],
+            "most_dropped_in_one_query": record["most_dropped"]}
+    return summary

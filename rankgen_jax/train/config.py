@@ -87,6 +87,9 @@ class LossConfig:
     t_squared: bool = False
     position_weighting: bool = False
     tau: float = 0.5
+    # lambdarank_mrr's student ranks: "list" (its ranking of each list at the step) or "retrieval"
+    # (batch["student_ranks"], from the list the student retrieved).
+    rank_source: str = "list"
 
     def __post_init__(self):
         check_field_types(self)
