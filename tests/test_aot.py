@@ -114,7 +114,10 @@ PAPER_CONFIGS = [
 def test_paper_configs_parse(gin_file, topology, batch_size, mesh):
     from rankgen_jax.train.config import TrainerConfig
 
-    parse_gin([gin_file], [])
+    from rankgen_jax.experiments.gin_runs import experiment_configurables
+
+    # As `train` parses it: the recipe's data bind the seqio tasks' options, which the library alone does not know.
+    parse_gin([gin_file], [], experiment_configurables)
     data, trainer = DataConfig(), TrainerConfig()
     assert (data.batch_size, data.prefix_length, data.continuation_length, data.with_negative) == (
         batch_size, 512, 128, True)

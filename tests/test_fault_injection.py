@@ -371,6 +371,7 @@ def _poison(monkeypatch, bad_batches: list[int], num_steps: int) -> None:
 
     monkeypatch.setitem(losses.LOSSES, NAN_LOSS, nan_on_batches)
     monkeypatch.setitem(losses.LOSS_BATCH_FORMS, NAN_LOSS, TRIPLES)
+    monkeypatch.setitem(losses.LOSS_MODEL_KINDS, NAN_LOSS, ("dual_encoder",))
 
 
 def _train_records(workdir: Path) -> dict[int, dict]:

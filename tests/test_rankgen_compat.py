@@ -106,3 +106,23 @@ def test_documented_released_usage_runs_as_written(folders):  # noqa: F811
     want = encoder.encode(["This is a prefix sentence."], "prefix") @ encoder.encode(
         ["This is a suffix sentence."], "suffix").T
     np.testing.assert_allclose(scope["scores"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_documented_generator_usage_runs_with_the_documented_offline_lm(folders, tmp_path):  # noqa: F811
+    """The page's generator block, with the causal LM its next block says how to make offline."""
+    pytest.importorskip("torch")
+    section = INFERENCE_PAGE.read_text(encoding="utf-8").split("The generator, over any local HF causal LM", 1)[1]
+    # An indented block may hold blank lines between its indented ones.
+    blocks = re.findall(r"\n\n((?:    .*\n)(?:    .*\n|\n(?=    ))*)", section)
+    generator_code = "\n".join(line[4:] for line in blocks[0].splitlines())
+    lm_command = blocks[1].strip()
+    assert "RankGenGenerator(rankgen_encoder, \"path/to/causal_lm\")" in generator_code
+    assert lm_command.startswith('python -c "') and "build_tiny_gpt2('tiny_gpt2')" in lm_command
+    lm_code = lm_command[len('python -c "'):-1].replace("'tiny_gpt2'", repr(str(tmp_path / "tiny_gpt2")))
+    scope = {}
+    exec(lm_code.replace("print(", "lm_dir = ("), scope)
+    scope["rankgen_encoder"] = RankGenEncoder(folders["released"], devices=ONE_DEVICE)
+    exec(generator_code.replace("path/to/causal_lm", scope["lm_dir"]), scope)
+    texts, scores = scope["texts"], scope["scores"]
+    assert len(texts) == len(scores) == 1 and 1 <= len(texts[0]) <= 2 and all(isinstance(t, str) for t in texts[0])
+    assert np.all(np.isfinite(scores[0])) and list(scores[0]) == sorted(scores[0], reverse=True)

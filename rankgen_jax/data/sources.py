@@ -77,11 +77,11 @@ DATA_FIELD_SOURCES: dict[str, tuple[str, ...]] = {
     "train_file": ("lists", "pairs", "retrieval"),
     "eval_file": ("lists", "pairs", "retrieval"),
     "list_size": ("lists", "retrieval"),
-    "list_labels": ("lists", "retrieval"),
     "tfdata_threads": ("seqio",),
     **{name: ("retrieval",) for name in ("retrieval_corpus", "queries", "qrels", "eval_qrels", "split", "eval_split",
                                          "negatives_run", "hard_negatives", "positive_choice", "too_few_negatives",
                                          "title_join")},
+    "list_labels": ("lists", "retrieval"),
 }
 
 
