@@ -36,7 +36,7 @@ QUERIES = ["rain on the moor", "the keeper and the storm", "shares and revenue",
 
 def brute_force(queries_QxD, vectors_NxD, k):
     scores_QxN = queries_QxD @ vectors_NxD.T
-    ids_QxK = np.argsort(-scores_QxN, axis=1, index_type="stable")[:, :k]
+    ids_QxK = np.argsort(-scores_QxN, axis=1, kind="stable")[:, :k]
     return np.take_along_axis(scores_QxN, ids_QxK, axis=1), ids_QxK
 
 

@@ -201,7 +201,7 @@ def test_list_scores_cross_and_dual_encoder():
     np.testing.assert_array_equal(np.asarray(list_losses.list_scores({"scores": want})), want.astype(np.float32))
     with pytest.raises(RankgenError, match="candidates"):
         list_losses.list_scores({"query": query})
-    with pytest.raises(RankgenError, match=r"\[B, L, D\]"):
+    with pytest.raises(RankgenError, match=r"\[B, C, D\]"):
         list_losses.list_scores({"query": query, "candidates": candidates[:2]})
 
 

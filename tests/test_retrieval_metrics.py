@@ -214,5 +214,5 @@ def test_rouge_known_values():
     np.testing.assert_allclose(metric_scores("rougeL", [hyp], ref), [5 / 6], atol=1e-6)
     with pytest.raises(RankgenError, match="unknown text metric"):
         metric_scores("rouge1", [hyp], [ref])
-    with pytest.raises(RankgenError, match="unknown ROUGE kind"):
+    with pytest.raises(RankgenError, match="unknown ROUGE variant"):
         rouge(hyp, ref, variant="rouge1")

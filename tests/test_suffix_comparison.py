@@ -50,7 +50,7 @@ def test_document_genre_is_the_first_folder():
 
 
 def test_held_out_items_per_genre_from_held_out_documents_only(corpus):
-    config = DataConfig(corpus=str(corpus), holdout_ids=("plays/a.txt", "plays/b.txt", "speeches/d.txt"),
+    config = DataConfig(source="examples", corpus=str(corpus), holdout_ids=("plays/a.txt", "plays/b.txt", "speeches/d.txt"),
                         prefix_words=40, max_continuation_words=20)
     items = held_out_suffix_sets(config, num_examples=5, num_negatives=3)
     genres = [it["genre"] for it in items]
