@@ -28,7 +28,7 @@ Defaults (2000 passages, small, 2 repeats) take about 3-4 minutes on 2 quiet cor
 
 The flat dict `run()` returns (also written as JSON by `main`):
 
-  size, num_texts, batch_size, max_length, kind, repeats, torch_threads, jax_devices  the settings
+  size, num_texts, batch_size, max_length, side, repeats, torch_threads, jax_devices  the settings
   tokens, mean_tokens            real (non-pad) input tokens of the pass, after truncation
   tokenize_seconds               tokenising all texts once (inside both timed passes)
   jax_seconds, torch_seconds     fastest timed pass
@@ -63,6 +63,8 @@ import time
 from pathlib import Path
 
 from benchmarks.report import write_json
+from rankgen_jax.cli.renamed import add_renamed_flag
+from rankgen_jax.data.conventions import ENCODE_SIDES
 from rankgen_jax.runtime.process import configure_xla_flags, reexec_with_malloc_tunables
 
 
@@ -126,7 +128,7 @@ def _chunks(n: int, size: int):
         yield start, min(n, start + size)
 
 
-def torch_encode(hf_model, model, texts: list[str], kind: str, max_length: int, batch_size: int,
+def torch_encode(hf_model, model, texts: list[str], side: str, max_length: int, batch_size: int,
                  chunk: int) -> tuple[np.ndarray, int]:
     """PyTorch vectors [N, D] of texts and the pad slots used: the JAX model's token ids, chunked and
     length-sorted like the index path, each batch padded to its own longest row."""
@@ -137,7 +139,7 @@ def torch_encode(hf_model, model, texts: list[str], kind: str, max_length: int, 
     with torch.inference_mode():
         for begin, end in _chunks(len(texts), chunk):
             # The same tokenizer call LoadedModel.encode makes (marker, EOS, clean truncation).
-            sequences = model.input_ids(texts[begin:end], kind, max_length)
+            sequences = model.input_ids(texts[begin:end], side, max_length)
             lengths_N = np.array([len(s) for s in sequences])
             order = np.argsort(-lengths_N, kind="stable")
             for start in range(0, len(order), batch_size):
@@ -214,7 +216,7 @@ class _CompileTimer:
 
 
 def run(num_texts: int = 2000, size: str = "small", batch_size: int = 64, max_length: int = 128,
-        kind: str = "suffix", repeats: int = 2, threads: int = 2, seed: int = 0,
+        side: str = "suffix", repeats: int = 2, threads: int = 2, seed: int = 0,
         workdir: str | None = None, texts: list[str] | None = None, pow2_baseline: bool = False) -> dict:
     """Build the model (under workdir, default a temporary folder), encode with JAX and PyTorch; see the module doc.
 
@@ -227,13 +229,13 @@ def run(num_texts: int = 2000, size: str = "small", batch_size: int = 64, max_le
     threads_before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _run(num_texts, size, batch_size, max_length, kind, repeats, threads, seed, workdir, texts,
+        return _run(num_texts, size, batch_size, max_length, side, repeats, threads, seed, workdir, texts,
                     pow2_baseline)
     finally:
         torch.set_num_threads(threads_before)
 
 
-def _run(num_texts, size, batch_size, max_length, kind, repeats, threads, seed, workdir, texts, pow2_baseline) -> dict:
+def _run(num_texts, size, batch_size, max_length, side, repeats, threads, seed, workdir, texts, pow2_baseline) -> dict:
     import jax
     from transformers import AutoModel
 
@@ -252,10 +254,10 @@ def _run(num_texts, size, batch_size, max_length, kind, repeats, threads, seed, 
     chunk = batch_size * ENCODE_CHUNK_BATCHES
 
     def jax_pass() -> np.ndarray:
-        return encode_all(model, texts, kind, max_length, batch_size, progress=False, desc="encode")
+        return encode_all(model, texts, side, max_length, batch_size, progress=False, desc="encode")
 
     def torch_pass() -> np.ndarray:
-        return torch_encode(hf_model, model, texts, kind, max_length, batch_size, chunk)[0]
+        return torch_encode(hf_model, model, texts, side, max_length, batch_size, chunk)[0]
 
     def pow2_pass() -> np.ndarray:
         step = dense_index.ENCODE_BUCKET_STEP
@@ -266,7 +268,7 @@ def _run(num_texts, size, batch_size, max_length, kind, repeats, threads, seed, 
             dense_index.ENCODE_BUCKET_STEP = step
 
     began = time.perf_counter()
-    tokens = sum(len(s) for s in model.input_ids(texts, kind, max_length))
+    tokens = sum(len(s) for s in model.input_ids(texts, side, max_length))
     tokenize_seconds = time.perf_counter() - began
 
     with _CompileTimer() as compile_timer, _SlotCounter() as jax_slots:
@@ -275,7 +277,7 @@ def _run(num_texts, size, batch_size, max_length, kind, repeats, threads, seed, 
         jax_first = time.perf_counter() - began
     shapes = len(model.compiled_shapes)
     began = time.perf_counter()
-    torch_vectors, torch_pad = torch_encode(hf_model, model, texts, kind, max_length, batch_size, chunk)
+    torch_vectors, torch_pad = torch_encode(hf_model, model, texts, side, max_length, batch_size, chunk)
     torch_first = time.perf_counter() - began
     passes = {"jax": jax_pass, "torch": torch_pass}
     if pow2_baseline:
@@ -296,7 +298,7 @@ def _run(num_texts, size, batch_size, max_length, kind, repeats, threads, seed, 
         "num_texts": len(texts),
         "batch_size": batch_size,
         "max_length": max_length,
-        "kind": kind,
+        "side": side,
         "repeats": repeats,
         "torch_threads": threads,
         "jax_devices": jax.device_count(),
@@ -334,7 +336,7 @@ def summary(row: dict) -> str:
     """A few readable lines of a run() result."""
     return "\n".join([
         f"T5 1.1 {row['size']} RankGen encoder, {row['num_texts']} passages ({row['tokens']} tokens, "
-        f"mean {row['mean_tokens']:.1f}), kind {row['kind']}, max_length {row['max_length']}, "
+        f"mean {row['mean_tokens']:.1f}), side {row['side']}, max_length {row['max_length']}, "
         f"batch {row['batch_size']}, best of {row['repeats']}",
         f"  JAX (index path)  {row['jax_sentences_per_second']:8.1f} sentences/s {row['jax_tokens_per_second']:9.0f} "
         f"tokens/s  padding waste {row['jax_padding_waste']:.1%}",
@@ -361,14 +363,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", default="small", help="T5 1.1 size (default small)")
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--max_length", type=int, default=128)
-    parser.add_argument("--kind", default="suffix", choices=("prefix", "suffix", "raw"))
+    add_renamed_flag(parser, "--side", "--kind", default="suffix", choices=ENCODE_SIDES, help="encoding side")
     parser.add_argument("--repeats", type=int, default=2, help="timed passes per framework (default 2)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--pow2_baseline", action="store_true",
                         help="also time the index path with power-of-two length buckets")
     parser.add_argument("--out", default="runs/bench/encode.json")
     args = parser.parse_args(argv)
-    row = run(args.texts, args.size, args.batch_size, args.max_length, args.kind, args.repeats, args.threads,
+    row = run(args.texts, args.size, args.batch_size, args.max_length, args.side, args.repeats, args.threads,
               pow2_baseline=args.pow2_baseline)
     print(summary(row))
     write_json(args.out, row)

@@ -46,7 +46,7 @@ def compile_candidate_shapes(model, batch_size: int = 64) -> None:
         # max_length=length cuts every row to exactly that bucket.
         rows = 1
         while rows <= batch_size:
-            model.encode([long_text] * rows, kind="suffix", max_length=length, batch_size=batch_size)
+            model.encode([long_text] * rows, side="suffix", max_length=length, batch_size=batch_size)
             rows *= 2
 
 

@@ -453,13 +453,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/bench_gpu/gpu.json")
     parser.add_argument("--report", default="docs/benchmarks.md", help="markdown file whose GPU section to (re)write")
     for field in dataclasses.fields(Settings):
-        kind = type(field.default)
-        if kind is tuple:
+        field_type = type(field.default)
+        if field_type is tuple:
             parser.add_argument(f"--{field.name}", nargs="+", default=list(field.default))
-        elif kind is bool:
+        elif field_type is bool:
             parser.add_argument(f"--{field.name}", type=lambda v: v.lower() in ("1", "true", "yes"), default=field.default)
         else:
-            parser.add_argument(f"--{field.name}", type=kind, default=field.default)
+            parser.add_argument(f"--{field.name}", type=field_type, default=field.default)
     args = parser.parse_args(argv)
     if args.child:
         fields = json.loads(args.settings)

@@ -174,7 +174,7 @@ def _encode_section(row: dict | None) -> list[str]:
     lines += [
         f"Random-init T5 1.1 {row['size']} RankGen encoder, {row['num_texts']:,} passages of the bundled books "
         f"({row['mean_tokens']:.0f} tokens on average, max {row['max_length']}), batch {row['batch_size']}, "
-        f"`{row['kind']}` inputs. JAX: `dense_index.encode_all` (length buckets); PyTorch: the exported folder "
+        f"`{row.get('side', row.get('kind'))}` inputs. JAX: `dense_index.encode_all` (length buckets); PyTorch: the exported folder "
         f"through `AutoModel(trust_remote_code)`, batches sorted by length and padded to their longest row, "
         f"{row['torch_threads']} threads. Fastest of {row['repeats']} passes each, tokenising included.",
         "",

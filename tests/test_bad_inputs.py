@@ -111,7 +111,7 @@ def _command(name: str, path, tmp_path, models, spiece_model) -> list:
     if name == "score":
         return ["score", "--model", models["a"], "--input", path, "--output", tmp_path / "out.jsonl", "--no_progress"]
     if name == "encode":
-        return ["encode", "--model", models["a"], "--input", path, "--kind", "prefix", "--output", tmp_path / "o.npy"]
+        return ["encode", "--model", models["a"], "--input", path, "--side", "prefix", "--output", tmp_path / "o.npy"]
     if name == "index":
         return ["index", "--model", models["a"], "--corpus", path, "--out", tmp_path / "index"]
     return ["train", f"--workdir={tmp_path / 'run'}", *TINY_MODEL, "--gin.t5_config.vocab_size=1000",
@@ -120,20 +120,20 @@ def _command(name: str, path, tmp_path, models, spiece_model) -> list:
             "--gin.ModelConfig.kind='cross_encoder'", "--gin.LossConfig.name='listmle'"]
 
 
-@pytest.mark.parametrize("kind", list(CONTENTS))
+@pytest.mark.parametrize("content", list(CONTENTS))
 @pytest.mark.parametrize("command", ["score", "encode", "index", "train_lists"])
-def test_unreadable_input_files(tmp_path, capsys, models, spiece_model, command, kind):
-    path = tmp_path / f"{kind}.jsonl"
-    if CONTENTS[kind] is not None:
-        path.write_bytes(CONTENTS[kind])
+def test_unreadable_input_files(tmp_path, capsys, models, spiece_model, command, content):
+    path = tmp_path / f"{content}.jsonl"
+    if CONTENTS[content] is not None:
+        path.write_bytes(CONTENTS[content])
     code, err = run_cli(capsys, *_command(command, path, tmp_path, models, spiece_model))
     # Every command fails with one error line naming the file; `score` skips and counts the bad
     # lines first, then fails because nothing was left to score, leaving no empty output behind.
     line = one_error_line(code, err)
     assert str(path) in line
-    if command == "score" and kind != "missing":
+    if command == "score" and content != "missing":
         assert "nothing to score" in line and not (tmp_path / "out.jsonl").exists()
-        assert ("skipped" in err) == (kind != "empty"), err
+        assert ("skipped" in err) == (content != "empty"), err
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 

@@ -6,7 +6,7 @@ from benchmarks import data_pipeline as bench_data
 from benchmarks import encode as bench_encode
 
 ENCODE_KEYS = {
-    "size", "num_texts", "batch_size", "max_length", "kind", "repeats", "torch_threads", "jax_devices", "tokens",
+    "size", "num_texts", "batch_size", "max_length", "side", "repeats", "torch_threads", "jax_devices", "tokens",
     "mean_tokens", "tokenize_seconds", "jax_seconds", "torch_seconds", "jax_sentences_per_second",
     "torch_sentences_per_second", "jax_tokens_per_second", "torch_tokens_per_second", "jax_over_torch",
     "max_abs_diff", "max_abs_vector", "jax_first_pass_seconds", "jax_compile_seconds", "jax_compiled_shapes",

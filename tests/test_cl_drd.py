@@ -64,8 +64,8 @@ def test_candidates_are_the_previous_students_top_n(setup, uninterrupted):
     corpus = [json.loads(line) for line in (setup / "beir" / "corpus.jsonl").read_text().splitlines()]
     for t in (1, 2):
         student = load_model(str(workdir / ("student0" if t == 1 else "iter1/student")))
-        passages = student.encode([(p["title"] + " " + p["text"]) for p in corpus], kind="suffix")
-        query_vectors = student.encode(queries.texts, kind="prefix")
+        passages = student.encode([(p["title"] + " " + p["text"]) for p in corpus], side="suffix")
+        query_vectors = student.encode(queries.texts, side="prefix")
         scores = query_vectors.astype(np.float64) @ passages.T.astype(np.float64)
         by_query = {r["query_id"]: r for r in _candidates(workdir, t)}
         assert len(by_query) == len(queries.ids) == results["data"]["train_queries"]

@@ -57,27 +57,27 @@ def test_flat_search_equals_brute_force():
         search_index(index, queries[:, :8], 5)
     with pytest.raises(RankgenError, match="row 1 holds NaN"):
         build_faiss_index(np.array([[1.0, 0.0], [np.nan, 1.0]]))
-    with pytest.raises(RankgenError, match="unknown index kind"):
-        build_faiss_index(vectors, kind="pq")
+    with pytest.raises(RankgenError, match="unknown index type"):
+        build_faiss_index(vectors, index_type="pq")
 
 
 def test_ivf_with_all_lists_probed_is_exact(capsys):
     vectors, queries = random_vectors(2, 400), random_vectors(3, 9)
     assert default_nlist(400) == 10  # 4 * sqrt(400) = 80, clipped to 400 // 39 = 10
-    index = build_faiss_index(vectors, kind="ivf", nprobe=10)
+    index = build_faiss_index(vectors, index_type="ivf", nprobe=10)
     assert index.nlist == 10 and index.nprobe == 10
     scores, ids = search_index(index, queries, 10)
     want_scores, want_ids = brute_force(queries, vectors, 10)
     np.testing.assert_array_equal(ids, want_ids)
     np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-5)
     # A too-large nlist for the data is lowered, with a note.
-    assert build_faiss_index(vectors[:100], kind="ivf", nlist=50).nlist == 2
+    assert build_faiss_index(vectors[:100], index_type="ivf", nlist=50).nlist == 2
     assert "nlist 50 lowered to 2" in capsys.readouterr().err
 
 
 def test_hnsw_recall_at_10():
     vectors, queries = random_vectors(4, 500), random_vectors(5, 20)
-    index = build_faiss_index(vectors, kind="hnsw", hnsw_m=16)
+    index = build_faiss_index(vectors, index_type="hnsw", hnsw_m=16)
     _, ids = search_index(index, queries, 10)
     _, want_ids = brute_force(queries, vectors, 10)
     recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids.tolist(), want_ids.tolist())])
@@ -108,7 +108,7 @@ def test_index_corpus_and_search_queries_equal_brute_force(tmp_path, model_dir, 
     assert sorted(p.name for p in out.iterdir()) == ["ids.json", "index.faiss", "index_config.json", "vectors.npy"]
     assert json.loads((out / "ids.json").read_text()) == [f"p{i}" for i in range(len(PASSAGES))]
     assert json.loads((out / "index_config.json").read_text()) == config
-    assert config["kind"] == "flat" and config["count"] == len(PASSAGES) and config["encode_kind"] == "suffix"
+    assert config["index_type"] == "flat" and config["count"] == len(PASSAGES) and config["encode_side"] == "suffix"
     assert config["max_length"] is None
 
     k = 4
@@ -141,16 +141,16 @@ def test_index_corpus_and_search_queries_equal_brute_force(tmp_path, model_dir, 
     assert read_run(tmp_path / "run.trec") == {r["query_id"]: dict(zip(r["ids"], r["scores"])) for r in trec}
 
     # An IVF index with a single list (11 passages) searches everything: same results.
-    ivf = index_corpus(model_dir, str(corpus), str(tmp_path / "ivf"), kind="ivf", batch_size=8, progress=False)
-    assert ivf["kind"] == "ivf" and ivf["nlist"] == 1 and ivf["nprobe"] == 1
+    ivf = index_corpus(model_dir, str(corpus), str(tmp_path / "ivf"), index_type="ivf", batch_size=8, progress=False)
+    assert ivf["index_type"] == "ivf" and ivf["nlist"] == 1 and ivf["nprobe"] == 1
     again = search_queries(model_dir, str(tmp_path / "ivf"), queries, k, batch_size=8, progress=False)
     assert [r["ids"] for r in again] == [r["ids"] for r in results]
 
     # A non-empty output folder is refused unless overwrite.
     with pytest.raises(RankgenError, match="folder is not empty"):
         index_corpus(model_dir, str(corpus), str(out), batch_size=8, progress=False)
-    index_corpus(model_dir, str(corpus), str(out), kind="hnsw", batch_size=8, overwrite=True, progress=False)
-    assert load_index(str(out)).config["kind"] == "hnsw"
+    index_corpus(model_dir, str(corpus), str(out), index_type="hnsw", batch_size=8, overwrite=True, progress=False)
+    assert load_index(str(out)).config["index_type"] == "hnsw"
 
 
 def test_load_index_errors(tmp_path):
@@ -161,7 +161,7 @@ def test_load_index_errors(tmp_path):
     (folder / "ids.json").write_text(json.dumps([str(i) for i in range(5)]))
     with pytest.raises(RankgenError, match="index_config.json: missing"):
         load_index(str(folder))
-    config = {"kind": "flat", "dim": 4, "count": 5}
+    config = {"index_type": "flat", "dim": 4, "count": 5}
     (folder / "index_config.json").write_text(json.dumps(config))
     loaded = load_index(str(folder))
     assert loaded.ids == ["0", "1", "2", "3", "4"] and loaded.search(vectors[:1], 1)[1][0, 0] == int(
@@ -199,7 +199,7 @@ def write_shard_folder(folder, vectors, ids, shard_index, num_shards, corpus_cou
     faiss.write_index(build_faiss_index(vectors), str(folder / "index.faiss"))
     (folder / "ids.json").write_text(json.dumps(ids))
     (folder / "index_config.json").write_text(json.dumps({
-        "kind": "flat", "dim": vectors.shape[1], "count": len(ids), "model": "m", "corpus_digest": "d",
+        "index_type": "flat", "dim": vectors.shape[1], "count": len(ids), "model": "m", "corpus_digest": "d",
         "corpus_count": corpus_count, "num_shards": num_shards, "shard_index": shard_index,
         "shard_rule": "round_robin", **config}))
     return str(folder)
@@ -263,7 +263,7 @@ def test_factory_strings():
     vectors, queries = random_vectors(9, 400), random_vectors(10, 9)
     index = build_faiss_index(vectors, index_factory="IVF4,PQ4x4", nprobe=4)
     assert isinstance(index, faiss.IndexIVFPQ) and index.metric_type == faiss.METRIC_INNER_PRODUCT
-    assert index_settings(index, "IVF4,PQ4x4") == {"kind": "factory", "index_factory": "IVF4,PQ4x4", "nlist": 4,
+    assert index_settings(index, "IVF4,PQ4x4") == {"index_type": "factory", "index_factory": "IVF4,PQ4x4", "nlist": 4,
                                                     "nprobe": 4}
     # All lists probed, PQ codes of 4 x 4 bits: approximate scores, but most of the true top 10 found.
     _, ids = search_index(index, queries, 10)
@@ -276,7 +276,7 @@ def test_factory_strings():
     with pytest.raises(RankgenError, match="FAISS refuses it"):
         build_faiss_index(vectors, index_factory="IVF4,PQ5")  # 16 dimensions do not split into 5 sub-vectors
     with pytest.raises(RankgenError, match="not both"):
-        build_faiss_index(vectors, kind="ivf", index_factory="IVF4,Flat")
+        build_faiss_index(vectors, index_type="ivf", index_factory="IVF4,Flat")
     with pytest.raises(RankgenError, match="1000 IVF lists need at least 1000 training vectors, there are 400"):
         build_faiss_index(vectors, index_factory="IVF1000,Flat")
 
@@ -309,10 +309,25 @@ def test_sharded_index_equals_unsharded(tmp_path, model_dir, capsys):
     for num_shards in (2, 3):
         root = tmp_path / f"shards{num_shards}"
         for s in range(num_shards):
-            # Through the command line, as each host would run it.
+            # Through the command line, as each host would run it; shard 1 of 2 with the flags' old spellings.
+            old_flags = num_shards == 2 and s == 1
+            flags = ["--kind", "flat", "--encode_kind", "suffix"] if old_flags else ["--index_type", "flat",
+                                                                                     "--encode_side", "suffix"]
+            capsys.readouterr()
             assert main(["index", "--model", model_dir, "--corpus", str(corpus), "--out", str(root / f"s{s}"),
                          "--num_shards", str(num_shards), "--shard_index", str(s), "--batch_size", "4",
-                         "--no_progress"]) == 0
+                         "--no_progress", *flags]) == 0
+            notes = [line for line in capsys.readouterr().err.splitlines() if "is deprecated" in line]
+            assert notes == (["note: --kind is deprecated and will be removed; use --index_type",
+                              "note: --encode_kind is deprecated and will be removed; use --encode_side"]
+                             if old_flags else [])
+        if num_shards == 2:
+            # Shard 1 as earlier versions wrote its config (kind, encode_kind): it still loads and merges.
+            path = root / "s1" / "index_config.json"
+            cfg = json.loads(path.read_text())
+            cfg["kind"], cfg["encode_kind"] = cfg.pop("index_type"), cfg.pop("encode_side")
+            path.write_text(json.dumps(cfg))
+            assert load_index(str(root / "s1")).config["index_type"] == "flat"
         shard_ids = [json.loads((root / f"s{s}" / "ids.json").read_text()) for s in range(num_shards)]
         assert shard_ids == [ids[s::num_shards] for s in range(num_shards)]  # disjoint, covering, by position
         assert sorted(sum(shard_ids, [])) == sorted(ids)
@@ -328,11 +343,18 @@ def test_sharded_index_equals_unsharded(tmp_path, model_dir, capsys):
         listed = search_queries(model_dir, [str(root / f"s{s}") for s in range(num_shards)], queries, k,
                                 batch_size=8, progress=False)
         assert listed == got
+        if num_shards == 2:
+            for flag in ("--encode_side", "--encode_kind"):
+                hits = tmp_path / f"hits{flag}.jsonl"
+                assert main(["search", "--model", model_dir, "--index", str(root), "--queries", queries, "--k", str(k),
+                             flag, "prefix", "--output", str(hits), "--no_progress"]) == 0
+                assert [json.loads(line)["ids"] for line in hits.read_text().splitlines()] == [r["ids"] for r in got]
+            assert "note: --encode_kind is deprecated" in capsys.readouterr().err
     capsys.readouterr()
 
     # A shard's vectors equal `rankgen-jax encode` of its passages.
     texts_file = write_jsonl(tmp_path / "shard1_texts.jsonl", [{"text": t} for t in texts[1::2]])
-    assert main(["encode", "--model", model_dir, "--input", texts_file, "--kind", "suffix",
+    assert main(["encode", "--model", model_dir, "--input", texts_file, "--side", "suffix",
                  "--output", str(tmp_path / "shard1.npy")]) == 0
     np.testing.assert_allclose(np.load(tmp_path / "shards2" / "s1" / "vectors.npy"), np.load(tmp_path / "shard1.npy"),
                                rtol=1e-5, atol=1e-5)
@@ -340,13 +362,13 @@ def test_sharded_index_equals_unsharded(tmp_path, model_dir, capsys):
     # A factory string, trained on a seeded sample of stated size, recorded; all lists probed it is exact.
     factory = index_corpus(model_dir, str(corpus), str(tmp_path / "ivf"), index_factory="IVF2,Flat", nprobe=2,
                            train_sample=20, train_seed=3, batch_size=4, progress=False)
-    assert {key: factory[key] for key in ("kind", "index_factory", "nlist", "nprobe", "train_sample", "train_seed")} \
-        == {"kind": "factory", "index_factory": "IVF2,Flat", "nlist": 2, "nprobe": 2, "train_sample": 20,
+    assert {key: factory[key] for key in ("index_type", "index_factory", "nlist", "nprobe", "train_sample", "train_seed")} \
+        == {"index_type": "factory", "index_factory": "IVF2,Flat", "nlist": 2, "nprobe": 2, "train_sample": 20,
             "train_seed": 3}
     assert isinstance(load_index(str(tmp_path / "ivf")).index, faiss.IndexIVFFlat)
     again = search_queries(model_dir, str(tmp_path / "ivf"), queries, k, batch_size=8, progress=False)
     assert [r["ids"] for r in again] == [r["ids"] for r in want]
-    assert index_corpus(model_dir, str(corpus), str(tmp_path / "ivf_all"), kind="ivf", batch_size=4,
+    assert index_corpus(model_dir, str(corpus), str(tmp_path / "ivf_all"), index_type="ivf", batch_size=4,
                         progress=False)["train_sample"] == len(ids)
 
     # Bad requests fail before encoding; shards of two different corpora are refused.

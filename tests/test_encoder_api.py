@@ -67,15 +67,15 @@ def torch_reference(folders):
 def test_released_folder_matches_pytorch(folders, torch_reference, name):
     encoder = RankGenEncoder(folders[name], devices=ONE_DEVICE)
     assert encoder.dim == 32 and encoder.config.encoder == SHARED.encoder
-    for kind, marker, limit in (("prefix", "pre ", 512), ("suffix", "suffi ", 128)):
+    for side, marker, limit in (("prefix", "pre ", 512), ("suffix", "suffi ", 128)):
         want, want_ids = torch_reference(TEXTS, marker, limit)
         # Same token ids as the released code: the long text is cut to the limit and loses its EOS.
-        ids = encoder.input_ids(TEXTS, kind)
+        ids = encoder.input_ids(TEXTS, side)
         assert ids == want_ids
         assert len(ids[1]) == limit and ids[1][-1] != 1 and ids[0][-1] == 1
         # float32 sums over 512 positions in another order (torch vs XLA, and our softmax normalised
         # after the value product) differ by up to ~1.5e-5 on entries of ~0.3: atol 2e-5.
-        np.testing.assert_allclose(encoder.encode(TEXTS, kind), want, atol=2e-5, rtol=1e-5, err_msg=kind)
+        np.testing.assert_allclose(encoder.encode(TEXTS, side), want, atol=2e-5, rtol=1e-5, err_msg=side)
     scores = encoder.score(TEXTS[:2], [TEXTS[2:5], TEXTS[5]])
     prefix, _ = torch_reference(TEXTS[:2], "pre ", 512)
     suffix, _ = torch_reference(TEXTS[2:6], "suffi ", 128)
@@ -112,7 +112,7 @@ def test_clean_truncation_keeps_eos(folders):
         released.model.encode(TEXTS, "prefix", truncation="released", keep="end")
     with pytest.raises(RankgenError, match="truncation must be one of"):
         RankGenEncoder(folders["ckpt"], truncation="left")
-    with pytest.raises(RankgenError, match="unknown encode kind 'query'"):
+    with pytest.raises(RankgenError, match="unknown encoding side 'query'"):
         released.encode(TEXTS, "query")
     with pytest.raises(RankgenError, match=r"encode\[1\]: expected a string"):
         released.encode(["a", 3], "prefix")
@@ -152,9 +152,9 @@ def test_sharded_encode_equals_single_device(folders):
     assert sharded.mesh is not None and sharded.mesh.size == 8
     leaf = jax.tree_util.tree_leaves(sharded.model.params)[0]
     assert len(leaf.sharding.device_set) == 8 and leaf.sharding.is_fully_replicated
-    for kind in ("prefix", "suffix"):
-        np.testing.assert_allclose(sharded.encode(TEXTS, kind, max_length=32),
-                                   single.encode(TEXTS, kind, max_length=32), atol=1e-5, rtol=0)
+    for side in ("prefix", "suffix"):
+        np.testing.assert_allclose(sharded.encode(TEXTS, side, max_length=32),
+                                   single.encode(TEXTS, side, max_length=32), atol=1e-5, rtol=0)
     # Batches of 4 rows are padded to the 8 devices.
     assert {rows for _, rows, _ in sharded.model.compiled_shapes} == {8}
     got = sharded.score(TEXTS[:2], [TEXTS[2:4], TEXTS[4:6]])
@@ -172,7 +172,7 @@ def test_cli_writes_npy_in_input_order_and_skips_bad_lines(folders, tmp_path, ca
              json.dumps({"text": 5}), json.dumps({"prefix": "wrong field"}), "", json.dumps({"text": TEXTS[3]})]
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
     out = tmp_path / "out" / "vectors.npy"
-    _run_cli(["--model", folders["renamed"], "--input", str(tmp_path / "in.jsonl"), "--kind", "suffix",
+    _run_cli(["--model", folders["renamed"], "--input", str(tmp_path / "in.jsonl"), "--side", "suffix",
               "--output", str(out), "--batch_size", "4", "--max_length", "32"])
     captured = capsys.readouterr()
     # One line names the input conventions (the released ones: the folder records none), one the skipped lines.
@@ -188,20 +188,26 @@ def test_cli_writes_npy_in_input_order_and_skips_bad_lines(folders, tmp_path, ca
 
     # Plain text, one per line, nothing skipped: no sidecar (the stale one is removed).
     (tmp_path / "in.txt").write_text("\n".join(TEXTS) + "\n")
+    # --kind is --side's old spelling: it still works, with a one-line note.
     _run_cli(["--model", folders["ckpt"], "--input", str(tmp_path / "in.txt"), "--kind", "prefix",
               "--output", str(out), "--truncation", "clean"])
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "clean truncation" in err and "given: truncation" in err
+    assert err.count("\n") == 2 and "clean truncation" in err and "given: truncation" in err
+    assert "note: --kind is deprecated and will be removed; use --side" in err
     assert not ids_sidecar_path(out).exists()
     clean = RankGenEncoder(folders["ckpt"], truncation="clean", devices=ONE_DEVICE)
     np.testing.assert_allclose(np.load(out), clean.encode(TEXTS, "prefix"), atol=1e-5, rtol=0)
+    with pytest.warns(DeprecationWarning, match="kind= is now side="):
+        np.testing.assert_array_equal(clean.encode(TEXTS, kind="prefix"), clean.encode(TEXTS, side="prefix"))
+    with pytest.raises(RankgenError, match="not both"):
+        clean.encode(TEXTS, side="prefix", kind="prefix")
 
     assert read_texts(tmp_path / "in.txt", "raw")[1] == list(range(1, len(TEXTS) + 1))
     with pytest.raises(RankgenError, match="no such file"):
-        _run_cli(["--model", folders["ckpt"], "--input", str(tmp_path / "missing.txt"), "--kind", "raw",
+        _run_cli(["--model", folders["ckpt"], "--input", str(tmp_path / "missing.txt"), "--side", "raw",
                   "--output", str(out)])
     with pytest.raises(RankgenError, match="--batch_size must be a positive integer"):
-        _run_cli(["--model", folders["ckpt"], "--input", str(tmp_path / "in.txt"), "--kind", "raw",
+        _run_cli(["--model", folders["ckpt"], "--input", str(tmp_path / "in.txt"), "--side", "raw",
                   "--output", str(out), "--batch_size", "0"])
 
 

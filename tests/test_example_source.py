@@ -96,15 +96,15 @@ def test_recut_epochs_pair_the_text_afresh_and_resume_by_index():
 
 def test_pooled_leftovers_train_on_the_short_documents_too():
     """The bundled addresses are shorter than a batch of 32: same-document batches alone leave most of them out;
-    DataConfig.pool_leftovers batches the leftovers with their kind's and leaves the held-out side alone."""
+    DataConfig.pool_leftovers batches the leftovers with their genre's and leaves the held-out side alone."""
     config = DataConfig(source="examples", batch_size=32, prefix_length=64, continuation_length=48, holdout_documents=2)
     plain_train, plain_held = make_sources(config)
     pooled_train, pooled_held = make_sources(dataclasses.replace(config, pool_leftovers=True))
 
-    def kinds_used(source):
+    def genres_used(source):
         return Counter(source.examples[i].doc_id.split("/")[0] for b in source._batches(0, source.examples) for i in b)
 
-    plain, pooled = kinds_used(plain_train), kinds_used(pooled_train)
+    plain, pooled = genres_used(plain_train), genres_used(pooled_train)
     assert pooled["speeches"] > 2 * plain["speeches"] and pooled_train.dropped_examples() < plain_train.dropped_examples()
     assert sum(pooled.values()) == len(pooled_train.examples) - pooled_train.dropped_examples()
     for b in pooled_train._batches(0, pooled_train.examples):

@@ -78,16 +78,16 @@ def test_pick_tokens_truncates_then_inverts_the_cdf():
     # Nucleus 0.7 keeps {0, 1} (mass 0.8): u scales the kept mass, 0.99 * 0.8 = 0.79 lands in token 1.
     assert [pick(u, top_p=0.7) for u in (0.0, 0.6, 0.99)] == [0, 0, 1]
     assert pick(0.7, top_p=0.7) == 1 and pick(0.99, top_p=0.9) == 2
-    assert pick(0.99, kind="top_k", top_k=3) == 2 and pick(0.99, kind="top_k", top_k=1) == 0
-    assert pick(0.99, kind="ancestral") == 3 and pick(0.9, kind="greedy") == 0
+    assert pick(0.99, sampler="top_k", top_k=3) == 2 and pick(0.99, sampler="top_k", top_k=1) == 0
+    assert pick(0.99, sampler="ancestral") == 3 and pick(0.9, sampler="greedy") == 0
     # Typical: entropy 1.14 nats; surprisal closest to it is token 1 (1.20), then token 0 (0.69).
-    assert pick(0.0, kind="typical", typical_p=0.5) == 1 and pick(0.99, kind="typical", typical_p=0.5) == 0
+    assert pick(0.0, sampler="typical", typical_p=0.5) == 1 and pick(0.99, sampler="typical", typical_p=0.5) == 0
     # Rows are independent: a batch gives what each row gives alone.
     batch = torch.randn(6, 50)
     u = torch.rand(6, dtype=torch.float64)
-    for kind in ("nucleus", "top_k", "typical", "ancestral"):
-        together = pick_tokens(batch, u, Decoding(kind)).tolist()
-        assert together == [pick_tokens(batch[r : r + 1], u[r : r + 1], Decoding(kind)).item() for r in range(6)]
+    for sampler in ("nucleus", "top_k", "typical", "ancestral"):
+        together = pick_tokens(batch, u, Decoding(sampler)).tolist()
+        assert together == [pick_tokens(batch[r : r + 1], u[r : r + 1], Decoding(sampler)).item() for r in range(6)]
 
 
 def test_decoding_settings_are_checked():

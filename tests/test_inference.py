@@ -56,11 +56,11 @@ def test_encode_matches_model_apply_on_both_towers(checkpoints, spiece_model):
     model = load_model(path)
     assert model.config == config and model.dim == 32
     got = {}
-    for kind, marker, tower in (("prefix", "pre ", "query"), ("suffix", "suffi ", "document"), ("raw", "", "query")):
-        got[kind] = model.encode(TEXTS, kind=kind)
+    for side, marker, tower in (("prefix", "pre ", "query"), ("suffix", "suffi ", "document"), ("raw", "", "query")):
+        got[side] = model.encode(TEXTS, side=side)
         want = reference_vectors(config, params, spiece_model, TEXTS, marker, tower)
-        assert got[kind].dtype == np.float32 and got[kind].shape == (len(TEXTS), 32)
-        np.testing.assert_allclose(got[kind], want, atol=2e-5, rtol=1e-5, err_msg=kind)
+        assert got[side].dtype == np.float32 and got[side].shape == (len(TEXTS), 32)
+        np.testing.assert_allclose(got[side], want, atol=2e-5, rtol=1e-5, err_msg=side)
     # Separate towers and different markers give different vectors for the same text.
     assert np.abs(got["prefix"] - got["suffix"]).max(axis=1).min() > 1e-3
     assert np.abs(got["prefix"] - got["raw"]).max(axis=1).min() > 1e-3
@@ -100,7 +100,7 @@ def test_truncation_keeps_eos(checkpoints):
     # RankGen's limits: 512 prefix tokens, 128 continuation tokens; T5 has no position cap.
     assert model._max_length("prefix", None) == 512 and model._max_length("suffix", None) == 128
     assert model._max_length("raw", 2048) == 2048
-    with pytest.raises(RankgenError, match="unknown encode kind"):
+    with pytest.raises(RankgenError, match="unknown encoding side"):
         model.encode(["x"], "query")
 
 
@@ -151,9 +151,9 @@ def test_hf_rankgen_export_gives_the_same_vectors(checkpoints, tmp_path, name):
         assert (tmp_path / "hf" / "query_encoder" / "spiece.model").is_file()
     from_native, from_hf = load_model(path), load_model(str(tmp_path / "hf"))
     assert from_hf.config.kind == "dual_encoder" and from_hf.config.shared_towers == (name == "shared")
-    for kind in ("prefix", "suffix"):
-        want = from_native.encode(TEXTS, kind)
-        np.testing.assert_allclose(from_hf.encode(TEXTS, kind), want, atol=1e-5, rtol=1e-5)
+    for side in ("prefix", "suffix"):
+        want = from_native.encode(TEXTS, side)
+        np.testing.assert_allclose(from_hf.encode(TEXTS, side), want, atol=1e-5, rtol=1e-5)
 
 
 def test_minilm_package_loads_with_unit_vectors():

@@ -87,7 +87,7 @@ def test_the_export_scores_as_the_training_run_evaluated(job, capsys):
     prefixes = [json.loads(line)["prefix"] for line in items.read_text().splitlines()]
     (root / "prefixes.txt").write_text("\n".join(prefixes) + "\n")
     assert main(["encode", "--model", str(root / "reimported"), "--input", str(root / "prefixes.txt"),
-                 "--kind", "prefix", "--output", str(root / "prefixes.npy")]) == 0
+                 "--side", "prefix", "--output", str(root / "prefixes.npy")]) == 0
     assert "keeping the end" in capsys.readouterr().err
     from rankgen_jax.inference.api import RankGenEncoder
 
@@ -145,7 +145,7 @@ HELD_OUT = ["'plays/othello.txt'", "'speeches/2017_donald_j_trump.txt'", "'speec
 @pytest.fixture(scope="module")
 def job_from_start(job, tmp_path_factory):
     """The job again, started from the first job's model: the starting model is read at two prefix lengths
-    and compared per kind (plays, speeches) with the fine-tuned one; every step is kept (for demo-curve)."""
+    and compared per genre (plays, speeches) with the fine-tuned one; every step is kept (for demo-curve)."""
     first, _, _ = job
     root = tmp_path_factory.mktemp("job_from_start")
     stdout = io.StringIO()
@@ -165,14 +165,14 @@ def _wins(path, candidates):
     return np.array([np.argmax(s[:candidates]) == 0 for s in _scores(path)], float)
 
 
-def test_job_compares_per_kind_with_the_best_prefix_length(job_from_start):
+def test_job_compares_per_genre_with_the_best_prefix_length(job_from_start):
     root, code, out = job_from_start
     assert code == 0
     results = json.loads((root / "results.json").read_text())
-    report = results["by_kind"]
+    report = results["by_genre"]
     assert {k: v["n"] for k, v in report.items()} == {"plays": 6, "speeches": 6}
     items = [json.loads(line) for line in (root / SUFFIX_ITEMS_FILE).read_text().splitlines()]
-    kinds = np.array([it["kind"] for it in items])
+    genres = np.array([it["genre"] for it in items])
     assert {it["doc_id"] for it in items} <= {h.strip("'") for h in HELD_OUT}
     # The starting model at the training length is the job's zero-shot reading.
     for got, want in zip(_scores(root / suffix_scores_file(f"zero_shot_{PREFIX_TOKENS}")),
@@ -183,18 +183,18 @@ def test_job_compares_per_kind_with_the_best_prefix_length(job_from_start):
         tuned = _wins(root / suffix_scores_file("fine_tuned"), candidates)
         base = {length: _wins(root / suffix_scores_file(f"zero_shot_{length}"), candidates)
                 for length in (12, PREFIX_TOKENS)}
-        for kind in ("plays", "speeches"):
-            row = report[kind][name]
-            rows = kinds == kind
+        for genre in ("plays", "speeches"):
+            row = report[genre][name]
+            rows = genres == genre
             for length, wins in base.items():
                 assert row["zero_shot"][str(length)]["accuracy"] == pytest.approx(wins[rows].mean())
             assert row["best_zero_shot"]["accuracy"] == pytest.approx(max(w[rows].mean() for w in base.values()))
             assert row["fine_tuned"]["accuracy"] == pytest.approx(tuned[rows].mean())
             assert row["gain"] == pytest.approx(tuned[rows].mean() - base[row["best_length"]][rows].mean())
     table = (root / COMPARISON_TABLE_FILE).read_text()
-    assert table == results["by_kind_table"] and table.count("\n") == 2 + 2 * 2
+    assert table == results["by_genre_table"] and table.count("\n") == 2 + 2 * 2
     assert f"| best zero-shot | fine-tuned @{PREFIX_TOKENS} |" in table and "| speeches | 6 | vs 4 |" in table
-    assert "per kind: fine-tuned against the starting model's best prefix length" in out
+    assert "per genre: fine-tuned against the starting model's best prefix length" in out
 
 
 def test_demo_curve_compares_every_saved_step(job_from_start, capsys):
@@ -207,13 +207,13 @@ def test_demo_curve_compares_every_saved_step(job_from_start, capsys):
     # Minutes are what the trainer logged: positive and growing with the step.
     minutes = [p["minutes"] for p in points]
     assert all(m > 0 for m in minutes) and minutes == sorted(minutes)
-    # The last step is the job's fine-tuned model: the same scores and per-kind report as the job's own evaluation.
+    # The last step is the job's fine-tuned model: the same scores and per-genre report as the job's own evaluation.
     for got, want in zip(_scores(root / "curve" / "scores_step3.jsonl"), _scores(root / suffix_scores_file("fine_tuned"))):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     results = json.loads((root / "results.json").read_text())
-    for kind, entry in results["by_kind"].items():
+    for genre, entry in results["by_genre"].items():
         for name in ("vs 1", "vs 4"):
-            got, want = points[-1]["by_kind"][kind][name], entry[name]
+            got, want = points[-1]["by_genre"][genre][name], entry[name]
             assert (got["gain"], got["gain_se"], got["clear"]) == pytest.approx((want["gain"], want["gain_se"], want["clear"]))
     # Each step is scored with its own parameters: training moved them between steps 1 and 3.
     assert not np.allclose(np.concatenate(_scores(root / "curve" / "scores_step1.jsonl")),

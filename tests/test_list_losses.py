@@ -15,7 +15,7 @@ from rankgen_jax.errors import RankgenError
 RTOL = 1e-5
 ATOL = 1e-6
 
-# Losses that read a [B, L] candidate list with candidate_mask (multi_perspective_bce reads [B, N, D] towers).
+# Losses that read a [B, C] candidate list with candidate_mask (multi_perspective_bce reads [B, P, D] towers).
 CANDIDATE_LIST_LOSSES = ("listmle", "kl_distillation", "lambdarank_mrr", "sigmoid_bce", "margin_mse")
 
 
@@ -137,7 +137,7 @@ def ref_student_ranks(s, valid):
 def ref_lambdarank(scores, batch, student_ranks=None):
     """Loss and its gradient wrt scores (ranks are piecewise constant, so weights are constants).
 
-    student_ranks: pi from these [B, L] ranks (rank_source "retrieval"), else the student's ranking of each list.
+    student_ranks: pi from these [B, C] ranks (rank_source "retrieval"), else the student's ranking of each list.
     """
     total, num_pairs = 0.0, 0
     grad = np.zeros(scores.shape)
@@ -201,7 +201,7 @@ def test_list_scores_cross_and_dual_encoder():
     np.testing.assert_array_equal(np.asarray(list_losses.list_scores({"scores": want})), want.astype(np.float32))
     with pytest.raises(RankgenError, match="candidates"):
         list_losses.list_scores({"query": query})
-    with pytest.raises(RankgenError, match=r"\[B, L, D\]"):
+    with pytest.raises(RankgenError, match=r"\[B, C, D\]"):
         list_losses.list_scores({"query": query, "candidates": candidates[:2]})
 
 

@@ -34,15 +34,16 @@ def test_cards_parse_as_hub_metadata(tmp_path, kind, library, pipeline):
     assert "- a limit" in (tmp_path / "README.md").read_text()
 
 
-def test_card_carries_the_jobs_per_kind_comparison():
-    table = "| kind | n | negatives |\n|---|---|---|\n| plays | 6 | vs 1 |\n"
+@pytest.mark.parametrize("key", ["by_genre_table", "by_kind_table"])  # by_kind_table: results.json of earlier versions
+def test_card_carries_the_jobs_per_genre_comparison(key):
+    table = "| genre | n | negatives |\n|---|---|---|\n| plays | 6 | vs 1 |\n"
     facts = CardFacts(model_config=ModelConfig(encoder=BertConfig()), conventions=RELEASED, layout="l",
                       library="sentence-transformers", st_limits=(), step=3, provenance={}, operative_gin="a = 1",
-                      results={"fine_tuned": {"n": 6, "accuracy_2way": 0.5}, "by_kind_table": table},
+                      results={"fine_tuned": {"n": 6, "accuracy_2way": 0.5}, key: table},
                       results_path="/r/results.json")
     card = render_card(facts, "m")
     assert "| fine_tuned | 6 | 0.5 |" in card
-    assert "Per kind of held-out text, against the starting model read at each prefix length" in card
+    assert "Per genre of held-out text, against the starting model read at each prefix length" in card
     assert card.index("| fine_tuned | 6 | 0.5 |") < card.index(table.rstrip())
 
 

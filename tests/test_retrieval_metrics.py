@@ -204,15 +204,15 @@ def test_rouge_known_values():
     ref, hyp = "the cat sat on the mat", "the cat was on the mat"
     # Bigrams: ref {the cat, cat sat, sat on, on the, the mat}, hyp {the cat, cat was, was on, on the, the mat};
     # 3 shared of 5 each -> P = R = F1 = 0.6.
-    assert rouge(hyp, ref, kind="rouge2") == pytest.approx(0.6)
+    assert rouge(hyp, ref, variant="rouge2") == pytest.approx(0.6)
     # LCS "the cat on the mat" = 5 of 6 tokens each -> F1 = 5/6.
-    assert rouge(hyp, ref, kind="rougeL") == pytest.approx(5 / 6)
+    assert rouge(hyp, ref, variant="rougeL") == pytest.approx(5 / 6)
     # Stemming: "cats running" / "cat runs" share "cat run" only after the Porter stemmer.
-    assert rouge("the cats running", "the cat runs", kind="rouge2", use_stemmer=True) == pytest.approx(1.0)
-    assert rouge("the cats running", "the cat runs", kind="rouge2", use_stemmer=False) == 0.0
+    assert rouge("the cats running", "the cat runs", variant="rouge2", use_stemmer=True) == pytest.approx(1.0)
+    assert rouge("the cats running", "the cat runs", variant="rouge2", use_stemmer=False) == 0.0
     np.testing.assert_allclose(metric_scores("rouge2", [hyp, ref, "dogs bark"], [ref]), [0.6, 1.0, 0.0], atol=1e-6)
     np.testing.assert_allclose(metric_scores("rougeL", [hyp], ref), [5 / 6], atol=1e-6)
     with pytest.raises(RankgenError, match="unknown text metric"):
         metric_scores("rouge1", [hyp], [ref])
-    with pytest.raises(RankgenError, match="unknown ROUGE kind"):
-        rouge(hyp, ref, kind="rouge1")
+    with pytest.raises(RankgenError, match="unknown ROUGE variant"):
+        rouge(hyp, ref, variant="rouge1")

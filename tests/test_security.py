@@ -143,7 +143,7 @@ def test_loading_an_exported_folder_runs_no_code_from_it(tmp_path, capsys, expor
     _, loaded, _ = hf.load_hf_folder(str(folder))
     np.testing.assert_array_equal(loaded["projection_layer"]["kernel"], params["projection_layer"]["kernel"])
     model = load_model(str(folder))
-    assert model.encode(["a prefix"], kind="prefix").shape == (1, 32)
+    assert model.encode(["a prefix"], side="prefix").shape == (1, 32)
     assert main(["import", "--from", "hf", "--path", str(folder), "--out", str(tmp_path / "imported")]) == 0
     assert main(["score", "--model", str(folder), "--input", str(_score_input(tmp_path)), "--no_progress"]) == 0
     capsys.readouterr()

@@ -43,26 +43,26 @@ def _st(folder):
     return sentence_transformers.SentenceTransformer(str(folder), device="cpu")
 
 
-def _cli_encode(folder, kind, tmp_path) -> np.ndarray:
+def _cli_encode(folder, side, tmp_path) -> np.ndarray:
     (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n")
-    out = tmp_path / f"{kind}.npy"
-    assert main(["encode", "--model", str(folder), "--input", str(tmp_path / "texts.txt"), "--kind", kind,
+    out = tmp_path / f"{side}.npy"
+    assert main(["encode", "--model", str(folder), "--input", str(tmp_path / "texts.txt"), "--side", side,
                  "--output", str(out)]) == 0
     return np.load(out)
 
 
 def _assert_same(st_model, folder, tmp_path, rows=None) -> float:
-    """sentence-transformers' query / document vectors against `rankgen-jax encode --kind prefix / suffix`: the largest
+    """sentence-transformers' query / document vectors against `rankgen-jax encode --side prefix / suffix`: the largest
     difference, relative to the largest entry where that is over 1."""
     rows = list(range(len(TEXTS))) if rows is None else rows
     worst = 0.0
-    for kind, prompt in (("prefix", "query"), ("suffix", "document")):
+    for side, prompt in (("prefix", "query"), ("suffix", "document")):
         got = st_model.encode(TEXTS, prompt_name=prompt, task=prompt, convert_to_numpy=True)
-        want = _cli_encode(folder, kind, tmp_path)
+        want = _cli_encode(folder, side, tmp_path)
         # fp32 rounding grows with the vectors' size: unnormalised heads (first-token + projection) reach ~7.
         scale = max(1.0, float(np.abs(want[rows]).max()))
         diff = float(np.abs(got[rows] - want[rows]).max()) / scale
-        assert diff <= TOLERANCE, (kind, diff, scale)
+        assert diff <= TOLERANCE, (side, diff, scale)
         worst = max(worst, diff)
     return worst
 

@@ -1,13 +1,13 @@
-"""The demo's per-kind comparison: held-out documents by id and folder, items per kind, the starting model's best
+"""The demo's per-genre comparison: held-out documents by id and folder, items per genre, the starting model's best
 prefix length, and standard errors checked against plain NumPy."""
 
 import numpy as np
 import pytest
 
-from rankgen_jax.data.documents import document_kind
+from rankgen_jax.data.documents import document_genre
 from rankgen_jax.data.sources import DataConfig, corpus_split
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.eval.suffix_comparison import (accuracy_and_se, compare_by_kind, comparison_table,
+from rankgen_jax.eval.suffix_comparison import (accuracy_and_se, compare_by_genre, comparison_table,
                                                 paired_gain, top1_wins)
 from rankgen_jax.experiments.demo import held_out_suffix_sets
 
@@ -43,23 +43,23 @@ def test_holdout_ids_that_match_nothing_or_everything_are_errors(corpus):
         corpus_split(DataConfig(corpus=str(corpus), holdout_ids=("plays/", "speeches/", "novels/", "loose.txt")))
 
 
-def test_document_kind_is_the_first_folder():
-    assert document_kind("plays/othello.txt") == "plays"
-    assert document_kind("speeches/x/y.txt") == "speeches"
-    assert document_kind("loose.txt") == "all"
+def test_document_genre_is_the_first_folder():
+    assert document_genre("plays/othello.txt") == "plays"
+    assert document_genre("speeches/x/y.txt") == "speeches"
+    assert document_genre("loose.txt") == "all"
 
 
-def test_held_out_items_per_kind_from_held_out_documents_only(corpus):
-    config = DataConfig(corpus=str(corpus), holdout_ids=("plays/a.txt", "plays/b.txt", "speeches/d.txt"),
+def test_held_out_items_per_genre_from_held_out_documents_only(corpus):
+    config = DataConfig(source="examples", corpus=str(corpus), holdout_ids=("plays/a.txt", "plays/b.txt", "speeches/d.txt"),
                         prefix_words=40, max_continuation_words=20)
     items = held_out_suffix_sets(config, num_examples=5, num_negatives=3)
-    kinds = [it["kind"] for it in items]
-    assert kinds.count("plays") == 5 and kinds.count("speeches") == 5 and len(items) == 10
+    genres = [it["genre"] for it in items]
+    assert genres.count("plays") == 5 and genres.count("speeches") == 5 and len(items) == 10
     assert {it["doc_id"] for it in items} <= {"plays/a.txt", "plays/b.txt", "speeches/d.txt"}
-    assert all(it["kind"] == document_kind(it["doc_id"]) and len(it["candidates"]) == 4 for it in items)
-    # Both plays can be drawn: items of a kind come from all of its documents' examples.
+    assert all(it["genre"] == document_genre(it["doc_id"]) and len(it["candidates"]) == 4 for it in items)
+    # Both plays can be drawn: items of a genre come from all of its documents' examples.
     many = held_out_suffix_sets(config, num_examples=1000, num_negatives=3)
-    assert {it["doc_id"] for it in many if it["kind"] == "plays"} == {"plays/a.txt", "plays/b.txt"}
+    assert {it["doc_id"] for it in many if it["genre"] == "plays"} == {"plays/a.txt", "plays/b.txt"}
     assert held_out_suffix_sets(config, num_examples=5, num_negatives=3) == items  # deterministic
 
 
@@ -93,11 +93,11 @@ def _scores_winning(wins, num_candidates=3):
             for w in wins]
 
 
-def test_compare_by_kind_takes_the_best_length_per_kind():
-    kinds = ["a"] * 4 + ["b"] * 4
+def test_compare_by_genre_takes_the_best_length_per_genre():
+    genres = ["a"] * 4 + ["b"] * 4
     tuned = _scores_winning([1, 1, 1, 1, 1, 1, 0, 0])
     base = {32: _scores_winning([0, 0, 0, 0, 1, 1, 1, 0]), 64: _scores_winning([1, 1, 1, 0, 1, 0, 0, 0])}
-    report = compare_by_kind(kinds, tuned, base)
+    report = compare_by_genre(genres, tuned, base)
     assert set(report) == {"a", "b"} and report["a"]["n"] == 4
     a, b = report["a"]["vs 2"], report["b"]["vs 2"]
     assert a["best_length"] == 64 and a["best_zero_shot"]["accuracy"] == 0.75 and a["fine_tuned"]["accuracy"] == 1.0
@@ -109,20 +109,20 @@ def test_compare_by_kind_takes_the_best_length_per_kind():
     # "vs 1" reads the gold and the first negative only: here it wins wherever it wins against all.
     assert report["a"]["vs 1"]["fine_tuned"]["accuracy"] == 1.0
     # Equal accuracies: the shorter prefix is the best reading.
-    tie = compare_by_kind(["a"] * 2, _scores_winning([1, 0]), {64: _scores_winning([0, 1]), 32: _scores_winning([1, 0])})
+    tie = compare_by_genre(["a"] * 2, _scores_winning([1, 0]), {64: _scores_winning([0, 1]), 32: _scores_winning([1, 0])})
     assert tie["a"]["vs 1"]["best_length"] == 32
 
 
 def test_a_clear_gain_and_the_table():
-    kinds = ["plays"] * 40
+    genres = ["plays"] * 40
     tuned = _scores_winning([1] * 36 + [0] * 4, num_candidates=11)
     base = {length: _scores_winning([1] * 20 + [0] * 20, num_candidates=11) for length in (32, 128)}
-    report = compare_by_kind(kinds, tuned, base)
+    report = compare_by_genre(genres, tuned, base)
     row = report["plays"]["vs 10"]
     assert row["gain"] == pytest.approx(0.4) and row["clear"] is True
     table = comparison_table(report, 128)
     lines = table.splitlines()
-    assert lines[0] == ("| kind | n | negatives | zero-shot @32 | zero-shot @128 | best zero-shot | fine-tuned @128 "
+    assert lines[0] == ("| genre | n | negatives | zero-shot @32 | zero-shot @128 | best zero-shot | fine-tuned @128 "
                         "| gain | > 2 SE |")
     assert lines[2].startswith("| plays | 40 | vs 1 | 0.500 ± 0.079 | 0.500 ± 0.079 | 0.500 ± 0.079 (@32) "
                                "| 0.900 ± 0.047 | +0.400 ± ")
@@ -132,8 +132,8 @@ def test_a_clear_gain_and_the_table():
     assert comparison_table(json.loads(json.dumps(report)), 128) == table
 
 
-def test_compare_by_kind_rejects_mismatched_lists():
-    with pytest.raises(RankgenError, match="2 kinds, 1 fine-tuned"):
-        compare_by_kind(["a", "a"], _scores_winning([1]), {32: _scores_winning([1, 0])})
+def test_compare_by_genre_rejects_mismatched_lists():
+    with pytest.raises(RankgenError, match="2 genres, 1 fine-tuned"):
+        compare_by_genre(["a", "a"], _scores_winning([1]), {32: _scores_winning([1, 0])})
     with pytest.raises(RankgenError, match="at one prefix length"):
-        compare_by_kind(["a"], _scores_winning([1]), {})
+        compare_by_genre(["a"], _scores_winning([1]), {})

@@ -84,7 +84,7 @@ step "rankgen-jax export-hf"
 "$RANKGEN" export-hf --checkpoint "$RUN/tiny" --out "$RUN/hf"
 test -f "$RUN/hf/modeling_rankgen.py"
 printf '%s\n' "Emma Woodhouse, handsome, clever, and rich." "It was a dark and stormy night." > texts.txt
-"$RANKGEN" encode --model "$RUN/hf" --input texts.txt --kind prefix --output jax.npy
+"$RANKGEN" encode --model "$RUN/hf" --input texts.txt --side prefix --output jax.npy
 
 step "a command that needs an extra says which"
 printf 'd1\tEmma Woodhouse, handsome, clever, and rich.\nd2\tIt was a dark and stormy night.\n' > corpus.tsv

@@ -132,8 +132,13 @@ def _flag_names(action: argparse.Action) -> str:
     return names
 
 
+def _old_names(names: list[str] | None) -> str:
+    return f" (old name {', '.join(f'`{n}`' for n in names)}: still accepted, deprecated)" if names else ""
+
+
 def cli_page() -> str:
     from rankgen_jax.cli.main import GIN_COMMANDS, build_parser
+    from rankgen_jax.cli.renamed import RenamedFlag
 
     parser = build_parser()
     (sub_action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
@@ -149,8 +154,12 @@ def cli_page() -> str:
         lines += ["", f"## {name}", ""]
         if sub.description:
             lines += [" ".join(sub.description.split()), ""]
-        rows = [(_code(_flag_names(a)), "yes" if a.required else "", _flag_default(a), _expand_help(a, sub.prog))
-                for a in sub._actions if not isinstance(a, argparse._HelpAction)]
+        # Old spellings of renamed flags (cli/renamed.py) are hidden from --help; here they follow the new name.
+        old_names = {a.renamed_to: a.option_strings for a in sub._actions if isinstance(a, RenamedFlag)}
+        required = {a.dest for group in sub._mutually_exclusive_groups if group.required for a in group._group_actions}
+        rows = [(_code(_flag_names(a)), "yes" if a.required or a.dest in required else "", _flag_default(a),
+                 _expand_help(a, sub.prog) + _old_names(old_names.get(a.option_strings[0] if a.option_strings else "")))
+                for a in sub._actions if not isinstance(a, (argparse._HelpAction, RenamedFlag))]
         lines += _table(("flag", "required", "default", "meaning"), rows)
         if name in GIN_COMMANDS:
             lines += ["", "Also takes `--gin.Name.param=value` bindings."]

@@ -222,16 +222,16 @@ def uses_router(config: ModelConfig, fmt: str) -> bool:
 
 def export_layout(config: ModelConfig, fmt: str) -> str:
     """What export_hf writes for this model and `fmt`, in words (the CLI prints it)."""
-    kind = hf_layout(config, fmt)
+    hf_format = hf_layout(config, fmt)
     st_head = (config.kind == "dual_encoder" and config.head.pooling in st_layout.ST_MODE_OF_POOLING
                and config.num_scores == 1)
-    if kind == "sequence-classification":
+    if hf_format == "sequence-classification":
         layout = f"{hf_ranker.SEQUENCE_CLASSIFICATION_ARCHITECTURES[config.encoder.variant]}, no remote code"
-    elif kind == "ranker":
+    elif hf_format == "ranker":
         layout = "ranker format, modeling_ranker.py"
-    elif kind == "bert":
+    elif hf_format == "bert":
         layout = "BERT-family model" + (" with sentence-transformers files" if st_head else "")
-    elif kind == "t5-encoder":
+    elif hf_format == "t5-encoder":
         layout = "T5EncoderModel" + (" with sentence-transformers files" if st_head else
                                      ", the encoder alone" if config.head is not None else "")
     else:

@@ -327,11 +327,12 @@ def _training(facts: CardFacts) -> list[str]:
             lines += ["", f"Held-out results of the job this run belongs to (`{Path(facts.results_path).name}`; for the "
                       "main job: suffix identification on held-out books, the gold continuation against InBook "
                       "negatives, `n` items):", "", *table]
-        by_kind = facts.results.get("by_kind_table")
-        if isinstance(by_kind, str) and by_kind.strip():
-            lines += ["", "Per kind of held-out text, against the starting model read at each prefix length and the "
+        # results.json of earlier versions calls the table by_kind_table.
+        by_genre = facts.results.get("by_genre_table", facts.results.get("by_kind_table"))
+        if isinstance(by_genre, str) and by_genre.strip():
+            lines += ["", "Per genre of held-out text, against the starting model read at each prefix length and the "
                       "best of those (accuracy ± standard error; gain ± paired standard error):", "",
-                      by_kind.rstrip()]
+                      by_genre.rstrip()]
     return lines
 
 

@@ -574,7 +574,7 @@ def _share_relpos(plan: dict[str, _Piece], where: str) -> dict[str, _Piece]:
         return plan
     if SHARED_RELPOS in plan:
         raise RankgenError(f"{prefix}both a shared relative position bias ({SHARED_RELPOS}) and per-layer "
-                           f"ones ({plan[per_layer[min(per_layer)]].describe()}); expected one kind")
+                           f"ones ({plan[per_layer[min(per_layer)]].describe()}); expected one or the other")
     layers = sorted({int(m.group(1)) for name in plan if (m := _LAYER.match(name))})
     if sorted(per_layer) != layers:
         raise RankgenError(f"{prefix}only layers {sorted(per_layer)} of {layers} have a relative position bias")

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 
+from rankgen_jax.cli.renamed import add_renamed_flag
+from rankgen_jax.data.conventions import ENCODE_SIDES
 from rankgen_jax.data.retrieval_files import DEFAULT_RUN_TAG, DEFAULT_TITLE_JOIN, RUN_FORMATS, run_lines
 from rankgen_jax.eval.ranking import METHODS, run_score
 from rankgen_jax.eval.retrieval_metrics import DEFAULT_MEASURES, MISSING_QUERIES, evaluate_files
-from rankgen_jax.inference.api import KINDS, TRUNCATION_MODES, run_encode
+from rankgen_jax.inference.api import TRUNCATION_MODES, run_encode
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.retrieval import bm25, mining
-from rankgen_jax.retrieval.dense_index import DEFAULT_TRAIN_SAMPLE, index_corpus, search_queries
+from rankgen_jax.retrieval.dense_index import DEFAULT_TRAIN_SAMPLE, INDEX_TYPES, index_corpus, search_queries
 
 CORPUS_HELP = ("passages: TSV `id<TAB>text` (MS MARCO collection.tsv), JSON lines {\"id\", \"text\"} (also BEIR's "
                "{\"_id\", \"title\", \"text\"} and Tevatron's {\"docid\", ...}), or a BEIR folder; ids are kept as written")
@@ -132,10 +134,10 @@ def add_index(subparsers) -> None:
     p.add_argument("--model", required=True, help="dual-encoder checkpoint, training workdir or HF folder")
     p.add_argument("--corpus", required=True, help=CORPUS_HELP)
     p.add_argument("--out", required=True, help="index folder to write")
-    p.add_argument("--kind", choices=["flat", "ivf", "hnsw"],
-                   help="flat: exact inner product (default); ivf / hnsw: approximate, for millions of vectors")
+    add_renamed_flag(p, "--index_type", "--kind", choices=INDEX_TYPES,
+                     help="flat: exact inner product (default); ivf / hnsw: approximate, for millions of vectors")
     p.add_argument("--index_factory",
-                   help='a FAISS index factory string instead of --kind, e.g. "IVF4096,PQ64" or "HNSW32" '
+                   help='a FAISS index factory string instead of --index_type, e.g. "IVF4096,PQ64" or "HNSW32" '
                    "(inner-product metric)")
     p.add_argument("--train_sample", type=int,
                    help="vectors an index that needs training (IVF, PQ) trains on, drawn at random from the shard "
@@ -147,9 +149,9 @@ def add_index(subparsers) -> None:
     p.add_argument("--shard_index", type=int, default=0,
                    help="the shard this run encodes, 0 .. num_shards-1: the passages at positions p (0-based, "
                    "usable passages in file order) with p %% num_shards == shard_index (default 0)")
-    p.add_argument("--encode_kind", choices=["suffix", "prefix", "raw"], default="suffix",
-                   help="text marker and tower of the passages (default: suffix)")
-    p.add_argument("--max_length", type=int, help="tokens per passage (default: the encode kind's)")
+    add_renamed_flag(p, "--encode_side", "--encode_kind", choices=ENCODE_SIDES, default="suffix",
+                     help="the encoding side of the passages: their marker, length and tower (default: suffix)")
+    p.add_argument("--max_length", type=int, help="tokens per passage (default: the encoding side's)")
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out")
     _add_title_flags(p, "what joins a passage's title to its text: title + SEP + text (default: a space)",
@@ -160,13 +162,13 @@ def add_index(subparsers) -> None:
 
 
 def _run_index(args) -> None:
-    config = index_corpus(args.model, args.corpus, args.out, kind=args.kind, batch_size=args.batch_size,
-                          encode_kind=args.encode_kind, max_length=args.max_length, overwrite=args.overwrite,
+    config = index_corpus(args.model, args.corpus, args.out, index_type=args.index_type,
+                          batch_size=args.batch_size, encode_side=args.encode_side, max_length=args.max_length, overwrite=args.overwrite,
                           title_join=_title_join(args), conventions=convention_args(args),
                           num_shards=args.num_shards, shard_index=args.shard_index, index_factory=args.index_factory,
                           train_sample=args.train_sample, train_seed=args.train_seed, nprobe=args.nprobe,
                           progress=not args.no_progress)
-    what = config.get("index_factory") or config["kind"]
+    what = config.get("index_factory") or config["index_type"]
     shard = f"shard {args.shard_index} of {args.num_shards} " if args.num_shards > 1 else ""
     print(f"wrote the {what} index of {shard}{args.corpus} ({config['count']} passages) to {args.out}")
 
@@ -190,7 +192,8 @@ def add_search(subparsers) -> None:
     p.add_argument("--output", help="file to write (default: stdout)")
     p.add_argument("--format", choices=RUN_FORMATS, default="jsonl", help="output format (default: jsonl)")
     p.add_argument("--run_tag", default=DEFAULT_RUN_TAG, help=f"a TREC run's tag column (default {DEFAULT_RUN_TAG})")
-    p.add_argument("--encode_kind", choices=["prefix", "suffix", "raw"], default="prefix")
+    add_renamed_flag(p, "--encode_side", "--encode_kind", choices=ENCODE_SIDES, default="prefix",
+                     help="the encoding side of the queries (default: prefix)")
     p.add_argument("--no_progress", action="store_true", help="no progress bar")
     add_convention_flags(p)
     p.set_defaults(run=_run_search)
@@ -198,7 +201,7 @@ def add_search(subparsers) -> None:
 
 def _run_search(args) -> None:
     results = search_queries(args.model, args.index, args.queries, args.k, out_path=args.output,
-                             encode_kind=args.encode_kind, split=args.split, out_format=args.format,
+                             encode_side=args.encode_side, split=args.split, out_format=args.format,
                              run_tag=args.run_tag, conventions=convention_args(args),
                              progress=not args.no_progress)
     if not args.output:
@@ -273,7 +276,7 @@ def add_encode(subparsers) -> None:
     p = subparsers.add_parser(
         "encode",
         help="encode texts into an .npy of vectors, read the way the model records (released RankGen by default)",
-        description="Encode texts (JSONL with a \"text\" field, or the kind's \"prefix\" / \"suffix\" field; or "
+        description="Encode texts (JSONL with a \"text\" field, or the side's \"prefix\" / \"suffix\" field; or "
         "plain text, one per line) with a dual encoder: a rankgen_jax checkpoint or training workdir, an exported "
         "folder, or any HF folder in the released RankGen format. Texts are read with the model's recorded input "
         "conventions (markers, lengths, kept end, truncation; the released RankGen ones where none are recorded), "
@@ -283,18 +286,18 @@ def add_encode(subparsers) -> None:
     )
     p.add_argument("--model", required=True, help="checkpoint folder, training workdir or HF folder (dual encoder)")
     p.add_argument("--input", required=True, help="JSONL or plain-text file of texts")
-    p.add_argument("--kind", required=True, choices=KINDS,
-                   help='prefix (the prefix marker, released: "pre ", 512 tokens), suffix ("suffi ", 128) or raw '
-                   "(the prefix side without a marker)")
+    add_renamed_flag(p, "--side", "--kind", required=True, choices=ENCODE_SIDES,
+                     help='the encoding side: prefix (the prefix marker, released: "pre ", 512 tokens), suffix '
+                     '("suffi ", 128) or raw (the prefix side without a marker)')
     p.add_argument("--output", required=True, help=".npy file to write")
     p.add_argument("--batch_size", type=int, help="rows per batch (default: chosen from device memory)")
-    p.add_argument("--max_length", type=int, help="tokens per text (default: the kind's side's)")
+    p.add_argument("--max_length", type=int, help="tokens per text (default: the side's)")
     add_convention_flags(p)
     p.set_defaults(run=_run_encode)
 
 
 def _run_encode(args) -> dict:
-    return run_encode(args.model, args.input, args.kind, args.output, batch_size=args.batch_size,
+    return run_encode(args.model, args.input, args.side, args.output, batch_size=args.batch_size,
                       max_length=args.max_length, conventions=convention_args(args))
 
 

@@ -151,7 +151,7 @@ def add_demo_curve(subparsers) -> None:
     p = subparsers.add_parser(
         "demo-curve", help="held-out suffix identification of a demo job's saved steps against minutes of training",
         description="Score a finished demo job's held-out items with each saved training step and compare each "
-        "per kind with the best zero-shot reading of the starting model (the job's own report, at every step). "
+        "per genre with the best zero-shot reading of the starting model (the job's own report, at every step). "
         "Writes WORKDIR/curve/curve.{md,json,png}; keep the steps with --gin.TrainerConfig.keep_checkpoints "
         "when training.")
     p.add_argument("--workdir", default=DEMO_WORKDIR, help=f"the job's folder (default {DEMO_WORKDIR})")

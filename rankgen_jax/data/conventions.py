@@ -25,12 +25,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from typing import Any, Mapping
 
 from rankgen_jax.errors import RankgenError
 
 CONVENTIONS_FILE = "input_conventions.json"
 SIDES = ("prefix", "suffix")
+# The sides a text is encoded on: a conventions side, or "raw" (the prefix side without its marker).
+ENCODE_SIDES = ("prefix", "suffix", "raw")
+# The conventions side each encoding side reads with.
+CONVENTIONS_SIDE = {"prefix": "prefix", "suffix": "suffix", "raw": "prefix"}
 KEEPS = ("start", "end")
 TRUNCATIONS = ("clean", "released")
 FORMAT_VERSION = 1
@@ -130,6 +135,21 @@ PAIR_DEFAULTS = InputConventions(prefix_marker="", suffix_marker="", prefix_leng
                                  prefix_keep="end", truncation="clean")
 
 
-def default_conventions(kind: str) -> InputConventions:
+def default_conventions(model_kind: str) -> InputConventions:
     """What a model of this kind ("dual_encoder", "cross_encoder", ...) is read with when nothing is recorded."""
-    return PAIR_DEFAULTS if kind == "cross_encoder" else RELEASED
+    return PAIR_DEFAULTS if model_kind == "cross_encoder" else RELEASED
+
+
+def check_encode_side(side: str) -> None:
+    if side not in ENCODE_SIDES:
+        raise RankgenError(f"unknown encoding side {side!r}: expected one of {list(ENCODE_SIDES)}")
+
+
+def renamed_side(side: str | None, kind: str | None, where: str) -> str | None:
+    """`side`, or the value given under its old keyword `kind` (with a DeprecationWarning)."""
+    if kind is None:
+        return side
+    if side is not None:
+        raise RankgenError(f"{where}: give side (kind is its old name), not both")
+    warnings.warn(f"{where}: the keyword kind= is now side=", DeprecationWarning, stacklevel=3)
+    return kind

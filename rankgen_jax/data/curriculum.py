@@ -4,14 +4,14 @@ For each training query the teacher re-ranks the student's top N candidates.
 Group 1 is the teacher's first K (all kept, label 1/r for teacher rank r);
 group 2 the next K' ranks, from which N_h are drawn without replacement
 (label 0); group 3 the ranks below, from which N_s are drawn without
-replacement (label -1). The list size L = K + N_h + N_s stays constant while K
+replacement (label -1). The list size C = K + N_h + N_s stays constant while K
 grows over the iterations. Only the labels' order matters to the loss (eq. 2
 counts pairs with y(d) > y(d')); the released code uses -0.25 / -0.5 for the
 two lower groups, which orders the same.
 
 Stages of the paper's MS MARCO runs (`CL_DRD_STAGES`): K = 5, 10, 30 (Sec.
 2.2.1); N_h / N_s = 12 / 13, 10 / 10, 0 / 0 (the released code's label modes
-8, 9 and 6, L = 30). Neither the paper nor the released code gives K', the size
+8, 9 and 6, C = 30). Neither the paper nor the released code gives K', the size
 of group 2: here it is our choice, the ranks up to 50 (K' = 45, 40), named in
 each stage so a run can set its own.
 """
@@ -50,7 +50,7 @@ class CurriculumStage:
 
     @property
     def list_size(self) -> int:
-        """L = K + N_h + N_s."""
+        """C = K + N_h + N_s."""
         return self.k + self.n_hard + self.n_rest
 
     @property
@@ -79,7 +79,7 @@ CL_DRD_STAGES: tuple[CurriculumStage, ...] = (
 
 def curriculum_groups(teacher_scores_N: np.ndarray, stage: CurriculumStage,
                       rng: np.random.Generator | int | None) -> tuple[np.ndarray, np.ndarray]:
-    """(candidate indices [L], labels [L]) of one query's CL-DRD list.
+    """(candidate indices [C], labels [C]) of one query's CL-DRD list.
 
     The candidates are ranked by teacher score, descending, equal scores by
     index (the order they are given in: the student's ranking). Group 1 comes
@@ -103,7 +103,7 @@ def curriculum_groups(teacher_scores_N: np.ndarray, stage: CurriculumStage,
     group3 = ranked_N[stage.k + stage.k_prime :]
     hard = group2[np.sort(rng.choice(len(group2), stage.n_hard, replace=False))] if stage.n_hard else group2[:0]
     rest = group3[np.sort(rng.choice(len(group3), stage.n_rest, replace=False))] if stage.n_rest else group3[:0]
-    indices_L = np.concatenate([ranked_N[: stage.k], hard, rest]).astype(np.int64)
-    labels_L = np.concatenate([1.0 / np.arange(1, stage.k + 1), np.full(stage.n_hard, HARD_NEGATIVE_LABEL),
+    indices_C = np.concatenate([ranked_N[: stage.k], hard, rest]).astype(np.int64)
+    labels_C = np.concatenate([1.0 / np.arange(1, stage.k + 1), np.full(stage.n_hard, HARD_NEGATIVE_LABEL),
                                np.full(stage.n_rest, SAMPLED_NEGATIVE_LABEL)]).astype(np.float32)
-    return indices_L, labels_L
+    return indices_C, labels_C

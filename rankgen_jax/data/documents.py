@@ -245,6 +245,6 @@ def _record_document(record: object, default_id: str, location: str, stats: Read
     yield Document(str(doc_id), text.replace("\r\n", "\n"))
 
 
-def document_kind(doc_id: str) -> str:
-    """A document's kind: the first folder of its id ("plays/othello.txt" -> "plays"); "all" without one."""
+def document_genre(doc_id: str) -> str:
+    """A document's genre: the first folder of its id ("plays/othello.txt" -> "plays"); "all" without one."""
     return doc_id.split("/", 1)[0] if "/" in doc_id else "all"

@@ -44,7 +44,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from rankgen_jax.data.documents import Document, document_kind
+from rankgen_jax.data.documents import Document, document_genre
 from rankgen_jax.data.sentences import split_sentences, word_count
 from rankgen_jax.errors import RankgenError
 
@@ -284,12 +284,12 @@ def same_document_batches(
     book after another.
 
     `pool_leftovers=True`: a document's leftover examples are not dropped but
-    pooled with the other leftovers of its kind (`document_kind`: the first
-    folder of its id), shuffled and cut into batches of that kind; only each
-    kind's last remainder is dropped. A corpus of short documents (addresses
+    pooled with the other leftovers of its genre (`document_genre`: the first
+    folder of its id), shuffled and cut into batches of that genre; only each
+    genre's last remainder is dropped. A corpus of short documents (addresses
     of 10 to 40 examples against batches of 32) otherwise loses most of its
     examples; their batches then draw negatives from documents of the same
-    kind, the nearest to InBook that such documents allow.
+    genre, the nearest to InBook that such documents allow.
 
     `mix_documents=True`: all examples are shuffled together and cut into
     batches regardless of document (the remainder as above).
@@ -310,7 +310,7 @@ def same_document_batches(
             if len(batch) == batch_size or not (pooling or drop_remainder):
                 batches.append(batch)
             elif pooling:
-                leftovers.setdefault(document_kind(batch[0].doc_id), []).extend(batch)
+                leftovers.setdefault(document_genre(batch[0].doc_id), []).extend(batch)
     for pooled in leftovers.values():
         batches += [b for b in _shuffled_cuts(pooled, batch_size, rng) if len(b) == batch_size or not drop_remainder]
     for k in rng.permutation(len(batches)):
@@ -332,10 +332,10 @@ def dropped_examples(examples: Sequence[Example], batch_size: int, mix_documents
     leftovers = {document: len(group) % batch_size for document, group in _by_document(examples).items()}
     if not pool_leftovers:
         return sum(leftovers.values())
-    by_kind: dict[str, int] = {}
+    by_genre: dict[str, int] = {}
     for document, count in leftovers.items():
-        by_kind[document_kind(document)] = by_kind.get(document_kind(document), 0) + count
-    return sum(count % batch_size for count in by_kind.values())
+        by_genre[document_genre(document)] = by_genre.get(document_genre(document), 0) + count
+    return sum(count % batch_size for count in by_genre.values())
 
 
 def _by_document(examples: Sequence[Example]) -> dict[str, list[Example]]:

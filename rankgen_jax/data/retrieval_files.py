@@ -576,12 +576,12 @@ def run_format(path: str | Path) -> str:
                        "`qid Q0 docid rank score tag`, MS MARCO's `qid<TAB>pid<TAB>rank`, or search's JSON lines")
 
 
-def _number(value: str, kind, what: str, path: Path, number: int):
+def _number(value: str, expected, what: str, path: Path, number: int):
     try:
-        parsed = kind(value)
+        parsed = expected(value)
     except ValueError:
         raise RankgenError(f"{path}:{number}: {what} {value!r} is not a number") from None
-    if kind is float and not math.isfinite(parsed):
+    if expected is float and not math.isfinite(parsed):
         raise RankgenError(f"{path}:{number}: {what} {value!r} is not finite")
     return parsed
 

@@ -116,7 +116,7 @@ class DataConfig:
       same pairs epoch after epoch; held-out examples stay fixed.
     pool_leftovers: source "examples", same-document training batches: a
       document's examples beyond its last full batch are pooled with the
-      other leftovers of its kind (its first folder) and batched with them
+      other leftovers of its genre (its first folder) and batched with them
       instead of being dropped (examples.same_document_batches); for corpora
       of documents shorter than a batch.
 
@@ -579,5 +579,5 @@ def _example_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
                                       pool_leftovers=config.pool_leftovers and part is train_docs))
     print(f"{stats.summary()}; {len(sources[0].examples)} training and {len(sources[1].examples)} held-out examples; "
           f"{sources[0].dropped_examples()} training examples in no batch (a document's examples beyond its last "
-          "full batch; DataConfig.pool_leftovers batches them with their kind's)", flush=True)
+          "full batch; DataConfig.pool_leftovers batches them with their genre's)", flush=True)
     return sources[0], sources[1]

@@ -50,7 +50,7 @@ from rankgen_jax.errors import RankgenError
 class VectorEncoder(Protocol):
     """What the miner needs of a dual encoder (inference.encoder.LoadedModel has it)."""
 
-    def encode(self, texts: Sequence[str], kind: str = "raw", max_length: int | None = None,
+    def encode(self, texts: Sequence[str], side: str | None = None, max_length: int | None = None,
                batch_size: int | None = 64) -> np.ndarray: ...
 
 

@@ -221,10 +221,10 @@ def _bleu_metric():
 
 
 @functools.lru_cache(maxsize=8)
-def _rouge_scorer(kind: str, use_stemmer: bool):
+def _rouge_scorer(variant: str, use_stemmer: bool):
     from rouge_score.rouge_scorer import RougeScorer  # only ROUGE-scored pools need it
 
-    return RougeScorer([kind], use_stemmer=use_stemmer)
+    return RougeScorer([variant], use_stemmer=use_stemmer)
 
 
 def sentence_bleu(hypothesis: str, references: str | Sequence[str]) -> float:
@@ -234,16 +234,16 @@ def sentence_bleu(hypothesis: str, references: str | Sequence[str]) -> float:
     return float(_bleu_metric().sentence_score(hypothesis, _references(references)).score)
 
 
-def rouge(hypothesis: str, reference: str | Sequence[str], kind: str = "rouge2", use_stemmer: bool = True) -> float:
-    """rouge-score F1 (0-1) of `kind` ("rouge2" or "rougeL"); with several references, the best one."""
-    if kind not in ("rouge2", "rougeL"):
-        raise RankgenError(f"unknown ROUGE kind {kind!r}: expected 'rouge2' or 'rougeL'")
+def rouge(hypothesis: str, reference: str | Sequence[str], variant: str = "rouge2", use_stemmer: bool = True) -> float:
+    """rouge-score F1 (0-1) of `variant` ("rouge2" or "rougeL"); with several references, the best one."""
+    if variant not in ("rouge2", "rougeL"):
+        raise RankgenError(f"unknown ROUGE variant {variant!r}: expected 'rouge2' or 'rougeL'")
     if not isinstance(hypothesis, str):
         raise RankgenError(f"hypothesis must be a string, got {type(hypothesis).__name__}")
-    scorer = _rouge_scorer(kind, bool(use_stemmer))
+    scorer = _rouge_scorer(variant, bool(use_stemmer))
     refs = _references(reference)
     # rouge-score takes (target, prediction); the max over references is score_multi's rule.
-    return float(max(scorer.score(ref, hypothesis)[kind].fmeasure for ref in refs))
+    return float(max(scorer.score(ref, hypothesis)[variant].fmeasure for ref in refs))
 
 
 def metric_scores(

@@ -1,10 +1,10 @@
-"""Suffix identification of a fine-tuned model against the best reading of its starting model, per kind of text.
+"""Suffix identification of a fine-tuned model against the best reading of its starting model, per genre.
 
 Items are held-out prefixes with candidates, gold first (label 0): "vs 1"
 scores the gold against the first negative alone, "vs K" against all K
 negatives. An item is won when the gold scores highest (ranking.top1: a tie
 among the top counts as a share). The starting model is read at several
-prefix lengths; its best length per kind and measure is the one compared, so
+prefix lengths; its best length per genre and measure is the one compared, so
 that the comparison favours the starting model, never the fine-tuned one.
 
 Standard errors: an accuracy's is the binomial sqrt(p (1 - p) / n); a gain's is
@@ -54,26 +54,26 @@ def measures(num_candidates: int) -> dict[str, int | None]:
     return {"vs 1": 2, f"vs {num_candidates - 1}": None}
 
 
-def compare_by_kind(kinds: Sequence[str], fine_tuned: Sequence[np.ndarray],
+def compare_by_genre(genres: Sequence[str], fine_tuned: Sequence[np.ndarray],
                     zero_shot: Mapping[int, Sequence[np.ndarray]]) -> dict:
-    """Per kind and measure: the starting model's accuracy at each prefix length, its best, the
+    """Per genre and measure: the starting model's accuracy at each prefix length, its best, the
     fine-tuned model's, and the paired gain over the best with its standard error.
 
-    kinds: each item's kind; fine_tuned: each item's scores [C] (gold first);
+    genres: each item's genre; fine_tuned: each item's scores [C] (gold first);
     zero_shot: prefix length -> each item's scores by the starting model.
-    Returns {kind: {"n", measure: {"zero_shot": {length: {"accuracy", "se"}}, "best_length",
+    Returns {genre: {"n", measure: {"zero_shot": {length: {"accuracy", "se"}}, "best_length",
     "best_zero_shot": {"accuracy", "se"}, "fine_tuned": {...}, "gain", "gain_se", "clear"}}}.
     """
-    kinds = list(kinds)
-    if len(fine_tuned) != len(kinds) or any(len(s) != len(kinds) for s in zero_shot.values()):
-        raise RankgenError(f"compare_by_kind: {len(kinds)} kinds, {len(fine_tuned)} fine-tuned score lists, "
+    genres = list(genres)
+    if len(fine_tuned) != len(genres) or any(len(s) != len(genres) for s in zero_shot.values()):
+        raise RankgenError(f"compare_by_genre: {len(genres)} genres, {len(fine_tuned)} fine-tuned score lists, "
                            f"{ {k: len(v) for k, v in zero_shot.items()} } zero-shot ones by length")
     if not zero_shot:
-        raise RankgenError("compare_by_kind needs the starting model's scores at one prefix length at least")
+        raise RankgenError("compare_by_genre needs the starting model's scores at one prefix length at least")
     num_candidates = len(fine_tuned[0])
     report = {}
-    for kind in sorted(set(kinds)):
-        rows = [i for i, k in enumerate(kinds) if k == kind]
+    for genre in sorted(set(genres)):
+        rows = [i for i, k in enumerate(genres) if k == genre]
         entry: dict = {"n": len(rows)}
         for name, candidates in measures(num_candidates).items():
             tuned_N = top1_wins([fine_tuned[i] for i in rows], candidates)
@@ -86,7 +86,7 @@ def compare_by_kind(kinds: Sequence[str], fine_tuned: Sequence[np.ndarray],
                 "best_length": best, "best_zero_shot": _accuracy(base_N[best]), "fine_tuned": _accuracy(tuned_N),
                 "gain": gain, "gain_se": gain_se, "clear": bool(gain > CLEAR_GAIN_SE * gain_se),
             }
-        report[kind] = entry
+        report[genre] = entry
     return report
 
 
@@ -96,19 +96,19 @@ def _accuracy(wins_N: np.ndarray) -> dict:
 
 
 def comparison_table(report: Mapping, fine_tuned_length: int) -> str:
-    """The report of compare_by_kind as a Markdown table: one row per kind and measure."""
+    """The report of compare_by_genre as a Markdown table: one row per genre and measure."""
     first = next(iter(report.values()))
     lengths = sorted(int(length) for length in next(v for k, v in first.items() if k != "n")["zero_shot"])
-    head = (["kind", "n", "negatives"] + [f"zero-shot @{length}" for length in lengths]
+    head = (["genre", "n", "negatives"] + [f"zero-shot @{length}" for length in lengths]
             + ["best zero-shot", f"fine-tuned @{fine_tuned_length}", "gain", "> 2 SE"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for kind, entry in report.items():
+    for genre, entry in report.items():
         for name, row in entry.items():
             if name == "n":
                 continue
             # Lengths are ints in memory and strings once read back from JSON.
             by_length = {int(length): value for length, value in row["zero_shot"].items()}
-            cells = [kind, str(entry["n"]), name] + [_cell(by_length[length]) for length in lengths]
+            cells = [genre, str(entry["n"]), name] + [_cell(by_length[length]) for length in lengths]
             cells += [f"{_cell(row['best_zero_shot'])} (@{row['best_length']})", _cell(row["fine_tuned"]),
                       f"{row['gain']:+.3f} ± {row['gain_se']:.3f}", "yes" if row["clear"] else "no"]
             lines.append("| " + " | ".join(cells) + " |")

@@ -14,13 +14,13 @@ from tqdm import tqdm
 
 from rankgen_jax.checkpoints.convert import export_hf
 from rankgen_jax.data.conventions import InputConventions
-from rankgen_jax.data.documents import document_kind
+from rankgen_jax.data.documents import document_genre
 from rankgen_jax.data.example_source import build_examples
 from rankgen_jax.data.examples import ExampleConfig
 from rankgen_jax.data.jsonl import read_jsonl, write_jsonl
 from rankgen_jax.data.sources import DataConfig, corpus_split, training_conventions
 from rankgen_jax.eval.ranking import accuracy, mrr, pairwise_accuracy
-from rankgen_jax.eval.suffix_comparison import compare_by_kind, comparison_table
+from rankgen_jax.eval.suffix_comparison import compare_by_genre, comparison_table
 from rankgen_jax.experiments.stages import log, read_results, starting_checkpoint, write_results
 from rankgen_jax.inference.encoder import load_model
 from rankgen_jax.retrieval.sparse import token_overlap_scores, unigram_overlap_scores
@@ -40,14 +40,14 @@ class JobConfig:
 
     init_from_hf: an HF folder (or "minilm") imported into WORKDIR/init and
       trained from; "" trains TrainerConfig's model as configured.
-    suffix_eval_examples: held-out examples per kind of text (a document's
-      kind is the first folder of its id) for suffix identification (gold vs
+    suffix_eval_examples: held-out examples per genre (a document's
+      genre is the first folder of its id) for suffix identification (gold vs
       1 and vs `suffix_eval_negatives` InBook negatives); 0 skips it.
     zero_shot: also evaluate the starting model; runs that share it and its
       held-out items (a sweep) need it evaluated once.
     zero_shot_prefix_lengths: the starting model is read with prefixes cut to
       each of these lengths (tokens, keeping the end as training does), and
-      the fine-tuned model, read as it was trained, is compared per kind with
+      the fine-tuned model, read as it was trained, is compared per genre with
       the best of them (eval.suffix_comparison).
     """
 
@@ -61,21 +61,21 @@ class JobConfig:
 
 
 def held_out_suffix_sets(data: DataConfig, num_examples: int, num_negatives: int, seed: int = 1234) -> list[dict]:
-    """Suffix identification items {prefix, candidates (gold first), doc_id, kind} from the held-out
-    documents: up to num_examples per kind, drawn from all the examples of that kind's documents."""
+    """Suffix identification items {prefix, candidates (gold first), doc_id, genre} from the held-out
+    documents: up to num_examples per genre, drawn from all the examples of that genre's documents."""
     (_, held), _ = corpus_split(data)
     config = ExampleConfig(prefix_words=data.prefix_words, min_continuation_words=data.min_continuation_words,
                            max_continuation_words=data.max_continuation_words,
                            negatives_per_example=num_negatives, seed=seed)
     examples, _ = build_examples(held, config)
     rng = np.random.default_rng(seed)
-    kinds = np.array([document_kind(e.doc_id) for e in examples])
+    genres = np.array([document_genre(e.doc_id) for e in examples])
     chosen = []
-    for kind in sorted(set(kinds)):
-        rows = np.flatnonzero(kinds == kind)
+    for genre in sorted(set(genres)):
+        rows = np.flatnonzero(genres == genre)
         chosen.extend(rng.choice(rows, size=min(num_examples, len(rows)), replace=False))
     return [{"prefix": examples[i].prefix, "candidates": [examples[i].continuation, *examples[i].negatives],
-             "doc_id": examples[i].doc_id, "kind": str(kinds[i])} for i in sorted(chosen)]
+             "doc_id": examples[i].doc_id, "genre": str(genres[i])} for i in sorted(chosen)]
 
 
 def suffix_identification(score_lists: list[np.ndarray]) -> dict:
@@ -97,8 +97,8 @@ def suffix_scores_file(name: str) -> str:
     return f"suffix_eval_scores_{name}.jsonl"
 
 
-# The per-kind comparison of the fine-tuned model with the starting model's best prefix length, as Markdown.
-COMPARISON_TABLE_FILE = "suffix_eval_by_kind.md"
+# The per-genre comparison of the fine-tuned model with the starting model's best prefix length, as Markdown.
+COMPARISON_TABLE_FILE = "suffix_eval_by_genre.md"
 
 
 def read_scores(path: Path) -> list[np.ndarray]:
@@ -247,9 +247,9 @@ def run_job(workdir: str) -> dict:
         # A job resumed from a results.json of an older version may lack the per-length scores.
         if "zero_shot" in results and base_files and all(f.is_file() for f in base_files.values()):
             base = {length: read_scores(f) for length, f in base_files.items()}
-            results["by_kind"] = compare_by_kind([it["kind"] for it in items], tuned, base)
-            results["by_kind_table"] = comparison_table(results["by_kind"], data.prefix_length)
-            (root / COMPARISON_TABLE_FILE).write_text(results["by_kind_table"], encoding="utf-8")
+            results["by_genre"] = compare_by_genre([it["genre"] for it in items], tuned, base)
+            results["by_genre_table"] = comparison_table(results["by_genre"], data.prefix_length)
+            (root / COMPARISON_TABLE_FILE).write_text(results["by_genre_table"], encoding="utf-8")
     if job.plot:
         results["plot"] = str(plot_run(root / "train", results))
     # Saved before the export, whose model card reports them.
@@ -269,10 +269,10 @@ def _print_summary(results: dict, root: Path) -> None:
         if name in results:
             shown = ", ".join(f"{k} {v:.3f}" for k, v in results[name].items() if k != "n")
             lines.append(f"  {name:<13} {shown}  (n={results[name]['n']})")
-    if "by_kind" in results:
-        lines += ["", "per kind: fine-tuned against the starting model's best prefix length "
+    if "by_genre" in results:
+        lines += ["", "per genre: fine-tuned against the starting model's best prefix length "
                   "(accuracy ± standard error; gain ± paired standard error):",
-                  results["by_kind_table"].rstrip()]
+                  results["by_genre_table"].rstrip()]
     lines.append(f"outputs: {root}/ (train/ = checkpoints, metrics.jsonl, tensorboard/; results.json; "
                  f"{results.get('plot', 'no plot')}; HF export {results.get('export', 'skipped')})")
     print("\n".join(lines), file=sys.stdout, flush=True)

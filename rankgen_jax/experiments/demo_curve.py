@@ -3,7 +3,7 @@
 Reads a finished demo job's folder (`rankgen-jax train`: its held-out items, the
 starting model's scores at each prefix length, the training run's saved steps
 and metrics), scores the items with every saved step, read as it was trained,
-and compares each step per kind with the best zero-shot reading of the
+and compares each step per genre with the best zero-shot reading of the
 starting model, as the job's own report does for its last step
 (eval.suffix_comparison). A step's minutes are the training time the trainer
 logged at it (`train/elapsed_seconds`, counted as the time budget counts it),
@@ -27,7 +27,7 @@ import numpy as np
 from rankgen_jax.checkpoints import native
 from rankgen_jax.data.jsonl import read_jsonl
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.eval.suffix_comparison import compare_by_kind
+from rankgen_jax.eval.suffix_comparison import compare_by_genre
 from rankgen_jax.experiments.demo import SUFFIX_ITEMS_FILE, evaluate_model, read_scores, suffix_scores_file
 from rankgen_jax.train.metric_writers import read_metrics
 
@@ -53,8 +53,8 @@ def elapsed_minutes(metrics_path: Path) -> dict[int, float]:
 
 
 def run_curve(workdir: str, steps: list[int] | None = None) -> dict:
-    """Score the job's held-out items with each saved step (or `steps`) and compare per kind; returns and
-    writes {"points": [{"step", "minutes", "clear", "rows", "by_kind"}], "first_all_clear": step or None}."""
+    """Score the job's held-out items with each saved step (or `steps`) and compare per genre; returns and
+    writes {"points": [{"step", "minutes", "clear", "rows", "by_genre"}], "first_all_clear": step or None}."""
     root = Path(workdir)
     items_path, train_dir = root / SUFFIX_ITEMS_FILE, root / "train"
     if not items_path.is_file():
@@ -62,7 +62,8 @@ def run_curve(workdir: str, steps: list[int] | None = None) -> dict:
     if not native.is_checkpoint_dir(train_dir):
         raise RankgenError(f"{train_dir}: not a training run's checkpoint folder")
     items = [{k: v for k, v in it.items() if k != "label"} for it in read_jsonl(items_path)]
-    kinds = [it["kind"] for it in items]
+    # Items written by earlier versions name the genre "kind".
+    genres = [it["genre"] if "genre" in it else it["kind"] for it in items]
     base = zero_shot_scores(root)
     saved = sorted(native.step_manager(train_dir).all_steps())
     if steps is None:
@@ -81,10 +82,10 @@ def run_curve(workdir: str, steps: list[int] | None = None) -> dict:
         if tuned is None or len(tuned) != len(items):
             print(f"[curve] scoring {len(items)} items with step {step}", file=sys.stderr, flush=True)
             _, tuned = evaluate_model(str(train_dir), items, scores_out=scores_path, step=step)
-        report = compare_by_kind(kinds, tuned, base)
+        report = compare_by_genre(genres, tuned, base)
         rows = [row for entry in report.values() for name, row in entry.items() if name != "n"]
         points.append({"step": step, "minutes": minutes.get(step), "clear": sum(r["clear"] for r in rows),
-                       "rows": len(rows), "by_kind": report})
+                       "rows": len(rows), "by_genre": report})
     first = next((p["step"] for p in points if p["clear"] == p["rows"]), None)
     result = {"points": points, "first_all_clear": first}
     (out / "curve.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
@@ -96,19 +97,19 @@ def run_curve(workdir: str, steps: list[int] | None = None) -> dict:
 
 
 def curve_table(result: dict) -> str:
-    """Markdown: one row per step; per kind and measure the fine-tuned accuracy and its gain over the best
+    """Markdown: one row per step; per genre and measure the fine-tuned accuracy and its gain over the best
     zero-shot reading ± paired standard error, starred where the gain exceeds two of them."""
     points = result["points"]
-    columns = [(kind, name) for kind, entry in points[0]["by_kind"].items() for name in entry if name != "n"]
-    head = ["step", "minutes"] + [f"{kind} {name}" for kind, name in columns] + ["> 2 SE"]
+    columns = [(genre, name) for genre, entry in points[0]["by_genre"].items() for name in entry if name != "n"]
+    head = ["step", "minutes"] + [f"{genre} {name}" for genre, name in columns] + ["> 2 SE"]
     best = ["best zero-shot", ""] + [
         f"{row['best_zero_shot']['accuracy']:.3f} (@{row['best_length']})"
-        for row in (points[0]["by_kind"][kind][name] for kind, name in columns)] + [""]
+        for row in (points[0]["by_genre"][genre][name] for genre, name in columns)] + [""]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), "| " + " | ".join(best) + " |"]
     for p in points:
         cells = [str(p["step"]), "" if p["minutes"] is None else f"{p['minutes']:.1f}"]
-        for kind, name in columns:
-            row = p["by_kind"][kind][name]
+        for genre, name in columns:
+            row = p["by_genre"][genre][name]
             cells.append(f"{row['fine_tuned']['accuracy']:.3f} ({row['gain']:+.3f} ± {row['gain_se']:.3f})"
                          + (" *" if row["clear"] else ""))
         cells.append(f"{p['clear']}/{p['rows']}")
@@ -122,8 +123,8 @@ def curve_table(result: dict) -> str:
 
 
 def plot_curve(result: dict, path: Path) -> None:
-    """Fine-tuned accuracy ± SE against minutes (steps where minutes are unknown), one line per kind, and each
-    kind's best zero-shot reading as a dashed line; one panel per measure."""
+    """Fine-tuned accuracy ± SE against minutes (steps where minutes are unknown), one line per genre, and each
+    genre's best zero-shot reading as a dashed line; one panel per measure."""
     # Heavy, and only needed to plot: imported here.
     import matplotlib
 
@@ -131,19 +132,19 @@ def plot_curve(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     points = result["points"]
-    first = points[0]["by_kind"]
+    first = points[0]["by_genre"]
     names = [name for name in next(iter(first.values())) if name != "n"]
     by_time = all(p["minutes"] is not None for p in points)
     x = [p["minutes"] if by_time else p["step"] for p in points]
     fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4.2), squeeze=False)
     for ax, name in zip(axes[0], names):
-        for i, kind in enumerate(first):
+        for i, genre in enumerate(first):
             color = f"C{i}"
-            rows = [p["by_kind"][kind][name] for p in points]
+            rows = [p["by_genre"][genre][name] for p in points]
             ax.errorbar(x, [r["fine_tuned"]["accuracy"] for r in rows], yerr=[r["fine_tuned"]["se"] for r in rows],
-                        marker="o", ms=3, capsize=2, color=color, label=f"{kind} fine-tuned")
+                        marker="o", ms=3, capsize=2, color=color, label=f"{genre} fine-tuned")
             ax.axhline(rows[0]["best_zero_shot"]["accuracy"], ls="--", lw=1, color=color,
-                       label=f"{kind} best zero-shot (@{rows[0]['best_length']})")
+                       label=f"{genre} best zero-shot (@{rows[0]['best_length']})")
         ax.set(title=f"held-out suffix identification, {name}", xlabel="minutes of training" if by_time else "step",
                ylabel="accuracy")
         ax.legend(fontsize=7)

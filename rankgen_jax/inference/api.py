@@ -27,13 +27,12 @@ from typing import Any, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from rankgen_jax.data.conventions import check_encode_side, renamed_side
 from rankgen_jax.data.jsonl import parse_lines
 from rankgen_jax.errors import RankgenError, require_input_file, require_output_file
 
-# Kept here rather than read from inference/encoder.py so building the CLI parser needs no jax.
-KINDS = ("prefix", "suffix", "raw")
 TRUNCATION_MODES = ("released", "clean")
-# JSONL fields holding the text of each kind, in order of preference.
+# JSONL fields holding the text of each encoding side, in order of preference.
 JSON_FIELDS = {"prefix": ("prefix", "text"), "suffix": ("suffix", "text"), "raw": ("text",)}
 # Inputs with at least this many texts get a progress bar on stderr.
 PROGRESS_MIN_TEXTS = 1000
@@ -156,48 +155,50 @@ class RankGenEncoder:
     def _options(self) -> dict[str, Any]:
         return dict(truncation=self.truncation, mesh=self.mesh, memory_budget_bytes=self.memory_budget_bytes)
 
-    def input_ids(self, texts: Sequence[str], kind: str, max_length: int | None = None) -> list[list[int]]:
+    def input_ids(self, texts: Sequence[str], side: str, max_length: int | None = None) -> list[list[int]]:
         """The token ids encode() feeds the model for each text (after marker, EOS and truncation)."""
         texts = self._check_texts(texts, "input_ids")
-        limit = self._limit(kind, max_length)
-        return self.model.input_ids(texts, kind, limit, truncation=self.truncation)
+        limit = self._limit(side, max_length)
+        return self.model.input_ids(texts, side, limit, truncation=self.truncation)
 
-    def _limit(self, kind: str, max_length: int | None) -> int:
-        if kind not in KINDS:
-            raise RankgenError(f"unknown encode kind {kind!r}: expected one of {list(KINDS)}")
-        return self.max_lengths[kind] if max_length is None else _positive(max_length, "max_length")
+    def _limit(self, side: str, max_length: int | None) -> int:
+        check_encode_side(side)
+        return self.max_lengths[side] if max_length is None else _positive(max_length, "max_length")
 
-    def encode(self, texts: str | Sequence[str], kind: str | None = None, max_length: int | None = None,
+    def encode(self, texts: str | Sequence[str], side: str | None = None, max_length: int | None = None,
                progress: bool = False, *, vectors_type: str | None = None, verbose: bool | None = None,
-               return_input_ids: bool | None = None, return_tensors: str | None = None) -> np.ndarray | dict:
-        """Vectors [N, D] float32 ([N, P, D] with P perspective heads) of texts in input order; kind is "prefix",
+               return_input_ids: bool | None = None, return_tensors: str | None = None,
+               kind: str | None = None) -> np.ndarray | dict:
+        """Vectors [N, D] float32 ([N, P, D] with P perspective heads) of texts in input order; side is "prefix",
         "suffix" or "raw" (no marker).
 
         The released `rankgen` package's form, encode(inputs,
         vectors_type="prefix", verbose=False, return_input_ids=False), returns
-        its dict instead (see released_encode). It is chosen when kind is not
+        its dict instead (see released_encode). It is chosen when side is not
         given (e.g. `vectors_type=` is), or by any of its keywords or
-        return_tensors; `encode(texts, "prefix")` keeps this form.
+        return_tensors; `encode(texts, "prefix")` keeps this form. `kind=` is
+        side's old name (deprecated).
         """
-        released_form = (kind is None or vectors_type is not None or verbose is not None
+        side = renamed_side(side, kind, "encode")
+        released_form = (side is None or vectors_type is not None or verbose is not None
                          or return_input_ids is not None or return_tensors is not None)
         if released_form:
-            if kind is not None and vectors_type is not None:
-                raise RankgenError("encode: give kind (an array back) or vectors_type (the released dict), not both")
+            if side is not None and vectors_type is not None:
+                raise RankgenError("encode: give side (an array back) or vectors_type (the released dict), not both")
             if max_length is not None or progress:
-                raise RankgenError("encode: max_length and progress belong to encode(texts, kind); the released "
+                raise RankgenError("encode: max_length and progress belong to encode(texts, side); the released "
                                    "form takes vectors_type, verbose, return_input_ids and return_tensors")
-            return self.released_encode(texts, vectors_type or kind or "prefix", bool(verbose),
+            return self.released_encode(texts, vectors_type or side or "prefix", bool(verbose),
                                         bool(return_input_ids), return_tensors or "np")
         if isinstance(texts, str):
             raise RankgenError("encode: expected a list of texts, not a single string "
                                "(the released form, encode(text, vectors_type=...), takes one)")
         texts = self._check_texts(texts, "encode")
-        limit = self._limit(kind, max_length)
+        limit = self._limit(side, max_length)
         if not progress:
-            return self.model.encode(texts, kind, limit, self.batch_size, **self._options())
-        with tqdm(total=len(texts), unit="text", desc=f"encode {kind}", file=sys.stderr, dynamic_ncols=True) as bar:
-            return self.model.encode(texts, kind, limit, self.batch_size, on_batch=bar.update, **self._options())
+            return self.model.encode(texts, side, limit, self.batch_size, **self._options())
+        with tqdm(total=len(texts), unit="text", desc=f"encode {side}", file=sys.stderr, dynamic_ncols=True) as bar:
+            return self.model.encode(texts, side, limit, self.batch_size, on_batch=bar.update, **self._options())
 
     def released_encode(self, inputs: str | Sequence[str], vectors_type: str = "prefix", verbose: bool = False,
                         return_input_ids: bool = False, return_tensors: str = "np") -> dict[str, Any]:
@@ -224,9 +225,9 @@ class RankGenEncoder:
             embeddings = torch.from_numpy(embeddings)
         return {"embeddings": embeddings, "input_ids": input_ids}
 
-    def _padded_input_ids(self, texts: list[str], kind: str) -> list[list[int]]:
+    def _padded_input_ids(self, texts: list[str], side: str) -> list[list[int]]:
         """input_ids of texts, each batch of the released size padded to its longest row."""
-        ids = self.input_ids(texts, kind)
+        ids = self.input_ids(texts, side)
         size = self.batch_size or RELEASED_BATCH_SIZE
         pad_id = self.model.text.pad_id
         padded = []
@@ -262,17 +263,16 @@ def _is_jsonl(path: Path, lines: list[bytes]) -> bool:
     return first.lstrip().startswith(b"{")
 
 
-def read_texts(path: str | os.PathLike, kind: str) -> tuple[list[str], list[int], list[int]]:
+def read_texts(path: str | os.PathLike, side: str) -> tuple[list[str], list[int], list[int]]:
     """(texts, their 1-based line numbers, skipped line numbers) of a JSONL or plain-text input file.
 
-    JSONL lines are objects with the kind's field ("prefix" / "suffix") or
+    JSONL lines are objects with the side's field ("prefix" / "suffix") or
     "text" (read by data.jsonl's rules); plain-text files hold one text per
     line. Blank lines, lines that are not valid UTF-8 and, in JSONL, lines
     without a string text field are skipped: every line is either a row or
     a skipped line, so rows can be traced back to their lines.
     """
-    if kind not in KINDS:
-        raise RankgenError(f"unknown encode kind {kind!r}: expected one of {list(KINDS)}")
+    check_encode_side(side)
     require_input_file(path, "--input")
     source = Path(path)
     # Split on "\n" only, so line numbers match what editors and `wc -l` show.
@@ -280,7 +280,7 @@ def read_texts(path: str | os.PathLike, kind: str) -> tuple[list[str], list[int]
     if lines and lines[-1] == b"":
         lines.pop()
     if _is_jsonl(source, lines):
-        rows = {number: _record_text(record, kind) for number, record in parse_lines(lines)}
+        rows = {number: _record_text(record, side) for number, record in parse_lines(lines)}
     else:
         rows = {number: line for number, line in enumerate(map(_decode_line, lines), start=1)
                 if line is not None and line.strip()}
@@ -289,8 +289,8 @@ def read_texts(path: str | os.PathLike, kind: str) -> tuple[list[str], list[int]
     return list(kept.values()), list(kept), skipped
 
 
-def _record_text(record: dict, kind: str) -> str | None:
-    for field in JSON_FIELDS[kind]:
+def _record_text(record: dict, side: str) -> str | None:
+    for field in JSON_FIELDS[side]:
         if field in record:
             return record[field] if isinstance(record[field], str) else None
     return None
@@ -311,21 +311,21 @@ def _write_atomic(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
-def encode_file(encoder: RankGenEncoder, input_path: str, kind: str, output: str,
+def encode_file(encoder: RankGenEncoder, input_path: str, side: str, output: str,
                 max_length: int | None = None, progress: bool | None = None) -> dict[str, Any]:
     """Encode an input file into OUTPUT (.npy [N, D] float32, input order); returns counts and paths.
 
     When lines were skipped, OUTPUT's `.ids.json` sidecar lists the 1-based
     input line number of each row; otherwise a stale sidecar is removed.
     """
-    texts, line_ids, skipped = read_texts(input_path, kind)
+    texts, line_ids, skipped = read_texts(input_path, side)
     if not texts:
         raise RankgenError(f"{input_path}: no texts to encode ({len(skipped)} blank or malformed line(s))")
     out = Path(output)
     if out.parent and not out.parent.is_dir():
         out.parent.mkdir(parents=True, exist_ok=True)
     show = len(texts) >= PROGRESS_MIN_TEXTS if progress is None else progress
-    vectors_NxD = encoder.encode(texts, kind, max_length=max_length, progress=show).astype(np.float32, copy=False)
+    vectors_NxD = encoder.encode(texts, side, max_length=max_length, progress=show).astype(np.float32, copy=False)
     _write_atomic(out, lambda f: np.save(f, vectors_NxD))
     sidecar = ids_sidecar_path(out)
     if skipped:
@@ -337,7 +337,7 @@ def encode_file(encoder: RankGenEncoder, input_path: str, kind: str, output: str
             "skipped_lines": skipped, "output": str(out), "ids": str(sidecar) if skipped else None}
 
 
-def run_encode(model_path: str | os.PathLike, input_path: str, kind: str, output_path: str, *,
+def run_encode(model_path: str | os.PathLike, input_path: str, side: str, output_path: str, *,
                truncation: str | None = None, batch_size: int | None = None, max_length: int | None = None,
                conventions: dict | None = None) -> dict:
     """What `rankgen-jax encode` does: encode_file with the model at model_path, and a summary on stdout.
@@ -354,7 +354,7 @@ def run_encode(model_path: str | os.PathLike, input_path: str, kind: str, output
     require_output_file(output_path, "--output", create_folder=True)
     encoder = RankGenEncoder(model_path, truncation=truncation, batch_size=batch_size, conventions=conventions)
     print(encoder.model.conventions_note(), file=sys.stderr)
-    result = encode_file(encoder, input_path, kind, output_path, max_length=max_length)
+    result = encode_file(encoder, input_path, side, output_path, max_length=max_length)
     if result["skipped"]:
         shown = ", ".join(str(n) for n in result["skipped_lines"][:SHOWN_SKIPPED])
         more = ", ..." if result["skipped"] > SHOWN_SKIPPED else ""

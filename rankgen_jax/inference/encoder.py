@@ -37,7 +37,8 @@ from jax.sharding import Mesh
 
 from rankgen_jax.checkpoints import native
 from rankgen_jax.checkpoints.convert import folder_conventions, no_record_origin, read_source
-from rankgen_jax.data.conventions import CONVENTIONS_FILE, InputConventions, default_conventions
+from rankgen_jax.data.conventions import (CONVENTIONS_FILE, CONVENTIONS_SIDE, InputConventions, check_encode_side,
+                                          default_conventions, renamed_side)
 from rankgen_jax.models.configs import BertConfig, ModelConfig
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.factory import build_model, check_params_match, to_model_layout
@@ -45,15 +46,9 @@ from rankgen_jax.models.precision import resolve_activation_dtype
 from rankgen_jax.runtime.partitioning import batch_sharding, replicated
 from rankgen_jax.data.text import TextEncoder, encode_pair_truncated, encode_truncated, load_text_encoder, pad_batch
 
-# kind -> (the released RankGen marker, tower, the released max_length in tokens); a model's own
-# markers and lengths are its input conventions (KIND_SIDES: which side's).
-ENCODE_KINDS: dict[str, tuple[str, str, int]] = {
-    "prefix": ("pre ", "query", 512),
-    "suffix": ("suffi ", "document", 128),
-    "raw": ("", "query", 512),
-}
-# The conventions' side each kind reads with; "raw" is the prefix side without its marker.
-KIND_SIDES = {"prefix": "prefix", "suffix": "suffix", "raw": "prefix"}
+# The tower each encoding side runs; its markers and lengths are the model's input conventions
+# (data.conventions.CONVENTIONS_SIDE: which side's).
+SIDE_TOWERS = {"prefix": "query", "suffix": "document", "raw": "query"}
 # Smallest padded length; shorter batches share this one compiled shape.
 MIN_BUCKET = 16
 # Up to this length buckets are powers of two, beyond it multiples of it: few
@@ -172,11 +167,6 @@ def _check_truncation(truncation: str, keep: str) -> None:
         raise RankgenError("keep='end' needs truncation='clean' (the released encoder always cuts the end)")
 
 
-def _check_kind(kind: str) -> None:
-    if kind not in ENCODE_KINDS:
-        raise RankgenError(f"unknown encode kind {kind!r}: expected one of {sorted(ENCODE_KINDS)}")
-
-
 @functools.lru_cache(maxsize=32)
 def _tower_fn(config: ModelConfig, tower: str, mesh: Mesh | None = None) -> Callable:
     """The jitted vectors function of one tower; cached on the (hashable) config, so models with
@@ -255,52 +245,52 @@ class LoadedModel:
         """Shape of one text's vectors: (D,), or (P, D) for a model with P perspective heads."""
         return (self.config.num_scores, self.dim) if self.config.num_scores > 1 else (self.dim,)
 
-    def _side(self, kind: str, max_length: int | None = None, truncation: str | None = None,
+    def _reading(self, side: str, max_length: int | None = None, truncation: str | None = None,
               keep: str | None = None) -> tuple[str, int, str, str]:
-        """(marker, length limit, kept end, truncation) a kind reads with: the arguments given, else the conventions."""
-        _check_kind(kind)
-        side_keep = self.conventions.side(KIND_SIDES[kind])[2]
+        """(marker, length limit, kept end, truncation) a side reads with: the arguments given, else the conventions."""
+        check_encode_side(side)
+        side_keep = self.conventions.side(CONVENTIONS_SIDE[side])[2]
         truncation = self.conventions.truncation if truncation is None else truncation
         keep = side_keep if keep is None else keep
         _check_truncation(truncation, keep)
-        return self._marker(kind), self._max_length(kind, max_length), keep, truncation
+        return self._marker(side), self._max_length(side, max_length), keep, truncation
 
-    def _marker(self, kind: str) -> str:
-        _check_kind(kind)
-        return "" if kind == "raw" else self.conventions.side(KIND_SIDES[kind])[0]
+    def _marker(self, side: str) -> str:
+        check_encode_side(side)
+        return "" if side == "raw" else self.conventions.side(CONVENTIONS_SIDE[side])[0]
 
-    def _max_length(self, kind: str, max_length: int | None) -> int:
-        _check_kind(kind)
-        limit = self.conventions.side(KIND_SIDES[kind])[1] if max_length is None else int(max_length)
+    def _max_length(self, side: str, max_length: int | None) -> int:
+        check_encode_side(side)
+        limit = self.conventions.side(CONVENTIONS_SIDE[side])[1] if max_length is None else int(max_length)
         if limit < 1 + self.text.num_special:
             raise RankgenError(f"max_length={limit} leaves no room for text "
                                f"(the tokenizer adds {self.text.num_special} special tokens)")
         cap = max_positions(self.config)
         return limit if cap is None else min(limit, cap)
 
-    def tokenize(self, texts: Sequence[str], kind: str = "raw", keep_end_over: int | None = None) -> list[list[int]]:
-        """Token ids (with the kind's marker and the special tokens) of each text.
+    def tokenize(self, texts: Sequence[str], side: str = "raw", keep_end_over: int | None = None) -> list[list[int]]:
+        """Token ids (with the side's marker and the special tokens) of each text.
 
         Not truncated, unless keep_end_over is set: then texts longer than that
         many ids lose their beginning instead of their end.
         """
-        marker = self._marker(kind)
+        marker = self._marker(side)
         if keep_end_over is not None:
             return [encode_truncated(self.text, marker, text, keep_end_over, keep="end") for text in texts]
         return [self.text.add_special(self.text.tokenize(marker + text)) for text in texts]
 
     def input_ids(
-        self, texts: Sequence[str], kind: str = "raw", max_length: int | None = None, truncation: str | None = None,
+        self, texts: Sequence[str], side: str = "raw", max_length: int | None = None, truncation: str | None = None,
         keep: str | None = None,
     ) -> list[list[int]]:
         """The token ids `encode` feeds the model for each text (marker, text, special tokens, cut to the limit).
 
         max_length, truncation and keep default to the model's input conventions.
         """
-        _, limit, keep, truncation = self._side(kind, max_length, truncation, keep)
+        _, limit, keep, truncation = self._reading(side, max_length, truncation, keep)
         if truncation == "clean" and keep == "end":
-            return self.tokenize(texts, kind, keep_end_over=limit)
-        sequences = self.tokenize(texts, kind)
+            return self.tokenize(texts, side, keep_end_over=limit)
+        sequences = self.tokenize(texts, side)
         if truncation == "released":
             # Padding then slicing the batch, as the released encoder does, cuts each row alone.
             return [ids[:limit] for ids in sequences]
@@ -317,18 +307,19 @@ class LoadedModel:
             self.params = jax.device_put(self.params, want)
 
     def encode(
-        self, texts: Sequence[str], kind: str = "raw", max_length: int | None = None, batch_size: int | None = 64,
+        self, texts: Sequence[str], side: str | None = None, max_length: int | None = None, batch_size: int | None = 64,
         keep: str | None = None, truncation: str | None = None, mesh: Mesh | None = None,
         memory_budget_bytes: int | None = None, on_batch: Callable[[int], None] | None = None,
-        bucket_step: int | None = None,
+        bucket_step: int | None = None, *, kind: str | None = None,
     ) -> np.ndarray:
         """Vectors [N, D] (float32) of `texts`, in input order ([N, P, D] with P perspective heads).
 
-        kind: "prefix" (the prefix side's marker, query tower), "suffix" (the
-          suffix side's, document tower) or "raw" (the prefix side without a
-          marker). max_length, truncation and keep default to the model's
+        side: "prefix" (the prefix side's marker, query tower), "suffix" (the
+          suffix side's, document tower) or "raw" (the default: the prefix side
+          without a marker). max_length, truncation and keep default to the model's
           input conventions (released RankGen: "pre " / "suffi ", 512 / 128
           tokens); max_length is capped by a BERT-family encoder's position table.
+          `kind=` is side's old name (deprecated).
         truncation: "clean" cuts long texts but keeps their final special token;
           "released" cuts them at the limit like the released RankGen code
           (their EOS is lost). See input_ids.
@@ -350,16 +341,17 @@ class LoadedModel:
         """
         if isinstance(texts, str):
             raise RankgenError("encode takes a list of texts, not a single string")
+        side = renamed_side(side, kind, "encode") or "raw"
         if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
             raise RankgenError(f"batch_size must be >= 1 or None (from memory), got {batch_size}")
-        _check_kind(kind)
+        check_encode_side(side)
         if bucket_step is not None and (isinstance(bucket_step, bool) or not isinstance(bucket_step, int)
                                         or bucket_step < 1):
             raise RankgenError(f"bucket_step must be a positive integer or None, got {bucket_step!r}")
-        limit = self._max_length(kind, max_length)
-        sequences = self.input_ids(texts, kind, limit, truncation, keep)
-        # Shared towers are one encoder: both kinds then use (and compile) one function.
-        tower = ENCODE_KINDS[kind][1] if not self.config.shared_towers else "query"
+        limit = self._max_length(side, max_length)
+        sequences = self.input_ids(texts, side, limit, truncation, keep)
+        # Shared towers are one encoder: both sides then use (and compile) one function.
+        tower = SIDE_TOWERS[side] if not self.config.shared_towers else "query"
         if mesh is not None and mesh.size == 1:
             mesh = None
         if mesh is not None:

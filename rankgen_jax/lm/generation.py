@@ -100,15 +100,15 @@ Reranker = Callable[[str, Sequence[str]], np.ndarray]
 class Decoding:
     """How a token is picked from the next-token distribution."""
 
-    kind: str = "nucleus"
+    sampler: str = "nucleus"
     top_p: float = 0.9
     top_k: int = 40
     typical_p: float = 0.95
 
     def check(self) -> None:
         """Raise RankgenError naming the first bad setting."""
-        if self.kind not in SAMPLERS:
-            raise RankgenError(f"unknown sampling {self.kind!r}: expected one of {SAMPLERS}")
+        if self.sampler not in SAMPLERS:
+            raise RankgenError(f"unknown sampling {self.sampler!r}: expected one of {SAMPLERS}")
         if not 0.0 < self.top_p <= 1.0:
             raise RankgenError(f"--top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 1:
@@ -125,11 +125,11 @@ def pick_tokens(logits_RxV, uniform_R, decoding: Decoding):
     """
     import torch  # heavy and optional (the torch extra): only where an LM runs
 
-    if decoding.kind == "greedy":
+    if decoding.sampler == "greedy":
         return logits_RxV.argmax(dim=-1)
     logp_RxV = torch.log_softmax(logits_RxV.float(), dim=-1)
     p_RxV = logp_RxV.exp()
-    if decoding.kind == "typical":
+    if decoding.sampler == "typical":
         # Meister et al. 2022: rank tokens by how close their surprisal is to the entropy.
         entropy_Rx1 = -(p_RxV * logp_RxV).nan_to_num(0.0).sum(-1, keepdim=True)
         key_RxV = -(-logp_RxV - entropy_Rx1).abs()
@@ -139,10 +139,10 @@ def pick_tokens(logits_RxV, uniform_R, decoding: Decoding):
     _, order_RxV = torch.sort(key_RxV, dim=-1, descending=True, stable=True)
     sorted_RxV = p_RxV.gather(-1, order_RxV)
     vocab = sorted_RxV.shape[-1]
-    if decoding.kind == "top_k":
+    if decoding.sampler == "top_k":
         keep_RxV = (torch.arange(vocab, device=sorted_RxV.device) < decoding.top_k).expand_as(sorted_RxV)
-    elif decoding.kind in ("nucleus", "typical"):
-        mass = decoding.top_p if decoding.kind == "nucleus" else decoding.typical_p
+    elif decoding.sampler in ("nucleus", "typical"):
+        mass = decoding.top_p if decoding.sampler == "nucleus" else decoding.typical_p
         # Keep the smallest head whose mass reaches p: a token stays while the mass before it is below p.
         before_RxV = sorted_RxV.cumsum(-1) - sorted_RxV
         keep_RxV = before_RxV < mass
@@ -266,12 +266,12 @@ class RankGenReranker:
         vectors = {p: self._prefix_vectors[p] for p in prefixes if p in self._prefix_vectors}
         if missing:
             # Long LM contexts keep their end, the text the candidates continue (whatever the model records).
-            encoded_NxD = self.model.encode(missing, kind="prefix", batch_size=self.batch_size, keep="end",
+            encoded_NxD = self.model.encode(missing, side="prefix", batch_size=self.batch_size, keep="end",
                                             truncation="clean")
             vectors.update(zip(missing, encoded_NxD))
         self._prefix_vectors = vectors
         flat = [c for cands in candidate_lists for c in cands]
-        cand_MxD = (self.model.encode(flat, kind="suffix", batch_size=self.batch_size, truncation="clean")
+        cand_MxD = (self.model.encode(flat, side="suffix", batch_size=self.batch_size, truncation="clean")
                     if flat else None)
         out, k = [], 0
         for prefix, cands in zip(prefixes, candidate_lists):
@@ -473,7 +473,7 @@ def generate(
 
     num_samples None is the paper's: 20 for rerank, 10 per beam for beam.
     The plain strategies ignore beam_size, num_samples, rerank_length and
-    reranker, and take their sampler's kind from the strategy name (its
+    reranker, and take their sampler from the strategy name (its
     top_p / top_k / typical_p from `decoding`).
     """
     if strategy not in STRATEGIES:
@@ -486,7 +486,7 @@ def generate(
                       **common)
     if reranker is None:
         raise RankgenError(f"strategy {strategy!r} needs a re-ranker (--reranker)")
-    if decoding.kind == "greedy":
+    if decoding.sampler == "greedy":
         raise RankgenError(f"strategy {strategy!r} needs a random sampler: greedy would give N identical samples")
     if strategy == "rerank":
         samples = RERANK_SAMPLES if num_samples is None else num_samples

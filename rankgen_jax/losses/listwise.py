@@ -4,14 +4,14 @@ Same signature as `rankgen_jax.losses.contrastive`:
 
     loss_fn(outputs, batch, loss_params, **options) -> (loss, metrics)
 
-- `outputs`: `"scores"` [B, L] (cross encoder), or `"query"` [B, D] with
-  `"candidates"` [B, L, D] (dual encoder; scores are dot products), see
+- `outputs`: `"scores"` [B, C] (cross encoder), or `"query"` [B, D] with
+  `"candidates"` [B, C, D] (dual encoder; scores are dot products), see
   `list_scores`. The multi-perspective loss reads `"query"` / `"positive"`
-  [B, N, D] instead.
-- `batch`: `"labels"` [B, L] (metric values, graded relevance or 0/1),
-  `"teacher_scores"` [B, L], optional `"candidate_mask"` [B, L] (bool or int,
-  default all valid), for ListMLE optional `"tie_break"` [B, L] noise, and
-  for lambdarank_mrr with rank_source "retrieval" `"student_ranks"` [B, L].
+  [B, P, D] instead (P perspectives).
+- `batch`: `"labels"` [B, C] (metric values, graded relevance or 0/1),
+  `"teacher_scores"` [B, C], optional `"candidate_mask"` [B, C] (bool or int,
+  default all valid), for ListMLE optional `"tie_break"` [B, C] noise, and
+  for lambdarank_mrr with rank_source "retrieval" `"student_ranks"` [B, C].
 
 Padding is marked by `candidate_mask` only, never by a label value: padded
 scores / labels / teacher scores never reach the loss, the metrics or the
@@ -43,24 +43,24 @@ RANK_SOURCES = ("list", "retrieval")
 
 
 def list_scores(outputs: dict[str, Array]) -> Array:
-    """The [B, L] float32 scores of each query's candidate list (cross or dual encoder)."""
+    """The [B, C] float32 scores of each query's candidate list (cross or dual encoder)."""
     if "scores" in outputs:
-        scores_BxL = jnp.asarray(outputs["scores"], jnp.float32)
-        if scores_BxL.ndim != 2:
-            raise RankgenError(f"outputs['scores'] must be [B, L], got shape {scores_BxL.shape}")
-        return scores_BxL
+        scores_BxC = jnp.asarray(outputs["scores"], jnp.float32)
+        if scores_BxC.ndim != 2:
+            raise RankgenError(f"outputs['scores'] must be [B, C], got shape {scores_BxC.shape}")
+        return scores_BxC
     if "query" not in outputs or "candidates" not in outputs:
         raise RankgenError(
-            "list losses need outputs['scores'] [B, L] or outputs['query'] [B, D] with outputs['candidates'] [B, L, D]"
+            "list losses need outputs['scores'] [B, C] or outputs['query'] [B, D] with outputs['candidates'] [B, C, D]"
         )
     query_BxD = jnp.asarray(outputs["query"], jnp.float32)
-    candidates_BxLxD = jnp.asarray(outputs["candidates"], jnp.float32)
-    if query_BxD.ndim != 2 or candidates_BxLxD.ndim != 3 or candidates_BxLxD.shape[::2] != query_BxD.shape:
+    candidates_BxCxD = jnp.asarray(outputs["candidates"], jnp.float32)
+    if query_BxD.ndim != 2 or candidates_BxCxD.ndim != 3 or candidates_BxCxD.shape[::2] != query_BxD.shape:
         raise RankgenError(
-            f"outputs['query'] must be [B, D] and outputs['candidates'] [B, L, D], "
-            f"got shapes {query_BxD.shape} and {candidates_BxLxD.shape}"
+            f"outputs['query'] must be [B, D] and outputs['candidates'] [B, C, D], "
+            f"got shapes {query_BxD.shape} and {candidates_BxCxD.shape}"
         )
-    return exact_einsum(query_BxD, candidates_BxLxD, "bd,bld->bl")
+    return exact_einsum(query_BxD, candidates_BxCxD, "bd,bcd->bc")
 
 
 def _batch_array(batch: dict[str, Array], key: str, shape: tuple[int, ...]) -> Array:
@@ -83,24 +83,24 @@ def _mask(batch: dict[str, Array], key: str, shape: tuple[int, ...]) -> Array:
     return mask
 
 
-def _masked_log_softmax(logits_BxL: Array, mask_BxL: Array) -> Array:
+def _masked_log_softmax(logits_BxC: Array, mask_BxC: Array) -> Array:
     """Row-wise log softmax over valid entries; 0 at masked entries and in rows without any."""
-    shifted_BxL = jnp.where(mask_BxL, logits_BxL, -jnp.inf)
+    shifted_BxC = jnp.where(mask_BxC, logits_BxC, -jnp.inf)
     # The max only stabilises; its gradient cancels. Empty rows would give -inf - -inf.
-    max_Bx1 = jax.lax.stop_gradient(jnp.max(shifted_BxL, axis=-1, keepdims=True))
+    max_Bx1 = jax.lax.stop_gradient(jnp.max(shifted_BxC, axis=-1, keepdims=True))
     max_Bx1 = jnp.where(jnp.isfinite(max_Bx1), max_Bx1, 0.0)
-    shifted_BxL = shifted_BxL - max_Bx1
-    sum_Bx1 = jnp.sum(jnp.exp(shifted_BxL), axis=-1, keepdims=True)
+    shifted_BxC = shifted_BxC - max_Bx1
+    sum_Bx1 = jnp.sum(jnp.exp(shifted_BxC), axis=-1, keepdims=True)
     # The max term contributes 1, so only empty rows have sum 0 (log would be -inf).
     sum_Bx1 = jnp.where(sum_Bx1 > 0, sum_Bx1, 1.0)
-    return jnp.where(mask_BxL, shifted_BxL - jnp.log(sum_Bx1), 0.0)
+    return jnp.where(mask_BxC, shifted_BxC - jnp.log(sum_Bx1), 0.0)
 
 
-def _top1_hit(scores_BxL: Array, labels_BxL: Array, mask_BxL: Array) -> Array:
+def _top1_hit(scores_BxC: Array, labels_BxC: Array, mask_BxC: Array) -> Array:
     """[B] bool: the top-scored valid candidate has the row's highest valid label."""
-    best_B = jnp.argmax(jnp.where(mask_BxL, scores_BxL, -jnp.inf), axis=-1)
-    top_label_B = jnp.take_along_axis(labels_BxL, best_B[:, None], axis=-1)[:, 0]
-    return top_label_B == jnp.max(jnp.where(mask_BxL, labels_BxL, -jnp.inf), axis=-1)
+    best_B = jnp.argmax(jnp.where(mask_BxC, scores_BxC, -jnp.inf), axis=-1)
+    top_label_B = jnp.take_along_axis(labels_BxC, best_B[:, None], axis=-1)[:, 0]
+    return top_label_B == jnp.max(jnp.where(mask_BxC, labels_BxC, -jnp.inf), axis=-1)
 
 
 def _row_mean(values_B: Array, counted_B: Array) -> Array:
@@ -108,15 +108,15 @@ def _row_mean(values_B: Array, counted_B: Array) -> Array:
     return jnp.sum(jnp.where(counted_B, values_B, 0.0)) / jnp.maximum(jnp.sum(counted_B), 1)
 
 
-def _has_distinct_labels(labels_BxL: Array, mask_BxL: Array) -> Array:
+def _has_distinct_labels(labels_BxC: Array, mask_BxC: Array) -> Array:
     """[B] bool: the row has two valid candidates with different labels (implies >= 2 valid)."""
-    high_B = jnp.max(jnp.where(mask_BxL, labels_BxL, -jnp.inf), axis=-1)
-    low_B = jnp.min(jnp.where(mask_BxL, labels_BxL, jnp.inf), axis=-1)
+    high_B = jnp.max(jnp.where(mask_BxC, labels_BxC, -jnp.inf), axis=-1)
+    low_B = jnp.min(jnp.where(mask_BxC, labels_BxC, jnp.inf), axis=-1)
     # high > low already needs two valid entries (a lone or absent one gives high <= low).
     return high_B > low_B
 
 
-def _reverse_cumulative_logsumexp(logits_BxL: Array, mask_BxL: Array) -> Array:
+def _reverse_cumulative_logsumexp(logits_BxC: Array, mask_BxC: Array) -> Array:
     """out[b, i] = logsumexp over valid j >= i of logits[b, j]; -inf where no such j.
 
     Masked entries are -inf and each suffix subtracts its own max (a
@@ -125,8 +125,8 @@ def _reverse_cumulative_logsumexp(logits_BxL: Array, mask_BxL: Array) -> Array:
     underflow to log(0).
     """
     # Masked logits are already sanitised by the caller; exp(x - stop_gradient(x)) is 1 with gradient 1.
-    max_BxL = jnp.where(mask_BxL, jax.lax.stop_gradient(logits_BxL), -jnp.inf)
-    sum_BxL = jnp.where(mask_BxL, jnp.exp(logits_BxL - jax.lax.stop_gradient(logits_BxL)), 0.0)
+    max_BxC = jnp.where(mask_BxC, jax.lax.stop_gradient(logits_BxC), -jnp.inf)
+    sum_BxC = jnp.where(mask_BxC, jnp.exp(logits_BxC - jax.lax.stop_gradient(logits_BxC)), 0.0)
 
     def combine(left, right):
         max_a, sum_a = left
@@ -138,23 +138,23 @@ def _reverse_cumulative_logsumexp(logits_BxL: Array, mask_BxL: Array) -> Array:
         scale_b = jnp.where(max_b == -jnp.inf, 0.0, jnp.exp(max_b - max_ab))
         return max_ab, sum_a * scale_a + sum_b * scale_b
 
-    suffix_max_BxL, suffix_sum_BxL = jax.lax.associative_scan(combine, (max_BxL, sum_BxL), reverse=True, axis=1)
+    suffix_max_BxC, suffix_sum_BxC = jax.lax.associative_scan(combine, (max_BxC, sum_BxC), reverse=True, axis=1)
     # A valid position's suffix holds its own max term (exp(0) = 1), so its sum is >= 1.
-    safe_sum_BxL = jnp.where(mask_BxL, suffix_sum_BxL, 1.0)
-    return jnp.where(mask_BxL, suffix_max_BxL + jnp.log(safe_sum_BxL), -jnp.inf)
+    safe_sum_BxC = jnp.where(mask_BxC, suffix_sum_BxC, 1.0)
+    return jnp.where(mask_BxC, suffix_max_BxC + jnp.log(safe_sum_BxC), -jnp.inf)
 
 
 def _plistmle_weights(num_valid_B: Array, num_candidates: int) -> Array:
-    """[B, L] PListMLE weights (2^(n-i+1) - 1) / (2^n - 1) of sorted position i = 1..n; 0 beyond n.
+    """[B, C] PListMLE weights (2^(n-i+1) - 1) / (2^n - 1) of sorted position i = 1..n; 0 beyond n.
 
     Computed as 2^(1-i) (1 - 2^-(n-i+1)) / (1 - 2^-n), which is the same
     number but never overflows for long lists.
     """
-    position_L = jnp.arange(1, num_candidates + 1, dtype=jnp.float32)
+    position_C = jnp.arange(1, num_candidates + 1, dtype=jnp.float32)
     n_Bx1 = num_valid_B.astype(jnp.float32)[:, None]
-    numerator_BxL = jnp.exp2(1.0 - position_L) * (1.0 - jnp.exp2(position_L - n_Bx1 - 1.0))
+    numerator_BxC = jnp.exp2(1.0 - position_C) * (1.0 - jnp.exp2(position_C - n_Bx1 - 1.0))
     denominator_Bx1 = jnp.maximum(1.0 - jnp.exp2(-n_Bx1), 0.5)  # n = 0 rows are masked out anyway
-    return jnp.where(position_L <= n_Bx1, numerator_BxL / denominator_Bx1, 0.0)
+    return jnp.where(position_C <= n_Bx1, numerator_BxC / denominator_Bx1, 0.0)
 
 
 def _l2_normalize(x: Array, eps: float = 1e-6) -> Array:
@@ -206,34 +206,34 @@ def listmle_loss(
     whose labels are all tied carry no ordering to learn.
     """
     del loss_params
-    scores_BxL = list_scores(outputs)
-    shape = scores_BxL.shape
-    mask_BxL = _mask(batch, "candidate_mask", shape)
+    scores_BxC = list_scores(outputs)
+    shape = scores_BxC.shape
+    mask_BxC = _mask(batch, "candidate_mask", shape)
     # Sanitise padding first so garbage there (even inf / nan) reaches neither sort keys nor gradients.
-    labels_BxL = jnp.where(mask_BxL, _batch_array(batch, "labels", shape), 0.0)
-    logits_BxL = jnp.where(mask_BxL, scores_BxL, 0.0) / temperature
-    tie_break_BxL = jnp.zeros(shape, jnp.float32)
+    labels_BxC = jnp.where(mask_BxC, _batch_array(batch, "labels", shape), 0.0)
+    logits_BxC = jnp.where(mask_BxC, scores_BxC, 0.0) / temperature
+    tie_break_BxC = jnp.zeros(shape, jnp.float32)
     if "tie_break" in batch:
-        tie_break_BxL = jnp.where(mask_BxL, _batch_array(batch, "tie_break", shape), 0.0)
+        tie_break_BxC = jnp.where(mask_BxC, _batch_array(batch, "tie_break", shape), 0.0)
 
     # Keys, primary first: valid before padding, label desc, tie_break desc, index asc.
-    index_BxL = jnp.broadcast_to(jnp.arange(shape[1], dtype=jnp.int32), shape)
-    *_, order_BxL = jax.lax.sort(
-        ((~mask_BxL).astype(jnp.int32), -labels_BxL, -tie_break_BxL, index_BxL), dimension=-1, num_keys=4
+    index_BxC = jnp.broadcast_to(jnp.arange(shape[1], dtype=jnp.int32), shape)
+    *_, order_BxC = jax.lax.sort(
+        ((~mask_BxC).astype(jnp.int32), -labels_BxC, -tie_break_BxC, index_BxC), dimension=-1, num_keys=4
     )
-    sorted_logits_BxL = jnp.take_along_axis(logits_BxL, order_BxL, axis=-1)
-    num_valid_B = jnp.sum(mask_BxL, axis=-1)
-    sorted_mask_BxL = jnp.arange(shape[1])[None, :] < num_valid_B[:, None]
+    sorted_logits_BxC = jnp.take_along_axis(logits_BxC, order_BxC, axis=-1)
+    num_valid_B = jnp.sum(mask_BxC, axis=-1)
+    sorted_mask_BxC = jnp.arange(shape[1])[None, :] < num_valid_B[:, None]
 
-    log_denominator_BxL = _reverse_cumulative_logsumexp(sorted_logits_BxL, sorted_mask_BxL)
-    log_prob_BxL = jnp.where(sorted_mask_BxL, sorted_logits_BxL - log_denominator_BxL, 0.0)
+    log_denominator_BxC = _reverse_cumulative_logsumexp(sorted_logits_BxC, sorted_mask_BxC)
+    log_prob_BxC = jnp.where(sorted_mask_BxC, sorted_logits_BxC - log_denominator_BxC, 0.0)
     if position_weighting:
-        log_prob_BxL = log_prob_BxL * _plistmle_weights(num_valid_B, shape[1])
-    row_loss_B = -jnp.sum(log_prob_BxL, axis=-1)
+        log_prob_BxC = log_prob_BxC * _plistmle_weights(num_valid_B, shape[1])
+    row_loss_B = -jnp.sum(log_prob_BxC, axis=-1)
 
-    counted_B = _has_distinct_labels(labels_BxL, mask_BxL)
+    counted_B = _has_distinct_labels(labels_BxC, mask_BxC)
     loss = _row_mean(row_loss_B, counted_B)
-    metrics = {"loss": loss, "accuracy": _row_mean(_top1_hit(scores_BxL, labels_BxL, mask_BxL), counted_B)}
+    metrics = {"loss": loss, "accuracy": _row_mean(_top1_hit(scores_BxC, labels_BxC, mask_BxC), counted_B)}
     return loss, metrics
 
 
@@ -253,23 +253,23 @@ def kl_distillation_loss(
     comparable across temperatures (Hinton et al.); conventions differ.
     """
     del loss_params
-    scores_BxL = list_scores(outputs)
-    shape = scores_BxL.shape
-    mask_BxL = _mask(batch, "candidate_mask", shape)
-    teacher_BxL = jax.lax.stop_gradient(jnp.where(mask_BxL, _batch_array(batch, "teacher_scores", shape), 0.0))
-    student_log_probs_BxL = _masked_log_softmax(jnp.where(mask_BxL, scores_BxL, 0.0) / temperature, mask_BxL)
-    teacher_log_probs_BxL = _masked_log_softmax(teacher_BxL / temperature, mask_BxL)
-    teacher_probs_BxL = jnp.where(mask_BxL, jnp.exp(teacher_log_probs_BxL), 0.0)
-    row_loss_B = jnp.sum(teacher_probs_BxL * (teacher_log_probs_BxL - student_log_probs_BxL), axis=-1)
+    scores_BxC = list_scores(outputs)
+    shape = scores_BxC.shape
+    mask_BxC = _mask(batch, "candidate_mask", shape)
+    teacher_BxC = jax.lax.stop_gradient(jnp.where(mask_BxC, _batch_array(batch, "teacher_scores", shape), 0.0))
+    student_log_probs_BxC = _masked_log_softmax(jnp.where(mask_BxC, scores_BxC, 0.0) / temperature, mask_BxC)
+    teacher_log_probs_BxC = _masked_log_softmax(teacher_BxC / temperature, mask_BxC)
+    teacher_probs_BxC = jnp.where(mask_BxC, jnp.exp(teacher_log_probs_BxC), 0.0)
+    row_loss_B = jnp.sum(teacher_probs_BxC * (teacher_log_probs_BxC - student_log_probs_BxC), axis=-1)
     if t_squared:
         row_loss_B = row_loss_B * temperature**2
 
-    counted_B = jnp.sum(mask_BxL, axis=-1) >= 2
+    counted_B = jnp.sum(mask_BxC, axis=-1) >= 2
     loss = _row_mean(row_loss_B, counted_B)
     metrics = {
         "loss": loss,
         # The student's top candidate is (one of) the teacher's top.
-        "accuracy": _row_mean(_top1_hit(scores_BxL, teacher_BxL, mask_BxL), counted_B),
+        "accuracy": _row_mean(_top1_hit(scores_BxC, teacher_BxC, mask_BxC), counted_B),
     }
     return loss, metrics
 
@@ -289,7 +289,7 @@ def lambdarank_mrr_loss(
     gradient); pair loss softplus(s_j - s_i). rank_source says where pi comes
     from: "list", the student's ordering of the row's valid candidates at this
     step (score desc, ties by index asc; as the authors' released code does),
-    or "retrieval", `batch["student_ranks"]` [B, L]: each candidate's rank in
+    or "retrieval", `batch["student_ranks"]` [B, C]: each candidate's rank in
     the list the student retrieved (the result list the paper names; >= 1 on
     valid candidates). The loss is the sum of weighted pair losses divided by
     the number of such pairs in the whole batch (a per-batch mean over valid
@@ -301,36 +301,36 @@ def lambdarank_mrr_loss(
     del loss_params
     if rank_source not in RANK_SOURCES:
         raise RankgenError(f"lambdarank_mrr: rank_source must be one of {RANK_SOURCES}, got {rank_source!r}")
-    scores_BxL = list_scores(outputs)
-    shape = scores_BxL.shape
-    mask_BxL = _mask(batch, "candidate_mask", shape)
-    labels_BxL = jnp.where(mask_BxL, _batch_array(batch, "labels", shape), 0.0)
-    scores_BxL = jnp.where(mask_BxL, scores_BxL, 0.0) * logit_scale
+    scores_BxC = list_scores(outputs)
+    shape = scores_BxC.shape
+    mask_BxC = _mask(batch, "candidate_mask", shape)
+    labels_BxC = jnp.where(mask_BxC, _batch_array(batch, "labels", shape), 0.0)
+    scores_BxC = jnp.where(mask_BxC, scores_BxC, 0.0) * logit_scale
 
     if rank_source == "retrieval":
-        rank_BxL = jnp.where(mask_BxL, _batch_array(batch, "student_ranks", shape), 1.0)
+        rank_BxC = jnp.where(mask_BxC, _batch_array(batch, "student_ranks", shape), 1.0)
     else:
         # Student ranks: 1 + number of valid candidates ahead (higher score, or equal score and lower index).
-        ranking_BxL = jax.lax.stop_gradient(scores_BxL)
-        index_L = jnp.arange(shape[1])
-        ahead_BxLxL = (ranking_BxL[:, None, :] > ranking_BxL[:, :, None]) | (
-            (ranking_BxL[:, None, :] == ranking_BxL[:, :, None]) & (index_L[None, :] < index_L[:, None])
+        ranking_BxC = jax.lax.stop_gradient(scores_BxC)
+        index_C = jnp.arange(shape[1])
+        ahead_BxCxC = (ranking_BxC[:, None, :] > ranking_BxC[:, :, None]) | (
+            (ranking_BxC[:, None, :] == ranking_BxC[:, :, None]) & (index_C[None, :] < index_C[:, None])
         )
-        rank_BxL = 1 + jnp.sum(ahead_BxLxL & mask_BxL[:, None, :], axis=-1)
-    reciprocal_BxL = jax.lax.stop_gradient(1.0 / rank_BxL.astype(jnp.float32))
+        rank_BxC = 1 + jnp.sum(ahead_BxCxC & mask_BxC[:, None, :], axis=-1)
+    reciprocal_BxC = jax.lax.stop_gradient(1.0 / rank_BxC.astype(jnp.float32))
 
     # pair [b, i, j]: i should be above j.
-    pair_BxLxL = (labels_BxL[:, :, None] > labels_BxL[:, None, :]) & mask_BxL[:, :, None] & mask_BxL[:, None, :]
-    weight_BxLxL = jnp.abs(reciprocal_BxL[:, :, None] - reciprocal_BxL[:, None, :])
-    pair_loss_BxLxL = jax.nn.softplus(scores_BxL[:, None, :] - scores_BxL[:, :, None])
-    num_pairs = jnp.sum(pair_BxLxL)
-    loss = jnp.sum(jnp.where(pair_BxLxL, weight_BxLxL * pair_loss_BxLxL, 0.0)) / jnp.maximum(num_pairs, 1)
+    pair_BxCxC = (labels_BxC[:, :, None] > labels_BxC[:, None, :]) & mask_BxC[:, :, None] & mask_BxC[:, None, :]
+    weight_BxCxC = jnp.abs(reciprocal_BxC[:, :, None] - reciprocal_BxC[:, None, :])
+    pair_loss_BxCxC = jax.nn.softplus(scores_BxC[:, None, :] - scores_BxC[:, :, None])
+    num_pairs = jnp.sum(pair_BxCxC)
+    loss = jnp.sum(jnp.where(pair_BxCxC, weight_BxCxC * pair_loss_BxCxC, 0.0)) / jnp.maximum(num_pairs, 1)
 
-    counted_B = jnp.any(pair_BxLxL, axis=(1, 2))
-    correct_pairs = jnp.sum(pair_BxLxL & (scores_BxL[:, :, None] > scores_BxL[:, None, :]))
+    counted_B = jnp.any(pair_BxCxC, axis=(1, 2))
+    correct_pairs = jnp.sum(pair_BxCxC & (scores_BxC[:, :, None] > scores_BxC[:, None, :]))
     metrics = {
         "loss": loss,
-        "accuracy": _row_mean(_top1_hit(scores_BxL, labels_BxL, mask_BxL), counted_B),
+        "accuracy": _row_mean(_top1_hit(scores_BxC, labels_BxC, mask_BxC), counted_B),
         "pair_accuracy": correct_pairs / jnp.maximum(num_pairs, 1),
     }
     return loss, metrics
@@ -345,8 +345,8 @@ def sigmoid_bce_loss(
 ) -> tuple[Array, dict[str, Array]]:
     """Binary cross entropy with logits scores / temperature, averaged over valid entries.
 
-    `outputs["scores"]` is any [B, L] candidate list (pointwise ranker
-    baseline) or [B, N] perspective outputs of a multi-perspective cross
+    `outputs["scores"]` is any [B, C] candidate list (pointwise ranker
+    baseline) or [B, P] perspective outputs of a multi-perspective cross
     encoder; `batch["labels"]` in [0, 1] and the optional
     `batch["candidate_mask"]` have the same shape.
     """
@@ -371,25 +371,25 @@ def margin_mse_loss(
     masked has no pairs. Teacher scores get no gradient.
     """
     del loss_params
-    scores_BxL = list_scores(outputs)
-    shape = scores_BxL.shape
-    mask_BxL = _mask(batch, "candidate_mask", shape)
-    teacher_BxL = jax.lax.stop_gradient(jnp.where(mask_BxL, _batch_array(batch, "teacher_scores", shape), 0.0))
-    scores_BxL = jnp.where(mask_BxL, scores_BxL, 0.0)
-    is_negative_L = jnp.arange(shape[1]) >= 1
-    pair_BxL = mask_BxL & mask_BxL[:, :1] & is_negative_L[None, :]
-    student_margin_BxL = scores_BxL[:, :1] - scores_BxL
-    teacher_margin_BxL = teacher_BxL[:, :1] - teacher_BxL
-    squared_BxL = jnp.square(student_margin_BxL - teacher_margin_BxL)
-    num_pairs = jnp.maximum(jnp.sum(pair_BxL), 1)
-    loss = jnp.sum(jnp.where(pair_BxL, squared_BxL, 0.0)) / num_pairs
+    scores_BxC = list_scores(outputs)
+    shape = scores_BxC.shape
+    mask_BxC = _mask(batch, "candidate_mask", shape)
+    teacher_BxC = jax.lax.stop_gradient(jnp.where(mask_BxC, _batch_array(batch, "teacher_scores", shape), 0.0))
+    scores_BxC = jnp.where(mask_BxC, scores_BxC, 0.0)
+    is_negative_C = jnp.arange(shape[1]) >= 1
+    pair_BxC = mask_BxC & mask_BxC[:, :1] & is_negative_C[None, :]
+    student_margin_BxC = scores_BxC[:, :1] - scores_BxC
+    teacher_margin_BxC = teacher_BxC[:, :1] - teacher_BxC
+    squared_BxC = jnp.square(student_margin_BxC - teacher_margin_BxC)
+    num_pairs = jnp.maximum(jnp.sum(pair_BxC), 1)
+    loss = jnp.sum(jnp.where(pair_BxC, squared_BxC, 0.0)) / num_pairs
 
-    counted_B = jnp.any(pair_BxL, axis=-1)
-    best_negative_B = jnp.max(jnp.where(pair_BxL, scores_BxL, -jnp.inf), axis=-1)
+    counted_B = jnp.any(pair_BxC, axis=-1)
+    best_negative_B = jnp.max(jnp.where(pair_BxC, scores_BxC, -jnp.inf), axis=-1)
     metrics = {
         "loss": loss,
         # The positive outscores every valid negative of its row.
-        "accuracy": _row_mean(scores_BxL[:, 0] > best_negative_B, counted_B),
+        "accuracy": _row_mean(scores_BxC[:, 0] > best_negative_B, counted_B),
     }
     return loss, metrics
 
@@ -401,29 +401,29 @@ def multi_perspective_bce_loss(
     *,
     tau: float = 0.5,
 ) -> tuple[Array, dict[str, Array]]:
-    """MPTS bi-encoder: BCE of sigmoid(2 cos(a_n, b_n) / tau) against each perspective's label.
+    """MPTS bi-encoder: BCE of sigmoid(2 cos(a_p, b_p) / tau) against each perspective's label.
 
-    `outputs["query"]` and `outputs["positive"]` are [B, N, D] (passage a and
-    b, one vector per perspective); `batch["labels"]` [B, N] in [0, 1];
-    optional `batch["perspective_mask"]` [B, N]. Mean over valid (b, n).
+    `outputs["query"]` and `outputs["positive"]` are [B, P, D] (passage a and
+    b, one vector per perspective); `batch["labels"]` [B, P] in [0, 1];
+    optional `batch["perspective_mask"]` [B, P]. Mean over valid (b, p).
     """
     del loss_params
     if "query" not in outputs or "positive" not in outputs:
-        raise RankgenError("multi_perspective_bce needs outputs['query'] and outputs['positive'] of shape [B, N, D]")
-    a_BxNxD = jnp.asarray(outputs["query"], jnp.float32)
-    b_BxNxD = jnp.asarray(outputs["positive"], jnp.float32)
-    if a_BxNxD.ndim != 3 or a_BxNxD.shape != b_BxNxD.shape:
+        raise RankgenError("multi_perspective_bce needs outputs['query'] and outputs['positive'] of shape [B, P, D]")
+    a_BxPxD = jnp.asarray(outputs["query"], jnp.float32)
+    b_BxPxD = jnp.asarray(outputs["positive"], jnp.float32)
+    if a_BxPxD.ndim != 3 or a_BxPxD.shape != b_BxPxD.shape:
         raise RankgenError(
-            f"outputs['query'] and outputs['positive'] must both be [B, N, D], got {a_BxNxD.shape} and {b_BxNxD.shape}"
+            f"outputs['query'] and outputs['positive'] must both be [B, P, D], got {a_BxPxD.shape} and {b_BxPxD.shape}"
         )
-    shape = a_BxNxD.shape[:2]
-    mask_BxN = _mask(batch, "perspective_mask", shape)
-    labels_BxN = jnp.where(mask_BxN, _batch_array(batch, "labels", shape), 0.0)
-    cosine_BxN = exact_einsum(_l2_normalize(a_BxNxD), _l2_normalize(b_BxNxD), "bnd,bnd->bn")
+    shape = a_BxPxD.shape[:2]
+    mask_BxP = _mask(batch, "perspective_mask", shape)
+    labels_BxP = jnp.where(mask_BxP, _batch_array(batch, "labels", shape), 0.0)
+    cosine_BxP = exact_einsum(_l2_normalize(a_BxPxD), _l2_normalize(b_BxPxD), "bpd,bpd->bp")
     # s = cos / tau, p = sigmoid(2 s) (docs/design/losses.md, 'Multi-perspective (MPTS)').
-    logits_BxN = jnp.where(mask_BxN, 2.0 * cosine_BxN / tau, 0.0)
-    loss, metrics = _bce_loss_and_metrics(logits_BxN, labels_BxN, mask_BxN)
-    metrics["mean_cosine"] = jnp.sum(jnp.where(mask_BxN, cosine_BxN, 0.0)) / jnp.maximum(jnp.sum(mask_BxN), 1)
+    logits_BxP = jnp.where(mask_BxP, 2.0 * cosine_BxP / tau, 0.0)
+    loss, metrics = _bce_loss_and_metrics(logits_BxP, labels_BxP, mask_BxP)
+    metrics["mean_cosine"] = jnp.sum(jnp.where(mask_BxP, cosine_BxP, 0.0)) / jnp.maximum(jnp.sum(mask_BxP), 1)
     return loss, metrics
 
 

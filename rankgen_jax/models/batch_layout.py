@@ -145,5 +145,5 @@ class BatchLayout:
 
     def lengths(self, query_length: int, candidate_length: int, optional: bool = True) -> dict[str, int]:
         """{ids array: sequence length} in the table's order; optional=False leaves out the optional arrays."""
-        by_kind = {QUERY: query_length, CANDIDATE: candidate_length, PAIR: query_length + candidate_length}
-        return {a.key: by_kind[a.length] for a in self.arrays if optional or not a.optional}
+        length_of = {QUERY: query_length, CANDIDATE: candidate_length, PAIR: query_length + candidate_length}
+        return {a.key: length_of[a.length] for a in self.arrays if optional or not a.optional}

@@ -47,9 +47,9 @@ def l2_normalize(x_BxD: jax.Array, eps: float = 1e-12) -> jax.Array:
 class VectorHead(nn.Module):
     """Pooling -> optional bias-free projection (`projection_layer`) -> optional L2 norm.
 
-    num_perspectives > 1 (MPTS bi-encoder): N bias-free projections in one
-    kernel (`perspective_projections`, [d, N * P]) give [B, N, P] vectors, each
-    L2-normalised when the config says so.
+    num_perspectives > 1 (MPTS bi-encoder): P bias-free projections in one
+    kernel (`perspective_projections`, [d_model, P * D]) give [B, P, D] vectors,
+    each L2-normalised when the config says so.
     """
 
     config: HeadConfig
@@ -62,9 +62,9 @@ class VectorHead(nn.Module):
         vectors_BxD = pool(output, mask_BxL, self.config.pooling) if pooled_BxD is None else pooled_BxD
         out_dim = self.config.output_dim(self.d_model)
         if self.num_perspectives > 1:
-            flat_BxNP = DenseKernel(self.num_perspectives * out_dim, ("embed", "projection"), jnp.float32,
+            flat_BxPD = DenseKernel(self.num_perspectives * out_dim, ("embed", "projection"), jnp.float32,
                                     name="perspective_projections")(vectors_BxD)
-            vectors_BxD = flat_BxNP.reshape(-1, self.num_perspectives, out_dim)
+            vectors_BxD = flat_BxPD.reshape(-1, self.num_perspectives, out_dim)
         elif self.config.projection_dim != 0:
             vectors_BxD = DenseKernel(out_dim, ("embed", "projection"), jnp.float32, name="projection_layer")(vectors_BxD)
         if self.config.l2_normalize:
@@ -108,7 +108,7 @@ class VectorEncoder(nn.Module):
         nn.share_scope(self, self.head)
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None) -> jax.Array:
-        """Vectors [..., D] (or [..., N, D] with perspectives) of [..., L] ids."""
+        """Vectors [..., D] (or [..., P, D] with P perspectives) of [..., L] ids."""
         ids_NxL, mask_NxL, types_NxL, lead_shape = flatten_leading(input_ids, attention_mask, token_type_ids,
                                                                    _pad_id(self.config))
         output = self.backbone(ids_NxL, mask_NxL, token_type_ids=types_NxL,

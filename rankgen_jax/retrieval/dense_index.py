@@ -8,7 +8,7 @@ An index folder written by `index_corpus` holds:
 - vectors.npy        the passages' vectors, float32 [rows, D], in row order (a plain .npy file);
 - ids.json           passage ids, one per row, in row order (a JSON list of strings);
 - index.faiss        the FAISS index (faiss.write_index) of those vectors, row i having FAISS id i;
-- index_config.json  model path, kind (or index_factory), dim, count, encode_kind, max_length,
+- index_config.json  model path, index_type (or index_factory), dim, count, encode_side, max_length,
                      title_join, the input conventions the passages were read with, the IVF / HNSW
                      settings and training sample it was built with, and which shard of which corpus
                      it holds (shard_index, num_shards, shard_rule, corpus_count, corpus_digest).
@@ -51,23 +51,26 @@ import numpy as np
 from tqdm import tqdm
 
 from rankgen_jax.data import jsonl
+from rankgen_jax.data.conventions import check_encode_side
 from rankgen_jax.data.retrieval_files import (DEFAULT_RUN_TAG, DEFAULT_TITLE_JOIN, RUN_FORMATS, Passage, iter_texts,
                                               join_title, passages_file, read_queries, report_read, require_split,
                                               write_run)
 from rankgen_jax.errors import RankgenError
 
-INDEX_KINDS = ("flat", "ivf", "hnsw")
+INDEX_TYPES = ("flat", "ivf", "hnsw")
 INDEX_FILE = "index.faiss"
 IDS_FILE = "ids.json"
 VECTORS_FILE = "vectors.npy"
 CONFIG_FILE = "index_config.json"
 # 2: vectors.npy and the shard and training fields; folders of version 1 (no vectors.npy) still load.
-FORMAT_VERSION = 2
+# 3: the keys index_type and encode_side (earlier versions wrote them as kind and encode_kind; still read).
+FORMAT_VERSION = 3
+RENAMED_CONFIG_KEYS = {"kind": "index_type", "encode_kind": "encode_side"}
 # Passage at corpus position p (0-based, usable passages in file order) goes to shard p % num_shards.
 SHARD_RULE = "round_robin"
 # Index settings every shard of one corpus must share, for their scores to be comparable and their rows one corpus.
 SHARD_SHARED_KEYS = ("model", "corpus_count", "corpus_digest", "num_shards", "shard_rule", "metric", "dim",
-                     "encode_kind", "max_length", "title_join", "input_conventions")
+                     "encode_side", "max_length", "title_join", "input_conventions")
 # Training sample of an index that needs training (IVF, PQ), unless given: at most this many rows, or 256 per
 # IVF list when that is more (FAISS's k-means uses at most 256 points per centroid).
 DEFAULT_TRAIN_SAMPLE = 100_000
@@ -126,9 +129,9 @@ def _ivf_of(index):
 
 @dataclasses.dataclass(frozen=True)
 class IndexSpec:
-    """Which FAISS index to build: a kind and its settings, or a factory string (see new_faiss_index)."""
+    """Which FAISS index to build: an index type and its settings, or a factory string (see new_faiss_index)."""
 
-    kind: str | None = None
+    index_type: str | None = None
     nlist: int | None = None
     hnsw_m: int = DEFAULT_HNSW_M
     nprobe: int | None = None
@@ -139,27 +142,27 @@ class IndexSpec:
 def new_faiss_index(dim: int, num_vectors: int, spec: IndexSpec = IndexSpec(), train_rows: int | None = None):
     """An empty inner-product index for num_vectors dim-dimensional vectors, to be trained on train_rows of them.
 
-    kind "flat" (the default): exact search (IndexFlatIP). "ivf": IndexIVFFlat;
+    index_type "flat" (the default): exact search (IndexFlatIP). "ivf": IndexIVFFlat;
     nlist defaults to default_nlist(num_vectors) and is clipped to
     train_rows / 39 (at least 1) so small corpora train cleanly; nprobe (lists
     searched) defaults to min(nlist, 8), and nprobe = nlist makes the search
     exact. "hnsw": IndexHNSWFlat with hnsw_m links per node and efSearch =
-    ef_search. index_factory instead of a kind: faiss.index_factory's string
+    ef_search. index_factory instead of an index_type: faiss.index_factory's string
     ("IVF4096,PQ64", "HNSW32", "OPQ16,IVF1024,PQ16", ...) with the inner-product
     metric; nprobe and ef_search apply to its IVF or HNSW part.
     train_rows defaults to num_vectors.
     """
     import faiss  # optional (the retrieval extra); each function that needs it imports it
 
-    kind, nlist, hnsw_m, nprobe, ef_search, index_factory = dataclasses.astuple(spec)
+    index_type, nlist, hnsw_m, nprobe, ef_search, index_factory = dataclasses.astuple(spec)
     train_rows = num_vectors if train_rows is None else train_rows
     if nprobe is not None and (isinstance(nprobe, bool) or nprobe < 1):
         raise RankgenError(f"nprobe must be a positive integer, got {nprobe!r}")
     if isinstance(ef_search, bool) or ef_search < 1:
         raise RankgenError(f"ef_search must be a positive integer, got {ef_search!r}")
     if index_factory is not None:
-        if kind is not None:
-            raise RankgenError(f"give an index kind ({kind!r}) or an index factory string ({index_factory!r}), "
+        if index_type is not None:
+            raise RankgenError(f"give an index type ({index_type!r}) or an index factory string ({index_factory!r}), "
                                "not both")
         if nlist is not None:
             raise RankgenError(f"nlist comes from the index factory string ({index_factory!r}); drop it")
@@ -179,12 +182,12 @@ def new_faiss_index(dim: int, num_vectors: int, spec: IndexSpec = IndexSpec(), t
         if isinstance(index, faiss.IndexHNSW):
             index.hnsw.efSearch = int(ef_search)
         return index
-    kind = "flat" if kind is None else kind
-    if kind not in INDEX_KINDS:
-        raise RankgenError(f"unknown index kind {kind!r}: expected one of {INDEX_KINDS}")
-    if kind == "flat":
+    index_type = "flat" if index_type is None else index_type
+    if index_type not in INDEX_TYPES:
+        raise RankgenError(f"unknown index type {index_type!r}: expected one of {INDEX_TYPES}")
+    if index_type == "flat":
         return faiss.IndexFlatIP(int(dim))
-    if kind == "ivf":
+    if index_type == "ivf":
         if nlist is not None and (isinstance(nlist, bool) or nlist < 1):
             raise RankgenError(f"nlist must be a positive integer, got {nlist!r}")
         cap = max(1, train_rows // POINTS_PER_LIST)
@@ -219,7 +222,7 @@ def train_faiss_index(index, sample_NxD: Any) -> None:
 
 def build_faiss_index(
     vectors_NxD: Any,
-    kind: str | None = None,
+    index_type: str | None = None,
     nlist: int | None = None,
     hnsw_m: int = DEFAULT_HNSW_M,
     nprobe: int | None = None,
@@ -228,24 +231,24 @@ def build_faiss_index(
 ):
     """An inner-product FAISS index holding the rows of vectors_NxD (row i gets id i), trained on all of them.
 
-    kind, index_factory and the settings: see new_faiss_index.
+    index_type, index_factory and the settings: see new_faiss_index.
     """
     vectors_NxD = _as_matrix(vectors_NxD, "vectors")
     num, dim = vectors_NxD.shape
     if num == 0:
         raise RankgenError("no vectors to index")
-    index = new_faiss_index(dim, num, IndexSpec(kind, nlist, hnsw_m, nprobe, ef_search, index_factory))
+    index = new_faiss_index(dim, num, IndexSpec(index_type, nlist, hnsw_m, nprobe, ef_search, index_factory))
     train_faiss_index(index, vectors_NxD)
     index.add(vectors_NxD)
     return index
 
 
 def index_settings(index, index_factory: str | None = None) -> dict[str, Any]:
-    """The kind and search settings of an index built by new_faiss_index (for index_config.json)."""
+    """The index type and search settings of an index built by new_faiss_index (for index_config.json)."""
     import faiss
 
     if index_factory is not None:
-        settings: dict[str, Any] = {"kind": "factory", "index_factory": index_factory}
+        settings: dict[str, Any] = {"index_type": "factory", "index_factory": index_factory}
         ivf = _ivf_of(index)
         if ivf is not None:
             settings.update(nlist=int(ivf.nlist), nprobe=int(ivf.nprobe))
@@ -253,10 +256,10 @@ def index_settings(index, index_factory: str | None = None) -> dict[str, Any]:
             settings["ef_search"] = int(index.hnsw.efSearch)
         return settings
     if isinstance(index, faiss.IndexIVF):
-        return {"kind": "ivf", "nlist": int(index.nlist), "nprobe": int(index.nprobe)}
+        return {"index_type": "ivf", "nlist": int(index.nlist), "nprobe": int(index.nprobe)}
     if isinstance(index, faiss.IndexHNSW):
-        return {"kind": "hnsw", "hnsw_m": int(index.hnsw.nb_neighbors(1)), "ef_search": int(index.hnsw.efSearch)}
-    return {"kind": "flat"}
+        return {"index_type": "hnsw", "hnsw_m": int(index.hnsw.nb_neighbors(1)), "ef_search": int(index.hnsw.efSearch)}
+    return {"index_type": "flat"}
 
 
 def vector_rows(vectors_path: str | Path, rows: slice | np.ndarray) -> np.ndarray:
@@ -300,7 +303,7 @@ def build_faiss_index_from_file(vectors_path: str | Path, spec: IndexSpec = Inde
         needs_training, ivf = not probe.is_trained, _ivf_of(probe)
         lists = 0 if ivf is None else int(ivf.nlist)
     else:
-        needs_training = spec.kind == "ivf"
+        needs_training = spec.index_type == "ivf"
         lists = default_nlist(num) if spec.nlist is None else spec.nlist
     trained_on = None
     if needs_training:
@@ -358,7 +361,7 @@ class LoadedIndex:
         return search_index(self.index, queries_QxD, k)
 
 
-def encode_all(model, texts: list[str], kind: str, max_length: int | None, batch_size: int, progress: bool,
+def encode_all(model, texts: list[str], side: str, max_length: int | None, batch_size: int, progress: bool,
                 desc: str) -> np.ndarray:
     """Vectors [N, D] of texts, encoded a chunk at a time under a progress bar (rate and ETA) on stderr."""
     vectors_NxD = np.zeros((len(texts), model.dim), np.float32)
@@ -368,7 +371,7 @@ def encode_all(model, texts: list[str], kind: str, max_length: int | None, batch
         for start in range(0, len(texts), chunk):
             part = texts[start : start + chunk]
             vectors_NxD[start : start + len(part)] = model.encode(
-                part, kind=kind, max_length=max_length, batch_size=batch_size, bucket_step=ENCODE_BUCKET_STEP)
+                part, side=side, max_length=max_length, batch_size=batch_size, bucket_step=ENCODE_BUCKET_STEP)
             bar.update(len(part))
     return vectors_NxD
 
@@ -380,11 +383,8 @@ def _require_one_vector(model, model_dir: str) -> None:
                            f"{model.vector_shape[0]} vectors per text; a FAISS index holds one per passage")
 
 
-def _check_encode_args(encode_kind: str, batch_size: int) -> None:
-    from rankgen_jax.inference.encoder import ENCODE_KINDS  # starts jax, see load_model's import below
-
-    if encode_kind not in ENCODE_KINDS:
-        raise RankgenError(f"unknown encode kind {encode_kind!r}: expected one of {sorted(ENCODE_KINDS)}")
+def _check_encode_args(encode_side: str, batch_size: int) -> None:
+    check_encode_side(encode_side)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise RankgenError(f"batch_size must be a positive integer, got {batch_size!r}")
 
@@ -469,7 +469,7 @@ def _npy_header(file, rows: int, dim: int) -> None:
                "shape": (rows, dim)})
 
 
-def encode_shard(model, scan: CorpusScan, out: Path, shard_index: int, num_shards: int, encode_kind: str,
+def encode_shard(model, scan: CorpusScan, out: Path, shard_index: int, num_shards: int, encode_side: str,
                  max_length: int | None, batch_size: int, title_join: str | None, progress: bool) -> int:
     """Encode a shard's passages into out/vectors.npy and out/ids.json, a chunk at a time; returns its row count.
 
@@ -490,7 +490,7 @@ def encode_shard(model, scan: CorpusScan, out: Path, shard_index: int, num_shard
 
         def flush() -> None:
             nonlocal written
-            vectors_NxD = model.encode(texts, kind=encode_kind, max_length=max_length, batch_size=batch_size,
+            vectors_NxD = model.encode(texts, side=encode_side, max_length=max_length, batch_size=batch_size,
                                        bucket_step=ENCODE_BUCKET_STEP)
             vectors_file.write(np.ascontiguousarray(vectors_NxD, dtype="<f4").tobytes())
             ids_file.write(("," if written else "") + ",".join(json.dumps(i, ensure_ascii=False) for i in ids))
@@ -514,9 +514,9 @@ def index_corpus(
     model_dir: str,
     corpus_path: str,
     out_dir: str,
-    kind: str | None = None,
+    index_type: str | None = None,
     batch_size: int = 64,
-    encode_kind: str = "suffix",
+    encode_side: str = "suffix",
     max_length: int | None = None,
     overwrite: bool = False,
     nlist: int | None = None,
@@ -541,7 +541,7 @@ def index_corpus(
     text as retrieval_files.join_title does with title_join (None: titles
     dropped). The corpus is streamed (see the module docstring): shard
     shard_index of num_shards takes the passages at positions p % num_shards
-    == shard_index. kind ("flat" by default, "ivf", "hnsw") or index_factory (a
+    == shard_index. index_type ("flat" by default, "ivf", "hnsw") or index_factory (a
     FAISS factory string) picks the index; one that needs training trains on
     train_sample rows drawn with train_seed (build_faiss_index_from_file). A
     non-empty out_dir is refused unless overwrite.
@@ -553,10 +553,10 @@ def index_corpus(
     import faiss
 
     _check_shard(num_shards, shard_index)
-    spec = IndexSpec(kind, nlist, hnsw_m, nprobe, ef_search, index_factory)
-    if index_factory is None and kind is not None and kind not in INDEX_KINDS:
-        raise RankgenError(f"unknown index kind {kind!r}: expected one of {INDEX_KINDS}")
-    _check_encode_args(encode_kind, batch_size)
+    spec = IndexSpec(index_type, nlist, hnsw_m, nprobe, ef_search, index_factory)
+    if index_factory is None and index_type is not None and index_type not in INDEX_TYPES:
+        raise RankgenError(f"unknown index type {index_type!r}: expected one of {INDEX_TYPES}")
+    _check_encode_args(encode_side, batch_size)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise RankgenError(f"{out_dir}: exists and is not a folder")
@@ -579,7 +579,7 @@ def index_corpus(
     # The config goes first and comes back last: a run that dies mid-write
     # leaves a folder load_index refuses, never an old config over new files.
     (out / CONFIG_FILE).unlink(missing_ok=True)
-    count = encode_shard(model, scan, out, shard_index, num_shards, encode_kind, max_length, batch_size, title_join,
+    count = encode_shard(model, scan, out, shard_index, num_shards, encode_side, max_length, batch_size, title_join,
                          progress)
     index, settings = build_faiss_index_from_file(out / VECTORS_FILE, spec, train_sample, train_seed)
     faiss.write_index(index, str(out / INDEX_FILE))
@@ -590,7 +590,7 @@ def index_corpus(
         "metric": "inner_product",
         "dim": int(model.dim),
         "count": count,
-        "encode_kind": encode_kind,
+        "encode_side": encode_side,
         "max_length": max_length,
         "title_join": title_join,
         "input_conventions": model.conventions.to_dict(),
@@ -623,9 +623,7 @@ def load_index(index_dir: str) -> LoadedIndex:
     for name in (CONFIG_FILE, INDEX_FILE, IDS_FILE):
         if not (folder / name).is_file():
             raise RankgenError(f"{folder / name}: missing (is {index_dir} a folder written by index_corpus?)")
-    config = _read_json(folder / CONFIG_FILE)
-    if not isinstance(config, dict) or not all(key in config for key in ("kind", "dim", "count")):
-        raise RankgenError(f"{folder / CONFIG_FILE}: expected an object with kind, dim and count")
+    config = read_index_config(folder / CONFIG_FILE)
     ids = _read_json(folder / IDS_FILE)
     if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
         raise RankgenError(f"{folder / IDS_FILE}: expected a JSON list of passage id strings")
@@ -641,6 +639,16 @@ def load_index(index_dir: str) -> LoadedIndex:
         raise RankgenError(f"{index_dir}: {INDEX_FILE} holds {index.d}-dimensional vectors "
                            f"but {CONFIG_FILE} says dim {config['dim']}")
     return LoadedIndex(index=index, ids=ids, config=config, path=str(index_dir))
+
+
+def read_index_config(path: Path) -> dict[str, Any]:
+    """An index_config.json, with the keys of earlier versions under their current names."""
+    config = _read_json(path)
+    if isinstance(config, dict):
+        config = {RENAMED_CONFIG_KEYS.get(key, key): value for key, value in config.items()}
+    if not isinstance(config, dict) or not all(key in config for key in ("index_type", "dim", "count")):
+        raise RankgenError(f"{path}: expected an object with index_type (or kind), dim and count")
+    return config
 
 
 def index_folders(index_dirs: str | Sequence[str]) -> list[str]:
@@ -684,9 +692,7 @@ def check_shards(folders: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
             if not (Path(folder) / name).is_file():
                 raise RankgenError(f"{Path(folder) / name}: missing (is {folder} a folder written by index_corpus?)")
         path = Path(folder) / CONFIG_FILE
-        config = _read_json(path)
-        if not isinstance(config, dict) or not all(key in config for key in ("kind", "dim", "count")):
-            raise RankgenError(f"{path}: expected an object with kind, dim and count")
+        config = read_index_config(path)
         try:
             index, num = _shard_of(config)
         except (TypeError, ValueError):
@@ -784,7 +790,7 @@ def search_queries(
     queries_path: str,
     k: int,
     out_path: str | None = None,
-    encode_kind: str = "prefix",
+    encode_side: str = "prefix",
     batch_size: int = 64,
     max_length: int | None = None,
     progress: bool = True,
@@ -807,7 +813,7 @@ def search_queries(
     # Imports jax: not at the top, so that the CLI imports this module before it sets XLA's flags.
     from rankgen_jax.inference.encoder import load_model
 
-    _check_encode_args(encode_kind, batch_size)
+    _check_encode_args(encode_side, batch_size)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise RankgenError(f"k must be a positive integer, got {k!r}")
     if out_path is not None and Path(out_path).resolve() == Path(queries_path).resolve():
@@ -834,7 +840,7 @@ def search_queries(
     if built_with and Path(built_with) != Path(model_dir).resolve():
         # Same size vectors from another model are silently meaningless; say so, but allow moved folders.
         print(f"note: {where} was built with {built_with}, searching with {model_dir}", file=sys.stderr)
-    vectors_QxD = encode_all(model, queries, encode_kind, max_length, batch_size, progress, "queries")
+    vectors_QxD = encode_all(model, queries, encode_side, max_length, batch_size, progress, "queries")
     results = [{"query_id": query_id, "query": query, "ids": ids, "scores": scores}
                for query_id, query, (ids, scores) in zip(query_ids, queries, search_shards(shards, vectors_QxD, k))]
     if out_path is not None:

@@ -250,9 +250,9 @@ def topology_devices(topology: Topology) -> list:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise RankgenError(f"libtpu rejected topology {topology.libtpu_name!r} ({topology.requested}): "
                            f"{first}") from None
-    kind = devices[0].device_kind
-    if kind != topology.generation.device_kind:
-        raise RankgenError(f"topology {topology.libtpu_name!r} gave {kind!r} devices, expected "
+    device_kind = devices[0].device_kind
+    if device_kind != topology.generation.device_kind:
+        raise RankgenError(f"topology {topology.libtpu_name!r} gave {device_kind!r} devices, expected "
                            f"{topology.generation.device_kind!r}")
     return list(devices)
 
@@ -262,7 +262,7 @@ def batch_shapes(data, layout: BatchLayout) -> dict[str, tuple[int, ...]]:
     # A candidate list's length is known only once its file is read, so lists and pairs are not compiled.
     if layout.form != TRIPLES or data.source in ("lists", "pairs"):
         raise RankgenError(f"compile supports dual encoders trained on triples (DataConfig.source 'books', "
-                           f"'examples', 'seqio', 'random' or 'retrieval'), not kind {layout.model_kind!r} with source "
+                           f"'examples', 'seqio', 'random' or 'retrieval'), not model kind {layout.model_kind!r} with source "
                            f"{data.source!r} and a loss of {layout.form}")
     if data.source == "retrieval":  # K hard negatives per query (data.retrieval_source)
         lengths = layout.lengths(data.prefix_length, data.continuation_length, optional=data.hard_negatives > 0)

@@ -98,13 +98,13 @@ def is_bert_folder(path: str) -> bool:
         return False
 
 
-def _field(hf: Mapping[str, Any], model_type: str, key: str, kind: type, where: str):
+def _field(hf: Mapping[str, Any], model_type: str, key: str, expected: type, where: str):
     """One config.json field, defaulted like HF, with a clear error when it has the wrong type."""
     value = hf.get(key, _HF_DEFAULTS[model_type][key])
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
-    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise RankgenError(f"{where}: {key}={value!r} should be of type {kind.__name__}")
+    if not isinstance(value, expected) or (expected is not bool and isinstance(value, bool)):
+        raise RankgenError(f"{where}: {key}={value!r} should be of type {expected.__name__}")
     return value
 
 
@@ -337,7 +337,7 @@ def load_bert_folder(path: str) -> tuple[ModelConfig, dict, list[str]]:
     head, modules, model_dir = None, None, path
     if os.path.isfile(os.path.join(path, "modules.json")):
         modules = st_layout.st_modules(path)
-        if st_layout.module_kind(modules[0]["type"]) == "Router":
+        if st_layout.module_class(modules[0]["type"]) == "Router":
             raise RankgenError(f"{path}: a sentence-transformers Router (two towers); read it with "
                                "checkpoints.convert.read_hf_folder (or `rankgen-jax import --from hf`)")
         # Current sentence-transformers keeps the HF model in the root (path ""); older ones in a subfolder.

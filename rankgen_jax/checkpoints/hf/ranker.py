@@ -95,11 +95,11 @@ def ranker_config_to_hf(model_config: ModelConfig) -> dict[str, Any]:
     }
 
 
-def _ranker_field(hf: Mapping[str, Any], key: str, kind: type, where: str):
+def _ranker_field(hf: Mapping[str, Any], key: str, expected: type, where: str):
     """One ranker setting of config.json, defaulted like modeling_ranker.py, type-checked."""
     value = hf.get(key, _RANKER_DEFAULTS[key])
-    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise RankgenError(f"{where}: {key}={value!r} should be of type {kind.__name__}")
+    if not isinstance(value, expected) or (expected is not bool and isinstance(value, bool)):
+        raise RankgenError(f"{where}: {key}={value!r} should be of type {expected.__name__}")
     return value
 
 

@@ -56,7 +56,7 @@ PROMPT_NAMES = {"prefix": ("query",), "suffix": ("document", "passage", "corpus"
 NO_LIMIT = 10**6
 
 
-def module_kind(module_type: str) -> str:
+def module_class(module_type: str) -> str:
     """"Transformer", "Pooling", ... of a modules.json type, whichever path sentence-transformers wrote."""
     return module_type.rsplit(".", 1)[-1] if module_type.startswith("sentence_transformers.") else module_type
 
@@ -99,7 +99,7 @@ def st_modules(path: str) -> list[dict]:
         raise RankgenError(f"{modules_path}: expected a list of modules, each with a 'type' and an integer 'idx'")
     modules = [{**m, "path": os.path.join(path, m.get("path") or "")}
                for m in sorted(modules, key=lambda m: m.get("idx", 0))]
-    kinds = [module_kind(m["type"]) for m in modules]
+    kinds = [module_class(m["type"]) for m in modules]
     chains = ([["Transformer", "Pooling", *tail] for tail in ([], ["Dense"], ["Normalize"], ["Dense", "Normalize"])]
               + [["Router"], ["Router", "Normalize"]])
     if kinds not in chains:
@@ -112,7 +112,7 @@ def st_modules(path: str) -> list[dict]:
 def is_router_folder(path: str) -> bool:
     """Whether a folder is a sentence-transformers model with a Router (never raises)."""
     try:
-        return os.path.isfile(os.path.join(path, "modules.json")) and module_kind(st_modules(path)[0]["type"]) == "Router"
+        return os.path.isfile(os.path.join(path, "modules.json")) and module_class(st_modules(path)[0]["type"]) == "Router"
     except RankgenError:
         return False
 
@@ -139,7 +139,7 @@ def router_routes(path: str) -> dict[str, list[dict]]:
         if not isinstance(names, list) or not all(isinstance(n, str) and n in types for n in names):
             raise RankgenError(f"{config_path}: route {route!r} should list module folders named in `types`")
         chain = [{"type": types[n], "path": os.path.join(router_dir, n)} for n in names]
-        kinds = [module_kind(m["type"]) for m in chain]
+        kinds = [module_class(m["type"]) for m in chain]
         if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Dense"]):
             raise RankgenError(f"{config_path}: route {route!r} is {' -> '.join(kinds) or 'empty'} "
                                "(expected Transformer -> Pooling [-> Dense])")
@@ -169,7 +169,7 @@ def _pooling(pooling_path: str, pooling_cfg: dict) -> str:
 def read_st_head(modules: list[dict], d_model: int) -> tuple[HeadConfig, np.ndarray | None]:
     """The head a checked chain describes (Pooling [-> Dense] [-> Normalize] after the Transformer)
     -> (head config, projection kernel [d, P] or None)."""
-    kinds = [module_kind(m["type"]) for m in modules]
+    kinds = [module_class(m["type"]) for m in modules]
     pooling_path = os.path.join(modules[kinds.index("Pooling")]["path"], "config.json")
     if not os.path.isfile(pooling_path):
         raise RankgenError(f"{pooling_path}: missing (the Pooling module's config)")
@@ -217,7 +217,7 @@ def read_st_dense(dense_dir: str, d_model: int) -> np.ndarray:
 def _side_dirs(path: str) -> dict[str, str]:
     """{"prefix": folder, "suffix": folder} of the Transformer module(s) each side is read with."""
     modules = st_modules(path)
-    if module_kind(modules[0]["type"]) != "Router":
+    if module_class(modules[0]["type"]) != "Router":
         return {"prefix": modules[0]["path"], "suffix": modules[0]["path"]}
     routes = router_routes(path)
     return {"prefix": transformer_dir(routes["query"]), "suffix": transformer_dir(routes["document"])}
@@ -350,7 +350,7 @@ def _pooling_config(route: Route) -> dict:
 
 
 def _write_route_modules(out_dir: str, route: Route, prefix: str, first_idx: int) -> list[tuple[str, str]]:
-    """Pooling [and Dense] folders of a route, named `{prefix}{idx}_{Kind}`; returns [(folder, type)]."""
+    """Pooling [and Dense] folders of a route, named `{prefix}{idx}_{Class}`; returns [(folder, type)]."""
     written = []
     pooling_dir = f"{prefix}{first_idx}_Pooling"
     os.makedirs(os.path.join(out_dir, pooling_dir), exist_ok=True)
@@ -393,8 +393,8 @@ def _write_model_config(out_dir: str, conventions: InputConventions, version: st
 def write_st_modules(out_dir: str, route: Route, conventions: InputConventions, cap: int | None) -> None:
     """The files of Transformer (the HF model in the root) -> Pooling [-> Dense] [-> Normalize]."""
     modules = [{"idx": 0, "name": "0", "path": "", "type": ST_TRANSFORMER}]
-    for folder, kind in _write_route_modules(out_dir, route, "", 1):
-        modules.append({"idx": len(modules), "name": str(len(modules)), "path": folder, "type": kind})
+    for folder, module_type in _write_route_modules(out_dir, route, "", 1):
+        modules.append({"idx": len(modules), "name": str(len(modules)), "path": folder, "type": module_type})
     if route.head.l2_normalize:
         modules.append(_normalize_module(out_dir, len(modules)))
     _write_list(os.path.join(out_dir, "modules.json"), modules)
@@ -430,8 +430,8 @@ def write_router(out_dir: str, routes: dict[str, Route], conventions: InputConve
         _write_transformer_config(os.path.join(out_dir, model_dir), conventions, route, cap)
         types[model_dir] = ST_TRANSFORMER
         structure[name] = [model_dir]
-        for folder, kind in _write_route_modules(out_dir, route, f"{name}_", 1):
-            types[folder] = kind
+        for folder, module_type in _write_route_modules(out_dir, route, f"{name}_", 1):
+            types[folder] = module_type
             structure[name].append(folder)
     common.write_json(os.path.join(out_dir, ROUTER_CONFIG), {
         "types": types, "structure": structure,

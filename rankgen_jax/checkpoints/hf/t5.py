@@ -118,13 +118,13 @@ def t5_config_to_hf(cfg: T5Config) -> dict[str, Any]:
     return hf
 
 
-def _hf_field(hf: Mapping[str, Any], key: str, kind: type, where: str):
+def _hf_field(hf: Mapping[str, Any], key: str, expected: type, where: str):
     """One config.json field, defaulted like HF, with a clear error when it has the wrong type."""
     value = hf.get(key, _HF_DEFAULTS[key])
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise RankgenError(f"{where}: {key}={value!r} should be of type {kind.__name__}")
+    if not isinstance(value, expected) or isinstance(value, bool):
+        raise RankgenError(f"{where}: {key}={value!r} should be of type {expected.__name__}")
     return value
 
 

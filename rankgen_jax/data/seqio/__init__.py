@@ -9,9 +9,9 @@ import tensorflow as tf
 
 def _hide_accelerators_from_tf() -> None:
     """TF only feeds data here; keep it off the GPUs/TPUs so JAX owns all their memory."""
-    for kind in ("GPU", "TPU"):
+    for device_type in ("GPU", "TPU"):
         try:
-            tf.config.set_visible_devices([], kind)
+            tf.config.set_visible_devices([], device_type)
         except (RuntimeError, ValueError):  # devices already initialised, or no such device type
             pass
 

@@ -44,7 +44,7 @@ QUERY, POSITIVE, NEGATIVE, DOC_ID = "query_ids", "positive_ids", "negative_ids",
 ID_FEATURES = (QUERY, POSITIVE, NEGATIVE)
 TRAIN, VALIDATION = "train", "validation"
 SPLITS = (TRAIN, VALIDATION)
-NEGATIVE_KINDS = ("inbook", "generative", "both")
+NEGATIVE_CHOICES = ("inbook", "generative", "both")
 # Skip reasons added to documents.py's (nouns whose plural is a plain "s").
 SHORT_DOCUMENT = "short document"  # passes the word minimum, but no example fits
 INCOMPLETE_RECORD = "incomplete generative record"  # no prefix/continuation/generative_negative/doc_id
@@ -697,8 +697,8 @@ def register_rankgen_task(
     group_size: consecutive examples from one document; make the trainer's batch a multiple of it.
     Deferred arguments (zero-argument callables) are resolved whenever the task is read.
     """
-    if negatives not in NEGATIVE_KINDS:
-        raise RankgenError(f"negatives must be one of {NEGATIVE_KINDS}, got {negatives!r}")
+    if negatives not in NEGATIVE_CHOICES:
+        raise RankgenError(f"negatives must be one of {NEGATIVE_CHOICES}, got {negatives!r}")
     _TASK_ARGS[name] = dict(
         negatives=negatives, documents=documents, vocab_path=vocab_path, example_config=example_config,
         generative_negatives_jsonl=generative_negatives_jsonl, holdout_documents=holdout_documents,
