@@ -25,6 +25,7 @@ from etils import epath
 from rankgen_jax.checkpoints import native
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.configs import ModelConfig
+from rankgen_jax.train.optimizers import DECAYING_SCHEDULES
 
 RUN_CONFIG_FILE = "run_config.json"
 
@@ -126,6 +127,24 @@ def check_resume(workdir: str, recorded_model: ModelConfig, intended_model: Mode
             f"and a new --workdir (settings a resume may change: {', '.join(sorted(RESUMABLE))})")
     if found:
         print(f"note: resuming {workdir} with changed settings: {'; '.join(found)} (recorded -> now)", file=sys.stderr)
+    moved = schedule_end_moved(recorded_run, current_run)
+    if moved:
+        print(f"note: {moved}", file=sys.stderr)
+
+
+def schedule_end_moved(recorded_run: dict | None, current_run: dict) -> str:
+    """What a resume with another num_steps does to a decaying schedule that ends at the run's last step ('' when
+    nothing): the schedule is stretched, so the learning rate from the resumed step on is not the recorded run's."""
+    if not recorded_run:
+        return ""
+    before, now = recorded_run.get("trainer", {}), current_run.get("trainer", {})
+    optimizer = current_run.get("optimizer", {})
+    if (optimizer.get("schedule") not in DECAYING_SCHEDULES or optimizer.get("total_steps")
+            or before.get("num_steps") in (None, now.get("num_steps"))):
+        return ""
+    return (f"the {optimizer['schedule']} learning-rate schedule ends at the run's last step, which moves from "
+            f"{before['num_steps']} to {now['num_steps']}: from the resumed step on, the learning rate follows the "
+            "new schedule (set OptimizerConfig.total_steps to keep one end)")
 
 
 def save_operative_config(workdir: epath.Path, start_step: int, text: str) -> None:
