@@ -138,16 +138,6 @@ def test_the_library_never_imports_entry_points():
     assert offending == []
 
 
-def test_only_the_cli_parses_arguments():
-    offending = []
-    for name, path in MODULES.items():
-        if not _is_library(name) or name.startswith("rankgen_jax.testing"):
-            continue
-        if re.search(r"^\s*(import argparse|from argparse import)", path.read_text(encoding="utf-8"), re.M):
-            offending.append(str(path.relative_to(REPO)))
-    assert offending == []
-
-
 def test_the_train_step_does_not_know_model_kinds():
     source = (REPO / "rankgen_jax" / "train" / "step.py").read_text(encoding="utf-8")
     assert not re.search(r"dual_encoder|cross_encoder|model_kind", source)

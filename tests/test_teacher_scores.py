@@ -154,7 +154,7 @@ def collection(tmp_path_factory):
     write_jsonl(root / "corpus.jsonl", corpus)
     write_jsonl(root / "queries.jsonl", queries)
     (root / "qrels").mkdir()
-    (root / "qrels" / "test.tsv").write_text(
+    (root / "qrels" / "train.tsv").write_text(
         "query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\tp{i}\t1\n" for i in range(4)) + "q1\tp9\t1\n")
     rng = np.random.default_rng(5)
     run = []
@@ -278,3 +278,12 @@ def test_file_scores_are_sentence_transformers_labels(tmp_path, one_torch_thread
     st_kl = DistillKLDivLoss(None).compute_loss_from_embeddings(embeddings, torch.from_numpy(labels))
     assert float(margin_mse_loss(ours, batch, {})[0]) == pytest.approx(float(st_margin), rel=1e-5)
     assert float(kl_distillation_loss(ours, batch, {})[0]) == pytest.approx(float(st_kl), rel=1e-5)
+
+
+def test_score_pairs_refuses_plain_strings(cross_encoder):
+    """A string is a sequence: without the check, score_pairs("q", ["a", "b"]) would score single characters."""
+    ranker = load_model(cross_encoder, kind="cross_encoder")
+    for queries, candidates in (("rain moor", [["house"]]), (["rain moor"], ["house", "letter"]),
+                                (["rain moor"], "house")):
+        with pytest.raises(RankgenError, match="list"):
+            ranker.score_pairs(queries, candidates, 16, 24)

@@ -7,7 +7,7 @@ import json
 
 from rankgen_jax.cli.renamed import add_renamed_flag
 from rankgen_jax.data.conventions import ENCODE_SIDES
-from rankgen_jax.data.retrieval_files import DEFAULT_RUN_TAG, DEFAULT_TITLE_JOIN, RUN_FORMATS, run_lines
+from rankgen_jax.data.retrieval_files import DEFAULT_RUN_TAG, DEFAULT_TITLE_JOIN, RUN_FORMATS, TRAINING_SPLIT, run_lines
 from rankgen_jax.eval.ranking import METHODS, run_score
 from rankgen_jax.eval.retrieval_metrics import DEFAULT_MEASURES, MISSING_QUERIES, evaluate_files
 from rankgen_jax.inference.api import TRUNCATION_MODES, run_encode
@@ -322,7 +322,7 @@ def add_mine_negatives(subparsers) -> None:
                    "give the positives unless --qrels is given)")
     q.add_argument("--qrels", help="qrels (TREC, MS MARCO, BEIR file or folder): the positives of --queries; with "
                    "--train_file, what --drop_judged drops")
-    q.add_argument("--split", help=f"a BEIR folder's qrels split (default: {mining.MINING_SPLIT})")
+    q.add_argument("--split", help=f"a BEIR folder's qrels split (default: {TRAINING_SPLIT})")
     q.add_argument("--positive_level", type=int, default=1, help="qrels label of a positive (default: >= 1)")
     p.add_argument("--corpus", required=True, help=CORPUS_HELP)
     p.add_argument("--output", required=True, help="Tevatron JSON-lines file to write (or to resume)")
@@ -411,7 +411,8 @@ def add_score_candidates(subparsers) -> None:
     p.add_argument("--queries", help="queries: TSV, JSON lines or a BEIR folder")
     p.add_argument("--corpus", help=CORPUS_HELP)
     p.add_argument("--qrels", help="qrels (default: the BEIR folder of --queries)")
-    p.add_argument("--split", help="a BEIR folder's qrels split (default: test)")
+    p.add_argument("--split", help=f"a BEIR folder's qrels split (default: {TRAINING_SPLIT}: the output is "
+                   "training data)")
     p.add_argument("--depth", type=int, default=200, help="candidates per query from the run (default 200)")
     p.add_argument("--positive_level", type=int, default=1, help="qrels label of a positive (default: >= 1)")
     p.add_argument("--query_length", type=int, help="a cross encoder's query tokens (default: its conventions')")

@@ -73,6 +73,8 @@ from rankgen_jax.data import jsonl
 from rankgen_jax.errors import RankgenError
 
 DEFAULT_TITLE_JOIN = " "
+# The split a BEIR folder is read at by the commands that write training data (mining, teacher scores).
+TRAINING_SPLIT = "train"
 DEFAULT_SPLIT = "test"
 BEIR_CORPUS = "corpus.jsonl"
 BEIR_QUERIES = "queries.jsonl"

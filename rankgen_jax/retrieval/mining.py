@@ -67,9 +67,9 @@ import numpy as np
 from tqdm import tqdm
 
 from rankgen_jax.data import jsonl
-from rankgen_jax.data.retrieval_files import (DEFAULT_TITLE_JOIN, Passage, Qrels, TextFile, TrainingQuery,
-                                              check_qrels, is_beir_folder, iter_training_queries, read_passages,
-                                              read_qrels, read_queries, training_query_record)
+from rankgen_jax.data.retrieval_files import (DEFAULT_TITLE_JOIN, TRAINING_SPLIT, Passage, Qrels, TextFile,
+                                              TrainingQuery, check_qrels, is_beir_folder, iter_training_queries,
+                                              read_passages, read_qrels, read_queries, training_query_record)
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.retrieval import resumable
 from rankgen_jax.retrieval.bm25 import (DEFAULT_BM25_B, DEFAULT_BM25_K1, DEFAULT_STOPWORDS, Bm25Retriever,
@@ -83,7 +83,6 @@ ON_MISSING = ("error", "skip")
 DEFAULT_DEPTH = "30-200"
 DEFAULT_NEGATIVES = 30
 DEFAULT_QUERY_BATCH = 256
-MINING_SPLIT = "train"
 JUDGES = ("retriever", "teacher")
 # Why a query is skipped. Qrels judge it, but none at positive_level:
 NO_POSITIVE = "no positive passage in the qrels"
@@ -208,7 +207,7 @@ def load_training_queries(corpus: TextFile, train_file: str | None = None, queri
         raise RankgenError(f"positive_level must be an integer >= 1, got {positive_level!r}")
     skipped: dict[str, int] = {}
     # Mining is for training queries: a BEIR folder is read at its train split unless another is named.
-    split = MINING_SPLIT if split is None else split
+    split = TRAINING_SPLIT if split is None else split
     if qrels_path is None and queries_path is not None and is_beir_folder(queries_path):
         qrels_path = queries_path
     qrels = None

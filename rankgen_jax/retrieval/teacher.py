@@ -42,8 +42,8 @@ import numpy as np
 from tqdm import tqdm
 
 from rankgen_jax.data import jsonl
-from rankgen_jax.data.retrieval_files import (DEFAULT_TITLE_JOIN, Passage, TrainingQuery, is_beir_folder,
-                                              read_numbered_training_queries, read_passages, read_qrels,
+from rankgen_jax.data.retrieval_files import (DEFAULT_TITLE_JOIN, TRAINING_SPLIT, Passage, TrainingQuery,
+                                              is_beir_folder, read_numbered_training_queries, read_passages, read_qrels,
                                               read_queries, read_run, trec_eval_order, training_query_record)
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.retrieval import resumable
@@ -129,6 +129,8 @@ def candidates_from_run(run_path: str, queries_path: str, corpus_path: str, qrel
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise RankgenError(f"depth must be a positive integer, got {depth!r}")
     corpus = read_passages(corpus_path)
+    # The output is training data: a BEIR folder is read at its train split unless another is named.
+    split = TRAINING_SPLIT if split is None else split
     beir = is_beir_folder(queries_path)
     query_file = read_queries(queries_path, split=split if beir else None)
     qrels = read_qrels(qrels_path, split=split if Path(qrels_path).is_dir() else None)
