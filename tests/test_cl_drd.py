@@ -241,3 +241,23 @@ def test_the_books_example_writes_its_table(setup, tmp_path):
     assert "| BM25 |" in table and "teacher re-ranking" in table and table.count("\n") == 2 + 2 + 3
     assert set(results["bm25"]) == {"dev", "test"} and results["bm25"]["test"]["queries"] == 8
     assert all(v is not None and v > 0 for v in results["rates"].values())
+
+
+def test_the_books_example_reads_every_binding_of_its_gin_before_anything_trains(tmp_path, monkeypatch):
+    """Its first training run (the teacher's) refuses gin bindings nothing has read: ClDrdConfig's must be read
+    before it, not when CL-DRD starts."""
+    from rankgen_jax.cli.training import CL_DRD_EXAMPLE_GIN
+    from rankgen_jax.experiments import cl_drd_example
+    from rankgen_jax.experiments.gin_runs import gin_config
+    from rankgen_jax.train import gin_parsing
+
+    class Started(Exception):
+        pass
+
+    def first_stage(*args, **kwargs):
+        gin_parsing.check_bindings_used()  # what train() checks before it compiles
+        raise Started
+
+    monkeypatch.setattr(cl_drd_example, "StageRun", first_stage)
+    with gin_config([CL_DRD_EXAMPLE_GIN], ["ClDrdExampleConfig.teacher_steps = 2"]), pytest.raises(Started):
+        cl_drd_example.run_cl_drd_example(str(tmp_path / "example"))

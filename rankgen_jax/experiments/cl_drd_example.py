@@ -189,6 +189,8 @@ def run_cl_drd_example(workdir: str, cfg: ClDrdExampleConfig | None = None,
                        cl_drd_config: ClDrdConfig | None = None, corpus=None) -> dict:
     """Run (or resume) the example in workdir; returns results.json's contents."""
     cfg = cfg or ClDrdExampleConfig()
+    # Read before the teacher trains: a training run refuses gin bindings that nothing has read yet.
+    cl_drd_config = cl_drd_config or ClDrdConfig()
     job = StageRun(workdir, "cl-drd-example")
     root, results = job.root, job.results
     beir = root / "beir"
@@ -204,7 +206,7 @@ def run_cl_drd_example(workdir: str, cfg: ClDrdExampleConfig | None = None,
     if "bm25" not in results:
         results["bm25"] = job.stage("bm25", _bm25, beir, root, cfg)
     teacher = job.stage("teacher", _train_teacher, beir, root, init, cfg)
-    cl_cfg = dataclasses.replace(cl_drd_config or ClDrdConfig(), corpus=str(beir), student=str(init),
+    cl_cfg = dataclasses.replace(cl_drd_config, corpus=str(beir), student=str(init),
                                  teacher=teacher, eval_split="dev", report_splits=("test",),
                                  measures=tuple(cfg.measures))
     results["cl_drd"] = job.stage("cl_drd", run_cl_drd, str(root / "cl_drd"), cl_cfg)
