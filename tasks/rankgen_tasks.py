@@ -34,12 +34,11 @@ import os
 import gin
 
 from rankgen_jax.data.examples import ExampleConfig
-from rankgen_jax.data.seqio.tasks import register_mixture, register_rankgen_task
+from rankgen_jax.data.seqio.tasks import NEGATIVE_CHOICES, register_mixture, register_rankgen_task
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.resources import BUNDLED_CORPUS, DEMO_VOCAB
 
 DOMAINS = ("pg19", "wiki", "folder")
-NEGATIVE_KINDS = ("inbook", "generative", "both")
 _DOMAIN_NAMES = {"pg19": "PG19", "wiki": "Wikipedia", "folder": "folder"}
 
 
@@ -157,29 +156,31 @@ def register_all() -> list[str]:
     )
     names.append("rankgen_demo")
     for domain in DOMAINS:
-        for kind in NEGATIVE_KINDS:
-            name = f"rankgen_{domain}_{kind}"
+        for negatives in NEGATIVE_CHOICES:
+            name = f"rankgen_{domain}_{negatives}"
             register_rankgen_task(
                 name,
-                _required(name, domain, "documents") if kind != "generative" else None,
+                _required(name, domain, "documents") if negatives != "generative" else None,
                 vocab,
-                negatives=kind,
+                negatives=negatives,
                 example_config=_option("example_config"),
-                generative_negatives_jsonl=_required(name, domain, "generative_jsonl") if kind != "inbook" else None,
+                generative_negatives_jsonl=(
+                    _required(name, domain, "generative_jsonl") if negatives != "inbook" else None
+                ),
                 holdout_documents=_option("holdout_documents"),
                 group_size=_option("group_size"),
                 mix_documents=_option("mix_documents"),
-                validation_documents=_optional(domain, "validation") if kind != "generative" else None,
+                validation_documents=_optional(domain, "validation") if negatives != "generative" else None,
                 validation_generative_negatives_jsonl=(
-                    _optional(domain, "validation_generative_jsonl") if kind != "inbook" else None
+                    _optional(domain, "validation_generative_jsonl") if negatives != "inbook" else None
                 ),
                 shuffle_block_documents=_option("shuffle_block_documents"),
             )
             names.append(name)
-    for mixture, kind in (("rankgen_all", "both"), ("rankgen_all_inbook", "inbook")):
+    for mixture, negatives in (("rankgen_all", "both"), ("rankgen_all_inbook", "inbook")):
         register_mixture(
             mixture,
-            [f"rankgen_{domain}_{kind}" for domain in DOMAINS],
+            [f"rankgen_{domain}_{negatives}" for domain in DOMAINS],
             [lambda task, domain=domain: rankgen_mixture_rates()[domain] for domain in DOMAINS],
         )
         names.append(mixture)

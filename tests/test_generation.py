@@ -190,7 +190,7 @@ def test_lm_and_unigram_rerankers_pick_their_best(lm):
 
 
 def test_paper_protocol_is_the_default(lm):
-    """RankGen §2.3 / §3.1 / App. A.3: rerank 20 samples; beam B=2, N=10, L=20; 128-token generations, cut."""
+    """RankGen §2.3 / §3.2 / App. A.3: rerank 20 samples; beam B=2, N=10, L=20; 128-token generations, cut."""
     import inspect
 
     from rankgen_jax.cli.main import build_parser

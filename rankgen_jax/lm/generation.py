@@ -15,7 +15,7 @@ Strategies (`generate --strategy`):
   up to B x N continuations per prefix: the paper's "number of samples"
   (App. A.3) and its released code's start.
 
-The paper's protocol is the default (RankGen §2.3, §3.1, App. A.3): 128-token
+The paper's protocol is the default (RankGen §2.3, §3.2, App. A.3): 128-token
 generations; `rerank` over-generates 20 samples, `beam` keeps B = 2 beams of
 N = 10 samples each, re-ranked every L = 20 tokens; nucleus sampling with
 p = 0.9. A finished text (EOS or budget) is cut as the paper cuts generations
@@ -84,7 +84,7 @@ SAMPLERS = ("nucleus", "greedy", "ancestral", "top_k", "typical")
 STRATEGIES = SAMPLERS + ("rerank", "beam")
 RERANKERS = ("rankgen", "perplexity", "unigram")
 CUTS = ("sentence", "none")
-# The paper's protocol (RankGen §2.3, §3.1, App. A.3): 128-token generations; over-generate-and-rerank with 20
+# The paper's protocol (RankGen §2.3, §3.2, App. A.3): 128-token generations; over-generate-and-rerank with 20
 # samples; beam search with B = 2 beams of N = 10 samples, re-ranked every L = 20 tokens.
 MAX_NEW_TOKENS = 128
 RERANK_SAMPLES = 20

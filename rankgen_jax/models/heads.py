@@ -64,12 +64,11 @@ class VectorHead(nn.Module):
         if self.num_perspectives > 1:
             flat_BxPD = DenseKernel(self.num_perspectives * out_dim, ("embed", "projection"), jnp.float32,
                                     name="perspective_projections")(vectors_BxD)
-            vectors_BxD = flat_BxPD.reshape(-1, self.num_perspectives, out_dim)
-        elif self.config.projection_dim != 0:
+            vectors_BxPxD = flat_BxPD.reshape(-1, self.num_perspectives, out_dim)
+            return l2_normalize(vectors_BxPxD) if self.config.l2_normalize else vectors_BxPxD
+        if self.config.projection_dim != 0:
             vectors_BxD = DenseKernel(out_dim, ("embed", "projection"), jnp.float32, name="projection_layer")(vectors_BxD)
-        if self.config.l2_normalize:
-            vectors_BxD = l2_normalize(vectors_BxD)
-        return vectors_BxD
+        return l2_normalize(vectors_BxD) if self.config.l2_normalize else vectors_BxD
 
 
 def flatten_leading(input_ids, attention_mask, token_type_ids, pad_id: int):
