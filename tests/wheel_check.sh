@@ -76,7 +76,8 @@ EOF
 
 step "rankgen-jax train (tiny T5, 2 steps, the bundled books and vocabulary)"
 "$RANKGEN" train --gin_file rankgen_t5_tiny_books.gin --workdir "$RUN/tiny" \
-    --gin.TrainerConfig.num_steps=2 --gin.TrainerConfig.eval_every=0 --gin.TrainerConfig.checkpoint_every=2 \
+    --gin.TrainerConfig.num_steps=2 --gin.OptimizerConfig.warmup_steps=1 --gin.TrainerConfig.eval_every=0 \
+    --gin.TrainerConfig.checkpoint_every=2 \
     --gin.DataConfig.batch_size=4 > train.txt
 tail -n 1 train.txt
 
