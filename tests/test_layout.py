@@ -150,7 +150,7 @@ def test_references_stay_inside_the_repository(folder):
         if path.suffix not in (".py", ".gin", ".md", ".sh", ".json", ".txt") or path == Path(__file__):
             continue
         text = path.read_text(encoding="utf-8")
-        # The team's ../shared folder is not part of a clone: no path may lead there.
+        # The team's shared folder beside the checkout is not part of a clone: no path may lead there.
         for pattern in (r"\bDESIGN\.md", r"\.\./shared\b", r"parents\[2\]\s*/\s*[\"']shared",
                         r"[\"']\.\.[\"'],\s*[\"']\.\.[\"'],\s*[\"']shared"):
             offending += [f"{path.relative_to(REPO)}: {m.group(0)}" for m in re.finditer(pattern, text)]
