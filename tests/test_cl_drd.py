@@ -63,7 +63,8 @@ def test_candidates_are_the_previous_students_top_n(setup, uninterrupted):
     queries = read_queries(str(workdir / "data" / "train_queries.jsonl"))
     corpus = [json.loads(line) for line in (setup / "beir" / "corpus.jsonl").read_text().splitlines()]
     for t in (1, 2):
-        student = load_model(str(workdir / ("student0" if t == 1 else "iter1/student")))
+        student = load_model(str(workdir / ("student0" if t == 1 else "iter1/student")),
+                             conventions=results["reading_conventions"])
         passages = student.encode([(p["title"] + " " + p["text"]) for p in corpus], side="suffix")
         query_vectors = student.encode(queries.texts, side="prefix")
         scores = query_vectors.astype(np.float64) @ passages.T.astype(np.float64)
@@ -105,12 +106,14 @@ def test_each_iteration_trains_and_evaluates(uninterrupted):
                  .read_text().splitlines() if "train/loss" in line]
         assert max(steps) == results["iterations"][str(t)]["training"]["steps"] == (2 if t == 1 else 1) * 2
     for t in range(3):
-        for split in ("dev", "test"):
-            ev = results["iterations"][str(t)]["eval"][split]
+        row = results["iterations"][str(t)]
+        assert set(row["eval"]) == {"test"}, "the dev split selects; only test is reported"
+        for split, ev in (("dev", row["select"]), ("test", row["eval"]["test"])):
             assert (workdir / f"iter{t}" / "eval" / f"{split}.trec").is_file()
             assert 0 <= ev["nDCG@10"] <= 1 and ev["nDCG@10_se"] > 0 and ev["queries"] == 8
     table = (workdir / "cl_drd_table.md").read_text()
-    assert table.count("\n") == 5 and "| start |" in table.replace("| 0 | start", "| start")
+    assert table.count("\n") == 5 and "| start |" in table and "(selection)" in table
+    assert results["selection_queries"].endswith("at split 'dev'")
     # A finished job reruns to the same results, training nothing.
     again = cl_drd.run_cl_drd(str(workdir), config(workdir.parent))
     assert again["iterations"] == results["iterations"]
@@ -192,8 +195,11 @@ def test_config_errors():
         cl_drd.ClDrdConfig(epochs=(1, 1))
     with pytest.raises(RankgenError, match="rank_source"):
         cl_drd.ClDrdConfig(rank_source="corpus")
-    with pytest.raises(RankgenError, match="stop_metric"):
-        cl_drd.ClDrdConfig(stop_metric="AP")
+    with pytest.raises(RankgenError, match="select_metric"):
+        cl_drd.ClDrdConfig(select_metric="AP")
+    with pytest.raises(RankgenError, match="not both"):
+        cl_drd.ClDrdConfig(select_holdout=5, select_queries="q.jsonl")
+    assert cl_drd.ClDrdConfig().rank_source == "list"
 
 
 def test_shard_workers_give_the_coordinators_artefacts(setup, uninterrupted, monkeypatch):
@@ -226,38 +232,100 @@ def test_cli_runs_the_gin_configured_job_and_refuses_a_missing_input(tmp_path, c
     assert "ClDrdConfig.corpus is required" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_the_books_example_writes_its_table(setup, tmp_path):
-    """cl-drd-example end to end with tiny models: BM25, the teacher, CL-DRD, the table with SEs and rates."""
-    from rankgen_jax.experiments.cl_drd_example import ClDrdExampleConfig, run_cl_drd_example
+def test_model_selection_never_reads_the_reported_queries(setup, uninterrupted):
+    workdir, results = uninterrupted
+    # The kept iteration is the best on the dev queries; test is evaluated and never read to choose.
+    select = {int(t): row["select"]["RR@10"] for t, row in results["iterations"].items()}
+    assert results["best_iteration"] == max(sorted(select), key=lambda t: select[t])
+    assert results["selection"]["metric"] == "RR@10" and "selection queries" in results["selection"]["why"]
+    # choose_iteration reads "select" only: reported values that favour another iteration change nothing.
+    iterations = {str(t): {"select": {"RR@10": v, "per_query": {"a": {"RR@10": v}, "b": {"RR@10": v / 2}}},
+                           "eval": {"test": {"RR@10": 1.0 - v}}} for t, v in enumerate((0.1, 0.5, 0.3))}
+    assert cl_drd.choose_iteration(iterations, "RR@10", selected=True)["iteration"] == 1
+    assert cl_drd.choose_iteration(iterations, "RR@10", selected=False)["iteration"] == 2
+    # Selecting on the reported split is refused before anything runs.
+    with pytest.raises(RankgenError, match="model selection on the evaluation data"):
+        cl_drd.run_cl_drd(str(setup / "run_refused"), config(setup, eval_split="dev", report_splits=()))
+    with pytest.raises(RankgenError, match="needs selection queries"):
+        cl_drd.run_cl_drd(str(setup / "run_refused"), config(setup, select_split="none", stop_when_no_gain=True))
+    assert not (setup / "run_refused" / "data").exists()
 
-    books = [d for d in require_documents(BUNDLED_CORPUS)[0] if d.id.startswith("austen/")][:4]
-    example = ClDrdExampleConfig(passages_per_book=8, test_books=1, dev_books=1, prefix_words=32,
-                                 max_continuation_words=24, student=str(setup / "student"), teacher_steps=2,
-                                 teacher_batch_size=8, teacher_list_size=4, teacher_query_length=24,
-                                 teacher_passage_length=24, mined_negatives=6, rerank_depth=5)
-    results = run_cl_drd_example(str(tmp_path / "example"), example, config(setup, num_shards=1), corpus=books)
-    table = (tmp_path / "example" / "cl_drd_example_table.md").read_text()
-    assert "| BM25 |" in table and "teacher re-ranking" in table and table.count("\n") == 2 + 2 + 3
-    assert set(results["bm25"]) == {"dev", "test"} and results["bm25"]["test"]["queries"] == 8
-    assert all(v is not None and v > 0 for v in results["rates"].values())
+
+def test_held_out_training_queries_select(setup):
+    """select_holdout: training queries drawn out of training into the selection set (MS MARCO's way, whose
+    dev.small is what the paper reports)."""
+    job = cl_drd.Job(setup / "run_holdout", config(setup, select_holdout=3))
+    counts = job.prepare_data()
+    assert counts["select_holdout"] == 3 and counts["train_queries"] == 16 - 3
+    queries, qrels = job.select_files()
+    held = {json.loads(line)["id"] for line in queries.read_text().splitlines()}
+    trained = {json.loads(line)["id"] for line in (job.data / "train_queries.jsonl").read_text().splitlines()}
+    assert len(held) == 3 and not held & trained
+    assert {line.split()[0] for line in qrels.read_text().splitlines()} == held
+    assert job.selection_set().name == cl_drd.HOLDOUT
+    with pytest.raises(RankgenError, match="leaves fewer than one batch"):
+        cl_drd.Job(setup / "run_holdout2", config(setup, select_holdout=9)).prepare_data()
 
 
-def test_the_books_example_reads_every_binding_of_its_gin_before_anything_trains(tmp_path, monkeypatch):
-    """Its first training run (the teacher's) refuses gin bindings nothing has read: ClDrdConfig's must be read
-    before it, not when CL-DRD starts."""
-    from rankgen_jax.cli.training import CL_DRD_EXAMPLE_GIN
-    from rankgen_jax.experiments import cl_drd_example
-    from rankgen_jax.experiments.gin_runs import gin_config
-    from rankgen_jax.train import gin_parsing
+def test_every_iteration_reads_text_the_same_way(uninterrupted):
+    """The start and every later student index, retrieve and evaluate with one set of input conventions: the
+    training lengths, query_keep and markers (not each checkpoint's own record)."""
+    workdir, results = uninterrupted
+    want = results["reading_conventions"]
+    assert (want["prefix_length"], want["suffix_length"], want["truncation"]) == (24, 24, "clean")
+    for t in range(3):
+        for shard in (0, 1):
+            built = json.loads((workdir / f"iter{t}" / "index" / f"shard{shard}" / "index_config.json").read_text())
+            recorded = {k: v for k, v in built["input_conventions"].items() if k != "format_version"}
+            assert recorded == want, (t, shard)
 
-    class Started(Exception):
-        pass
 
-    def first_stage(*args, **kwargs):
-        gin_parsing.check_bindings_used()  # what train() checks before it compiles
-        raise Started
+def test_skipped_queries_and_lists_are_reported(setup, tmp_path, capsys):
+    row = {"teacher": [{"passages_without_teacher_score": 3, "skipped": {"no positive passage with a teacher "
+                                                                        "score": 2}},
+                       {"passages_without_teacher_score": 0, "skipped": {"no positive passage with a teacher "
+                                                                        "score": 5}}],
+           "lists": {"skipped": {cl_drd.TOO_FEW_CANDIDATES: 4}}}
+    cl_drd._log_skips(2, row)
+    err = capsys.readouterr().err
+    assert "iteration 2: 3 candidate passages left out" in err
+    assert "iteration 2: 7 training queries skipped: no positive passage with a teacher score" in err
+    assert f"iteration 2: 4 training lists skipped: {cl_drd.TOO_FEW_CANDIDATES}" in err
+    # A training query the qrels judge nothing relevant for is counted and said, not dropped silently.
+    beir = tmp_path / "beir"
+    import shutil
 
-    monkeypatch.setattr(cl_drd_example, "StageRun", first_stage)
-    with gin_config([CL_DRD_EXAMPLE_GIN], ["ClDrdExampleConfig.teacher_steps = 2"]), pytest.raises(Started):
-        cl_drd_example.run_cl_drd_example(str(tmp_path / "example"))
+    shutil.copytree(setup / "beir", beir)
+    qrels = beir / "qrels" / "train.tsv"
+    lines = qrels.read_text().splitlines()
+    qrels.write_text("\n".join(lines[:2] + [lines[2].rsplit("\t", 1)[0] + "\t0"] + lines[3:]) + "\n")
+    counts = cl_drd.Job(tmp_path / "run", config(setup, corpus=str(beir))).prepare_data()
+    assert counts["skipped"] == {cl_drd.NO_RELEVANT_PASSAGE: 1} and counts["train_queries"] == 15
+    assert f"1 training queries skipped: {cl_drd.NO_RELEVANT_PASSAGE}" in capsys.readouterr().err
+
+
+def test_pi_is_the_current_students_ranking_at_each_step(uninterrupted):
+    """Eq. 2's pi, by default, ranks each list by the student being trained: one step's loss on an iteration's
+    lists, from the student's own scores, equals the NumPy reference with ranks from those scores, not the frozen
+    retrieval ranks."""
+    from test_list_losses import ref_lambdarank
+
+    from rankgen_jax.losses.registry import get_loss
+
+    workdir, results = uninterrupted
+    recorded = json.loads((workdir / "iter1" / "student" / "run_config.json").read_text())
+    assert recorded["loss"]["name"] == "lambdarank_mrr" and recorded["loss"]["rank_source"] == "list"
+    lists = [json.loads(line) for line in (workdir / "iter1" / "train_lists.jsonl").read_text().splitlines()][:4]
+    student = load_model(str(workdir / "student0"), conventions=results["reading_conventions"])
+    query_BxD = student.encode([r["query"] for r in lists], side="prefix")
+    candidates_BxCxD = np.stack([student.encode(r["candidates"], side="suffix") for r in lists])
+    scale = results["config"]["logit_scale"]
+    batch = {"labels": np.array([r["labels"] for r in lists], np.float32),
+             "student_ranks": np.array([r["student_ranks"] for r in lists], np.float32)}
+    outputs = {"query": query_BxD, "candidates": candidates_BxCxD}
+    loss, _ = get_loss("lambdarank_mrr")(outputs, batch, {}, rank_source="list", logit_scale=scale)
+    scores = np.einsum("bd,bcd->bc", query_BxD.astype(np.float64), candidates_BxCxD.astype(np.float64)) * scale
+    want, _ = ref_lambdarank(scores, batch)
+    np.testing.assert_allclose(float(loss), want, rtol=1e-4)
+    frozen, _ = ref_lambdarank(scores, batch, student_ranks=batch["student_ranks"])
+    assert abs(frozen - want) > 1e-4, "the frozen retrieval ranks would give another loss on these lists"

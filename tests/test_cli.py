@@ -76,7 +76,8 @@ def test_help_lists_every_command_in_order(capsys):
     commands = [line.split()[0] for line in capsys.readouterr().out.splitlines()
                 if line.startswith("    ") and not line.startswith("     ")]
     assert commands == ["import", "export-hf", "train", "score", "split-data", "generate-negatives",
-                        "merge-negatives", "cache-tasks", "pipeline", "cl-drd", "cl-drd-example", "retrieval-example",
+                        "merge-negatives", "cache-tasks", "books-beir", "pipeline", "cl-drd", "distillation-demo",
+                        "retrieval-example",
                         "recipe-example", "demo-curve", "index", "search", "bm25", "evaluate", "mine-negatives",
                         "suffix-negatives", "score-candidates", "encode", "generate", "generation-metrics",
                         "generation-sweep", "sweep", "report", "perspectives", "compile", "smoke"]

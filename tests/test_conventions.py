@@ -10,7 +10,7 @@ from rankgen_jax.checkpoints.convert import folder_conventions, import_checkpoin
 from rankgen_jax.data.conventions import PAIR_DEFAULTS, RELEASED, InputConventions
 from rankgen_jax.data.sources import DataConfig, training_conventions
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.experiments.stages import resolve_hf_folder
+from rankgen_jax.pretrained import resolve_model
 from rankgen_jax.models.batch_layout import CANDIDATE_LISTS, TRIPLES, BatchLayout
 
 
@@ -74,7 +74,7 @@ def test_markers_and_kept_end_are_the_data_configs_choice():
 
 def test_sentence_transformers_folders_say_how_they_read(tmp_path):
     """all-MiniLM-L6-v2 states no prompts and max_seq_length 256: that is how it is read, and what import records."""
-    minilm = resolve_hf_folder("minilm")
+    minilm = resolve_model("minilm")
     import_checkpoint("hf", minilm, str(tmp_path / "minilm"), model_id="sentence-transformers/all-MiniLM-L6-v2")
     want = InputConventions(prefix_marker="", suffix_marker="", prefix_length=256, suffix_length=256,
                             truncation="clean")

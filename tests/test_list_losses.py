@@ -117,11 +117,12 @@ def ref_listmle(scores, batch, tie_break=None, temperature=1.0, position_weighti
     return total / max(count, 1)
 
 
-def ref_kl(scores, batch, temperature=1.0, t_squared=False):
+def ref_kl(scores, batch, temperature=1.0, t_squared=False, logit_scale=1.0):
     total, count = 0.0, 0
     for s, _, t, valid in rows(scores, batch):
         if len(valid) < 2:
             continue
+        s = s * logit_scale
         log_q = s[valid] / temperature - np_logsumexp(s[valid] / temperature)
         log_p = t[valid] / temperature - np_logsumexp(t[valid] / temperature)
         total += np.sum(np.exp(log_p) * (log_p - log_q)) * (temperature**2 if t_squared else 1.0)
@@ -283,11 +284,12 @@ def test_listmle_is_stable_for_widely_spread_scores():
 # ----------------------------------------------------------------------------- KL distillation
 
 
-@pytest.mark.parametrize("t_squared", [False, True])
-def test_kl_distillation_matches_reference(t_squared):
+@pytest.mark.parametrize("t_squared,logit_scale", [(False, 1.0), (True, 1.0), (False, 20.0)])
+def test_kl_distillation_matches_reference(t_squared, logit_scale):
     scores, batch, _ = make_list_batch(seed=5)
-    loss, metrics = run("kl_distillation", {"scores": scores}, batch, temperature=2.0, t_squared=t_squared)
-    np.testing.assert_allclose(scalar(loss), ref_kl(scores, batch, 2.0, t_squared), rtol=RTOL)
+    loss, metrics = run("kl_distillation", {"scores": scores}, batch, temperature=2.0, t_squared=t_squared,
+                        logit_scale=logit_scale)
+    np.testing.assert_allclose(scalar(loss), ref_kl(scores, batch, 2.0, t_squared, logit_scale), rtol=RTOL)
     assert 0.0 <= scalar(metrics["accuracy"]) <= 1.0
 
 

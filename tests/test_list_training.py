@@ -113,9 +113,9 @@ def test_layouts_by_model_kind_and_loss(tmp_path):
 
 
 def test_bert_pairs_have_token_types():
-    from rankgen_jax.experiments.stages import resolve_hf_folder
+    from rankgen_jax.pretrained import resolve_model
 
-    text = load_text_encoder(resolve_hf_folder("minilm") + "/tokenizer.json")
+    text = load_text_encoder(resolve_model("minilm") + "/tokenizer.json")
     ids, types = encode_pair_truncated(text, "one two three four five six", "seven eight nine ten", 5, 4)
     full_ids, full_types = text.encode_pair("four five six", "seven eight nine")
     # The query keeps its end, the candidate its start; same specials and types as the tokenizer's own pairs.

@@ -20,7 +20,7 @@ from rankgen_jax.experiments.perspective_pairs import (
     strip_gutenberg,
 )
 from rankgen_jax.experiments.perspectives import ROWS, PerspectivesConfig, format_table, initial_params, model_configs
-from rankgen_jax.experiments.stages import resolve_hf_folder
+from rankgen_jax.pretrained import resolve_model
 from rankgen_jax.data.text import load_text_encoder
 from rankgen_jax.inference.encoder import LoadedModel
 
@@ -31,7 +31,7 @@ TINY_INIT = ModelConfig(encoder=TINY_BERT, head=HeadConfig("mean", 0, True))
 
 @pytest.fixture(scope="module")
 def minilm_tokenizer():
-    return resolve_hf_folder("minilm") + "/tokenizer.json"
+    return resolve_model("minilm") + "/tokenizer.json"
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from rankgen_jax.checkpoints import native
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.train.gin_parsing import parse_gin
 from rankgen_jax.experiments.pipeline import (RETRIEVERS1, PipelineConfig, _ranker_lists, _ranking_metrics,
-                                              format_table, hard_negative_pools, run_pipeline)
+                                              format_table, hard_negative_pools, run_pipeline, stage_steps)
 from rankgen_jax.retrieval.sparse import TfidfIndex
 from rankgen_jax.data.vocab import BUNDLED_CORPUS
 from test_inference import SHARED, random_params
@@ -34,7 +34,7 @@ def test_pipeline_runs_end_to_end(tmp_path, tiny_corpus, spiece_model):
                          candidate_length=24, pool_size=6, ranker_list_size=3, rerank_depth=5,
                          curriculum=((2, (2, 2, 2)), (6, (6, 0, 0))), retriever_batch_size=8, ranker_batch_size=8,
                          distill_batch_size=8, max_steps=2, teacher_batch_size=16, hard_negative_pool_size=4,
-                         rankers=("listmle", "kl", "bce"))
+                         rankers=("listmle", "kl", "bce"), hard_negative_pool="tfidf")
     results = run_pipeline(str(tmp_path / "run"), cfg)
     table = results["table"]
     assert set(table) == {"tfidf", "zero_shot", "retriever0", *cfg.ranker_names, *RETRIEVERS1}
@@ -63,6 +63,9 @@ def test_pipeline_runs_end_to_end(tmp_path, tiny_corpus, spiece_model):
         steps = [json.loads(l)["step"] for l in (tmp_path / "run" / stage / "metrics.jsonl").read_text().splitlines()]
         assert max(steps) == 2, stage
     assert native.load_model_config(tmp_path / "run" / "ranker0_listmle").kind == "cross_encoder"
+    # Retriever0's in-batch softmax reads the [CLS] towers' raw dot products (DPR's scale of 1).
+    recorded = json.loads((tmp_path / "run" / "retriever0" / "run_config.json").read_text())
+    assert recorded["loss"]["logit_scale"] == 1.0
     # Training pools hold the gold and the metric's scores; the gold scores highest (BLEU 100 against itself).
     pools = [json.loads(l) for l in (tmp_path / "run" / "data" / "pools_train.jsonl").read_text().splitlines()]
     assert len(pools) == 24
@@ -82,19 +85,40 @@ def test_hard_negative_pools_are_the_sparse_top_k_without_the_gold():
         "the rain on the moor", "a letter by candle light", "rain and wind on the moor at night",
         "the harbour keeper", "wind over the moor", "candle light in the house"])]
     queries = [{"query": "rain on the moor at night", "gold": "p2"}, {"query": "a candle in the house", "gold": "p5"}]
-    tfidf = hard_negative_pools(PipelineConfig(hard_negative_pool_size=3), queries, corpus)
+    tfidf = hard_negative_pools(PipelineConfig(hard_negative_pool="tfidf", hard_negative_pool_size=3), queries,
+                                corpus)
     _, top = TfidfIndex([p["text"] for p in corpus]).search([q["query"] for q in queries], 4)
     assert tfidf == [[corpus[j]["id"] for j in row if corpus[j]["id"] != q["gold"]][:3] for q, row in zip(queries, top)]
     concepts = hard_negative_pools(PipelineConfig(hard_negative_pool="concepts", hard_negative_pool_size=2), queries,
                                    corpus)
     # Concept matching counts the query's (non-stopword) words a passage holds: rain, moor, night / candle, house.
     assert concepts == [["p0", "p4"], ["p1", "p0"]]
+    assert PipelineConfig().hard_negative_pool == "concepts", "the pool DKMR^2 found better is the default"
     assert hard_negative_pools(PipelineConfig(hard_negative_pool="tfidf_top1"), queries, corpus) == [
         pool[:1] for pool in tfidf]
     for bad, message in (({"retriever_towers": "three"}, "retriever_towers"), ({"hard_negative_pool": "bm25"},
                          "hard_negative_pool"), ({"rankers": ("listmle", "listmle")}, "distinct rankers")):
         with pytest.raises(RankgenError, match=message):
             PipelineConfig(**bad)
+
+
+def test_retriever0_temperature_fits_its_towers():
+    """Raw [CLS] dot products of two independent towers span tens: DPR's softmax reads them unscaled; MiniLM's
+    shared towers give unit vectors, whose cosines need sentence-transformers' scale of 20."""
+    assert PipelineConfig().retriever0_logit_scale == 1.0
+    assert PipelineConfig(retriever_towers="shared_start").retriever0_logit_scale == 20.0
+    assert PipelineConfig(logit_scale=5.0).retriever0_logit_scale == 5.0
+    with pytest.raises(RankgenError, match="logit_scale must be >= 0"):
+        PipelineConfig(logit_scale=-1.0)
+
+
+def test_stages_train_epochs():
+    cfg = PipelineConfig(retriever_epochs=3, max_steps=1000)
+    assert stage_steps(cfg, 100, 32, 3) == 9
+    assert stage_steps(PipelineConfig(max_steps=5), 100, 32, 3) == 5
+    assert stage_steps(cfg, 10, 32, 1) == 1
+    with pytest.raises(RankgenError, match="ranker_epochs must be >= 1"):
+        PipelineConfig(ranker_epochs=0)
 
 
 def test_ranker_lists_put_the_gold_first():

@@ -375,9 +375,9 @@ def roberta_tokenizer_files(folder: Path) -> list[str]:
 
 
 def minilm_tokenizer_files() -> list[str]:
-    from rankgen_jax.experiments.stages import resolve_hf_folder
+    from rankgen_jax.pretrained import resolve_model
 
-    folder = resolve_hf_folder("minilm")
+    folder = resolve_model("minilm")
     return [os.path.join(folder, name) for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json",
                                                     "special_tokens_map.json")]
 

@@ -20,7 +20,7 @@ from rankgen_jax.checkpoints import native
 from rankgen_jax.checkpoints.convert import export_hf, import_checkpoint
 from rankgen_jax.cli.main import main
 from rankgen_jax.data.conventions import InputConventions
-from rankgen_jax.experiments.stages import resolve_hf_folder
+from rankgen_jax.pretrained import resolve_model
 from rankgen_jax.inference.api import RankGenEncoder
 from rankgen_jax.inference.encoder import load_model
 from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig, T5Config
@@ -70,7 +70,7 @@ def _assert_same(st_model, folder, tmp_path, rows=None) -> float:
 @pytest.fixture(scope="module")
 def minilm(tmp_path_factory):
     root = tmp_path_factory.mktemp("st_minilm")
-    import_checkpoint("hf", resolve_hf_folder("minilm"), str(root / "ckpt"))
+    import_checkpoint("hf", resolve_model("minilm"), str(root / "ckpt"))
     return root
 
 
@@ -122,7 +122,7 @@ def _two_tower_bert(root: Path) -> Path:
     encoder = BertConfig(d_model=32, d_ff=64, num_layers=2, num_heads=4, max_position_embeddings=64)
     config = ModelConfig(encoder=encoder, head=MEAN_L2, shared_towers=False)
     conventions = InputConventions(prefix_length=40, suffix_length=20, truncation="clean")
-    native.save_params(root / "ckpt", config, random_params(config, 5), vocab=resolve_hf_folder("minilm"),
+    native.save_params(root / "ckpt", config, random_params(config, 5), vocab=resolve_model("minilm"),
                        conventions=conventions)
     return root / "ckpt"
 
@@ -189,7 +189,7 @@ def test_an_export_over_an_older_one_leaves_no_stale_modules(tmp_path):
     ckpt = _two_tower_bert(tmp_path)
     export_hf(str(ckpt), str(tmp_path / "hf"))
     config = ModelConfig(encoder=native.load_model_config(ckpt).encoder, head=MEAN_L2)
-    native.save_params(tmp_path / "shared", config, random_params(config, 6), vocab=resolve_hf_folder("minilm"))
+    native.save_params(tmp_path / "shared", config, random_params(config, 6), vocab=resolve_model("minilm"))
     export_hf(str(tmp_path / "shared"), str(tmp_path / "hf"), overwrite=True)
     assert not any(p.name.startswith(("query_", "document_")) for p in (tmp_path / "hf").iterdir())
     assert not (tmp_path / "hf" / "router_config.json").exists()

@@ -11,7 +11,7 @@ from test_retrieval_training import DUAL_LISTS, joined, tevatron_records, write_
 
 from rankgen_jax.checkpoints import native
 from rankgen_jax.cli.main import main
-from rankgen_jax.data.retrieval_files import read_training_queries, training_query_record
+from rankgen_jax.data.retrieval_files import Passage, read_training_queries, training_query_record
 from rankgen_jax.data.sources import DataConfig, make_sources
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.inference.encoder import load_model
@@ -287,3 +287,79 @@ def test_score_pairs_refuses_plain_strings(cross_encoder):
                                 (["rain moor"], "house")):
         with pytest.raises(RankgenError, match="list"):
             ranker.score_pairs(queries, candidates, 16, 24)
+
+
+def test_a_bi_encoder_teacher_scores_by_sentence_transformers_own_similarity(collection, tmp_path, one_torch_thread):
+    """A sentence-transformers bi-encoder folder as the teacher: each score is the model's similarity of the query's
+    encode_query vector and the passage's encode_document vector, as sentence-transformers computes it, with the
+    corpus encoded once and looked up, or each passage encoded with its query batch."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from rankgen_jax.pretrained import resolve_model
+
+    folder = resolve_model("minilm")
+    assert teachers.teacher_kind(folder) == "bi_encoder"
+    model = SentenceTransformer(folder, device="cpu")
+    texts = {json.loads(l)["_id"]: json.loads(l)["text"] for l in open(collection / "corpus.jsonl")}
+    queries = {json.loads(l)["_id"]: json.loads(l)["text"] for l in open(collection / "queries.jsonl")}
+    outs = {}
+    for name, corpus in (("looked_up", str(collection)), ("encoded", None)):
+        outs[name] = tmp_path / f"{name}.jsonl"
+        teacher = teachers.load_teacher(folder, batch_size=4, corpus=corpus)
+        teachers.score_candidates(str(outs[name]), teacher, run_path=str(collection / "run.trec"),
+                                  queries_path=str(collection), corpus_path=str(collection), depth=5, progress=False)
+    for record in _records(outs["looked_up"]):
+        passages = record["positive_passages"] + record["negative_passages"]
+        want = model.similarity(torch.from_numpy(model.encode_query([queries[record["query_id"]]])),
+                                torch.from_numpy(model.encode_document([texts[p["docid"]] for p in passages])))
+        np.testing.assert_allclose([p["score"] for p in passages], want.numpy()[0], rtol=1e-4, atol=1e-5)
+    for a, b in zip(_records(outs["looked_up"]), _records(outs["encoded"])):
+        np.testing.assert_allclose([p["score"] for p in a["positive_passages"] + a["negative_passages"]],
+                                   [p["score"] for p in b["positive_passages"] + b["negative_passages"]], atol=1e-5)
+
+
+def test_a_dual_encoder_checkpoint_teaches_with_its_towers(collection, cross_encoder, tmp_path, spiece_model):
+    path = tmp_path / "dual"
+    native.save_params(path, SHARED, random_params(SHARED, 9), vocab=spiece_model)
+    assert teachers.teacher_kind(str(path)) == "bi_encoder"
+    assert teachers.teacher_kind(cross_encoder) == "cross_encoder"
+    assert teachers.teacher_kind(str(collection / "run.trec")) == "scores"
+    teacher = teachers.load_teacher(str(path), 16, 24, corpus=str(collection))
+    model = load_model(str(path))
+    texts = {json.loads(l)["_id"]: json.loads(l)["text"] for l in open(collection / "corpus.jsonl")}
+    # One passage of the corpus (its vector encoded once and looked up), one from elsewhere (encoded here).
+    passages = [Passage("p5", texts["p5"]), Passage("x1", "rain moor house")]
+    (scores,) = teacher.score(["q0"], ["rain and letter"], [passages])
+    want = model.encode(["rain and letter"], side="prefix", max_length=16) @ model.encode(
+        [p.text for p in passages], side="suffix", max_length=24).T
+    np.testing.assert_allclose(scores, want[0], rtol=1e-5, atol=1e-6)
+
+
+def test_an_ensemble_teacher_averages_standardised_scores(collection, tmp_path):
+    """Members on different scales weigh the same: the mean of each member's z-scores within a query's candidates
+    (NumPy reference); a pair a member cannot score gets no ensemble score."""
+    rng = np.random.default_rng(3)
+    pairs = [(f"q{q}", f"p{p}") for q in range(4) for p in range(12)]
+    tables = []
+    for i, scale in enumerate((1.0, 100.0)):
+        scores = {pair: float(np.round(rng.normal(0, scale), 3)) for pair in pairs}
+        if i == 1:
+            del scores[("q0", "p3")]
+        (tmp_path / f"m{i}.trec").write_text("".join(f"{q} Q0 {d} 1 {s} m\n" for (q, d), s in scores.items()))
+        tables.append(scores)
+    teacher = teachers.load_teacher(f"{tmp_path / 'm0.trec'} + {tmp_path / 'm1.trec'}")
+    assert isinstance(teacher, teachers.EnsembleTeacher) and len(teacher.stamp["members"]) == 2
+    candidates = [[Passage(f"p{p}", "x") for p in (1, 3, 4, 7)], [Passage(f"p{p}", "x")
+                                                                          for p in (0, 2, 5)]]
+    got = teacher.score(["q0", "q1"], ["a", "b"], candidates)
+    for qid, cands, row in zip(("q0", "q1"), candidates, got):
+        members = []
+        for table in tables:
+            values = np.array([table.get((qid, p.id), np.nan) for p in cands])
+            finite = np.isfinite(values)
+            members.append((values - values[finite].mean()) / values[finite].std())
+        np.testing.assert_allclose(row, np.mean(members, axis=0), rtol=1e-5, atol=1e-6)
+    assert np.isnan(got[0][1]) and np.isfinite(got[1]).all()
+    with pytest.raises(RankgenError, match="no such teacher score file"):
+        teachers.load_teacher(f"{tmp_path / 'm0.trec'} + {tmp_path / 'nothing.trec'}")

@@ -281,12 +281,12 @@ def test_the_encoder_follows_the_init_checkpoint(tmp_path, capsys, no_gin_file):
     gin encoder bindings must describe the checkpoint, except runtime settings, which apply."""
     import json
 
-    from rankgen_jax.experiments.stages import resolve_hf_folder
+    from rankgen_jax.pretrained import resolve_model
     from rankgen_jax.models.configs import BertConfig
 
     bert = BertConfig(d_model=32, d_ff=64, num_layers=1, num_heads=4, max_position_embeddings=64)
     bare = ModelConfig(encoder=bert, head=None)
-    native.save_params(tmp_path / "bert", bare, init_params(bare, seed=4), vocab=resolve_hf_folder("minilm"))
+    native.save_params(tmp_path / "bert", bare, init_params(bare, seed=4), vocab=resolve_model("minilm"))
     lists = tmp_path / "lists.jsonl"
     lists.write_text("".join(json.dumps({"query": f"query {i}", "candidates": [f"right {i}", f"wrong {i}"],
                                          "labels": [1, 0]}) + "\n" for i in range(16)))

@@ -35,14 +35,14 @@ def add_import(subparsers) -> None:
 def _run_import(args) -> None:
     # Imports jax, which must start after main() sets XLA's flags.
     from rankgen_jax.checkpoints.convert import describe_model, import_checkpoint
-    from rankgen_jax.experiments.stages import MINILM, MINILM_MODEL_ID, resolve_hf_folder
+    from rankgen_jax.pretrained import MODEL_IDS, resolve_model
 
     head = None if args.no_head else HeadConfig(pooling=args.pooling, l2_normalize=args.l2_normalize)
     if args.source == "hf" and (args.no_head or args.pooling != "first" or args.l2_normalize):
         raise RankgenError("--pooling / --l2_normalize / --no_head apply to --from t5x only (HF folders carry their config)")
     path, model_id = args.path, args.model_id
-    if args.source == "hf" and path == MINILM:
-        path, model_id = resolve_hf_folder(MINILM), model_id or MINILM_MODEL_ID
+    if args.source == "hf" and path in MODEL_IDS:
+        path, model_id = resolve_model(path), model_id or MODEL_IDS[path]
     config = import_checkpoint(
         args.source, path, args.out, overwrite=args.overwrite, vocab=args.vocab,
         head=head, relpos_max_distance=args.relpos_max_distance, model_id=model_id,

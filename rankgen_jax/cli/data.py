@@ -1,5 +1,6 @@
 """`rankgen-jax split-data` and `cache-tasks`: RankGen seqio tasks' documents split for the generator LM and the
-generative negatives, and the tasks precomputed into seqio's cache with Apache Beam."""
+generative negatives, and the tasks precomputed into seqio's cache with Apache Beam; `books-beir`: a BEIR folder
+cut from books."""
 
 from __future__ import annotations
 
@@ -92,3 +93,47 @@ def _run_cache_tasks(args) -> dict:
         return cache_tasks(plan, options, modules=(SEQIO_TASKS_MODULE,), gin_text=gin.config_str())
     finally:
         gin.clear_config()
+
+
+def add_books_beir(subparsers) -> None:
+    from rankgen_jax.data.beir_books import BooksCollectionConfig
+
+    defaults = BooksCollectionConfig()
+    p = subparsers.add_parser(
+        "books-beir", help="write a BEIR folder from books: prefixes as queries, gold continuations as passages",
+        description="Cut each book into RankGen examples (sentence-bounded prefixes of about --prefix_words words, "
+        "continuations of --min/--max_continuation_words) and write OUT/corpus.jsonl (the continuations, ids "
+        "<book>-<n>), OUT/queries.jsonl (the prefixes, ids q-<passage id>) and OUT/qrels/{train,dev,test}.tsv (each "
+        "query's gold continuation judged 1). The last --test_books books (by id) are the test split, the "
+        "--dev_books before them dev, the rest train: no book is in two splits. Default: the bundled novels, as "
+        "the retrieval example and the distillation demo use them. Deterministic for given settings.")
+    p.add_argument("--out", required=True, help="the BEIR folder to write")
+    p.add_argument("--books", help="a folder (or file) of books (default: the bundled Austen novels and Botchan)")
+    p.add_argument("--passages_per_book", type=int, default=defaults.passages_per_book,
+                   help="examples kept per book (default %(default)s)")
+    p.add_argument("--test_books", type=int, default=defaults.test_books, help="default %(default)s")
+    p.add_argument("--dev_books", type=int, default=defaults.dev_books, help="default %(default)s")
+    p.add_argument("--prefix_words", type=int, default=defaults.prefix_words, help="default %(default)s")
+    p.add_argument("--min_continuation_words", type=int, default=defaults.min_continuation_words,
+                   help="default %(default)s")
+    p.add_argument("--max_continuation_words", type=int, default=defaults.max_continuation_words,
+                   help="default %(default)s")
+    p.add_argument("--seed", type=int, default=defaults.seed, help="default %(default)s")
+    p.set_defaults(run=_run_books_beir)
+
+
+def _run_books_beir(args) -> dict:
+    import json
+
+    from rankgen_jax.data.beir_books import BooksCollectionConfig, build_books_collection
+    from rankgen_jax.data.documents import require_documents
+    from rankgen_jax.experiments.retrieval_example import bundled_books
+
+    books = bundled_books() if args.books is None else require_documents(args.books)[0]
+    config = BooksCollectionConfig(passages_per_book=args.passages_per_book, test_books=args.test_books,
+                                   dev_books=args.dev_books, prefix_words=args.prefix_words,
+                                   min_continuation_words=args.min_continuation_words,
+                                   max_continuation_words=args.max_continuation_words, seed=args.seed)
+    summary = build_books_collection(books, args.out, config)
+    print(json.dumps(summary))
+    return summary

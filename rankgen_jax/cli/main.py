@@ -18,6 +18,10 @@ from rankgen_jax.runtime.process import configure_xla_flags
 
 # The commands configured with gin: they take --gin.Name.param=value bindings (args.gin_bindings).
 GIN_COMMANDS = training.GIN_COMMANDS + data.GIN_COMMANDS
+# What every gin command's --help ends with: argparse cannot declare these flags.
+GIN_BINDINGS_HELP = ("gin bindings: --gin.Name.param=value (repeatable) binds one setting on top of the gin files, "
+                     "e.g. --gin.ClDrdConfig.depth=100 or --gin.ClDrdConfig.corpus=\"'beir/scifact'\" (strings "
+                     "in gin's quotes); docs/reference/config.md lists every setting")
 # In the order `rankgen-jax --help` lists them.
 SUBCOMMANDS = (
     checkpoints.add_import,
@@ -28,9 +32,10 @@ SUBCOMMANDS = (
     generation.add_generate_negatives,
     generation.add_merge_negatives,
     data.add_cache_tasks,
+    data.add_books_beir,
     training.add_pipeline,
     training.add_cl_drd,
-    training.add_cl_drd_example,
+    training.add_distillation_demo,
     training.add_retrieval_example,
     training.add_recipe_example,
     training.add_demo_curve,
@@ -86,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in SUBCOMMANDS:
         add(subparsers)
+    for name in GIN_COMMANDS:
+        subparsers.choices[name].epilog = GIN_BINDINGS_HELP
     return parser
 
 

@@ -23,6 +23,10 @@ CONVENTION_FLAGS = ("prefix_marker", "suffix_marker", "prefix_length", "suffix_l
                     "truncation")
 
 
+TEACHER_HELP = ("a cross encoder (rankgen_jax checkpoint, HF sequence-classification or CrossEncoder folder), a "
+                "bi-encoder (sentence-transformers model folder, rankgen_jax dual encoder, or 'mpnet' for "
+                "all-mpnet-base-v2, fetched once), or a file of teacher scores (scored Tevatron JSONL, or a run)")
+
 def add_convention_flags(p, truncation: bool = True) -> None:
     """The flags that override how the model reads text; unset ones keep what is recorded with it."""
     g = p.add_argument_group("input conventions (default: those recorded with the model; the released RankGen "
@@ -361,9 +365,8 @@ def add_mine_negatives(subparsers) -> None:
                    help="drop a candidate with s > p - |p| * MARGIN (e.g. 0.05, NV-Retriever's)")
     f.add_argument("--judge", choices=mining.JUDGES, default="retriever",
                    help="whose scores the margins compare: the retriever's (default) or --teacher's")
-    f.add_argument("--teacher", help="the judge 'teacher': a cross encoder (checkpoint, HF sequence-classification "
-                   "or CrossEncoder folder) or a file of teacher scores (scored Tevatron JSONL or a run); the written "
-                   "passages then carry its scores")
+    f.add_argument("--teacher", help="the judge 'teacher': " + TEACHER_HELP + "; the written passages then carry "
+                   "its scores")
     m.add_argument("--query_batch", type=int, default=mining.DEFAULT_QUERY_BATCH,
                    help="queries per written batch (default %(default)s)")
     m.add_argument("--overwrite", action="store_true", help="start over instead of resuming an existing --output")
@@ -395,16 +398,15 @@ SCORE_CANDIDATES_DESCRIPTION = (
     "(DataConfig.list_labels='teacher') and CL-DRD train from it. Input: a Tevatron training file (e.g. from "
     "mine-negatives), or a run (TREC, MS MARCO or search's JSON lines) with --queries, --corpus and --qrels: each "
     "query's first --depth passages are its candidates (each keeps its \"rank\"), those the qrels judge relevant "
-    "its positives (relevant ones the run missed are added). The teacher: a cross encoder or a file of scores; a "
-    "pair a score file lacks is left out and counted. Resumable (OUTPUT.progress.json); --num_shards / "
+    "its positives (relevant ones the run missed are added). The teacher: a cross encoder, a bi-encoder (scored "
+    "by its own similarity) or a file of scores; a pair a score file lacks is left out and counted. Resumable (OUTPUT.progress.json); --num_shards / "
     "--shard_index split the queries over processes or hosts. The last stdout line is a JSON summary.")
 
 
 def add_score_candidates(subparsers) -> None:
     p = subparsers.add_parser("score-candidates", description=SCORE_CANDIDATES_DESCRIPTION,
                               help="teacher scores for a run's or a training file's candidates, as Tevatron JSONL")
-    p.add_argument("--teacher", required=True, help="cross encoder (checkpoint, HF sequence-classification or "
-                   "CrossEncoder folder) or a file of teacher scores (scored Tevatron JSONL, or a run)")
+    p.add_argument("--teacher", required=True, help=TEACHER_HELP)
     p.add_argument("--output", required=True, help="Tevatron JSON-lines file to write (or to resume)")
     p.add_argument("--train_file", help="Tevatron training file whose passages to score")
     p.add_argument("--run", dest="run_file", help="run whose candidates to score (with --queries, --corpus, --qrels)")
@@ -415,10 +417,12 @@ def add_score_candidates(subparsers) -> None:
                    "training data)")
     p.add_argument("--depth", type=int, default=200, help="candidates per query from the run (default 200)")
     p.add_argument("--positive_level", type=int, default=1, help="qrels label of a positive (default: >= 1)")
-    p.add_argument("--query_length", type=int, help="a cross encoder's query tokens (default: its conventions')")
-    p.add_argument("--candidate_length", type=int, help="a cross encoder's passage tokens (default: its "
+    p.add_argument("--query_length", type=int, help="a rankgen_jax teacher's query tokens (default: its "
+                   "conventions'; a sentence-transformers bi-encoder reads with its own max_seq_length)")
+    p.add_argument("--candidate_length", type=int, help="a rankgen_jax teacher's passage tokens (default: its "
                    "conventions')")
-    p.add_argument("--batch_size", type=int, default=64, help="pairs per cross-encoder call (default 64)")
+    p.add_argument("--batch_size", type=int, default=64, help="pairs per cross-encoder call, texts per bi-encoder "
+                   "batch (default 64)")
     p.add_argument("--query_batch", type=int, default=64, help="queries per written batch (default 64)")
     p.add_argument("--num_shards", type=int, default=1, help="split the queries into this many shards (default 1)")
     p.add_argument("--shard_index", type=int, default=0, help="the shard this process scores: the queries at "
@@ -432,7 +436,8 @@ def add_score_candidates(subparsers) -> None:
 def _run_score_candidates(args) -> dict:
     from rankgen_jax.retrieval.teacher import load_teacher, score_candidates
 
-    teacher = load_teacher(args.teacher, args.query_length, args.candidate_length, args.batch_size)
+    teacher = load_teacher(args.teacher, args.query_length, args.candidate_length, args.batch_size,
+                           corpus=args.corpus, title_join=_title_join(args))
     summary = score_candidates(args.output, teacher, train_file=args.train_file, run_path=args.run_file,
                                queries_path=args.queries, corpus_path=args.corpus, qrels_path=args.qrels,
                                split=args.split, depth=args.depth, positive_level=args.positive_level,

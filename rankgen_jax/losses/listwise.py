@@ -244,20 +244,25 @@ def kl_distillation_loss(
     *,
     temperature: float = 1.0,
     t_squared: bool = False,
+    logit_scale: float = 1.0,
 ) -> tuple[Array, dict[str, Array]]:
-    """KL(softmax(teacher / T) || softmax(student / T)) over each query's valid candidates.
+    """KL(softmax(teacher / T) || softmax(logit_scale * student / T)) over each query's valid candidates.
 
     Teacher scores are `batch["teacher_scores"]` and get no gradient. Rows
     with fewer than 2 valid candidates (KL identically 0) are left out of the
     mean. `t_squared` multiplies by T^2, which keeps gradient magnitudes
     comparable across temperatures (Hinton et al.); conventions differ.
+    logit_scale scales the student's scores only (a student with unit
+    vectors, cosine scores in [-1, 1], learns at its training scale, e.g. 20,
+    whatever the teacher's scores span).
     """
     del loss_params
     scores_BxC = list_scores(outputs)
     shape = scores_BxC.shape
     mask_BxC = _mask(batch, "candidate_mask", shape)
     teacher_BxC = jax.lax.stop_gradient(jnp.where(mask_BxC, _batch_array(batch, "teacher_scores", shape), 0.0))
-    student_log_probs_BxC = _masked_log_softmax(jnp.where(mask_BxC, scores_BxC, 0.0) / temperature, mask_BxC)
+    student_log_probs_BxC = _masked_log_softmax(jnp.where(mask_BxC, scores_BxC, 0.0) * logit_scale / temperature,
+                                                mask_BxC)
     teacher_log_probs_BxC = _masked_log_softmax(teacher_BxC / temperature, mask_BxC)
     teacher_probs_BxC = jnp.where(mask_BxC, jnp.exp(teacher_log_probs_BxC), 0.0)
     row_loss_B = jnp.sum(teacher_probs_BxC * (teacher_log_probs_BxC - student_log_probs_BxC), axis=-1)

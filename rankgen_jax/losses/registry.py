@@ -67,7 +67,7 @@ LOSS_FORMULAS: dict[str, str] = {
     "listwise_softmax": "-mean_b sum_c (y_bc / sum_c' y_bc') log softmax_c(s_bc / T), rows with a positive label",
     "listmle": "-mean_b sum_i w_i [s_(i) / T - logsumexp_{j >= i} s_(j) / T], candidates sorted by label "
                "(w = 1, or PListMLE's (2^(n-i+1) - 1) / (2^n - 1))",
-    "kl_distillation": "mean_b KL(softmax(t_b / T) || softmax(s_b / T)) (times T^2 with t_squared)",
+    "kl_distillation": "mean_b KL(softmax(t_b / T) || softmax(scale s_b / T)) (times T^2 with t_squared)",
     "lambdarank_mrr": "sum over pairs y_i > y_j of |1/pi_i - 1/pi_j| softplus(s_j - s_i) / #pairs, "
                       "pi the student's own ranks",
     "sigmoid_bce": "mean over valid entries of BCE(sigmoid(s / T), y)",

@@ -5,6 +5,16 @@ A teacher is
   `*ForSequenceClassification` folder or a sentence-transformers `CrossEncoder`
   folder (inference.encoder.load_model(kind="cross_encoder")), scoring
   `query + passage` read together;
+- a bi-encoder: a sentence-transformers model folder (modules.json with a
+  Pooling module), scored by sentence-transformers itself (its prompts, its
+  max_seq_length, its similarity function), or a rankgen_jax dual-encoder
+  checkpoint (its query and document towers and dot-product score); "mpnet"
+  names all-mpnet-base-v2 (resources.fetch_model). With the corpus given, its
+  passages are encoded once, in corpus order, and looked up;
+- an ensemble: several teachers joined by " + " (e.g. "mpnet + runs/teacher"),
+  scoring the mean of the members' scores standardised within each query's
+  candidates (each member's z-scores), so members on other scales weigh the
+  same (Hofstätter et al.'s teacher ensembles average their members' scores);
 - or a file of scores: a Tevatron training file whose passages carry
   `"score"`, or a run (TREC `qid Q0 docid rank score tag`, or search's JSON
   lines) of a re-ranker. A pair the file does not hold has no score (NaN); its
@@ -46,6 +56,7 @@ from rankgen_jax.data.retrieval_files import (DEFAULT_TITLE_JOIN, TRAINING_SPLIT
                                               is_beir_folder, read_numbered_training_queries, read_passages, read_qrels,
                                               read_queries, read_run, trec_eval_order, training_query_record)
 from rankgen_jax.errors import RankgenError
+from rankgen_jax.pretrained import resolve_model
 from rankgen_jax.retrieval import resumable
 
 DEFAULT_QUERY_BATCH = 64
@@ -106,10 +117,144 @@ class ScoreFileTeacher:
                 for q, cands in zip(query_ids, candidates)]
 
 
+class BiEncoderTeacher:
+    """A bi-encoder's similarity of (query, passage) pairs: a sentence-transformers model folder (scored by
+    sentence-transformers: encode_query / encode_document, then its own similarity function) or a rankgen_jax dual
+    encoder (its towers, dot products). Passages of the corpus are encoded once, in corpus order."""
+
+    def __init__(self, model_dir: str, query_length: int | None = None, candidate_length: int | None = None,
+                 batch_size: int = 64, conventions: dict | None = None, corpus: str | None = None,
+                 title_join: str | None = DEFAULT_TITLE_JOIN):
+        self.batch_size, self.corpus, self.title_join = batch_size, corpus, title_join
+        self.sentence_transformer = is_sentence_transformer_bi_encoder(model_dir)
+        if self.sentence_transformer:
+            from sentence_transformers import SentenceTransformer  # an optional dependency (the 'st' extra)
+
+            self.model = SentenceTransformer(model_dir, device="cpu")
+            self.lengths = (None, None)
+        else:
+            from rankgen_jax.inference.encoder import load_model  # imports jax: see CrossEncoderTeacher
+
+            self.model = load_model(model_dir, conventions=conventions)
+            self.lengths = (query_length, candidate_length)
+        self._passages: dict[str, np.ndarray] | None = None
+        self.stamp = {"teacher": str(Path(model_dir).resolve()), "kind": "bi_encoder",
+                      "query_length": self.lengths[0], "candidate_length": self.lengths[1],
+                      "batch_size": batch_size, "corpus": resumable.input_stamp(corpus)}
+
+    def encode(self, texts: Sequence[str], side: str) -> np.ndarray:
+        """Vectors [N, D] (float32) of texts on the query ("prefix") or document ("suffix") side."""
+        if not texts:
+            return np.zeros((0, 0), np.float32)
+        if self.sentence_transformer:
+            encode = self.model.encode_query if side == "prefix" else self.model.encode_document
+            return np.asarray(encode(list(texts), batch_size=self.batch_size, convert_to_numpy=True,
+                                     show_progress_bar=False), np.float32)
+        length = self.lengths[0] if side == "prefix" else self.lengths[1]
+        return self.model.encode(list(texts), side=side, max_length=length, batch_size=self.batch_size)
+
+    def similarity(self, query_D: np.ndarray, passages_NxD: np.ndarray) -> np.ndarray:
+        """The model's own score of one query against passages [N]."""
+        if not self.sentence_transformer:
+            return (passages_NxD.astype(np.float64) @ query_D.astype(np.float64)).astype(np.float32)
+        import torch
+
+        return self.model.similarity(torch.from_numpy(query_D[None]), torch.from_numpy(passages_NxD)).numpy()[0]
+
+    def _corpus_vectors(self) -> dict[str, np.ndarray]:
+        if self._passages is None:
+            self._passages = {}
+            if self.corpus:
+                corpus = read_passages(self.corpus)
+                vectors = self.encode(corpus.joined(self.title_join), "suffix")
+                self._passages = dict(zip(corpus.ids, vectors))
+        return self._passages
+
+    def score(self, query_ids: Sequence[str], queries: Sequence[str], candidates: Sequence[Sequence[Passage]],
+              title_join: str | None = DEFAULT_TITLE_JOIN) -> list[np.ndarray]:
+        """Scores [C_i] (float32) of each query's candidates: corpus passages looked up, others encoded here."""
+        del query_ids
+        known = self._corpus_vectors()
+        others = list(dict.fromkeys(p.id for cands in candidates for p in cands if p.id not in known))
+        texts = {p.id: p.joined(title_join) for cands in candidates for p in cands}
+        vectors = {**dict(zip(others, self.encode([texts[d] for d in others], "suffix"))), **known}
+        query_vectors = self.encode(list(queries), "prefix")
+        return [self.similarity(q, np.stack([vectors[p.id] for p in cands])) if cands else np.zeros(0, np.float32)
+                for q, cands in zip(query_vectors, candidates)]
+
+
+ENSEMBLE_SEPARATOR = " + "
+
+
+def standardized(scores_C: np.ndarray) -> np.ndarray:
+    """Scores as z-scores over the finite ones (mean 0, standard deviation 1; all 0 when they are equal); NaN stays
+    NaN."""
+    scores = np.asarray(scores_C, np.float64)
+    finite = np.isfinite(scores)
+    if not finite.any():
+        return scores
+    centred = scores - scores[finite].mean()
+    spread = scores[finite].std()
+    return centred / spread if spread > 0 else np.where(finite, 0.0, np.nan)
+
+
+class EnsembleTeacher:
+    """The mean of several teachers' scores, each standardised within a query's candidates (standardized): a pair
+    any member cannot score (NaN) has no ensemble score."""
+
+    def __init__(self, members: Sequence[Any]):
+        if len(members) < 2:
+            raise RankgenError("an ensemble teacher needs at least two members")
+        self.members = list(members)
+        self.stamp = {"kind": "ensemble", "members": [m.stamp for m in self.members]}
+
+    def score(self, query_ids: Sequence[str], queries: Sequence[str], candidates: Sequence[Sequence[Passage]],
+              title_join: str | None = DEFAULT_TITLE_JOIN) -> list[np.ndarray]:
+        by_member = [m.score(query_ids, queries, candidates, title_join) for m in self.members]
+        return [np.mean([standardized(scores[i]) for scores in by_member], axis=0).astype(np.float32)
+                for i in range(len(candidates))]
+
+
+def is_sentence_transformer_bi_encoder(folder: str | Path) -> bool:
+    """A sentence-transformers model folder whose modules pool token vectors (a bi-encoder, not a CrossEncoder)."""
+    modules = Path(folder) / "modules.json"
+    if not modules.is_file():
+        return False
+    try:
+        entries = json.loads(modules.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise RankgenError(f"{modules}: not valid JSON") from None
+    return any(isinstance(e, dict) and str(e.get("type", "")).endswith(".Pooling") for e in entries)
+
+
+def teacher_kind(teacher: str) -> str:
+    """"scores", "bi_encoder" or "cross_encoder": what load_teacher makes of a path."""
+    folder = Path(teacher)
+    if not folder.is_dir():
+        return "scores"
+    if is_sentence_transformer_bi_encoder(folder):
+        return "bi_encoder"
+    from rankgen_jax.checkpoints import native
+
+    if native.is_checkpoint_dir(folder) and native.load_model_config(folder).kind == "dual_encoder":
+        return "bi_encoder"
+    return "cross_encoder"
+
+
 def load_teacher(teacher: str, query_length: int | None = None, candidate_length: int | None = None,
-                 batch_size: int = 64, conventions: dict | None = None):
-    """A folder is a cross encoder, a file a file of scores."""
-    if Path(teacher).is_dir():
+                 batch_size: int = 64, conventions: dict | None = None, corpus: str | None = None,
+                 title_join: str | None = DEFAULT_TITLE_JOIN):
+    """A teacher by what `teacher` is (teacher_kind): a file of scores, a bi-encoder or a cross encoder; "mpnet"
+    is all-mpnet-base-v2; teachers joined by " + " are an EnsembleTeacher. corpus: the passages a bi-encoder
+    encodes once."""
+    if ENSEMBLE_SEPARATOR in teacher:
+        return EnsembleTeacher([load_teacher(part.strip(), query_length, candidate_length, batch_size, conventions,
+                                             corpus, title_join) for part in teacher.split(ENSEMBLE_SEPARATOR)])
+    teacher = resolve_model(teacher)
+    kind = teacher_kind(teacher)
+    if kind == "bi_encoder":
+        return BiEncoderTeacher(teacher, query_length, candidate_length, batch_size, conventions, corpus, title_join)
+    if kind == "cross_encoder":
         return CrossEncoderTeacher(teacher, query_length, candidate_length, batch_size, conventions)
     return ScoreFileTeacher(teacher)
 

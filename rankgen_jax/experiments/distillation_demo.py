@@ -1,0 +1,356 @@
+"""Does distillation improve a real retriever here? CL-DRD and DKMR^2 on the bundled books, against their baselines.
+
+1. collection: the books BEIR folder (data/beir_books.py): prefixes as queries, their gold continuations as
+   passages; training, dev and test books apart. The dev queries choose CL-DRD's iteration; the test queries
+   are only reported.
+2. BM25 on dev and test.
+3. the teacher (DistillationDemoConfig.teacher; members joined by " + " are an ensemble of standardised
+   scores, retrieval/teacher.py): "trained" stands for a MiniLM dual encoder this job trains first with
+   RankGen's in-batch objective on every example of the training books (never the dev or test books);
+   "mpnet" is all-mpnet-base-v2. Each member and the teacher itself rank the whole corpus (a row each).
+4. CL-DRD (experiments/cl_drd.py) from zero-shot MiniLM with that teacher, ClDrdConfig as gin binds it
+   (gin_configs/distillation/books_cpu.gin); its iteration 0 is the zero-shot student.
+5. standard distillation: KL to the teacher's scores over the zero-shot student's top N (CL-DRD's first
+   teacher-scored candidates, N its list size), as many steps as CL-DRD's iterations take in all.
+6. DKMR^2 (experiments/pipeline.py) on its own task, the books analogue of CommonGen's retrieval:
+   Retriever0, the metric-guided ranker (ListMLE over BLEU's order), Retriever1 distilled from it by KL.
+7. the tables: each row's nDCG@10, RR@10, R@100 on test (dev beside), with standard errors over queries and
+   the paired difference from the zero-shot student; DKMR^2's rows on its held-out queries against Retriever0.
+
+Every stage resumes (stages.StageRun); results.json and distillation_table.md hold the outcome.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import gin
+import numpy as np
+
+from rankgen_jax.checkpoints import native
+from rankgen_jax.data.beir_books import BooksCollectionConfig, book_slug, build_books_collection
+from rankgen_jax.data.documents import Document
+from rankgen_jax.data.jsonl import read_jsonl, write_jsonl
+from rankgen_jax.data.retrieval_files import Passage, read_passages, read_queries, write_run
+from rankgen_jax.data.sources import DataConfig
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.experiments.cl_drd import (ClDrdConfig, Job, QuerySet, evaluate_retriever, measure_run,
+                                            paired_difference, run_cl_drd)
+from rankgen_jax.experiments.pipeline import DKMR2_RETRIEVER1, PipelineConfig, run_pipeline
+from rankgen_jax.experiments.retrieval_example import bundled_books
+from rankgen_jax.experiments.stages import StageRun, is_done, log, mark_done, starting_checkpoint
+from rankgen_jax.pretrained import MINILM
+from rankgen_jax.retrieval.dense_index import index_corpus
+from rankgen_jax.retrieval.mining import Bm25Retriever
+from rankgen_jax.retrieval.teacher import ENSEMBLE_SEPARATOR, load_teacher
+from rankgen_jax.train.config import LossConfig, TrainerConfig
+from rankgen_jax.train.loop import train
+from rankgen_jax.train.optimizers import OptimizerConfig
+
+TABLE_FILE = "distillation_table.md"
+TRAINED = "trained"  # the teacher member this job trains
+SPLITS = ("dev", "test")
+DKMR2_ROWS = (("tfidf", "TF-IDF"), ("zero_shot", "zero-shot MiniLM"), ("retriever0", "Retriever0"),
+              ("ranker0_listmle", "Ranker0 (ListMLE over BLEU's order), re-ranking Retriever0's top 20"),
+              (DKMR2_RETRIEVER1, "Retriever1 (KL from Ranker0)"))
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class DistillationDemoConfig:
+    """The collection, the student, the teacher (its trained member's budget), the standard-distillation baseline
+    and whether DKMR^2 runs; CL-DRD's settings are ClDrdConfig's, DKMR^2's PipelineConfig's."""
+
+    passages_per_book: int = 250
+    test_books: int = 2
+    dev_books: int = 1
+    prefix_words: int = 64
+    min_continuation_words: int = 10
+    max_continuation_words: int = 40
+    student: str = MINILM
+    teacher: str = f"{TRAINED} + mpnet"
+    teacher_steps: int = 200
+    teacher_batch_size: int = 32
+    teacher_learning_rate: float = 5e-5
+    teacher_logit_scale: float = 20.0
+    standard_learning_rate: float = 3.5e-5
+    standard_temperature: float = 1.0
+    bm25_depth: int = 100
+    dkmr2: bool = True
+
+    def __post_init__(self):
+        if self.teacher_steps < 1 or self.teacher_batch_size < 1:
+            raise RankgenError("DistillationDemoConfig.teacher_steps and teacher_batch_size must be >= 1")
+
+
+def _log(message: str) -> None:
+    log("distillation-demo", message)
+
+
+def _query_sets(beir: Path) -> dict[str, QuerySet]:
+    return {split: QuerySet(split, str(beir), str(beir), split) for split in SPLITS}
+
+
+def _bm25(beir: Path, root: Path, cfg: DistillationDemoConfig, measures) -> dict:
+    corpus = read_passages(str(beir))
+    retriever = Bm25Retriever(corpus.joined(), corpus.ids, progress=False)
+    out = {}
+    for split, query_set in _query_sets(beir).items():
+        queries = read_queries(str(beir), split=split)
+        rankings = retriever.rank(queries.joined(), cfg.bm25_depth)
+        run = write_run(root / "bm25" / f"{split}.trec", [
+            {"query_id": q, "ids": [corpus.ids[r] for r, _ in ranked], "scores": [s for _, s in ranked]}
+            for q, ranked in zip(queries.ids, rankings)], "trec", "bm25")
+        out[split] = measure_run(run, query_set, measures, root / "bm25" / f"{split}.json")
+    return out
+
+
+def _train_teacher(root: Path, init: Path, books: list[Document], beir_summary: dict, cfg: DistillationDemoConfig,
+                   cl_cfg: ClDrdConfig) -> str:
+    """MiniLM trained with RankGen's in-batch objective (InBook negatives) on every example of the training books,
+    reading text as the student will (ClDrdConfig's lengths, no markers)."""
+    workdir = root / "teacher"
+    if is_done(workdir):
+        return str(workdir)
+    folder = root / "teacher_books"
+    train_slugs = set(beir_summary["train_books"])
+    kept = [d for d in books if book_slug(d.id) in train_slugs or book_slug(d.id) in beir_summary["dev_books"]]
+    for doc in kept:
+        path = folder / doc.id
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(doc.text, encoding="utf-8")
+    # The dev book is the run's held-out document (never trained on); it has no test book in it.
+    holdout = tuple(d.id for d in kept if book_slug(d.id) in beir_summary["dev_books"])
+    data = DataConfig(source="examples", corpus=str(folder), batch_size=cfg.teacher_batch_size,
+                      prefix_length=cl_cfg.query_length, continuation_length=cl_cfg.passage_length,
+                      prefix_keep=cl_cfg.query_keep, with_negative=False, holdout_ids=holdout,
+                      prefix_words=cfg.prefix_words, min_continuation_words=cfg.min_continuation_words,
+                      max_continuation_words=cfg.max_continuation_words, prefix_marker="", suffix_marker="",
+                      seed=cl_cfg.seed)
+    trainer = TrainerConfig(num_steps=cfg.teacher_steps, log_every=10, eval_every=0,
+                            checkpoint_every=min(100, cfg.teacher_steps), init_checkpoint=str(init),
+                            async_checkpoints=False, seed=cl_cfg.seed)
+    optimizer = OptimizerConfig(name="adamw", learning_rate=cfg.teacher_learning_rate, warmup_steps=10,
+                                weight_decay=0.01)
+    train(str(workdir), trainer=trainer, data=data, loss=LossConfig(name="in_batch_softmax",
+                                                                     logit_scale=cfg.teacher_logit_scale),
+          optimizer=optimizer)
+    mark_done(workdir)
+    return str(workdir)
+
+
+def teacher_spec(teacher: str, trained: str | None) -> str:
+    """The teacher as load_teacher reads it: TRAINED replaced by the trained member's folder."""
+    members = [m.strip() for m in teacher.split(ENSEMBLE_SEPARATOR)]
+    return ENSEMBLE_SEPARATOR.join(trained if m == TRAINED else m for m in members)
+
+
+def _rank_corpus(teacher_path: str, beir: Path, out_dir: Path, cl_cfg: ClDrdConfig, measures) -> dict:
+    """A teacher (or one member) scoring the whole corpus for every dev and test query: its TREC runs and
+    measures."""
+    teacher = load_teacher(teacher_path, cl_cfg.query_length, cl_cfg.passage_length, cl_cfg.teacher_batch_size,
+                           corpus=str(beir))
+    corpus = read_passages(str(beir))
+    passages = [corpus.passage(d) for d in corpus.ids]
+    out = {}
+    for split, query_set in _query_sets(beir).items():
+        if (out_dir / f"{split}.json").is_file():
+            out[split] = measure_run(out_dir / f"{split}.trec", query_set, measures, out_dir / f"{split}.json")
+            continue
+        queries = read_queries(str(beir), split=split)
+        scores = teacher.score(queries.ids, queries.joined(), [passages] * len(queries.ids))
+        results = []
+        for qid, row in zip(queries.ids, scores):
+            top = np.argsort(-row, kind="stable")[: cl_cfg.eval_depth]
+            results.append({"query_id": qid, "ids": [corpus.ids[j] for j in top], "scores": [float(row[j]) for j in top]})
+        run = write_run(out_dir / f"{split}.trec", results, "trec", "teacher")
+        out[split] = measure_run(run, query_set, measures, out_dir / f"{split}.json")
+    return out
+
+
+def _standard_distillation(root: Path, cl_root: Path, cl_cfg: ClDrdConfig, cfg: DistillationDemoConfig,
+                           steps: int) -> dict:
+    """KL over the teacher's scores of the zero-shot student's top N (N: CL-DRD's first list size), from the
+    zero-shot student, for `steps` steps; then indexed and evaluated as CL-DRD's iterations are."""
+    job = Job(cl_root, cl_cfg)
+    workdir = root / "standard" / "student"
+    size = cl_cfg.curriculum[0].list_size
+    if not is_done(workdir):
+        records = []
+        for record in read_jsonl(cl_root / "iter1" / "candidates.jsonl"):
+            ranked = sorted((p for p in record["positive_passages"] + record["negative_passages"] if "rank" in p),
+                            key=lambda p: p["rank"])[:size]
+            if len(ranked) >= 2:
+                records.append({"query": record["query"],
+                                "candidates": [Passage(p["docid"], p["text"], p.get("title", "")).joined(
+                                    cl_cfg.title_join) for p in ranked],
+                                "teacher_scores": [float(p["score"]) for p in ranked]})
+        lists = write_jsonl(root / "standard" / "train_lists.jsonl", records)
+        conventions = job.reading_conventions()
+        data = DataConfig(source="lists", train_file=str(lists), eval_file=str(lists), batch_size=cl_cfg.batch_size,
+                          prefix_length=cl_cfg.query_length, continuation_length=cl_cfg.passage_length,
+                          list_size=size, prefix_keep=cl_cfg.query_keep, seed=cl_cfg.seed + 1,
+                          prefix_marker=conventions["prefix_marker"], suffix_marker=conventions["suffix_marker"])
+        optimizer = OptimizerConfig(name="adamw", learning_rate=cfg.standard_learning_rate, schedule="linear",
+                                    warmup_steps=min(cl_cfg.warmup_steps, steps - 1), total_steps=steps,
+                                    weight_decay=cl_cfg.weight_decay, clip_grad_norm=cl_cfg.clip_grad_norm)
+        trainer = TrainerConfig(num_steps=steps, log_every=max(1, min(50, steps // 10)), eval_every=0,
+                                checkpoint_every=min(cl_cfg.checkpoint_every, steps), keep_checkpoints=2,
+                                init_checkpoint=str(job.student(0)), seed=cl_cfg.seed + 1, async_checkpoints=False)
+        train(str(workdir), trainer=trainer, data=data, optimizer=optimizer,
+              loss=LossConfig(name="kl_distillation", temperature=cfg.standard_temperature,
+                              logit_scale=cl_cfg.logit_scale))
+        mark_done(workdir)
+    index = root / "standard" / "index"
+    if not (index / "index_config.json").is_file():
+        index_corpus(str(workdir), cl_cfg.corpus, str(index), batch_size=cl_cfg.encode_batch_size, overwrite=True,
+                     title_join=cl_cfg.title_join, conventions=job.reading_conventions(), progress=False)
+    return {q.name: evaluate_retriever(str(workdir), index, q, root / "standard" / "eval", cl_cfg,
+                                       job.reading_conventions(), "standard_kl")
+            for q in _query_sets(Path(cl_cfg.corpus)).values()}
+
+
+def _cell(ev: dict, measure: str) -> str:
+    return f"{ev[measure]:.3f} ± {ev[measure + '_se']:.3f}"
+
+
+def retrieval_rows(results: dict) -> list[tuple[str, dict]]:
+    """(name, {split: measures}) of every row of the books table, in order."""
+    cl = results["cl_drd"]["iterations"]
+    rows = [("BM25", results["bm25"])]
+    for name, ev in results.get("teacher_members", {}).items():
+        rows.append((f"teacher member: {name}", ev))
+    rows.append((f"teacher ({results['teacher_spec']})", results["teacher"]))
+    rows.append(("zero-shot student (MiniLM)", {"dev": cl["0"]["select"], "test": cl["0"]["eval"]["test"]}))
+    if "standard" in results:
+        rows.append((f"standard distillation (KL, {results['standard_steps']} steps)", results["standard"]))
+    for key in sorted(cl, key=int):
+        if key != "0" and "eval" in cl[key]:
+            stage = cl[key]["stage"]
+            kept = " (kept)" if results["cl_drd"].get("best_iteration") == int(key) else ""
+            rows.append((f"CL-DRD iteration {key}{kept} (K={stage['k']}, N_h={stage['n_hard']}, "
+                         f"N_s={stage['n_rest']})", {"dev": cl[key]["select"], "test": cl[key]["eval"]["test"]}))
+    return rows
+
+
+def table_markdown(results: dict) -> str:
+    """The books table (test measures, dev nDCG@10 beside, paired differences from the zero-shot student), then
+    DKMR^2's rows on its own held-out queries (paired differences from Retriever0)."""
+    rows = retrieval_rows(results)
+    start = results["cl_drd"]["iterations"]["0"]
+    lines = ["| model | test nDCG@10 | test RR@10 | test R@100 | test nDCG@10 - zero-shot | test RR@10 - zero-shot | "
+             "dev nDCG@10 |", "| --- |" + " ---: |" * 6]
+    for name, ev in rows:
+        cells = [_cell(ev["test"], m) for m in ("nDCG@10", "RR@10", "R@100")]
+        for measure in ("nDCG@10", "RR@10"):
+            if ev["test"] is start["eval"]["test"]:
+                cells.append("-")
+            else:
+                diff, se = paired_difference(ev["test"], start["eval"]["test"], measure)
+                cells.append(f"{diff:+.3f} ± {se:.3f}")
+        cells.append(_cell(ev["dev"], "nDCG@10"))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if "dkmr2" in results:
+        table = results["dkmr2"]["table"]
+        lines += ["", "| DKMR^2 model (its held-out queries) | MRR@10 | R@10 | BLEU of top 1 | MRR@10 - Retriever0 |",
+                  "| --- | ---: | ---: | ---: | ---: |"]
+        for key, name in DKMR2_ROWS:
+            if key not in table:
+                continue
+            row = table[key]
+            diff = "-" if key == "retriever0" else "{:+.3f} ± {:.3f}".format(
+                *paired_difference(row, table["retriever0"], "mrr@10"))
+            lines.append(f"| {name} | {row['mrr@10']:.3f} ± {row['mrr@10_se']:.3f} | "
+                         f"{row['recall@10']:.3f} ± {row['recall@10_se']:.3f} | {row['bleu_top1']:.1f} | {diff} |")
+    return "\n".join(lines) + "\n"
+
+
+def targets(results: dict) -> dict:
+    """The issue's three targets, read off the results: CL-DRD's kept student against the zero-shot one (more
+    than 2 paired standard errors on test nDCG@10), against standard distillation, and Retriever1 against
+    Retriever0."""
+    cl = results["cl_drd"]
+    start = cl["iterations"]["0"]["eval"]["test"]
+    kept = cl["iterations"][str(cl["best_iteration"])]["eval"]["test"]
+    out = {"kept_iteration": cl["best_iteration"]}
+    diff, se = paired_difference(kept, start, "nDCG@10")
+    out["cl_drd_vs_zero_shot"] = {"difference": diff, "se": se, "met": diff > 2 * se}
+    if "standard" in results:
+        diff, se = paired_difference(kept, results["standard"]["test"], "nDCG@10")
+        out["cl_drd_vs_standard"] = {"difference": diff, "se": se, "met": diff >= 0}
+    if "dkmr2" in results:
+        table = results["dkmr2"]["table"]
+        diff, se = paired_difference(table[DKMR2_RETRIEVER1], table["retriever0"], "mrr@10")
+        out["retriever1_vs_retriever0"] = {"difference": diff, "se": se, "met": diff > 0}
+    return out
+
+
+def run_distillation_demo(workdir: str, cfg: DistillationDemoConfig | None = None,
+                          cl_drd_config: ClDrdConfig | None = None, pipeline_config: PipelineConfig | None = None,
+                          books: list[Document] | None = None) -> dict:
+    """Run (or resume) the demonstration in workdir; returns results.json's contents."""
+    cfg = cfg or DistillationDemoConfig()
+    # Read before anything trains: a training run refuses gin bindings that nothing has read yet.
+    cl_drd_config = cl_drd_config or ClDrdConfig()
+    pipeline_config = pipeline_config or (PipelineConfig() if cfg.dkmr2 else None)
+    job = StageRun(workdir, "distillation-demo")
+    root, results = job.root, job.results
+    books = bundled_books() if books is None else books
+    beir = root / "beir"
+    if "collection" not in results:
+        collection = BooksCollectionConfig(passages_per_book=cfg.passages_per_book, test_books=cfg.test_books,
+                                           dev_books=cfg.dev_books, prefix_words=cfg.prefix_words,
+                                           min_continuation_words=cfg.min_continuation_words,
+                                           max_continuation_words=cfg.max_continuation_words)
+        results["collection"] = job.stage("collection", build_books_collection, books, beir, collection)
+    measures = tuple(cl_drd_config.measures)
+    if "bm25" not in results:
+        results["bm25"] = job.stage("bm25", _bm25, beir, root, cfg, measures)
+    init = Path(cfg.student) if native.is_checkpoint_dir(cfg.student) else starting_checkpoint(
+        "", cfg.student, root, "DistillationDemoConfig.student")
+    cl_cfg = dataclasses.replace(cl_drd_config, corpus=str(beir), student=str(init), eval_split="test",
+                                 report_splits=(), select_split="dev")
+    trained = None
+    if TRAINED in [m.strip() for m in cfg.teacher.split(ENSEMBLE_SEPARATOR)]:
+        trained = job.stage("teacher_training", _train_teacher, root, init, books, results["collection"], cfg,
+                            cl_cfg)
+    spec = teacher_spec(cfg.teacher, trained)
+    results["teacher_spec"] = cfg.teacher
+    cl_cfg = dataclasses.replace(cl_cfg, teacher=spec)
+    members = [m.strip() for m in spec.split(ENSEMBLE_SEPARATOR)]
+    if len(members) > 1:
+        named = results.setdefault("teacher_members", {})
+        for label, member in zip([m.strip() for m in cfg.teacher.split(ENSEMBLE_SEPARATOR)], members):
+            if label not in named:
+                named[label] = job.stage(f"teacher_{label}", _rank_corpus, member, beir,
+                                         root / "teacher_rows" / label.replace("/", "_"), cl_cfg, measures)
+    if "teacher" not in results:
+        results["teacher"] = job.stage("teacher", _rank_corpus, spec, beir, root / "teacher_rows" / "teacher", cl_cfg,
+                                       measures)
+    results["cl_drd"] = job.stage("cl_drd", run_cl_drd, str(root / "cl_drd"), cl_cfg)
+    steps = sum(row.get("training", {}).get("steps", 0) for row in results["cl_drd"]["iterations"].values())
+    results["standard_steps"] = steps
+    if "standard" not in results:
+        results["standard"] = job.stage("standard", _standard_distillation, root, root / "cl_drd", cl_cfg, cfg,
+                                        steps)
+    if cfg.dkmr2:
+        books_folder = root / "dkmr2_books"
+        for doc in books:
+            path = books_folder / doc.id
+            if not path.is_file():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(doc.text, encoding="utf-8")
+        dkmr2_cfg = dataclasses.replace(pipeline_config, corpus=str(books_folder))
+        results["dkmr2"] = job.stage("dkmr2", run_pipeline, str(root / "dkmr2"), dkmr2_cfg)
+    results["targets"] = targets(results)
+    table = table_markdown(results)
+    (root / TABLE_FILE).write_text(table, encoding="utf-8")
+    results = job.finish()
+    print(table)
+    for name, target in results["targets"].items():
+        if isinstance(target, dict):
+            _log(f"target {name}: {target['difference']:+.4f} ± {target['se']:.4f} -> "
+                 f"{'met' if target['met'] else 'missed'}")
+    return results
+
