@@ -86,10 +86,40 @@ def test_the_demonstration_runs_end_to_end(setup, tmp_path):  # noqa: F811
     """Tiny models: the collection, BM25, a trained teacher, CL-DRD, standard distillation, the table."""
     books = [d for d in require_documents(BUNDLED_CORPUS)[0] if d.id.startswith("austen/")][:4]
     cfg = demo.DistillationDemoConfig(passages_per_book=8, test_books=1, dev_books=1, prefix_words=32,
-                                      max_continuation_words=24, student=str(setup / "student"), teacher="trained",
+                                      max_continuation_words=24, student=str(setup / "student"),
+                                      teacher=f"trained + {setup / 'teacher'}",
                                       teacher_steps=2, teacher_batch_size=8, dkmr2=False)
     results = demo.run_distillation_demo(str(tmp_path / "demo"), cfg, config(setup, num_shards=1), books=books)
     table = (tmp_path / "demo" / demo.TABLE_FILE).read_text()
     assert "| BM25 |" in table and "standard distillation (KL, 6 steps)" in table and "CL-DRD iteration 2" in table
     assert set(results["targets"]) == {"kept_iteration", "cl_drd_vs_zero_shot", "cl_drd_vs_standard"}
     assert results["standard"]["test"]["queries"] == 8
+    # The ensemble's members each have a row; the teacher's row combines their scores as the teacher does.
+    assert set(results["teacher_members"]) == {"trained", str(setup / "teacher")}
+    assert f"teacher (trained + {setup / 'teacher'})" in table
+
+
+def test_standard_lists_draw_from_the_students_top_n_afresh_each_epoch():
+    """Reference: for epoch e and query position i, the rows drawn are sorted(choice(N, L)) of a generator seeded
+    (seed, e, i) over the candidates in the student's rank order; "top" keeps the first L."""
+    import numpy as np
+
+    candidates = []
+    for q in range(3):
+        passages = [{"docid": f"d{q}-{r}", "text": f"t{r}", "title": "", "score": float(-r), "rank": r + 1}
+                    for r in range(12)]
+        passages.append({"docid": f"gold{q}", "text": "g", "title": "", "score": 9.0})  # unranked: never listed
+        candidates.append({"query": f"q{q}", "positive_passages": passages[-1:], "negative_passages": passages[:-1]})
+    drawn = demo.standard_lists(candidates, 4, 2, "drawn", seed=7)
+    assert len(drawn) == 6
+    for epoch in range(2):
+        for i in range(3):
+            rows = np.sort(np.random.default_rng([7, epoch, i]).choice(12, 4, replace=False))
+            record = drawn[epoch * 3 + i]
+            assert record["docids"] == [f"d{i}-{r}" for r in rows]
+            assert record["teacher_scores"] == [float(-r) for r in rows]
+    assert drawn[0]["docids"] != drawn[3]["docids"], "each epoch draws afresh"
+    top = demo.standard_lists(candidates, 4, 1, "top", seed=7)
+    assert [r["docids"] for r in top] == [[f"d{i}-{r}" for r in range(4)] for i in range(3)]
+    with pytest.raises(Exception, match="standard_lists"):
+        demo.DistillationDemoConfig(standard_lists="all")

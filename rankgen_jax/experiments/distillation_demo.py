@@ -11,7 +11,9 @@
 4. CL-DRD (experiments/cl_drd.py) from zero-shot MiniLM with that teacher, ClDrdConfig as gin binds it
    (gin_configs/distillation/books_cpu.gin); its iteration 0 is the zero-shot student.
 5. standard distillation: KL to the teacher's scores over the zero-shot student's top N (CL-DRD's first
-   teacher-scored candidates, N its list size), as many steps as CL-DRD's iterations take in all.
+   teacher-scored candidates: N = ClDrdConfig.depth), in lists of CL-DRD's size drawn afresh from them each
+   epoch (standard_lists "drawn"; "top": the student's top L only), as many steps as CL-DRD's iterations
+   take in all.
 6. DKMR^2 (experiments/pipeline.py) on its own task, the books analogue of CommonGen's retrieval:
    Retriever0, the metric-guided ranker (ListMLE over BLEU's order), Retriever1 distilled from it by KL.
 7. the tables: each row's nDCG@10, RR@10, R@100 on test (dev beside), with standard errors over queries and
@@ -32,7 +34,7 @@ from rankgen_jax.checkpoints import native
 from rankgen_jax.data.beir_books import BooksCollectionConfig, book_slug, build_books_collection
 from rankgen_jax.data.documents import Document
 from rankgen_jax.data.jsonl import read_jsonl, write_jsonl
-from rankgen_jax.data.retrieval_files import Passage, read_passages, read_queries, write_run
+from rankgen_jax.data.retrieval_files import DEFAULT_TITLE_JOIN, Passage, read_passages, read_queries, write_run
 from rankgen_jax.data.sources import DataConfig
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.experiments.cl_drd import (ClDrdConfig, Job, QuerySet, evaluate_retriever, measure_run,
@@ -43,13 +45,15 @@ from rankgen_jax.experiments.stages import StageRun, is_done, log, mark_done, st
 from rankgen_jax.pretrained import MINILM
 from rankgen_jax.retrieval.dense_index import index_corpus
 from rankgen_jax.retrieval.mining import Bm25Retriever
-from rankgen_jax.retrieval.teacher import ENSEMBLE_SEPARATOR, load_teacher
+from rankgen_jax.retrieval.teacher import ENSEMBLE_SEPARATOR, EnsembleTeacher, load_teacher, standardized
 from rankgen_jax.train.config import LossConfig, TrainerConfig
 from rankgen_jax.train.loop import train
 from rankgen_jax.train.optimizers import OptimizerConfig
 
 TABLE_FILE = "distillation_table.md"
 TRAINED = "trained"  # the teacher member this job trains
+# Standard distillation's lists: L drawn from the student's top N afresh each epoch, or its top L.
+STANDARD_LISTS = ("drawn", "top")
 SPLITS = ("dev", "test")
 DKMR2_ROWS = (("tfidf", "TF-IDF"), ("zero_shot", "zero-shot MiniLM"), ("retriever0", "Retriever0"),
               ("ranker0_listmle", "Ranker0 (ListMLE over BLEU's order), re-ranking Retriever0's top 20"),
@@ -74,6 +78,7 @@ class DistillationDemoConfig:
     teacher_batch_size: int = 32
     teacher_learning_rate: float = 5e-5
     teacher_logit_scale: float = 20.0
+    standard_lists: str = "drawn"
     standard_learning_rate: float = 3.5e-5
     standard_temperature: float = 1.0
     bm25_depth: int = 100
@@ -82,6 +87,9 @@ class DistillationDemoConfig:
     def __post_init__(self):
         if self.teacher_steps < 1 or self.teacher_batch_size < 1:
             raise RankgenError("DistillationDemoConfig.teacher_steps and teacher_batch_size must be >= 1")
+        if self.standard_lists not in STANDARD_LISTS:
+            raise RankgenError(f"DistillationDemoConfig.standard_lists must be one of {STANDARD_LISTS}, got "
+                               f"{self.standard_lists!r}")
 
 
 def _log(message: str) -> None:
@@ -146,46 +154,69 @@ def teacher_spec(teacher: str, trained: str | None) -> str:
     return ENSEMBLE_SEPARATOR.join(trained if m == TRAINED else m for m in members)
 
 
-def _rank_corpus(teacher_path: str, beir: Path, out_dir: Path, cl_cfg: ClDrdConfig, measures) -> dict:
-    """A teacher (or one member) scoring the whole corpus for every dev and test query: its TREC runs and
-    measures."""
-    teacher = load_teacher(teacher_path, cl_cfg.query_length, cl_cfg.passage_length, cl_cfg.teacher_batch_size,
+def _rank_corpus(spec: str, labels: list[str], beir: Path, out_dir: Path, cl_cfg: ClDrdConfig, measures) -> dict:
+    """The teacher, and each member of an ensemble, scoring the whole corpus for every dev and test query: TREC runs
+    and measures by row ({label: {split: measures}}, the teacher itself under "teacher"). Each member scores once;
+    the ensemble's row combines those scores as EnsembleTeacher does."""
+    teacher = load_teacher(spec, cl_cfg.query_length, cl_cfg.passage_length, cl_cfg.teacher_batch_size,
                            corpus=str(beir))
+    members = teacher.members if isinstance(teacher, EnsembleTeacher) else []
     corpus = read_passages(str(beir))
     passages = [corpus.passage(d) for d in corpus.ids]
-    out = {}
+    rows: dict[str, dict] = {label: {} for label in [*(labels if members else []), "teacher"]}
     for split, query_set in _query_sets(beir).items():
-        if (out_dir / f"{split}.json").is_file():
-            out[split] = measure_run(out_dir / f"{split}.trec", query_set, measures, out_dir / f"{split}.json")
-            continue
         queries = read_queries(str(beir), split=split)
-        scores = teacher.score(queries.ids, queries.joined(), [passages] * len(queries.ids))
-        results = []
-        for qid, row in zip(queries.ids, scores):
-            top = np.argsort(-row, kind="stable")[: cl_cfg.eval_depth]
-            results.append({"query_id": qid, "ids": [corpus.ids[j] for j in top], "scores": [float(row[j]) for j in top]})
-        run = write_run(out_dir / f"{split}.trec", results, "trec", "teacher")
-        out[split] = measure_run(run, query_set, measures, out_dir / f"{split}.json")
-    return out
+        candidates = [passages] * len(queries.ids)
+        scored = {label: m.score(queries.ids, queries.joined(), candidates) for label, m in zip(labels, members)}
+        scored["teacher"] = ([np.mean([standardized(scored[label][i]) for label in labels], axis=0)
+                              for i in range(len(queries.ids))] if members
+                             else teacher.score(queries.ids, queries.joined(), candidates))
+        for label, scores in scored.items():
+            folder = out_dir / label.replace("/", "_")
+            results = []
+            for qid, row in zip(queries.ids, scores):
+                top = np.argsort(-np.asarray(row), kind="stable")[: cl_cfg.eval_depth]
+                results.append({"query_id": qid, "ids": [corpus.ids[j] for j in top],
+                                "scores": [float(row[j]) for j in top]})
+            run = write_run(folder / f"{split}.trec", results, "trec", label.replace(" ", "_"))
+            rows[label][split] = measure_run(run, query_set, measures, folder / f"{split}.json")
+    return rows
+
+
+def standard_lists(candidates: list[dict], size: int, epochs: int, mode: str, seed: int,
+                   title_join: str | None = DEFAULT_TITLE_JOIN) -> list[dict]:
+    """Standard distillation's training lists, epoch after epoch: each query's `size` candidates with their teacher
+    scores, from its ranked candidates (the zero-shot student's top N): drawn without replacement, afresh each
+    epoch ("drawn", generator seeded by (seed, epoch, the query's position)), or its top `size` ("top")."""
+    records = []
+    for epoch in range(epochs):
+        for position, record in enumerate(candidates):
+            ranked = sorted((p for p in record["positive_passages"] + record["negative_passages"] if "rank" in p),
+                            key=lambda p: p["rank"])
+            if mode == "drawn" and len(ranked) > size:
+                rows = np.sort(np.random.default_rng([seed, epoch, position]).choice(len(ranked), size,
+                                                                                     replace=False))
+                ranked = [ranked[r] for r in rows]
+            ranked = ranked[:size]
+            if len(ranked) >= 2:
+                records.append({"query": record["query"], "docids": [p["docid"] for p in ranked],
+                                "candidates": [Passage(p["docid"], p["text"], p.get("title", "")).joined(title_join)
+                                               for p in ranked],
+                                "teacher_scores": [float(p["score"]) for p in ranked]})
+    return records
 
 
 def _standard_distillation(root: Path, cl_root: Path, cl_cfg: ClDrdConfig, cfg: DistillationDemoConfig,
                            steps: int) -> dict:
-    """KL over the teacher's scores of the zero-shot student's top N (N: CL-DRD's first list size), from the
-    zero-shot student, for `steps` steps; then indexed and evaluated as CL-DRD's iterations are."""
+    """KL to the teacher's scores over the zero-shot student's top N (standard_lists), from the zero-shot
+    student, for `steps` steps (as many as CL-DRD's); then indexed and evaluated as CL-DRD's iterations are."""
     job = Job(cl_root, cl_cfg)
     workdir = root / "standard" / "student"
     size = cl_cfg.curriculum[0].list_size
     if not is_done(workdir):
-        records = []
-        for record in read_jsonl(cl_root / "iter1" / "candidates.jsonl"):
-            ranked = sorted((p for p in record["positive_passages"] + record["negative_passages"] if "rank" in p),
-                            key=lambda p: p["rank"])[:size]
-            if len(ranked) >= 2:
-                records.append({"query": record["query"],
-                                "candidates": [Passage(p["docid"], p["text"], p.get("title", "")).joined(
-                                    cl_cfg.title_join) for p in ranked],
-                                "teacher_scores": [float(p["score"]) for p in ranked]})
+        epochs = max(1, -(-steps * cl_cfg.batch_size // len(job.train_query_ids())))
+        records = standard_lists(read_jsonl(cl_root / "iter1" / "candidates.jsonl"), size, epochs,
+                                 cfg.standard_lists, cl_cfg.seed, cl_cfg.title_join)
         lists = write_jsonl(root / "standard" / "train_lists.jsonl", records)
         conventions = job.reading_conventions()
         data = DataConfig(source="lists", train_file=str(lists), eval_file=str(lists), batch_size=cl_cfg.batch_size,
@@ -304,9 +335,11 @@ def run_distillation_demo(workdir: str, cfg: DistillationDemoConfig | None = Non
                                            min_continuation_words=cfg.min_continuation_words,
                                            max_continuation_words=cfg.max_continuation_words)
         results["collection"] = job.stage("collection", build_books_collection, books, beir, collection)
+        job.save()
     measures = tuple(cl_drd_config.measures)
     if "bm25" not in results:
         results["bm25"] = job.stage("bm25", _bm25, beir, root, cfg, measures)
+        job.save()
     init = Path(cfg.student) if native.is_checkpoint_dir(cfg.student) else starting_checkpoint(
         "", cfg.student, root, "DistillationDemoConfig.student")
     cl_cfg = dataclasses.replace(cl_drd_config, corpus=str(beir), student=str(init), eval_split="test",
@@ -318,22 +351,20 @@ def run_distillation_demo(workdir: str, cfg: DistillationDemoConfig | None = Non
     spec = teacher_spec(cfg.teacher, trained)
     results["teacher_spec"] = cfg.teacher
     cl_cfg = dataclasses.replace(cl_cfg, teacher=spec)
-    members = [m.strip() for m in spec.split(ENSEMBLE_SEPARATOR)]
-    if len(members) > 1:
-        named = results.setdefault("teacher_members", {})
-        for label, member in zip([m.strip() for m in cfg.teacher.split(ENSEMBLE_SEPARATOR)], members):
-            if label not in named:
-                named[label] = job.stage(f"teacher_{label}", _rank_corpus, member, beir,
-                                         root / "teacher_rows" / label.replace("/", "_"), cl_cfg, measures)
     if "teacher" not in results:
-        results["teacher"] = job.stage("teacher", _rank_corpus, spec, beir, root / "teacher_rows" / "teacher", cl_cfg,
-                                       measures)
+        labels = [m.strip() for m in cfg.teacher.split(ENSEMBLE_SEPARATOR)]
+        rows = job.stage("teacher", _rank_corpus, spec, labels, beir, root / "teacher_rows", cl_cfg, measures)
+        results["teacher"] = rows.pop("teacher")
+        results["teacher_members"] = rows
+        job.save()
     results["cl_drd"] = job.stage("cl_drd", run_cl_drd, str(root / "cl_drd"), cl_cfg)
+    job.save()
     steps = sum(row.get("training", {}).get("steps", 0) for row in results["cl_drd"]["iterations"].values())
     results["standard_steps"] = steps
     if "standard" not in results:
         results["standard"] = job.stage("standard", _standard_distillation, root, root / "cl_drd", cl_cfg, cfg,
                                         steps)
+        job.save()
     if cfg.dkmr2:
         books_folder = root / "dkmr2_books"
         for doc in books:
@@ -343,6 +374,7 @@ def run_distillation_demo(workdir: str, cfg: DistillationDemoConfig | None = Non
                 path.write_text(doc.text, encoding="utf-8")
         dkmr2_cfg = dataclasses.replace(pipeline_config, corpus=str(books_folder))
         results["dkmr2"] = job.stage("dkmr2", run_pipeline, str(root / "dkmr2"), dkmr2_cfg)
+        job.save()
     results["targets"] = targets(results)
     table = table_markdown(results)
     (root / TABLE_FILE).write_text(table, encoding="utf-8")
