@@ -253,3 +253,25 @@ def test_importing_the_cli_leaves_process_flags_alone():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["None False", " ".join(CPU_XLA_FLAGS)]
     assert proc.stderr.startswith("error: no_such_workdir: no results.json or metrics.jsonl")
+
+
+def test_every_gin_command_says_how_to_bind_gin_settings(capsys):
+    from rankgen_jax.cli.main import GIN_COMMANDS
+
+    for command in GIN_COMMANDS:
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert "--gin.Name.param=value" in " ".join(capsys.readouterr().out.split()), command
+
+
+def test_books_beir_writes_the_folder_on_its_own(tmp_path, capsys):
+    """The books BEIR folder without training anything: the same files build_books_collection writes."""
+    from rankgen_jax.data.beir_books import BooksCollectionConfig, build_books_collection
+    from rankgen_jax.experiments.retrieval_example import bundled_books
+
+    assert main(["books-beir", "--out", str(tmp_path / "cli"), "--passages_per_book", "5", "--dev_books", "1"]) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (summary["train_queries"], summary["dev_queries"], summary["test_queries"]) == (20, 5, 10)
+    build_books_collection(bundled_books(), tmp_path / "lib", BooksCollectionConfig(passages_per_book=5, dev_books=1))
+    for name in ("corpus.jsonl", "queries.jsonl", "qrels/train.tsv", "qrels/dev.tsv", "qrels/test.tsv"):
+        assert (tmp_path / "cli" / name).read_bytes() == (tmp_path / "lib" / name).read_bytes(), name

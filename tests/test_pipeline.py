@@ -103,8 +103,8 @@ def test_hard_negative_pools_are_the_sparse_top_k_without_the_gold():
 
 
 def test_retriever0_temperature_fits_its_towers():
-    """Raw [CLS] dot products of two independent towers span tens: DPR's softmax reads them unscaled; MiniLM's
-    shared towers give unit vectors, whose cosines need sentence-transformers' scale of 20."""
+    """Raw [CLS] dot products of two independent towers: DPR's softmax reads them unscaled; MiniLM's shared towers
+    give unit vectors, whose cosines need sentence-transformers' scale of 20."""
     assert PipelineConfig().retriever0_logit_scale == 1.0
     assert PipelineConfig(retriever_towers="shared_start").retriever0_logit_scale == 20.0
     assert PipelineConfig(logit_scale=5.0).retriever0_logit_scale == 5.0

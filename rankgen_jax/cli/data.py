@@ -106,7 +106,9 @@ def add_books_beir(subparsers) -> None:
         "<book>-<n>), OUT/queries.jsonl (the prefixes, ids q-<passage id>) and OUT/qrels/{train,dev,test}.tsv (each "
         "query's gold continuation judged 1). The last --test_books books (by id) are the test split, the "
         "--dev_books before them dev, the rest train: no book is in two splits. Default: the bundled novels, as "
-        "the retrieval example and the distillation demo use them. Deterministic for given settings.")
+        "the retrieval example and the distillation demo use them; the distillation demo's own collection is "
+        "--passages_per_book 250 --dev_books 1 --prefix_words 64 --max_continuation_words 40. Deterministic for given "
+        "settings.")
     p.add_argument("--out", required=True, help="the BEIR folder to write")
     p.add_argument("--books", help="a folder (or file) of books (default: the bundled Austen novels and Botchan)")
     p.add_argument("--passages_per_book", type=int, default=defaults.passages_per_book,

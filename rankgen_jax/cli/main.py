@@ -67,6 +67,7 @@ EXTRA_OF_MODULE = {
     "apache_beam": "beam",
     "tensorflow": "data",
     "mauve": "metrics",
+    "sentence_transformers": "st",
 }
 
 

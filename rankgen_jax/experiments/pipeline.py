@@ -95,8 +95,9 @@ class PipelineConfig:
       (Sec. 3.1, App. C); DKMR^2 does not give its K.
     logit_scale: multiplies Retriever0's scores in the in-batch softmax; 0
       picks it by the towers: 1 for "two_towers_cls" (DPR's softmax over raw
-      [CLS] dot products, which DKMR^2 follows; the vectors are not
-      normalised, so their dot products already span tens), 20 for
+      [CLS] dot products, which DKMR^2 follows: MiniLM's [CLS] dot
+      products spread by about 1.4 over a query's passages, what 20 gives
+      its cosines; 20 on them would spread logits by about 27), 20 for
       "shared_start" (MiniLM's unit vectors: cosine scores in [-1, 1] need
       sentence-transformers' scale of 20).
     retriever_epochs / ranker_epochs / distill_epochs: each stage trains this
