@@ -150,3 +150,21 @@ def test_pipeline_config_errors(tmp_path):
         parse_gin(["pipelines/demo_minilm.gin"], ["PipelineConfig.no_such_field = 1"])
     parse_gin(["pipelines/demo_minilm.gin"], [])
     assert PipelineConfig().pool_size == 30
+
+
+def test_retriever1_can_learn_from_any_teacher(tmp_path):
+    """PipelineConfig.teacher replaces Ranker0 as Retriever1's teacher: here a file of scores, copied onto the
+    pools; a pair it lacks has no score (NaN), never a made-up one."""
+    from rankgen_jax.experiments.pipeline import teacher_scores
+
+    (tmp_path / "data").mkdir()
+    pools = [{"qid": "train0", "query": "q zero", "ids": ["p1", "p2"], "candidates": ["a", "b"]},
+             {"qid": "train1", "query": "q one", "ids": ["p2", "p3"], "candidates": ["b", "c"]}]
+    (tmp_path / "data" / "pools_train.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pools))
+    (tmp_path / "data" / "corpus.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "text": t}) + "\n"
+                                                            for i, t in ((1, "a"), (2, "b"), (3, "c"))))
+    (tmp_path / "scores.trec").write_text("train0 Q0 p1 1 2.5 t\ntrain0 Q0 p2 2 1.5 t\ntrain1 Q0 p3 1 0.5 t\n")
+    out = teacher_scores(PipelineConfig(teacher=str(tmp_path / "scores.trec")), tmp_path)
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert written[0]["teacher_scores"] == [2.5, 1.5]
+    assert np.isnan(written[1]["teacher_scores"][0]) and written[1]["teacher_scores"][1] == 0.5

@@ -9,7 +9,7 @@ A teacher is
   Pooling module), scored by sentence-transformers itself (its prompts, its
   max_seq_length, its similarity function), or a rankgen_jax dual-encoder
   checkpoint (its query and document towers and dot-product score); "mpnet"
-  names all-mpnet-base-v2 (resources.fetch_model). With the corpus given, its
+  names all-mpnet-base-v2 (pretrained.resolve_model). With the corpus given, its
   passages are encoded once, in corpus order, and looked up;
 - an ensemble: several teachers joined by " + " (e.g. "mpnet + runs/teacher"),
   scoring the mean of the members' scores standardised within each query's
@@ -234,7 +234,7 @@ def teacher_kind(teacher: str) -> str:
         return "scores"
     if is_sentence_transformer_bi_encoder(folder):
         return "bi_encoder"
-    from rankgen_jax.checkpoints import native
+    from rankgen_jax.checkpoints import native  # imports jax: see CrossEncoderTeacher
 
     if native.is_checkpoint_dir(folder) and native.load_model_config(folder).kind == "dual_encoder":
         return "bi_encoder"
