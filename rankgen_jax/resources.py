@@ -30,3 +30,4 @@ GIN_CONFIGS_DIR = resource_path("gin_configs")
 BUNDLED_CORPUS = resource_path("data/corpus")  # the demo's books
 DEMO_VOCAB = resource_path("data/vocab/demo_spiece_8k.model")
 PERSPECTIVES_DIR = resource_path("data/perspectives")  # works.json and the works it lists
+MPTS_DIR = resource_path("data/mpts")  # the MPTS dev and test splits

@@ -14,7 +14,7 @@ from rankgen_jax.data.lists import PairBatches
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.batch_layout import CANDIDATE_LISTS, BatchLayout
 from rankgen_jax.models.factory import build_model, init_params
-from rankgen_jax.experiments.perspective_eval import pair_scores, perspective_metrics, roc_auc, weighted_f1
+from rankgen_jax.experiments.perspective_eval import pair_scores
 from rankgen_jax.experiments.perspective_pairs import (
     PERSPECTIVES, Passages, Work, build_passages, load_works, pair_labels, passages_of_text, sample_pairs,
     strip_gutenberg,
@@ -139,51 +139,6 @@ def test_works_file_errors(tmp_path):
         load_works(bad)
 
 
-def test_roc_auc_matches_hand_computed_cases():
-    # Positives 0.9 and 0.4 against negatives 0.8 and 0.4: wins 0.9>0.8, 0.9>0.4, tie 0.4=0.4 -> 2.5 / 4.
-    assert roc_auc([1, 0, 1, 0], [0.9, 0.8, 0.4, 0.4]) == pytest.approx(0.625)
-    assert roc_auc([1, 1, 0], [3.0, 2.0, 1.0]) == 1.0 and roc_auc([1, 1, 0], [1.0, 2.0, 3.0]) == 0.0
-    assert roc_auc([1, 0, 1, 0], [5.0] * 4) == 0.5
-    assert np.isnan(roc_auc([1, 1], [0.1, 0.2]))
-    rng = np.random.default_rng(0)
-    labels, scores = rng.integers(0, 2, 200), rng.integers(0, 10, 200).astype(float)
-    pos, neg = scores[labels == 1], scores[labels == 0]
-    brute = np.mean((pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :]))
-    assert roc_auc(labels, scores) == pytest.approx(brute)
-
-
-def test_weighted_f1_is_scikit_learns():
-    from sklearn.metrics import f1_score
-
-    rng = np.random.default_rng(0)
-    cases = [([1, 0, 1, 1], [1, 1, 0, 1]), ([1, 1, 1], [0, 0, 0]), ([0, 0], [0, 0]), ([1, 0], [1, 1])]
-    for n, rate in ((200, 0.5), (50, 0.1), (31, 0.9)):
-        cases.append((rng.random(n) < rate, rng.random(n) < 0.5))
-    for labels, predictions in cases:
-        want = f1_score(labels, predictions, average="weighted", zero_division=0)
-        assert weighted_f1(labels, predictions) == pytest.approx(want, abs=1e-12), (labels, predictions)
-    # By hand: class 1 has TP 2 of 3 true and 3 predicted (F1 2/3), class 0 TP 0 (F1 0); supports 3 and 1.
-    assert weighted_f1([1, 0, 1, 1], [1, 1, 0, 1]) == pytest.approx(0.5)
-    with pytest.raises(RankgenError, match="weighted F1"):
-        weighted_f1([1, 0], [1])
-
-
-def test_perspective_metrics_predict_similar_at_probability_one_half():
-    from sklearn.metrics import f1_score
-
-    rng = np.random.default_rng(1)
-    labels = (rng.random((60, len(PERSPECTIVES))) < 0.4).astype(float)
-    probs = rng.random((60, len(PERSPECTIVES)))
-    probs[:5] = 0.5  # MPTS: s >= 0 (p >= 0.5) is similar
-    out = perspective_metrics(labels, probs, probs)
-    for n, p in enumerate(PERSPECTIVES):
-        want = f1_score(labels[:, n], probs[:, n] >= 0.5, average="weighted")
-        assert out[p]["weighted_f1"] == pytest.approx(want)
-        assert out[p]["accuracy"] == pytest.approx(np.mean((probs[:, n] >= 0.5) == labels[:, n]))
-    assert out["mean_weighted_f1"] == pytest.approx(np.mean([out[p]["weighted_f1"] for p in PERSPECTIVES]))
-    assert perspective_metrics(labels, probs, None)["mean_weighted_f1"] is None
-
-
 def test_mpts_defaults_last2_avg_cls_linear_and_tau():
     cfg = PerspectivesConfig()
     configs = model_configs(cfg)
@@ -199,11 +154,12 @@ def test_mpts_defaults_last2_avg_cls_linear_and_tau():
     assert old["cross_encoder"].head == HeadConfig("first", -1, False)
 
 
-def test_format_table_shows_missing_accuracy_as_dash():
-    row = {p: {"weighted_f1": None, "accuracy": None, "auc": 0.61} for p in PERSPECTIVES}
-    table = format_table({"zero_shot": {**row, "mean_weighted_f1": None}})
-    assert "zero_shot" in table and "-" in table.splitlines()[1] and "0.610" in table
-    assert "author wF1" in table and "mean wF1" in table
+def test_format_table_shows_f1_accuracy_auc_and_the_w_avg():
+    row = {"per_perspective": {p: {"f1": 0.25, "accuracy": 0.5, "auc": 0.61} for p in PERSPECTIVES},
+           "w_avg": {"f1": 0.25}}
+    table = format_table({"zero_shot": row})
+    assert "zero_shot" in table and "0.610" in table and "0.250" in table
+    assert "author F1" in table and "W.Avg F1" in table
 
 
 @pytest.fixture(scope="module")
@@ -259,11 +215,10 @@ def test_tiny_end_to_end_run_and_resume(tmp_path, tiny_init, capsys):
     for name, row in table.items():
         assert row["n"] == 16, name
         for p in PERSPECTIVES:
-            assert 0.0 <= row[p]["auc"] <= 1.0, (name, p)
-            assert (row[p]["accuracy"] is None) == (name == "zero_shot"), (name, p)
-            assert (row[p]["weighted_f1"] is None) == (name == "zero_shot"), (name, p)
-        assert (row["mean_weighted_f1"] is None) == (name == "zero_shot")
-    assert all(table["majority"][p]["auc"] == 0.5 for p in PERSPECTIVES)
+            assert 0.0 <= row["per_perspective"][p]["auc"] <= 1.0, (name, p)
+            assert 0.0 <= row["per_perspective"][p]["f1"] <= 1.0, (name, p)
+        assert set(row["w_avg"]) == {"accuracy", "auc", "precision", "recall", "f1"}
+    assert all(table["majority"]["per_perspective"][p]["auc"] == 0.5 for p in PERSPECTIVES)
     root = tmp_path / "run"
     for name in ("bi_encoder", "cross_encoder"):
         steps = [json.loads(line)["step"] for line in (root / name / "metrics.jsonl").read_text().splitlines()]

@@ -53,6 +53,7 @@ SUBCOMMANDS = (
     training.add_sweep,
     training.add_report,
     training.add_perspectives,
+    training.add_mpts,
     training.add_compile,
     checkpoints.add_smoke,
 )

@@ -185,6 +185,8 @@ class PairBatches:
         records, _ = self.batches.members(index, rows)
         out = {"labels": np.asarray([r["labels"] for r in records], np.float32)}
         if self.layout.joint:
+            if self.num_perspectives == 1:  # a one-output cross encoder gives one score per pair: [B], not [B, 1]
+                out["labels"] = out["labels"][:, 0]
             half = self.length // 2
             pairs = [encode_pair_truncated(self.text, r["a"], r["b"], half, self.length - half, "start")
                      for r in records]

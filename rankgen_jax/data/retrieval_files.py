@@ -203,7 +203,7 @@ def join_title(title: str, text: str, title_join: str | None = DEFAULT_TITLE_JOI
 # Lines of a file
 
 
-def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+def numbered_lines(path: Path) -> Iterator[tuple[int, bytes]]:
     """(1-based number, raw line without its end) of every line; RankgenError when the file cannot be read."""
     try:
         with jsonl.open_binary(path) as f:
@@ -215,7 +215,7 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
 
 def _decoded_lines(path: Path) -> Iterator[tuple[int, str]]:
     """(number, text) of every non-blank line, for qrels and runs: a non-UTF-8 line is a RankgenError."""
-    for number, raw in _lines(path):
+    for number, raw in numbered_lines(path):
         try:
             line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
         except UnicodeDecodeError:
@@ -226,13 +226,13 @@ def _decoded_lines(path: Path) -> Iterator[tuple[int, str]]:
 
 def _first_line(path: Path) -> str | None:
     """The first non-blank line (decoded leniently, only to tell the format), or None for an empty file."""
-    for _, raw in _lines(path):
+    for _, raw in numbered_lines(path):
         if raw.strip():
             return raw.decode("utf-8-sig", errors="replace")
     return None
 
 
-def _existing_file(path: str | Path, what: str) -> Path:
+def existing_file(path: str | Path, what: str) -> Path:
     file = Path(path)
     if not file.is_file():
         raise RankgenError(f"{path}: no such {what} file" + (" (a folder)" if file.is_dir() else ""))
@@ -245,7 +245,7 @@ def _existing_file(path: str | Path, what: str) -> Path:
 
 def text_format(path: str | Path) -> str:
     """"tsv" or "jsonl", from the file's name or else its first line; RankgenError when neither fits."""
-    file = _existing_file(path, "text")
+    file = existing_file(path, "text")
     name = file.name.lower()
     if name.endswith(JSONL_SUFFIXES):
         return "jsonl"
@@ -297,7 +297,7 @@ def _jsonl_texts(path: Path, skipped: jsonl.SkippedLines) -> Iterator[tuple[int,
 
 
 def _tsv_texts(path: Path, skipped: jsonl.SkippedLines) -> Iterator[tuple[int, Passage]]:
-    for number, raw in _lines(path):
+    for number, raw in numbered_lines(path):
         if not raw.strip():
             continue
         try:
@@ -323,7 +323,7 @@ def iter_texts(path: str | Path, format: str = "auto",
     Skipped lines are counted in `skipped`; duplicate ids are not checked here
     (read_texts does, and so must a streaming caller).
     """
-    file = _existing_file(path, "text")
+    file = existing_file(path, "text")
     format = text_format(file) if format == "auto" else format
     if format not in TEXT_FORMATS:
         raise RankgenError(f"unknown text file format {format!r}: expected one of {TEXT_FORMATS} or 'auto'")
@@ -379,7 +379,7 @@ def read_passages(path: str | Path, quiet: bool = False) -> TextFile:
 
 def passages_file(path: str | Path) -> Path:
     """The file read_passages reads: path itself, or a BEIR folder's corpus.jsonl."""
-    return _beir_file(Path(path), BEIR_CORPUS) if Path(path).is_dir() else _existing_file(path, "passage")
+    return _beir_file(Path(path), BEIR_CORPUS) if Path(path).is_dir() else existing_file(path, "passage")
 
 
 def beir_splits(folder: str | Path) -> list[str]:
@@ -428,7 +428,7 @@ def _beir_qrels_file(folder: Path, split: str | None) -> Path:
 
 def qrels_format(path: str | Path) -> str:
     """"trec", "msmarco" or "beir", told from the file's first line; RankgenError when none fits."""
-    file = _existing_file(path, "qrels")
+    file = existing_file(path, "qrels")
     first = _first_line(file)
     if first is None:
         raise RankgenError(f"{path}: the qrels file is empty")
@@ -463,7 +463,7 @@ def read_qrels(path: str | Path, split: str | None = None, format: str = "auto")
     else:
         if split is not None:
             raise RankgenError(f"{path}: a split ({split!r}) names a BEIR folder's qrels; this is a file")
-        file = _existing_file(path, "qrels")
+        file = existing_file(path, "qrels")
     format = qrels_format(file) if format == "auto" else format
     if format not in QRELS_FORMATS:
         raise RankgenError(f"unknown qrels format {format!r}: expected one of {QRELS_FORMATS} or 'auto'")
@@ -563,7 +563,7 @@ def trec_eval_order(scores: Mapping[str, float]) -> list[tuple[str, float]]:
 
 def run_format(path: str | Path) -> str:
     """"trec", "msmarco" or "jsonl", told from the file's first line; RankgenError when none fits."""
-    file = _existing_file(path, "run")
+    file = existing_file(path, "run")
     first = _first_line(file)
     if first is None:
         raise RankgenError(f"{path}: the run file is empty")
@@ -595,7 +595,7 @@ def read_run(path: str | Path, format: str = "auto") -> dict[str, dict[str, floa
     runs get score -rank; JSON lines keep "scores", or rank in list order
     without them. A (qid, docid) listed twice is an error, as in trec_eval.
     """
-    file = _existing_file(path, "run")
+    file = existing_file(path, "run")
     format = run_format(file) if format == "auto" else format
     if format not in RUN_FORMATS:
         raise RankgenError(f"unknown run format {format!r}: expected one of {RUN_FORMATS} or 'auto'")

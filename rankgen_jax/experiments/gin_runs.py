@@ -26,6 +26,7 @@ EXPERIMENT_CONFIGURABLE_MODULES = (
     "rankgen_jax.experiments.cl_drd",
     "rankgen_jax.experiments.distillation_demo",
     "rankgen_jax.experiments.perspectives",
+    "rankgen_jax.experiments.mpts",
 )
 # The seqio task options; importing them brings TensorFlow (seconds), so only for a config that names them.
 SEQIO_TASKS_MODULE = "tasks.rankgen_tasks"

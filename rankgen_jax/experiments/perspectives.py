@@ -13,10 +13,12 @@ Stages, each skipped when its output exists so that a rerun resumes:
    poolings and the earlier head with a projection before the logits). Both
    start from MiniLM's encoder, their heads random, through the shared
    trainer.
-4. evaluation on the held-out pairs, per perspective: MPTS's weighted F1,
-   accuracy of the probability at 0.5 and ROC AUC (perspective_eval.py), for
-   the majority class, zero-shot MiniLM cosine (AUC only), each model at step
-   0 (the trainer's initial parameters) and after training.
+4. evaluation on the held-out pairs with MPTS's metrics
+   (eval/perspective_metrics.py: per perspective the similar class's F1,
+   accuracy and ROC AUC; the support-weighted W.Avg), for the majority class,
+   zero-shot MiniLM cosine (a threshold per perspective chosen on the training
+   pairs), each model at step 0 (the trainer's initial parameters) and after
+   training. The MPTS data itself, with the released recipe: mpts.py.
    WORKDIR/results.json and a printed table.
 """
 
@@ -34,7 +36,9 @@ from rankgen_jax.checkpoints import native
 from rankgen_jax.data.jsonl import read_jsonl, write_jsonl
 from rankgen_jax.data.sources import DataConfig
 from rankgen_jax.data.text import load_text_encoder
-from rankgen_jax.experiments.perspective_eval import evaluate_model, evaluate_zero_shot, majority_baseline
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.experiments.perspective_eval import (choose_thresholds, predict_majority, predict_model,
+                                                      predict_thresholded, zero_shot_cosines)
 from rankgen_jax.experiments.perspective_pairs import (PERSPECTIVES, PERSPECTIVES_DIR, build_passages, label_rates,
                                                        load_works, sample_pairs)
 from rankgen_jax.checkpoints.native import require_vocab_path
@@ -123,14 +127,22 @@ def build_pair_data(cfg: PerspectivesConfig, out: Path) -> dict:
 # --- 3. models and training -------------------------------------------------------------
 
 
+def matching_model_config(model: str, pooling: str, num_perspectives: int, projection: bool = False) -> ModelConfig:
+    """A multi-perspective matcher: "bi_encoder" (one L2-normalised d -> d projection per perspective on the pooled
+    vector) or "cross_encoder" (the pooled pair -> N logits, with a d -> d projection first when `projection`)."""
+    if model == "bi_encoder":
+        return ModelConfig(head=HeadConfig(pooling, -1, True), kind="dual_encoder", num_scores=num_perspectives)
+    if model == "cross_encoder":
+        return ModelConfig(head=HeadConfig(pooling, -1 if projection else 0, False), kind="cross_encoder",
+                           num_scores=num_perspectives)
+    raise RankgenError(f"unknown matching model {model!r}; expected one of {MODELS}")
+
+
 def model_configs(cfg: PerspectivesConfig, num_perspectives: int = len(PERSPECTIVES)) -> dict[str, ModelConfig]:
     """The gin-side configs; the trainer swaps in the init checkpoint's encoder."""
-    cross_head = HeadConfig(cfg.cross_encoder_pooling, -1 if cfg.cross_encoder_projection else 0, False)
-    return {
-        "bi_encoder": ModelConfig(head=HeadConfig(cfg.bi_encoder_pooling, -1, True), kind="dual_encoder",
-                                  num_scores=num_perspectives),
-        "cross_encoder": ModelConfig(head=cross_head, kind="cross_encoder", num_scores=num_perspectives),
-    }
+    return {"bi_encoder": matching_model_config("bi_encoder", cfg.bi_encoder_pooling, num_perspectives),
+            "cross_encoder": matching_model_config("cross_encoder", cfg.cross_encoder_pooling, num_perspectives,
+                                                   cfg.cross_encoder_projection)}
 
 
 def _loss(cfg: PerspectivesConfig, name: str) -> LossConfig:
@@ -183,13 +195,21 @@ def initial_model(cfg: PerspectivesConfig, init: Path, name: str) -> LoadedModel
 
 
 def _evaluate(cfg: PerspectivesConfig, model: LoadedModel, name: str, records: list[dict]) -> dict:
-    return evaluate_model(model, records, _pair_length(cfg, name), cfg.eval_batch_size, cfg.tau)
+    return predict_model(model, records, PERSPECTIVES, _pair_length(cfg, name), cfg.eval_batch_size,
+                         cfg.tau).metrics()
+
+
+def _zero_shot(cfg: PerspectivesConfig, init: Path, train_records: list[dict], eval_records: list[dict]) -> dict:
+    """The pretrained encoder's cosine, one threshold per perspective chosen on the training pairs."""
+    encoder = load_model(str(init))
+    cosines = functools.partial(zero_shot_cosines, encoder, length=cfg.passage_length, batch_size=cfg.eval_batch_size)
+    thresholds = choose_thresholds(cosines(train_records), train_records)
+    return predict_thresholded(cosines(eval_records), thresholds, eval_records, PERSPECTIVES).metrics()
 
 
 def _describe(row: dict) -> str:
-    f1 = row.get("mean_weighted_f1")
-    return ", ".join(f"{p} AUC {row[p]['auc']:.3f}" for p in PERSPECTIVES) + (
-        f"; mean weighted F1 {f1:.3f}" if f1 is not None else "")
+    return ", ".join(f"{p} F1 {row['per_perspective'][p]['f1']:.3f} AUC {row['per_perspective'][p]['auc']:.3f}"
+                     for p in PERSPECTIVES) + f"; W.Avg F1 {row['w_avg']['f1']:.3f}"
 
 
 def run_perspectives(workdir: str, cfg: PerspectivesConfig | None = None) -> dict:
@@ -207,9 +227,9 @@ def run_perspectives(workdir: str, cfg: PerspectivesConfig | None = None) -> dic
     train_records, eval_records = read_jsonl(data / "train_pairs.jsonl"), read_jsonl(data / "eval_pairs.jsonl")
     init = starting_checkpoint(cfg.init_checkpoint, cfg.init_from_hf, root, "PerspectivesConfig.init_checkpoint")
 
-    run.evaluate(table, "majority", majority_baseline, train_records, eval_records, describe=_describe)
-    run.evaluate(table, "zero_shot", lambda: evaluate_zero_shot(load_model(str(init)), eval_records, cfg.passage_length,
-                                                                cfg.eval_batch_size), describe=_describe)
+    run.evaluate(table, "majority", lambda: predict_majority(train_records, eval_records, PERSPECTIVES).metrics(),
+                 describe=_describe)
+    run.evaluate(table, "zero_shot", _zero_shot, cfg, init, train_records, eval_records, describe=_describe)
     for name in MODELS:
         run.evaluate(table, f"{name}_step0", lambda n=name: _evaluate(cfg, initial_model(cfg, init, n), n, eval_records),
                      describe=_describe)
@@ -226,14 +246,15 @@ def run_perspectives(workdir: str, cfg: PerspectivesConfig | None = None) -> dic
     return results
 
 
-_METRIC_HEADERS = {"weighted_f1": "wF1", "accuracy": "acc", "auc": "AUC"}
+_METRIC_HEADERS = {"f1": "F1", "accuracy": "acc", "auc": "AUC"}
 
 
 def format_table(table: dict) -> str:
-    """The results as an aligned text table: weighted F1, accuracy and AUC per perspective and the mean
-    weighted F1, one row per model."""
+    """The results as an aligned text table: F1 (of the similar class), accuracy and AUC per perspective and
+    the W.Avg F1 (MPTS's metric), one row per model."""
     short = {"same_author": "author", "same_work": "work", "same_form": "form"}
     columns = [(p, m) for p in PERSPECTIVES for m in _METRIC_HEADERS]
-    headers = [f"{short[p]} {_METRIC_HEADERS[m]}" for p, m in columns] + ["mean wF1"]
-    rows = {name: [row[p].get(m) for p, m in columns] + [row.get("mean_weighted_f1")] for name, row in table.items()}
+    headers = [f"{short[p]} {_METRIC_HEADERS[m]}" for p, m in columns] + ["W.Avg F1"]
+    rows = {name: [row["per_perspective"][p][m] for p, m in columns] + [row["w_avg"]["f1"]]
+            for name, row in table.items()}
     return aligned_table(rows, headers, name_width=22, cell_width=11)
