@@ -124,7 +124,7 @@ def test_tiny_end_to_end_run_scores_all_twelve_perspectives(tmp_path, tiny_init,
     results = run_command(argv)
     root = tmp_path / "run"
     assert results["data"]["pairs"] == {"train": 32, "select": 8, "test": 16}
-    for row in ("majority", "zero_shot", "bi_encoder", "cross_encoder"):
+    for row in ("majority", "all_similar", "zero_shot", "bi_encoder", "cross_encoder"):
         assert list(results["table"][row]["per_perspective"]) == list(MPTS_RELEASED_PERSPECTIVES), row
         predictions = [json.loads(line) for line in (root / "predictions" / f"{row}.jsonl").read_text().splitlines()]
         assert len(predictions) == 16 and set(predictions[0]) == {"id", *MPTS_RELEASED_PERSPECTIVES}
@@ -135,10 +135,15 @@ def test_tiny_end_to_end_run_scores_all_twelve_perspectives(tmp_path, tiny_init,
     for row in ("bi_encoder", "cross_encoder", "single_Drama"):
         chosen = results["selection"][row]
         assert len(chosen["select_w_avg_f1"]) == 2 and chosen["step"] == 4 * chosen["epoch"]
+        assert chosen["select_w_avg_f1"][chosen["epoch"] - 1] == max(chosen["select_w_avg_f1"])
         assert results["training"][row]["steps"] == 8
     assert native.load_model_config(root / "bi_encoder").num_scores == 12
     assert native.load_model_config(root / "single_Drama").num_scores == 1
     assert "Drama" in results["summary"]["single_perspective"]
+    # Every pair similar: the positive-class F1's floor, 2r / (1 + r) per perspective.
+    drama = results["table"]["all_similar"]["per_perspective"]["Drama"]
+    rate = drama["support"] / 16
+    assert drama["f1"] == pytest.approx(2 * rate / (1 + rate))
     assert "W.Avg f1" in capsys.readouterr().out
     # A rerun resumes: nothing trains again and the summary is the same.
     again = run_command(argv)

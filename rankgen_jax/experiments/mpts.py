@@ -6,8 +6,9 @@ Stages, each kept in WORKDIR and skipped when done, so that a rerun resumes:
    and pairs held out to choose the epoch (select_fraction), and the test
    file; JSON-lines pair files under data/ (their ids kept);
 2. init: the pretrained encoder (MiniLM), imported once;
-3. baselines on test: each perspective's majority training label; zero-shot
-   cosine with one threshold per perspective chosen on every training-file pair;
+3. baselines on test: each perspective's majority training label; every pair
+   similar (what the positive-class F1 gives for nothing); zero-shot cosine
+   with one threshold per perspective chosen on every training-file pair;
 4. per model (bi-encoder, cross encoder): the released recipe -- `epochs`
    epochs, AdamW with a linear schedule and 10% warmup, gradient clipping,
    weight decay except on biases and LayerNorm, a checkpoint per epoch -- then
@@ -36,8 +37,9 @@ from rankgen_jax.data.mpts import MPTS_RELEASED_PERSPECTIVES, read_mpts
 from rankgen_jax.data.sources import DataConfig
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.eval.perspective_metrics import METRICS, bootstrap_se, resample_counts
-from rankgen_jax.experiments.perspective_eval import (PairPredictions, choose_thresholds, predict_majority,
-                                                      predict_model, predict_thresholded, zero_shot_cosines)
+from rankgen_jax.experiments.perspective_eval import (PairPredictions, choose_thresholds, predict_all_similar,
+                                                      predict_majority, predict_model, predict_thresholded,
+                                                      zero_shot_cosines)
 from rankgen_jax.experiments.perspectives import MODELS, matching_model_config
 from rankgen_jax.experiments.stages import StageRun, aligned_table, is_done, log, mark_done, starting_checkpoint
 from rankgen_jax.inference.encoder import load_model
@@ -47,7 +49,7 @@ from rankgen_jax.train.loop import train
 from rankgen_jax.train.optimizers import OptimizerConfig
 
 _log = functools.partial(log, "mpts")
-BASELINES = ("majority", "zero_shot")
+BASELINES = ("majority", "all_similar", "zero_shot")
 
 
 @gin.configurable
@@ -197,17 +199,18 @@ def _model_config(cfg: MptsConfig, model: str, num_perspectives: int):
 
 
 def choose_epoch(cfg: MptsConfig, workdir: Path, model: str, select: list[dict], perspectives, per_epoch: int) -> dict:
-    """Each epoch's W.Avg F1 on the held-out pairs; the first best is kept (the released code's strict >)."""
+    """Each epoch's W.Avg metrics on the held-out pairs; the first best F1 is kept (the released code's strict >)."""
     kind = "dual_encoder" if model == "bi_encoder" else "cross_encoder"
     scores = []
     for epoch in range(1, cfg.epochs + 1):
         loaded = load_model(str(workdir), kind, step=epoch * per_epoch)
-        f1 = predict_model(loaded, select, perspectives, cfg.length(model), cfg.eval_batch_size,
-                           cfg.tau).metrics()["w_avg"]["f1"]
-        scores.append(f1)
-        _log(f"{workdir.name} epoch {epoch}: held-out W.Avg F1 {f1:.4f}")
-    best = int(np.argmax(scores)) + 1
-    return {"select_w_avg_f1": scores, "epoch": best, "step": best * per_epoch}
+        predictions = predict_model(loaded, select, perspectives, cfg.length(model), cfg.eval_batch_size, cfg.tau)
+        scores.append({**predictions.metrics()["w_avg"], "share_predicted_similar":
+                       float(predictions.predictions_NxP.mean())})
+        _log(f"{workdir.name} epoch {epoch}: held-out W.Avg F1 {scores[-1]['f1']:.4f}, AUC {scores[-1]['auc']:.4f}")
+    best = int(np.argmax([s["f1"] for s in scores])) + 1
+    return {"select_w_avg_f1": [s["f1"] for s in scores], "select_w_avg": scores, "epoch": best,
+            "step": best * per_epoch}
 
 
 def test_predictions(cfg: MptsConfig, workdir: Path, model: str, test: list[dict], perspectives,
@@ -254,6 +257,7 @@ def run_mpts(workdir: str, cfg: MptsConfig | None = None) -> dict:
                      describe=lambda m: f"W.Avg F1 {m['w_avg']['f1']:.4f}")
 
     evaluate("majority", lambda: predict_majority(train_records, test, perspectives))
+    evaluate("all_similar", lambda: predict_all_similar(test, perspectives))
 
     def zero_shot() -> PairPredictions:
         encoder = load_model(str(init))
@@ -321,8 +325,8 @@ def summarise(cfg: MptsConfig, root: Path, test: list[dict], perspectives, model
 
 def format_table(summary: dict) -> str:
     """W.Avg metrics per row, with the F1's SE and its paired differences from the baselines."""
-    headers = [*(f"W.Avg {m}" for m in METRICS), "F1 SE", "- majority", "- zero-shot"]
-    rows = {row: [*(e[m] for m in METRICS), e["f1_se"], e.get("f1_minus_majority"), e.get("f1_minus_zero_shot")]
+    headers = [*(f"W.Avg {m}" for m in METRICS), "F1 SE", *(f"- {b}" for b in BASELINES)]
+    rows = {row: [*(e[m] for m in METRICS), e["f1_se"], *(e.get(f"f1_minus_{b}") for b in BASELINES)]
             for row, e in summary["rows"].items()}
     text = aligned_table(rows, headers, name_width=18, cell_width=13)
     for name, e in summary["single_perspective"].items():
