@@ -1,4 +1,5 @@
-"""Tiny randomly initialised models (a GPT-2 causal LM, a T5 RankGen dual encoder) and small books for tests and benchmarks.
+"""Tiny randomly initialised models (a GPT-2 causal LM, a T5 RankGen dual encoder, a BERT with MiniLM's vocabulary)
+and small books for tests and benchmarks.
 
 They are built on the fly from the bundled Botchan text, so tests and
 `bench_generation` need no downloads. The scores they give are meaningless;
@@ -16,8 +17,9 @@ import numpy as np
 
 from rankgen_jax.checkpoints import native
 from rankgen_jax.data.vocab import BUNDLED_CORPUS, corpus_lines, train_vocab
-from rankgen_jax.models.configs import RANKGEN_HEAD, ModelConfig, T5Config
-from rankgen_jax.models.factory import abstract_variables
+from rankgen_jax.models.configs import RANKGEN_HEAD, BertConfig, HeadConfig, ModelConfig, T5Config
+from rankgen_jax.models.factory import abstract_variables, init_params
+from rankgen_jax.pretrained import resolve_model
 
 BOTCHAN = BUNDLED_CORPUS / "botchan" / "botchan.txt"
 GPT2_EOS = "<|endoftext|>"
@@ -99,6 +101,18 @@ def build_tiny_rankgen(out_dir: str | os.PathLike, spiece_model: str, seed: int 
     config = tiny_rankgen_config()
     native.save_params(Path(out_dir), config, random_params(config, seed), vocab=spiece_model)
     return str(out_dir)
+
+
+# A one-layer BERT that reads MiniLM's vocabulary, so that a run tokenises with MiniLM's tokenizer.json.
+TINY_MINILM_BERT = BertConfig(vocab_size=30522, d_model=32, d_ff=64, num_layers=1, num_heads=4,
+                              max_position_embeddings=128)
+
+
+def build_tiny_minilm(out_dir: str | os.PathLike, seed: int = 3) -> Path:
+    """Save a random TINY_MINILM_BERT encoder (mean pooling) with MiniLM's tokenizer; returns its path."""
+    config = ModelConfig(encoder=TINY_MINILM_BERT, head=HeadConfig("mean", 0, True))
+    native.save_params(Path(out_dir), config, init_params(config, seed), vocab=resolve_model("minilm") + "/tokenizer.json")
+    return Path(out_dir)
 
 
 def train_tiny_vocab(out_path: str | os.PathLike) -> str:

@@ -11,10 +11,8 @@ from rankgen_jax.cli.main import run_command
 from rankgen_jax.data.mpts import MPTS_RELEASED_PERSPECTIVES, read_mpts
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.experiments.mpts import MptsConfig, optimizer_config, steps_per_epoch
-from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig
-from rankgen_jax.models.factory import init_params
-from rankgen_jax.pretrained import resolve_model
 from rankgen_jax.resources import MPTS_DIR
+from rankgen_jax.testing import build_tiny_minilm
 
 GENRES = ["Action", "Adult", "Adventure", "Animation", "Biography", "Comedy", "Crime", "Documentary", "Drama",
           "Family", "Fantasy", "Game-Show", "History", "Horror", "Music", "Musical", "Mystery", "News", "Reality-TV",
@@ -91,15 +89,9 @@ def test_the_recipe_is_the_released_one():
         MptsConfig(select_fraction=0.0)
 
 
-TINY_BERT = BertConfig(vocab_size=30522, d_model=32, d_ff=64, num_layers=1, num_heads=4, max_position_embeddings=128)
-
-
 @pytest.fixture(scope="module")
 def tiny_init(tmp_path_factory):
-    path = tmp_path_factory.mktemp("mpts") / "init"
-    config = ModelConfig(encoder=TINY_BERT, head=HeadConfig("mean", 0, True))
-    native.save_params(path, config, init_params(config, 3), vocab=resolve_model("minilm") + "/tokenizer.json")
-    return path
+    return build_tiny_minilm(tmp_path_factory.mktemp("mpts") / "init")
 
 
 def test_tiny_end_to_end_run_scores_all_twelve_perspectives(tmp_path, tiny_init, capsys):

@@ -9,11 +9,11 @@ import pytest
 
 from rankgen_jax.checkpoints import native
 from rankgen_jax.cli.main import run_command
-from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig
+from rankgen_jax.models.configs import HeadConfig
 from rankgen_jax.data.lists import PairBatches
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.batch_layout import CANDIDATE_LISTS, BatchLayout
-from rankgen_jax.models.factory import build_model, init_params
+from rankgen_jax.models.factory import build_model
 from rankgen_jax.experiments.perspective_eval import pair_scores
 from rankgen_jax.experiments.perspective_pairs import (
     PERSPECTIVES, Passages, Work, build_passages, load_works, pair_labels, passages_of_text, sample_pairs,
@@ -23,10 +23,9 @@ from rankgen_jax.experiments.perspectives import ROWS, PerspectivesConfig, forma
 from rankgen_jax.pretrained import resolve_model
 from rankgen_jax.data.text import load_text_encoder
 from rankgen_jax.inference.encoder import LoadedModel
+from rankgen_jax.testing import TINY_MINILM_BERT, build_tiny_minilm
 
-# A random BERT with MiniLM's vocabulary, so the run tokenises with MiniLM's tokenizer.json.
-TINY_BERT = BertConfig(vocab_size=30522, d_model=32, d_ff=64, num_layers=1, num_heads=4, max_position_embeddings=128)
-TINY_INIT = ModelConfig(encoder=TINY_BERT, head=HeadConfig("mean", 0, True))
+TINY_BERT = TINY_MINILM_BERT
 
 
 @pytest.fixture(scope="module")
@@ -163,10 +162,8 @@ def test_format_table_shows_f1_accuracy_auc_and_the_w_avg():
 
 
 @pytest.fixture(scope="module")
-def tiny_init(tmp_path_factory, minilm_tokenizer):
-    path = tmp_path_factory.mktemp("perspectives") / "init"
-    native.save_params(path, TINY_INIT, init_params(TINY_INIT, 3), vocab=minilm_tokenizer)
-    return path
+def tiny_init(tmp_path_factory):
+    return build_tiny_minilm(tmp_path_factory.mktemp("perspectives") / "init")
 
 
 def test_pair_scores_use_the_training_layout(tiny_init, minilm_tokenizer):
