@@ -59,7 +59,7 @@ def _header(path: Path) -> tuple[int, list[str]]:
 
 def read_mpts(path: str | Path, perspectives: Sequence[str] = (), quiet: bool = False) -> MptsPairs:
     """The pairs of an MPTS file with the labels of `perspectives` (every column after textb when empty)."""
-    file = existing_file(path, "MPTS file")
+    file = existing_file(path, "MPTS")
     header_line, columns = _header(file)
     column_of = {name: i for i, name in enumerate(columns)}
     missing = [c for c in TEXT_COLUMNS if c not in column_of]
