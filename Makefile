@@ -59,8 +59,8 @@ distillation-demo: venv
 
 # MPTS on its own data (gin_configs/mpts_minilm.gin): MiniLM as a 12-perspective bi-encoder and cross encoder with
 # the released recipe, on the bundled MPTS dev split, scored on MPTS test with the released W.Avg metrics against
-# the majority class and zero-shot cosine; runs/mpts/results.json (about 45 minutes on 2 cores, plus ~20 per
-# single-perspective model).
+# the majority class, every-pair-similar and zero-shot cosine, and two single-perspective cross encoders;
+# runs/mpts/results.json (93 minutes on 2 cores; about 48 without the single-perspective models).
 mpts-demo: venv
 	.venv/bin/rankgen-jax mpts --workdir runs/mpts
 

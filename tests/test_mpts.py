@@ -136,7 +136,7 @@ def test_tiny_end_to_end_run_scores_all_twelve_perspectives(tmp_path, tiny_init,
     drama = results["table"]["all_similar"]["per_perspective"]["Drama"]
     rate = drama["support"] / 16
     assert drama["f1"] == pytest.approx(2 * rate / (1 + rate))
-    assert "W.Avg f1" in capsys.readouterr().out
+    assert "W.Avg F1" in capsys.readouterr().out
     # A rerun resumes: nothing trains again and the summary is the same.
     again = run_command(argv)
     assert again["summary"] == json.loads(json.dumps(results["summary"]))

@@ -325,10 +325,11 @@ def summarise(cfg: MptsConfig, root: Path, test: list[dict], perspectives, model
 
 def format_table(summary: dict) -> str:
     """W.Avg metrics per row, with the F1's SE and its paired differences from the baselines."""
-    headers = [*(f"W.Avg {m}" for m in METRICS), "F1 SE", *(f"- {b}" for b in BASELINES)]
+    short = {"accuracy": "acc", "auc": "AUC", "precision": "P", "recall": "R", "f1": "F1"}
+    headers = [*(f"W.Avg {short[m]}" for m in METRICS), "F1 SE", *(f"- {b}" for b in BASELINES)]
     rows = {row: [*(e[m] for m in METRICS), e["f1_se"], *(e.get(f"f1_minus_{b}") for b in BASELINES)]
             for row, e in summary["rows"].items()}
-    text = aligned_table(rows, headers, name_width=18, cell_width=13)
+    text = aligned_table(rows, headers, name_width=18, cell_width=14)
     for name, e in summary["single_perspective"].items():
         text += (f"\n{name}: single-perspective F1 {e['single_f1']:.3f}, multi-perspective {e['multi_f1']:.3f}, "
                  f"difference {e['single_minus_multi']:+.3f} ± {e['single_minus_multi_se']:.3f}")
