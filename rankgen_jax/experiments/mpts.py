@@ -200,11 +200,9 @@ def _model_config(cfg: MptsConfig, model: str, num_perspectives: int):
 
 def choose_epoch(cfg: MptsConfig, workdir: Path, model: str, select: list[dict], perspectives, per_epoch: int) -> dict:
     """Each epoch's W.Avg metrics on the held-out pairs; the first best F1 is kept (the released code's strict >)."""
-    kind = "dual_encoder" if model == "bi_encoder" else "cross_encoder"
     scores = []
     for epoch in range(1, cfg.epochs + 1):
-        loaded = load_model(str(workdir), kind, step=epoch * per_epoch)
-        predictions = predict_model(loaded, select, perspectives, cfg.length(model), cfg.eval_batch_size, cfg.tau)
+        predictions = predict_checkpoint(cfg, workdir, model, select, perspectives, epoch * per_epoch)
         scores.append({**predictions.metrics()["w_avg"], "share_predicted_similar":
                        float(predictions.predictions_NxP.mean())})
         _log(f"{workdir.name} epoch {epoch}: held-out W.Avg F1 {scores[-1]['f1']:.4f}, AUC {scores[-1]['auc']:.4f}")
@@ -213,11 +211,15 @@ def choose_epoch(cfg: MptsConfig, workdir: Path, model: str, select: list[dict],
             "step": best * per_epoch}
 
 
-def test_predictions(cfg: MptsConfig, workdir: Path, model: str, test: list[dict], perspectives,
-                     step: int) -> PairPredictions:
-    kind = "dual_encoder" if model == "bi_encoder" else "cross_encoder"
-    return predict_model(load_model(str(workdir), kind, step=step), test, perspectives, cfg.length(model),
-                         cfg.eval_batch_size, cfg.tau)
+def predict_checkpoint(cfg: MptsConfig, workdir: Path, model: str, records: list[dict], perspectives,
+                       step: int) -> PairPredictions:
+    """The predictions of `model`'s checkpoint at `step` for these pairs."""
+    return predict_model(load_model(str(workdir), _model_kind(model), step=step), records, perspectives,
+                         cfg.length(model), cfg.eval_batch_size, cfg.tau)
+
+
+def _model_kind(model: str) -> str:
+    return "dual_encoder" if model == "bi_encoder" else "cross_encoder"
 
 
 # --- driver and table ------------------------------------------------------------------------
@@ -286,7 +288,7 @@ def run_mpts(workdir: str, cfg: MptsConfig | None = None) -> dict:
             mark_done(workdir_model)
             run.save()
         rows = test if column is None else _only(test, column)
-        evaluate(row, lambda: test_predictions(cfg, workdir_model, model, rows, names, selection[row]["step"]))
+        evaluate(row, lambda: predict_checkpoint(cfg, workdir_model, model, rows, names, selection[row]["step"]))
     results["summary"] = summarise(cfg, root, test, perspectives, [r for r, *_ in jobs])
     run.finish()
     print(format_table(results["summary"]))
