@@ -29,6 +29,9 @@ from benchmarks.torch_peer import run_torch_case
 from rankgen_jax.models.configs import t5_config
 from rankgen_jax.runtime.process import configure_xla_flags, reexec_with_malloc_tunables
 
+# The repository: the re-exec's -P drops the working folder, which is where `benchmarks` is found.
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
 
 LEARNING_RATE = 1e-4
 THREADS = 2  # XLA:CPU uses every core it may run on; torch is told the same number
@@ -291,5 +294,5 @@ def machine_description() -> dict:
 
 
 if __name__ == "__main__":
-    reexec_with_malloc_tunables("benchmarks.bench", sys.argv[1:])  # as `rankgen-jax` runs; children inherit it
+    reexec_with_malloc_tunables("benchmarks.bench", sys.argv[1:], REPO_ROOT)  # as `rankgen-jax` runs; children inherit it
     sys.exit(main())

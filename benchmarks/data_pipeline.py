@@ -95,6 +95,9 @@ from pathlib import Path
 from benchmarks.report import write_json
 from rankgen_jax.runtime.process import configure_xla_flags, reexec_with_malloc_tunables
 
+# The repository: the re-exec's -P drops the working folder, which is where `benchmarks` is found.
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
 
 SOURCES = ("synthetic", "real", "prefetch_random")
 
@@ -387,5 +390,5 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # As `rankgen-jax` runs (the trainer, `index`): with the malloc settings XLA:CPU runs best with.
-    reexec_with_malloc_tunables("benchmarks.data_pipeline", sys.argv[1:])
+    reexec_with_malloc_tunables("benchmarks.data_pipeline", sys.argv[1:], REPO_ROOT)
     sys.exit(main())

@@ -77,6 +77,9 @@ COMPILE_EVENTS = (
     "/jax/core/compile/backend_compile_duration",
 )
 
+# The repository: the re-exec's -P drops the working folder, which is where `benchmarks` is found.
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
 
 def corpus_passages(num_texts: int, seed: int = 0, min_words: int = 3, max_words: int = 150) -> list[str]:
     """num_texts passages of the bundled books: runs of whole sentences, about log-uniform in [min, max] words.
@@ -379,5 +382,5 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # As `rankgen-jax` runs (the trainer, `index`): with the malloc settings XLA:CPU runs best with.
-    reexec_with_malloc_tunables("benchmarks.encode", sys.argv[1:])
+    reexec_with_malloc_tunables("benchmarks.encode", sys.argv[1:], REPO_ROOT)
     sys.exit(main())

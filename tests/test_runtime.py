@@ -45,3 +45,16 @@ def test_reexec_sets_malloc_tunables_once(monkeypatch):
     monkeypatch.setenv("RANKGEN_MALLOC_TUNING", "0")
     runtime.reexec_with_malloc_tunables("rankgen_jax.cli.main", [])  # switched off
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("module", ["benchmarks.bench", "benchmarks.data_pipeline", "benchmarks.encode"])
+def test_benchmark_entry_points_start_from_the_repository_root(module):
+    """The re-exec's -P drops the working folder; the benchmarks put the repository on the child's PYTHONPATH."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "RANKGEN_MALLOC_TUNING", "PYTHONPATH")}
+    done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "usage" in done.stdout

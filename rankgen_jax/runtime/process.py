@@ -6,6 +6,7 @@ import importlib.metadata
 import os
 import platform
 import sys
+from pathlib import Path
 
 from rankgen_jax.errors import RankgenError
 
@@ -53,7 +54,7 @@ def configure_xla_flags(host_device_count: int | None = None) -> None:
 MALLOC_TUNABLES = "glibc.malloc.hugetlb=1"
 
 
-def reexec_with_malloc_tunables(module: str, args: list[str]) -> None:
+def reexec_with_malloc_tunables(module: str, args: list[str], source_root: str | os.PathLike | None = None) -> None:
     """Re-run this process as `python -P -m module args` with MALLOC_TUNABLES, once; no-op when not applicable.
 
     -P (safe path): plain `-m` puts the working folder first on sys.path, so a
@@ -62,12 +63,18 @@ def reexec_with_malloc_tunables(module: str, args: list[str]) -> None:
     Skipped off glibc Linux, when GLIBC_TUNABLES already sets malloc.hugetlb,
     when RANKGEN_MALLOC_TUNING=0, or when the package is not installed (run
     from a source tree through the working folder, which -P would leave out).
+    source_root: the folder that holds `module`'s top package when the
+    installed distribution does not (the repository's benchmarks/): put on
+    the child's PYTHONPATH, since -P leaves the working folder out.
     """
     current = os.environ.get("GLIBC_TUNABLES", "")
     if (sys.platform != "linux" or platform.libc_ver()[0] != "glibc" or "glibc.malloc.hugetlb" in current
             or os.environ.get("RANKGEN_MALLOC_TUNING", "1") == "0" or not _installed()):
         return
     os.environ["GLIBC_TUNABLES"] = f"{current}:{MALLOC_TUNABLES}" if current else MALLOC_TUNABLES
+    if source_root is not None:
+        paths = [str(Path(source_root).resolve()), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        os.environ["PYTHONPATH"] = os.pathsep.join(paths)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, "-P", "-m", module, *args])
