@@ -90,6 +90,36 @@ def test_pick_tokens_truncates_then_inverts_the_cdf():
         assert together == [pick_tokens(batch[r : r + 1], u[r : r + 1], Decoding(sampler)).item() for r in range(6)]
 
 
+def test_nucleus_and_top_k_from_the_head_equal_the_full_sort(monkeypatch):
+    """The head shortcut (top NUCLEUS_CANDIDATES keys) picks what sorting the whole vocabulary picks."""
+    import torch
+
+    from rankgen_jax.lm import generation
+
+    torch.manual_seed(0)
+    vocab = 5000
+    peaked = torch.randn(8, vocab) * 6.0  # a trained LM's shape: the nucleus is a few tokens
+    flat = torch.randn(4, vocab) * 0.1  # the nucleus reaches past the head: the full sort is used
+    tied = torch.zeros(2, vocab)
+    tied[:, :3] = 5.0  # every token after the first three ties: a tie across the head's cut
+    u = torch.rand(14, dtype=torch.float64)
+    logits = torch.cat([peaked, flat, tied])
+    for decoding in (Decoding("nucleus", top_p=0.9), Decoding("nucleus", top_p=0.5), Decoding("top_k", top_k=40)):
+        head = pick_tokens(logits, u, decoding).tolist()
+        # Each row alone, so the rows that can use the head do, whatever the others need.
+        alone = [pick_tokens(logits[r : r + 1], u[r : r + 1], decoding).item() for r in range(14)]
+        monkeypatch.setattr(generation, "NUCLEUS_CANDIDATES", vocab)  # no head: always the full sort
+        full = pick_tokens(logits, u, decoding).tolist()
+        monkeypatch.undo()
+        assert head == full and alone == full
+    # The head is used where it holds the nucleus, and refused where it does not.
+    key = torch.log_softmax(logits, -1)
+    nucleus = Decoding("nucleus", top_p=0.9)
+    assert generation._head_order(key[:8], key[:8].exp(), nucleus) is not None
+    assert generation._head_order(key[8:12], key[8:12].exp(), nucleus) is None
+    assert generation._head_order(key[12:], key[12:].exp(), Decoding("top_k", top_k=40)) is None
+
+
 def test_decoding_settings_are_checked():
     with pytest.raises(RankgenError, match="--top_p"):
         Decoding(top_p=0.0).check()

@@ -2,17 +2,18 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from rankgen_jax.cli.main import build_parser
-from rankgen_jax.lm.generative_negatives import generate_negatives, merge_negatives, trim_continuation
+from rankgen_jax.lm.generative_negatives import cut_to_length, generate_negatives, merge_negatives, trim_continuation
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.data.vocab import REPO_ROOT
 
 BOTCHAN = REPO_ROOT / "data" / "corpus" / "botchan" / "botchan.txt"
 EOS = "<|endoftext|>"
 # Small sampling settings keep every generate call to a few milliseconds.
-FAST = dict(batch_size=4, min_words=3, max_words=12, max_new_tokens=24, progress=False)
+FAST = dict(batch_size=4, min_words=3, max_words=12, max_new_tokens=24, progress=False, length_match="range")
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -244,8 +245,15 @@ def test_clear_errors(lm_dir, records, tmp_path):
     # An encoder-only model folder is a model, but not a causal LM.
     t5 = tmp_path / "t5"
     T5EncoderModel(T5Config(d_model=16, d_ff=32, d_kv=8, num_layers=1, num_heads=2, vocab_size=64)).save_pretrained(t5)
-    with pytest.raises(RankgenError, match="not a causal LM folder"):
+    with pytest.raises(RankgenError, match="not a causal LM transformers can load"):
         generate_negatives(str(t5), str(path), str(tmp_path / "o.jsonl"), **FAST)
+    # A file that is not GGUF, named as one.
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(b"not a gguf file")
+    with pytest.raises(RankgenError, match="fake.gguf is not a causal LM transformers can load"):
+        generate_negatives(str(fake), str(path), str(tmp_path / "o.jsonl"), **FAST)
+    with pytest.raises(RankgenError, match="--length_match"):
+        generate_negatives(lm_dir, str(path), str(tmp_path / "o.jsonl"), **{**FAST, "length_match": "words"})
     # A corrupt line before the end of an existing output is not a crash-truncated tail.
     bad_out = tmp_path / "bad_out.jsonl"
     bad_out.write_text("not json\n" + json.dumps({"prefix": "p", "generative_negative": "n"}) + "\n")
@@ -467,7 +475,7 @@ def test_sharded_cli_path(lm_dir, mixed_input, tmp_path, capsys):
     path, _ = mixed_input
     parser = build_parser()
     full = tmp_path / "full.jsonl"
-    common = ["--lm", lm_dir, "--input", str(path), "--batch_size", "3", "--max_new_tokens", "16",
+    common = ["--lm", lm_dir, "--input", str(path), "--batch_size", "3", "--max_new_tokens", "16", "--length_match", "range",
               "--min_words", "2", "--max_words", "8", "--no_progress"]
     args = parser.parse_args(["generate-negatives", *common, "--out", str(full)])
     assert (args.num_shards, args.shard_index) == (1, 0)
@@ -488,3 +496,63 @@ def test_sharded_cli_path(lm_dir, mixed_input, tmp_path, capsys):
                               "--out", str(merged)])
     with pytest.raises(RankgenError, match="missing shard 0 of 2"):
         args.run(args)
+
+
+def test_cut_to_length_takes_the_sentence_end_nearest_the_gold():
+    text = "a b c. d e f g h. i j k l m n o p. q r"
+    assert cut_to_length(text, 3) == "a b c."
+    assert cut_to_length(text, 7) == "a b c. d e f g h."  # ends at 3 and 8 words: 8 is nearer
+    assert cut_to_length(text, 12) == "a b c. d e f g h."  # 8 and 16 are as near: the shorter
+    assert cut_to_length(text, 14) == "a b c. d e f g h. i j k l m n o p."
+    assert cut_to_length("one two three four five six", 4) == "one two three four"  # no sentence end: cut at 4
+    assert cut_to_length("one two three. four five six seven eight nine ten", 10) == (
+        "one two three. four five six seven eight nine ten")  # shorter than or as long as the gold: whole
+    # The nearest end lies further than the tolerance (half the gold): cut at the gold's length.
+    assert cut_to_length("x. " + " ".join("w" * 30), 20, tolerance=0.5).split() == ("x. " + " ".join("w" * 30)).split()[:20]
+
+
+def length_only_accuracy(gold_words, negative_words):
+    """How often "the longer one is the gold" picks the gold (ties count half): chance is 0.5."""
+    gold, negative = np.asarray(gold_words), np.asarray(negative_words)
+    return float(np.mean((gold > negative) + 0.5 * (gold == negative)))
+
+
+def test_gold_length_cut_leaves_a_length_only_scorer_at_chance():
+    """Samples with sentence ends every 5-30 words: cut to the gold's length, length tells nothing; trimmed to
+    the last sentence end within 128 words (the old rule), "the shorter one is human" is right most of the time."""
+    rng = np.random.default_rng(0)
+    golds, matched, trimmed = [], [], []
+    for _ in range(2000):
+        sentences = [" ".join(["w"] * (int(rng.integers(5, 31)) - 1) + ["end."]) for _ in range(12)]
+        sample = " ".join(sentences)
+        gold = int(rng.integers(10, 129))  # RankGen's gold lengths, drawn from 10-128 words
+        golds.append(gold)
+        matched.append(len(cut_to_length(sample, gold).split()))
+        trimmed.append(len(trim_continuation(sample, 10, 128).split()))
+    # 2000 pairs: the accuracy's standard error is about 0.011.
+    assert abs(length_only_accuracy(golds, matched) - 0.5) < 0.04
+    assert abs(np.mean(matched) - np.mean(golds)) < 2.0
+    assert length_only_accuracy(golds, trimmed) < 0.2  # the cue the gold cut removes
+
+
+def test_generated_negatives_take_their_gold_lengths(lm_dir, tmp_path):
+    words = BOTCHAN.read_text(encoding="utf-8").split()
+    rng = np.random.default_rng(1)
+    objs = []
+    for i in range(12):
+        gold = int(rng.integers(3, 13))
+        objs.append({"id": i, "prefix": " ".join(words[2000 + 40 * i: 2020 + 40 * i]),
+                     "continuation": " ".join(words[2020 + 40 * i: 2020 + 40 * i + gold])})
+    objs.append({"id": "no gold", "prefix": "a prefix without its continuation"})
+    path = write_jsonl(tmp_path / "in.jsonl", objs)
+    out = tmp_path / "out.jsonl"
+    settings = {**FAST, "length_match": "gold", "min_words": 1, "max_new_tokens": 40}
+    stats = generate_negatives(lm_dir, str(path), str(out), **settings)
+    assert stats["done"] == 12 and stats["no_gold"] == 1 and stats["bad_lines"] == 1
+    written = read_jsonl(out)
+    gold = [len(o["continuation"].split()) for o in written]
+    negative = [o["generative_negative_words"] for o in written]
+    assert all(n == len(o["generative_negative"].split()) for n, o in zip(negative, written))
+    # Each within the tolerance of its gold (a random LM rarely ends a sentence: mostly exactly the gold's length).
+    assert all(abs(n - g) <= 0.5 * g for n, g in zip(negative, gold)), list(zip(negative, gold))
+    assert abs(length_only_accuracy(gold, negative) - 0.5) <= 0.25

@@ -14,8 +14,9 @@ def add_generate_negatives(subparsers) -> None:
         "generate-negatives",
         help="sample a generative negative for every prefix with a causal LM (resumable)",
         description="Read JSONL objects with a \"prefix\" and write them back with a \"generative_negative\": "
-        "a nucleus sample (top-p, as RankGen) from a local HuggingFace causal LM folder, cut to "
-        "--min_words..--max_words words at a sentence end. Rerun with the same arguments to resume: "
+        "a nucleus sample (top-p, as RankGen) from a local HuggingFace causal LM folder, a GGUF file or a "
+        "named pretrained LM, cut at a sentence end to its gold continuation's length (--length_match). "
+        "Rerun with the same arguments to resume: "
         "records already in --out are skipped. Across machines: run --num_shards N --shard_index I on each "
         "(shard I samples the batches k with k mod N = I, each under seed + k, into its own --out), then "
         "merge-negatives; the merged file equals one unsharded run's.",
@@ -27,6 +28,10 @@ def add_generate_negatives(subparsers) -> None:
     p.add_argument("--top_p", type=float, default=0.9, help="nucleus sampling p (default 0.9, as RankGen)")
     p.add_argument("--min_words", type=int, default=10, help="shortest continuation; shorter ones are resampled (default 10)")
     p.add_argument("--max_words", type=int, default=128, help="longest continuation in words (default 128)")
+    p.add_argument("--length_match", choices=("gold", "range"), default="gold",
+                   help="gold (default): cut each sample at the sentence end nearest its record's \"continuation\" "
+                   "word count, so negatives and golds share one length distribution (records without one are "
+                   "skipped and counted); range: at the last sentence end within --min_words..--max_words")
     p.add_argument("--max_new_tokens", type=int, default=192, help="tokens sampled per prompt (default 192)")
     p.add_argument("--max_prompt_tokens", type=int, help="keep the last N prompt tokens (default: context size - max_new_tokens)")
     p.add_argument("--seed", type=int, default=0, help="batch k samples under seed + k (default 0)")
@@ -43,7 +48,8 @@ def _run_generate_negatives(args) -> dict:
     return generate_negatives(
         args.lm, args.input, args.out, batch_size=args.batch_size, top_p=args.top_p, min_words=args.min_words,
         max_words=args.max_words, max_new_tokens=args.max_new_tokens, seed=args.seed, device=args.device,
-        max_prompt_tokens=args.max_prompt_tokens, progress=not args.no_progress, **shard,
+        max_prompt_tokens=args.max_prompt_tokens, progress=not args.no_progress, length_match=args.length_match,
+        **shard,
     )
 
 

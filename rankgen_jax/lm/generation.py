@@ -117,11 +117,17 @@ class Decoding:
             raise RankgenError(f"--typical_p must be in (0, 1], got {self.typical_p}")
 
 
+# Candidates the nucleus is first looked for among: a trained LM's p = 0.9 head is a few dozen tokens, while
+# sorting a 262k-token vocabulary (Gemma 3) for every row and step cost more than the LM's own forward pass.
+NUCLEUS_CANDIDATES = 1024
+
+
 def pick_tokens(logits_RxV, uniform_R, decoding: Decoding):
     """One token per row: inverse-CDF sampling of the truncated distribution with the given uniforms.
 
     Each row is computed on its own (no reduction across rows), so a row's
-    token does not depend on the other rows of the batch.
+    token does not depend on the other rows of the batch. Tokens are ordered
+    by probability, ties in vocabulary order (a stable sort).
     """
     import torch  # heavy and optional (the torch extra): only where an LM runs
 
@@ -135,26 +141,58 @@ def pick_tokens(logits_RxV, uniform_R, decoding: Decoding):
         key_RxV = -(-logp_RxV - entropy_Rx1).abs()
     else:
         key_RxV = logp_RxV
-    # Stable sort: equal keys keep vocabulary order, so ties never depend on the batch.
-    _, order_RxV = torch.sort(key_RxV, dim=-1, descending=True, stable=True)
-    sorted_RxV = p_RxV.gather(-1, order_RxV)
-    vocab = sorted_RxV.shape[-1]
+    order_RxK = None
+    if decoding.sampler in ("nucleus", "top_k"):
+        order_RxK = _head_order(key_RxV, p_RxV, decoding)
+    if order_RxK is None:
+        # Stable sort: equal keys keep vocabulary order, so ties never depend on the batch.
+        _, order_RxK = torch.sort(key_RxV, dim=-1, descending=True, stable=True)
+    sorted_RxK = p_RxV.gather(-1, order_RxK)
+    head = sorted_RxK.shape[-1]
     if decoding.sampler == "top_k":
-        keep_RxV = (torch.arange(vocab, device=sorted_RxV.device) < decoding.top_k).expand_as(sorted_RxV)
+        keep_RxK = (torch.arange(head, device=sorted_RxK.device) < decoding.top_k).expand_as(sorted_RxK)
     elif decoding.sampler in ("nucleus", "typical"):
         mass = decoding.top_p if decoding.sampler == "nucleus" else decoding.typical_p
         # Keep the smallest head whose mass reaches p: a token stays while the mass before it is below p.
-        before_RxV = sorted_RxV.cumsum(-1) - sorted_RxV
-        keep_RxV = before_RxV < mass
-        keep_RxV[:, 0] = True
+        before_RxK = sorted_RxK.cumsum(-1) - sorted_RxK
+        keep_RxK = before_RxK < mass
+        keep_RxK[:, 0] = True
     else:  # ancestral
-        keep_RxV = torch.ones_like(sorted_RxV, dtype=torch.bool)
-    cdf_RxV = (sorted_RxV * keep_RxV).cumsum(-1)
-    target_Rx1 = uniform_R.to(cdf_RxV.device, cdf_RxV.dtype)[:, None] * cdf_RxV[:, -1:]
-    index_R = torch.searchsorted(cdf_RxV, target_Rx1, right=True).squeeze(-1)
+        keep_RxK = torch.ones_like(sorted_RxK, dtype=torch.bool)
+    cdf_RxK = (sorted_RxK * keep_RxK).cumsum(-1)
+    target_Rx1 = uniform_R.to(cdf_RxK.device, cdf_RxK.dtype)[:, None] * cdf_RxK[:, -1:]
+    index_R = torch.searchsorted(cdf_RxK, target_Rx1, right=True).squeeze(-1)
     # Rounding can put the target on the total mass: fall back to the last kept token.
-    index_R = torch.minimum(index_R, keep_RxV.sum(-1) - 1)
-    return order_RxV.gather(-1, index_R[:, None]).squeeze(-1)
+    index_R = torch.minimum(index_R, keep_RxK.sum(-1) - 1)
+    return order_RxK.gather(-1, index_R[:, None]).squeeze(-1)
+
+
+def _head_order(key_RxV, p_RxV, decoding: Decoding):
+    """The first tokens of the stable descending order, when they hold every kept token; else None.
+
+    The top NUCLEUS_CANDIDATES keys are put in the full sort's order (by key, ties by vocabulary
+    index). They are that order's head when the next key is strictly smaller, and they hold every
+    kept token when the nucleus (or top k) ends before the last of them; otherwise the caller sorts
+    the whole vocabulary.
+    """
+    import torch  # heavy and optional (the torch extra): only where an LM runs
+
+    vocab = key_RxV.shape[-1]
+    head = NUCLEUS_CANDIDATES
+    if vocab <= head + 1 or (decoding.sampler == "top_k" and decoding.top_k >= head):
+        return None
+    top_RxH, index_RxH = torch.topk(key_RxV, head + 1, dim=-1, sorted=True)
+    if bool((top_RxH[:, head - 1] <= top_RxH[:, head]).any()):
+        return None  # a tie across the cut: which tokens are in the head depends on the tie order
+    by_index_RxH = index_RxH[:, :head].sort(dim=-1).values
+    _, order_RxH = torch.sort(key_RxV.gather(-1, by_index_RxH), dim=-1, descending=True, stable=True)
+    order_RxH = by_index_RxH.gather(-1, order_RxH)
+    if decoding.sampler == "nucleus":
+        sorted_RxH = p_RxV.gather(-1, order_RxH)
+        before_last_R = sorted_RxH[:, :-1].sum(-1)
+        if bool((before_last_R < decoding.top_p).any()):
+            return None  # the nucleus may reach past the head
+    return order_RxH
 
 
 def row_seed(seed: int, prefix_index: int, round_index: int, beam_index: int, sample_index: int) -> int:
@@ -323,7 +361,7 @@ class Generation:
     seconds_rerank: float = 0.0
 
 
-def _prompt_ids(lm: CausalLM, prefix: str, max_new_tokens: int, max_prompt_tokens: int | None) -> list[int]:
+def prompt_ids(lm: CausalLM, prefix: str, max_new_tokens: int, max_prompt_tokens: int | None) -> list[int]:
     """The prefix's ids, cut from the left so that prompt + budget fits the LM's context."""
     ids = lm.prefix_ids(prefix)
     limit = max_prompt_tokens
@@ -375,7 +413,7 @@ def search(
     if len(keys) != len(prefixes):
         raise RankgenError(f"search: {len(prefixes)} prefixes but {len(keys)} prefix indices")
     step = max_new_tokens if rerank_length is None else min(rerank_length, max_new_tokens)
-    prompts = [_prompt_ids(lm, p, max_new_tokens, max_prompt_tokens) for p in prefixes]
+    prompts = [prompt_ids(lm, p, max_new_tokens, max_prompt_tokens) for p in prefixes]
     beams = [[_Beam([], False) for _ in range(beam_size)] for _ in prefixes]
     seconds_generate = [0.0] * len(prefixes)
     seconds_rerank = [0.0] * len(prefixes)

@@ -3,8 +3,16 @@
 RankGen trains against continuations sampled with nucleus sampling (p=0.9)
 from an LM, trimmed to 10-128 words (docs/design/rankgen.md, 'RankGen training'). This module reads
 a JSONL file of objects with a `"prefix"` string, samples a continuation for
-each from any local HuggingFace causal LM folder, and writes the same objects
+each from any local HuggingFace causal LM folder (or a GGUF file), and writes the same objects
 plus `"generative_negative"` and `"generative_negative_words"`.
+
+Length (`length_match`): a sample cut at its last sentence end within 128
+words is about 128 words long, while the golds are drawn from 10-128 words, so
+a ranker could learn "the shorter one is human". With `length_match="gold"`
+(the default) each sample is cut at the sentence end nearest its record's gold
+`"continuation"` word count (`cut_to_length`), so negatives and golds share one
+length distribution; `"range"` keeps the plain 10-128-word trim
+(`trim_continuation`) for input without golds.
 
 Resuming: the output is appended one batch at a time and flushed, so a killed
 run loses at most one batch; rerunning with the same arguments skips the
@@ -21,13 +29,15 @@ a different input is refused.
 Reproducibility: the good input records (those with a non-empty string prefix,
 a repeated id's later records left out) are numbered by their position in the
 input, and batch k is records [k*B, (k+1)*B) of that numbering, whatever has
-been done already. Batch k samples under `torch.manual_seed(seed + k)`, always
-as the whole batch (the same rows, so the same padding and the same random
-draws); on a resume the rows already in the output are sampled again and not
-written. A batch's text is therefore a function of the input, the settings and
-k alone: a resumed run, or shards that together cover the input, write
-byte-identical records to one uninterrupted run (on the same device type and
-torch / transformers versions; text differs across those).
+been done already. Sampling is `lm.generation`'s (nucleus, one seeded stream of
+uniforms per row): the record at position i draws attempt a (0, then the
+resamples of a short one) from `row_seed(seed, i, a, 0, 0)`, so its text
+depends on its own prefix, position and the settings, not on the rows sampled
+beside it. A batch is always sampled whole (the same rows, so the same
+padding); on a resume the rows already in the output are sampled again and not
+written. A resumed run, or shards that together cover the input, therefore
+write byte-identical records to one uninterrupted run (on the same device type
+and torch / transformers versions; text differs across those).
 
 Sharding (`num_shards` N > 1, `shard_index` I): shard I takes batch k when
 k % N == I, so shards need nothing from each other and every shard is
@@ -46,6 +56,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import sys
@@ -57,8 +68,9 @@ from tqdm import tqdm
 
 from rankgen_jax.data.jsonl import iter_jsonl, open_binary
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.lm.generation import check_prefix_record
-from rankgen_jax.lm.scoring import lm_max_positions, load_lm_and_tokenizer
+from rankgen_jax.lm.generation import Decoding, SampleRow, check_prefix_record, prompt_ids, row_seed, sample_rows
+from rankgen_jax.lm.scoring import CausalLM, load_causal_lm
+from rankgen_jax.pretrained import resolve_model
 
 # A word that ends a sentence: terminal punctuation, optionally followed by
 # closing quotes or brackets ("end." / "end!" / 'end?"' / "end.)").
@@ -68,6 +80,14 @@ _WORD = re.compile(r"\S+")
 RESAMPLE_TRIES = 2
 # The key of a shard file's first line (see the module docstring).
 SHARD_HEADER = "generate_negatives_shard"
+# How a sample's length is set: to its record's gold continuation, or anywhere in min..max words.
+LENGTH_MATCHES = ("gold", "range")
+# How far (a fraction of the gold's words) the nearest sentence end may lie before the cut falls mid-sentence:
+# the InBook negatives' own tolerance (ExampleConfig.length_tolerance).
+LENGTH_TOLERANCE = 0.5
+# A record length matching reads its gold from, and the skip reason of one without it.
+GOLD_FIELD = "continuation"
+NO_GOLD = "no non-empty string \"continuation\" to match the length of"
 
 
 def trim_continuation(text: str, min_words: int, max_words: int) -> str:
@@ -89,6 +109,25 @@ def trim_continuation(text: str, min_words: int, max_words: int) -> str:
             end = stop
             break
     return text[:end].strip()
+
+
+def cut_to_length(text: str, target_words: int, tolerance: float = LENGTH_TOLERANCE) -> str:
+    """Cut a sample at the sentence end whose word count is nearest `target_words` (the gold's length).
+
+    Sentence ends on both sides of the target count, so the cut lengths scatter around the target
+    rather than below it. With no sentence end within `tolerance * target_words` words of it, the
+    text is cut at exactly `target_words` words; a shorter sample is kept whole (the caller resamples it).
+    """
+    spans = [m.span() for m in _WORD.finditer(text)]
+    if len(spans) <= target_words:
+        return text.strip()
+    ends = [i + 1 for i, (start, stop) in enumerate(spans) if _SENTENCE_END.search(text[start:stop])]
+    keep = target_words
+    if ends:
+        nearest = min(ends, key=lambda n: (abs(n - target_words), n))
+        if abs(nearest - target_words) <= tolerance * target_words:
+            keep = nearest
+    return text[:spans[keep - 1][1]].strip()
 
 
 def count_words(text: str) -> int:
@@ -211,14 +250,27 @@ def _read_done(output: Path) -> _Done:
 class _InputStats:
     bad_lines: int = 0
     duplicate_ids: int = 0
+    no_gold: int = 0
     skipped_existing: int = 0
 
 
-def _iter_good_records(input_path: Path, stats: _InputStats, on_bad):
+def _record_check(length_match: str):
+    """The check a good input record passes: a prefix, and with `length_match="gold"` a gold continuation."""
+    if length_match == "range":
+        return check_prefix_record
+
+    def check(record: dict) -> str | None:
+        gold = record.get(GOLD_FIELD)
+        return check_prefix_record(record) or (None if isinstance(gold, str) and gold.strip() else NO_GOLD)
+
+    return check
+
+
+def _iter_good_records(input_path: Path, stats: _InputStats, on_bad, length_match: str):
     """(line number, position, object) of the good input records, positions counted from 0.
 
-    Bad lines (malformed JSON, no non-empty string prefix) and records whose id
-    was seen before (a repeated id would make resuming ambiguous; the first one
+    Bad lines (malformed JSON, no non-empty string prefix, no gold continuation when the length matches
+    it) and records whose id was seen before (a repeated id would make resuming ambiguous; the first one
     is kept) are counted in `stats` and reported through `on_bad()`.
     """
     seen_ids: set[str] = set()
@@ -226,9 +278,10 @@ def _iter_good_records(input_path: Path, stats: _InputStats, on_bad):
 
     def skip(reason: str, number: int) -> None:
         stats.bad_lines += 1
+        stats.no_gold += reason == NO_GOLD
         on_bad()
 
-    for n, obj in iter_jsonl(input_path, check_prefix_record, skip):
+    for n, obj in iter_jsonl(input_path, _record_check(length_match), skip):
         key = _id_key(obj)
         if key is not None:
             if key in seen_ids:
@@ -242,7 +295,7 @@ def _iter_good_records(input_path: Path, stats: _InputStats, on_bad):
 
 
 def _iter_shard_records(input_path: Path, done: _Done, stats: _InputStats, *, batch_size: int, num_shards: int,
-                        shard_index: int, on_skip):
+                        shard_index: int, on_skip, length_match: str):
     """This shard's good input records, each marked done when the output holds it already.
 
     `on_skip()` is called for every input line this run does not generate
@@ -250,7 +303,7 @@ def _iter_shard_records(input_path: Path, done: _Done, stats: _InputStats, *, ba
     bar, whose total is the input's lines, still reaches its end.
     """
     idless = 0  # id-less records of this shard seen so far: their identity in the output
-    for n, position, obj in _iter_good_records(input_path, stats, on_skip):
+    for n, position, obj in _iter_good_records(input_path, stats, on_skip, length_match):
         if shard_of_position(position, batch_size, num_shards) != shard_index:
             on_skip()
             continue
@@ -296,6 +349,12 @@ def _file_sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def _lm_sha256(lm: str) -> str:
+    """The LM's identity in a shard header: its GGUF file's sha256, or its folder's (`_folder_sha256`)."""
+    path = Path(resolve_model(lm))
+    return _file_sha256(path) if path.is_file() else _folder_sha256(path)
+
+
 def _folder_sha256(folder: Path) -> str:
     """sha256 over the relative path and bytes of every file in the folder (hidden entries left out).
 
@@ -311,44 +370,45 @@ def _folder_sha256(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def _sample(model, tokenizer, prompts: list[str], *, max_prompt_tokens: int, top_p: float,
-            max_new_tokens: int, device: str) -> tuple[list[str], int]:
-    """One nucleus sample per prompt; returns the decoded continuations and the number of tokens generated."""
-    import torch  # heavy and optional (the torch extra): only where an LM runs
-
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, truncation=True, max_length=max_prompt_tokens)
-    enc = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
-    eos_id = tokenizer.eos_token_id
-    with torch.no_grad():
-        out = model.generate(
-            **enc, do_sample=True, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens,
-            pad_token_id=tokenizer.pad_token_id, eos_token_id=eos_id,
-        )
-    new = out[:, enc["input_ids"].shape[1]:].cpu()
-    # Tokens actually generated: up to and including the first eos (after it generate only pads).
-    tokens = 0
-    for row in new.tolist():
-        tokens += row.index(eos_id) + 1 if eos_id is not None and eos_id in row else len(row)
-    return tokenizer.batch_decode(new, skip_special_tokens=True), tokens
+def _sample(lm: CausalLM, prompts: list[str], seeds: list[int], *, max_prompt_tokens: int | None, top_p: float,
+            max_new_tokens: int) -> tuple[list[str], int]:
+    """One nucleus sample per prompt, each from its own seed; the decoded continuations and the tokens generated."""
+    rows = [SampleRow(prompt_ids(lm, prompt, max_new_tokens, max_prompt_tokens), max_new_tokens, seed)
+            for prompt, seed in zip(prompts, seeds)]
+    new, _ = sample_rows(lm, rows, Decoding("nucleus", top_p), max_batch_rows=len(rows))
+    return [lm.decode(ids) for ids in new], sum(len(ids) for ids in new)
 
 
-def _sample_batch(model, tokenizer, prompts: list[str], seed: int, *, min_words: int, max_words: int,
-                  **sample) -> tuple[list[str], int]:
-    """A grid batch's trimmed negatives, sampled under `seed` alone (retries for short ones included)."""
-    import torch  # heavy and optional (the torch extra): only where an LM runs
+def _sample_batch(lm: CausalLM, prompts: list[str], positions: list[int], targets: list[int] | None, seed: int, *,
+                  min_words: int, max_words: int, **sample) -> tuple[list[str], int]:
+    """A grid batch's cut negatives (retries for short ones included), each row from its own seeds.
 
-    # Seeding here, per batch, makes the draws independent of whatever ran before in this process.
-    torch.manual_seed(seed)
-    texts, tokens = _sample(model, tokenizer, prompts, **sample)
-    results = [trim_continuation(t, min_words, max_words) for t in texts]
-    for _ in range(RESAMPLE_TRIES):
-        retry = [i for i, r in enumerate(results) if count_words(r) < min_words]
+    `targets`: each prompt's gold length in words (`length_match="gold"`), or None for the 10-128 trim.
+    """
+    if targets is None:
+        def cut(i, text):
+            return trim_continuation(text, min_words, max_words)
+
+        def shortfall(i, text):  # how far under the shortest length: 0 when long enough
+            return max(0, min_words - count_words(text))
+    else:
+        def cut(i, text):
+            return cut_to_length(text, targets[i])
+
+        def shortfall(i, text):  # under the target by more than the tolerance: resample
+            return max(0, math.ceil((1 - LENGTH_TOLERANCE) * targets[i]) - count_words(text))
+
+    texts, tokens = _sample(lm, prompts, [row_seed(seed, p, 0, 0, 0) for p in positions], **sample)
+    results = [cut(i, t) for i, t in enumerate(texts)]
+    for attempt in range(1, RESAMPLE_TRIES + 1):
+        retry = [i for i, r in enumerate(results) if shortfall(i, r)]
         if not retry:
             break
-        texts, n = _sample(model, tokenizer, [prompts[i] for i in retry], **sample)
+        seeds = [row_seed(seed, positions[i], attempt, 0, 0) for i in retry]
+        texts, n = _sample(lm, [prompts[i] for i in retry], seeds, **sample)
         tokens += n
         for i, t in zip(retry, texts):
-            again = trim_continuation(t, min_words, max_words)
+            again = cut(i, t)
             # Keep the longer of the two, so a retry never makes a short sample worse.
             if count_words(again) > count_words(results[i]):
                 results[i] = again
@@ -363,7 +423,7 @@ def _shard_header(lm_dir: str, source: Path, *, shard_index: int, num_shards: in
     return {
         "shard_index": shard_index,
         "num_shards": num_shards,
-        "settings": {"lm_sha256": _folder_sha256(Path(lm_dir)), "input_sha256": _file_sha256(source), **settings},
+        "settings": {"lm_sha256": _lm_sha256(lm_dir), "input_sha256": _file_sha256(source), **settings},
         "made_with": {"lm": str(lm_dir), "input": str(source), "device": device, "torch": torch.__version__,
                       "transformers": transformers.__version__},
     }
@@ -404,8 +464,11 @@ def _check_output_header(output: Path, done: _Done, header: dict | None) -> None
 def generate_negatives(lm_dir: str, input_path: str, output_path: str, *, batch_size: int = 8, top_p: float = 0.9,
                        min_words: int = 10, max_words: int = 128, max_new_tokens: int = 192, seed: int = 0,
                        device: str = "cpu", max_prompt_tokens: int | None = None, num_shards: int = 1,
-                       shard_index: int = 0, progress: bool = True) -> dict:
+                       shard_index: int = 0, progress: bool = True, length_match: str = "gold") -> dict:
     """Add a sampled `"generative_negative"` to every record of a prefix JSONL file (resumable).
+
+    `length_match="gold"` cuts each sample to its record's gold `"continuation"` length (clamped to
+    min_words..max_words; see the module docstring), `"range"` anywhere in min_words..max_words.
 
     With `num_shards` N > 1 only shard `shard_index`'s batches are sampled and
     the output is a shard file (see the module docstring); `merge_negatives`
@@ -413,10 +476,13 @@ def generate_negatives(lm_dir: str, input_path: str, output_path: str, *, batch_
 
     Returns stats: `done` (records generated by this run), `skipped_existing`
     (already in the output), `bad_lines` (malformed JSON, missing or empty
-    prefix, repeated id), `short` (still under `min_words` after the retries;
-    kept), `seconds`, `tokens_per_second` (generated tokens, retries and
-    resampled done rows included).
+    prefix, repeated id, no gold to match), `no_gold` (of those, records without a gold continuation),
+    `short` (still under `min_words`, or under the gold's length by more than the tolerance, after the
+    retries; kept), `seconds`, `tokens_per_second` (generated tokens, retries and resampled done rows
+    included).
     """
+    if length_match not in LENGTH_MATCHES:
+        raise RankgenError(f"--length_match must be one of {', '.join(LENGTH_MATCHES)}, got {length_match!r}")
     if batch_size < 1:
         raise RankgenError(f"--batch_size must be at least 1, got {batch_size}")
     if not 0.0 < top_p <= 1.0:
@@ -442,9 +508,9 @@ def generate_negatives(lm_dir: str, input_path: str, output_path: str, *, batch_
     if num_shards == 1:
         _check_output_header(output, done, None)
 
-    config, model, tokenizer = load_lm_and_tokenizer(lm_dir, device)
+    lm = load_causal_lm(lm_dir, device)
     if max_prompt_tokens is None:
-        limit = lm_max_positions(config)
+        limit = lm.max_positions
         # Unknown context size (e.g. rotary models without the attribute): do not truncate.
         max_prompt_tokens = limit - max_new_tokens if limit is not None else None
     if max_prompt_tokens is not None and max_prompt_tokens < 1:
@@ -456,7 +522,7 @@ def generate_negatives(lm_dir: str, input_path: str, output_path: str, *, batch_
     if num_shards > 1:
         settings = dict(batch_size=batch_size, top_p=top_p, seed=seed, min_words=min_words, max_words=max_words,
                         max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens,
-                        resample_tries=RESAMPLE_TRIES)
+                        resample_tries=RESAMPLE_TRIES, length_match=length_match)
         header = _shard_header(lm_dir, source, shard_index=shard_index, num_shards=num_shards,
                                settings=settings, device=device)
         _check_output_header(output, done, header)
@@ -466,7 +532,7 @@ def generate_negatives(lm_dir: str, input_path: str, output_path: str, *, batch_
                disable=not progress, file=sys.stderr)
     generated = short = tokens = 0
     start = time.perf_counter()
-    sample = dict(max_prompt_tokens=max_prompt_tokens, top_p=top_p, max_new_tokens=max_new_tokens, device=device,
+    sample = dict(max_prompt_tokens=max_prompt_tokens, top_p=top_p, max_new_tokens=max_new_tokens,
                   min_words=min_words, max_words=max_words)
     try:
         with open(output, "a", encoding="utf-8") as out:
@@ -475,21 +541,26 @@ def generate_negatives(lm_dir: str, input_path: str, output_path: str, *, batch_
                 out.write(json.dumps({SHARD_HEADER: header}, ensure_ascii=False) + "\n")
                 out.flush()
             records = _iter_shard_records(source, done, stats, batch_size=batch_size, num_shards=num_shards,
-                                          shard_index=shard_index, on_skip=lambda: bar.update(1))
+                                          shard_index=shard_index, on_skip=lambda: bar.update(1),
+                                          length_match=length_match)
             for index, batch in _grid_batches(records, batch_size):
                 pending = [rec for rec in batch if not rec.done]
                 if not pending:
                     continue
+                targets = None
+                if length_match == "gold":
+                    targets = [min(max(count_words(rec.obj[GOLD_FIELD]), min_words), max_words) for rec in batch]
                 # The whole grid batch is sampled, done rows included: the same rows as in an uninterrupted run.
-                results, n = _sample_batch(model, tokenizer, [rec.obj["prefix"] for rec in batch], seed + index,
-                                           **sample)
+                results, n = _sample_batch(lm, [rec.obj["prefix"] for rec in batch],
+                                           [rec.position for rec in batch], targets, seed, **sample)
                 tokens += n
                 lines = []
-                for rec, text in zip(batch, results):
+                for i, (rec, text) in enumerate(zip(batch, results)):
                     if rec.done:
                         continue
                     words = count_words(text)
-                    short += words < min_words
+                    least = min_words if targets is None else math.ceil((1 - LENGTH_TOLERANCE) * targets[i])
+                    short += words < least
                     lines.append(json.dumps({**rec.obj, "generative_negative": text,
                                              "generative_negative_words": words}, ensure_ascii=False) + "\n")
                 # One write + flush per batch: a killed run loses at most this batch.
@@ -502,19 +573,26 @@ def generate_negatives(lm_dir: str, input_path: str, output_path: str, *, batch_
     finally:
         bar.close()
     seconds = time.perf_counter() - start
+    if stats.no_gold and not generated and not stats.skipped_existing:
+        raise RankgenError(f"{input_path}: no record has a gold \"continuation\" to match the length of "
+                           f"({stats.no_gold} without one); --length_match range samples prefix-only records")
     result = {
         "done": generated,
         "skipped_existing": stats.skipped_existing,
         "bad_lines": stats.bad_lines,
         "duplicate_ids": stats.duplicate_ids,
+        "no_gold": stats.no_gold,
         "short": short,
         "seconds": seconds,
         "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
     }
     shard = f" (shard {shard_index} of {num_shards})" if num_shards > 1 else ""
+    no_gold = (f" ({stats.no_gold} without a gold \"continuation\" to match: --length_match range samples "
+               "without one)") if stats.no_gold else ""
+    shortest = f"< {min_words} words" if length_match == "range" else "under their gold's length"
     print(
         f"generate-negatives{shard}: {generated} generated, {stats.skipped_existing} already done, "
-        f"{stats.bad_lines} bad lines skipped, {short} short (< {min_words} words) in {seconds:.1f}s "
+        f"{stats.bad_lines} bad lines skipped{no_gold}, {short} short ({shortest}) in {seconds:.1f}s "
         f"({result['tokens_per_second']:.0f} tokens/s) -> {output}"
     )
     return result
@@ -602,13 +680,15 @@ def merge_negatives(input_path: str, shard_paths: list[str], output_path: str) -
             raise RankgenError(f"input {input_path} is not the file the shards were made from (its sha256 differs "
                                f"from {first.path}'s header)")
         batch_size, num_shards = first.header["settings"]["batch_size"], first.header["num_shards"]
+        # Shards written before length matching existed trimmed to a word range and read prefix-only records.
+        length_match = first.header["settings"].get("length_match", "range")
         stats = _InputStats()
         partial = output.with_name(output.name + ".partial")
         merged = 0
         seen: set[tuple] = set()  # identities merged so far, to tell a duplicated record from a missing one
         try:
             with open(partial, "wb") as out:
-                records = _iter_good_records(source, stats, lambda: None)
+                records = _iter_good_records(source, stats, lambda: None, length_match)
                 for n, position, obj in records:
                     shard = by_index[shard_of_position(position, batch_size, num_shards)]
                     found = shard.next_record()

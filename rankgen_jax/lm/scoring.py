@@ -46,6 +46,7 @@ import numpy as np
 
 from rankgen_jax.checkpoints.hf.common import safetensors_files
 from rankgen_jax.errors import RankgenError
+from rankgen_jax.pretrained import GEMMA, resolve_model
 
 LM_METHODS = ("lm_loglik", "pmi", "avg_ull")
 REDUCTIONS = ("mean", "sum")
@@ -114,29 +115,40 @@ class CausalLM:
 
 
 def load_lm_and_tokenizer(lm_dir: str, device: str):
-    """Load a local causal LM and its tokenizer, or say clearly why the folder is not one."""
+    """Load a causal LM and its tokenizer, or say clearly why it is not one.
+
+    `lm_dir`: a HuggingFace causal LM folder (safetensors weights), a GGUF file of an architecture
+    transformers reads (dequantised to float32), or a named pretrained LM (`pretrained.GEMMA`).
+    """
     # Heavy and optional (the torch extra): imported when an LM is loaded.
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    lm_dir = resolve_model(lm_dir)
     path = Path(lm_dir)
-    if not path.is_dir():
-        raise RankgenError(f"--lm {lm_dir} is not a folder (expected a HuggingFace causal LM folder)")
-    if not (path / "config.json").is_file():
+    if path.is_file() and path.suffix == ".gguf":
+        where, options = str(path.parent), {"gguf_file": path.name}
+    elif not path.is_dir():
+        raise RankgenError(f"--lm {lm_dir} is not a folder or a .gguf file (expected a HuggingFace causal LM folder, "
+                           f"a GGUF file, or {GEMMA!r})")
+    elif not (path / "config.json").is_file():
         raise RankgenError(f"--lm {lm_dir} has no config.json: not a HuggingFace model folder")
-    try:  # weights as safetensors only: unpickling a pytorch_model.bin can run code
-        safetensors_files(lm_dir)
-    except RankgenError as e:
-        raise RankgenError(f"--lm {e}") from None
+    else:
+        try:  # weights as safetensors only: unpickling a pytorch_model.bin can run code
+            safetensors_files(lm_dir)
+        except RankgenError as e:
+            raise RankgenError(f"--lm {e}") from None
+        where, options = lm_dir, {"use_safetensors": True}
     try:
-        config = AutoConfig.from_pretrained(lm_dir, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(lm_dir, local_files_only=True, use_safetensors=True)
-    except (OSError, ValueError, KeyError) as e:
+        config = AutoConfig.from_pretrained(where, local_files_only=True, **options)
+        model = AutoModelForCausalLM.from_pretrained(where, local_files_only=True, **options)
+    except (OSError, ValueError, KeyError, ImportError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise RankgenError(f"--lm {lm_dir} is not a causal LM folder: {first}") from None
+        raise RankgenError(f"--lm {lm_dir} is not a causal LM transformers can load: {first}") from None
+    options.pop("use_safetensors", None)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(lm_dir, local_files_only=True)
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True, **options)
+    except (OSError, ValueError, KeyError, TypeError, ImportError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise RankgenError(f"--lm {lm_dir} has no usable tokenizer: {first}") from None
     if tokenizer.pad_token is None:
