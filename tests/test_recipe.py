@@ -50,14 +50,14 @@ def test_recipe_gins_resolve_to_the_papers_data(gin_file, size, batch_size, step
 
     _parse([gin_file], PATHS)
     data = DataConfig()
-    # Not the books' token windows: the seqio task of InBook examples and (p, c, g) examples.
+    # Not the books' token windows: the seqio task of (p, c, g) triples (§2.2).
     assert data.source == "seqio" and data.with_negative
     assert (data.prefix_length, data.continuation_length, data.batch_size) == (512, 128, batch_size)
     spec = task_spec(data.task)
-    assert spec.negatives == "both" and spec.reads_documents and spec.reads_generative
+    assert spec.negatives == "both" and spec.reads_generative and not spec.reads_documents
     assert spec.example_config == PAPER_EXAMPLES
     # One document per batch (§2.2: "all minibatch elements are sampled from the same document").
-    assert spec.group_size == batch_size and not spec.mix_documents
+    assert spec.group_size == batch_size and not spec.mixes_documents
     assert LossConfig().name == "in_batch_softmax"
     optimizer = OptimizerConfig()
     assert (optimizer.name, optimizer.learning_rate, optimizer.schedule) == ("adafactor", 2e-3, "constant")
@@ -107,7 +107,7 @@ def test_split_data_cuts_the_lm_half_and_the_prefix_file_as_training_does(tmp_pa
     assert json.loads((out / "split.json").read_text())["example_config"]["prefix_stride_sentences"] == 1
 
     # generate-negatives adds a "generative_negative" to each record (here by hand); the training task reads them
-    # as (p, c, g) examples grouped by document, beside the InBook ones.
+    # as (p, c, g) examples grouped by document, a document's leftovers pooled with the others'.
     negatives = tmp_path / "negatives.jsonl"
     negatives.write_text("".join(json.dumps({**r, "generative_negative": "He went home at once."}) + "\n"
                                  for r in prefixes), encoding="utf-8")
@@ -115,9 +115,10 @@ def test_split_data_cuts_the_lm_half_and_the_prefix_file_as_training_does(tmp_pa
                                              f"rankgen_data_paths.generative_jsonl = {{'folder': '{negatives}'}}"])
     scan = scan_task("rankgen_folder_both", "train")
     group = 8
-    inbook = sum(len(v) // group * group for v in expected.values())
-    generative = sum(len(expected[d]) // group * group for d in negative_docs[:-1])  # its last document: validation
-    assert scan.examples == inbook + generative
+    triples = sum(len(expected[d]) for d in negative_docs[:-1])  # its last document: validation
+    whole = sum(len(expected[d]) // group * group for d in negative_docs[:-1])
+    # Whole same-document groups, then the leftovers pooled into whole mixed groups: all but the pool's remainder.
+    assert scan.examples == triples // group * group and scan.pooled_examples == scan.examples - whole
 
     # The validation split goes whole to the prefix file: the LM must not learn it.
     held = run_command(["split-data", "--task", "rankgen_folder_inbook", "--out_dir", str(tmp_path / "val"),

@@ -294,6 +294,9 @@ def test_generative_negatives_from_jsonl(negatives_jsonl):
     vocab = task.output_features["query_ids"].vocabulary
     train = _epoch(task)
     assert len(train) == 16 and {ex["doc_id"].decode() for ex in train} == {"gen_a", "gen_b"}
+    # Generative negatives only: groups are cut across documents, so no batch holds InBook negatives.
+    groups = [{ex["doc_id"].decode() for ex in train[i: i + GROUP]} for i in range(0, 16, GROUP)]
+    assert any(len(g) > 1 for g in groups)
     for ex in train:
         doc = ex["doc_id"].decode()
         negative = vocab.decode(ex["negative_ids"].tolist())
@@ -308,9 +311,27 @@ def test_generative_negatives_from_jsonl(negatives_jsonl):
         missing.get_dataset(LENGTHS, split="train", shuffle=False)
 
 
-def test_both_negative_kinds(corpus, negatives_jsonl):
-    _register("test_rankgen_inbook_only", corpus)
+def test_both_is_the_papers_triples(corpus, negatives_jsonl):
+    """"both": every example a (p, c, g) triple, in same-document groups (InBook negatives from the batch)."""
     task = _register("test_rankgen_both", corpus, negatives="both", generative_negatives_jsonl=str(negatives_jsonl))
+    vocab = task.output_features["query_ids"].vocabulary
+    train = _epoch(task)
+    assert len(train) == 16
+    for i in range(0, 16, GROUP):
+        group = train[i: i + GROUP]
+        assert len({ex["doc_id"].decode() for ex in group}) == 1
+        doc = group[0]["doc_id"].decode()
+        for ex in group:
+            assert vocab.decode(ex["query_ids"].tolist()).startswith(f"pre The prefix of {doc} number ")
+            assert vocab.decode(ex["positive_ids"].tolist()) == f"suffi The gold garden of {doc} ended."
+            assert vocab.decode(ex["negative_ids"].tolist()).startswith(f"suffi The sampled village letter of {doc}")
+    assert {ex["doc_id"].decode() for ex in _epoch(task, split="validation")} == {"gen_c"}
+
+
+def test_both_alternating_interleaves_the_two_streams(corpus, negatives_jsonl):
+    _register("test_rankgen_inbook_only", corpus)
+    task = _register("test_rankgen_both_alternating", corpus, negatives="both_alternating",
+                     generative_negatives_jsonl=str(negatives_jsonl))
     vocab = task.output_features["query_ids"].vocabulary
     train = _epoch(task)
     assert len(train) == st.scan_task("test_rankgen_inbook_only").examples + 16
@@ -330,13 +351,32 @@ def test_bad_documents_are_skipped_and_counted(corpus, tmp_path):
     task = _register("test_rankgen_bad", bad)
     with pytest.raises(RankgenError, match=r"no usable document in .*bad.*1 empty file.*1 document below"):
         task.get_dataset(LENGTHS, split="train", shuffle=False)
-    # Books of ~35 examples make no group of 64: the repeated stream is empty, which is an error, not a hang.
-    _register("test_rankgen_huge_groups", corpus, group_size=64)
+    # Books of ~35 examples make no group of 64 (their leftovers not pooled): the repeated stream is empty,
+    # which is an error, not a hang.
+    _register("test_rankgen_huge_groups", corpus, group_size=64, pool_leftovers=False)
     with pytest.raises(RankgenError, match="gives no complete batch of 64 rows"):
         seqio_source.SeqioTriples("test_rankgen_huge_groups", "train", 64, LENGTHS).batch(0)
     greedy = _register("test_rankgen_greedy_holdout", corpus, holdout_documents=4)
     with pytest.raises(RankgenError, match="has 4 usable documents; holdout_documents=4 needs at least 5"):
         greedy.get_dataset(LENGTHS, split="train", shuffle=False)
+
+
+def test_documents_shorter_than_a_group_are_pooled_and_counted(corpus):
+    """Every document is shorter than a group of 64: pooled, they still train, in mixed groups; counted."""
+    dropped_task = _register("test_rankgen_no_pool", corpus, group_size=64, pool_leftovers=False)
+    pooled_task = _register("test_rankgen_pool", corpus, group_size=64)
+    del dropped_task, pooled_task
+    no_pool, pool = st.scan_task("test_rankgen_no_pool"), st.scan_task("test_rankgen_pool")
+    per_document = [len(examples) for _, examples in st.document_examples("test_rankgen_pool")]
+    assert per_document and max(per_document) < 64
+    total = sum(per_document)
+    assert no_pool.examples == 0 and no_pool.dropped_examples == total and no_pool.pooled_examples == 0
+    # A NumPy-free reference of the rule: every example is a leftover; the pool is cut into whole groups of 64.
+    assert pool.examples == pool.pooled_examples == total // 64 * 64 > 0
+    assert pool.dropped_examples == total % 64
+    train = _epoch(seqio.get_mixture_or_task("test_rankgen_pool"))
+    assert len(train) == total // 64 * 64
+    assert len({ex["doc_id"].decode() for ex in train[:64]}) > 1  # a pooled group mixes the domain's documents
 
 
 def _import_tasks():
@@ -352,11 +392,15 @@ def test_registered_tasks_read_gin_paths_when_read(corpus):
 
     rankgen_tasks = _import_tasks()
     names = rankgen_tasks.register_all()  # idempotent: registering again replaces
-    for kind in ("inbook", "generative", "both"):
-        assert {f"rankgen_{d}_{kind}" for d in ("pg19", "wiki", "folder")} <= set(seqio.TaskRegistry.names())
+    domains = ("pg19", "wiki", "c4_newslike", "c4_webtextlike", "folder")
+    for kind in ("inbook", "generative", "both", "both_alternating"):
+        assert {f"rankgen_{d}_{kind}" for d in domains} <= set(seqio.TaskRegistry.names())
     assert {"rankgen_demo", "rankgen_all", "rankgen_all_inbook"} <= set(names)
-    assert {t.name for t in seqio.get_mixture_or_task("rankgen_all").tasks} == {
-        "rankgen_pg19_both", "rankgen_wiki_both", "rankgen_folder_both"}
+    # The paper's four domains, at positive rates; the folder domain is in the mixture at rate 0.
+    mixture = seqio.get_mixture_or_task("rankgen_all")
+    assert {t.name for t in mixture.tasks} == {f"rankgen_{d}_both" for d in domains}
+    assert {t.name for t in mixture.tasks if mixture.get_rate(t) > 0} == {
+        "rankgen_pg19_both", "rankgen_wiki_both", "rankgen_c4_newslike_both", "rankgen_c4_webtextlike_both"}
     pg19 = seqio.get_mixture_or_task("rankgen_pg19_inbook")
     with pytest.raises(RankgenError, match=r"no PG19 documents set; bind rankgen_data_paths.pg19"):
         pg19.get_dataset(LENGTHS, split="train", shuffle=False)
@@ -370,7 +414,8 @@ def test_registered_tasks_read_gin_paths_when_read(corpus):
         "rankgen_task_options.max_continuation_words = 24",
         f"rankgen_task_options.group_size = {GROUP}",
         "rankgen_mixture_rates.wiki = 0.0",
-        "rankgen_mixture_rates.folder = 0.0",
+        "rankgen_mixture_rates.c4_newslike = 0.0",
+        "rankgen_mixture_rates.c4_webtextlike = 0.0",
     ])
     batch = seqio_source.SeqioTriples("rankgen_pg19_inbook", "train", GROUP, LENGTHS, seed=0).batch(0)
     assert batch["query_ids"].shape == (GROUP, 72)

@@ -40,7 +40,7 @@ import bisect
 import dataclasses
 import hashlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -272,6 +272,7 @@ def same_document_batches(
     mix_documents: bool = False,
     drop_remainder: bool = True,
     pool_leftovers: bool = False,
+    pool_key: Callable[[str], str] = document_genre,
 ) -> Iterator[list[Example]]:
     """Batches of examples, each from a single document (RankGen's in-book setting) unless `mix_documents`.
 
@@ -284,12 +285,14 @@ def same_document_batches(
     book after another.
 
     `pool_leftovers=True`: a document's leftover examples are not dropped but
-    pooled with the other leftovers of its genre (`document_genre`: the first
-    folder of its id), shuffled and cut into batches of that genre; only each
-    genre's last remainder is dropped. A corpus of short documents (addresses
-    of 10 to 40 examples against batches of 32) otherwise loses most of its
-    examples; their batches then draw negatives from documents of the same
-    genre, the nearest to InBook that such documents allow.
+    pooled with the other leftovers of its `pool_key` (by default its genre,
+    `document_genre`: the first folder of its id; a domain's task pools by
+    domain), shuffled and cut into batches of that key; only each key's last
+    remainder is dropped. A corpus of short documents (addresses of 10 to 40
+    examples against batches of 32, Wikipedia articles against 1536) otherwise
+    loses most of its examples; their batches then draw negatives from
+    documents of the same genre or domain, the nearest to InBook that such
+    documents allow (`pooled_examples` counts them).
 
     `mix_documents=True`: all examples are shuffled together and cut into
     batches regardless of document (the remainder as above).
@@ -310,7 +313,7 @@ def same_document_batches(
             if len(batch) == batch_size or not (pooling or drop_remainder):
                 batches.append(batch)
             elif pooling:
-                leftovers.setdefault(document_genre(batch[0].doc_id), []).extend(batch)
+                leftovers.setdefault(pool_key(batch[0].doc_id), []).extend(batch)
     for pooled in leftovers.values():
         batches += [b for b in _shuffled_cuts(pooled, batch_size, rng) if len(b) == batch_size or not drop_remainder]
     for k in rng.permutation(len(batches)):
@@ -325,17 +328,26 @@ def _shuffled_cuts(group: Sequence[Example], batch_size: int, rng: np.random.Gen
 
 
 def dropped_examples(examples: Sequence[Example], batch_size: int, mix_documents: bool = False,
-                     pool_leftovers: bool = False) -> int:
+                     pool_leftovers: bool = False, pool_key: Callable[[str], str] = document_genre) -> int:
     """How many examples `same_document_batches(..., drop_remainder=True)` leaves out."""
     if mix_documents:
         return len(examples) % batch_size
     leftovers = {document: len(group) % batch_size for document, group in _by_document(examples).items()}
     if not pool_leftovers:
         return sum(leftovers.values())
-    by_genre: dict[str, int] = {}
+    by_key: dict[str, int] = {}
     for document, count in leftovers.items():
-        by_genre[document_genre(document)] = by_genre.get(document_genre(document), 0) + count
-    return sum(count % batch_size for count in by_genre.values())
+        by_key[pool_key(document)] = by_key.get(pool_key(document), 0) + count
+    return sum(count % batch_size for count in by_key.values())
+
+
+def pooled_examples(examples: Sequence[Example], batch_size: int, mix_documents: bool = False,
+                    pool_leftovers: bool = False, pool_key: Callable[[str], str] = document_genre) -> int:
+    """How many examples `same_document_batches(..., drop_remainder=True)` puts in pooled (mixed-document) batches."""
+    if mix_documents or not pool_leftovers:
+        return 0
+    leftovers = sum(len(group) % batch_size for group in _by_document(examples).values())
+    return leftovers - dropped_examples(examples, batch_size, False, True, pool_key)
 
 
 def _by_document(examples: Sequence[Example]) -> dict[str, list[Example]]:

@@ -165,7 +165,7 @@ def _merge_shard_stats(plan: CachePlan, name: str, split: str) -> dict:
         raise RankgenError(f"task {name!r} ({split}): {len(missing)} of {plan.source_shards} source shards wrote no "
                            f"read stats (first: {missing[0]}); the pipeline did not finish them")
     spec = task_spec(name)
-    merged = {"group_size": spec.group_size, "mix_documents": spec.mix_documents, "seed": plan.seed,
+    merged = {"group_size": spec.group_size, "mix_documents": spec.mixes_documents, "seed": plan.seed,
               "source_shards": plan.source_shards, "output_shards": plan.output_shards,
               "vocabularies": vocabulary_fingerprints(seqio.get_mixture_or_task(name)), **totals}
     with tf.io.gfile.GFile(cache_stats_path(plan.task_dir(name), split), "w") as f:

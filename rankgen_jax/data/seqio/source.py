@@ -178,7 +178,7 @@ class SeqioTriples:
             raise RankgenError(
                 f"task {task_name!r}: group_size={spec.group_size} is not divisible by the {hosts} hosts"
             )
-        if not spec.mix_documents and self.batch_size % spec.group_size:
+        if not spec.mixes_documents and self.batch_size % spec.group_size:
             raise RankgenError(
                 f"task {task_name!r}: batch_size={self.batch_size} is not a multiple of its "
                 f"group_size={spec.group_size}, so batches would split same-document groups"

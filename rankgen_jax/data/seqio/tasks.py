@@ -32,7 +32,8 @@ from rankgen_jax.data.documents import (
     ReadStats,
     read_documents,
 )
-from rankgen_jax.data.examples import Example, ExampleConfig, make_examples, same_document_batches
+from rankgen_jax.data.examples import (Example, ExampleConfig, dropped_examples, make_examples, pooled_examples,
+                                       same_document_batches)
 from rankgen_jax.data.sentences import word_count
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.data.seqio.vocab import DeferredVocabulary, make_vocabulary
@@ -44,7 +45,12 @@ QUERY, POSITIVE, NEGATIVE, DOC_ID = "query_ids", "positive_ids", "negative_ids",
 ID_FEATURES = (QUERY, POSITIVE, NEGATIVE)
 TRAIN, VALIDATION = "train", "validation"
 SPLITS = (TRAIN, VALIDATION)
-NEGATIVE_CHOICES = ("inbook", "generative", "both")
+# What each kind reads and how its batches are grouped (docs/design/seqio.md, 'What a task emits'):
+# inbook: document examples in same-document groups; generative: (p, c, g) records in groups mixed across
+# documents (no InBook negative anywhere); both: (p, c, g) records in same-document groups, the paper's
+# triples with InBook negatives from the batch; both_alternating: the inbook and generative streams
+# interleaved a document at a time, in same-document groups (a named option, not the paper's data).
+NEGATIVE_CHOICES = ("inbook", "generative", "both", "both_alternating")
 # Skip reasons added to documents.py's (nouns whose plural is a plain "s").
 SHORT_DOCUMENT = "short document"  # passes the word minimum, but no example fits
 INCOMPLETE_RECORD = "incomplete generative record"  # no prefix/continuation/generative_negative/doc_id
@@ -75,13 +81,20 @@ class RankGenTaskSpec:
     validation_generative_negatives_jsonl: str | None
     shuffle_block_documents: int
 
+    pool_leftovers: bool = True
+
     @property
     def reads_documents(self) -> bool:
-        return self.negatives in ("inbook", "both")
+        return reads_documents(self.negatives)
 
     @property
     def reads_generative(self) -> bool:
-        return self.negatives in ("generative", "both")
+        return reads_generative(self.negatives)
+
+    @property
+    def mixes_documents(self) -> bool:
+        """Groups cut regardless of document: asked for, or "generative" (whose batches hold no InBook negative)."""
+        return self.mix_documents or self.negatives == "generative"
 
     @property
     def min_document_words(self) -> int:
@@ -91,6 +104,16 @@ class RankGenTaskSpec:
 
 
 _TASK_ARGS: dict[str, dict[str, Any]] = {}
+
+
+def reads_documents(negatives: str) -> bool:
+    """Whether a task with these negatives cuts examples from documents."""
+    return negatives in ("inbook", "both_alternating")
+
+
+def reads_generative(negatives: str) -> bool:
+    """Whether a task with these negatives reads `generate-negatives` records."""
+    return negatives in ("generative", "both", "both_alternating")
 
 
 def _resolve(value):
@@ -149,6 +172,7 @@ def task_spec(name: str) -> RankGenTaskSpec:
         validation_documents=_paths(args["validation_documents"]),
         validation_generative_negatives_jsonl=optional_path("validation_generative_negatives_jsonl"),
         shuffle_block_documents=int(args["shuffle_block_documents"]),
+        pool_leftovers=bool(args["pool_leftovers"]),
     )
     problems = []
     if not spec.vocab_path:
@@ -326,17 +350,36 @@ def _blocks(spec: RankGenTaskSpec, units: Iterator, stats: ReadStats,
             yield block_index, [unit for unit in examples if unit]
 
 
-def _block_groups(spec: RankGenTaskSpec, block_index: int, block: list[list[Example]], seed: int) -> Iterator[list[Example]]:
+@dataclasses.dataclass
+class GroupTally:
+    """Examples a pass put in pooled (mixed-document) groups and left out of every group."""
+
+    pooled: int = 0
+    dropped: int = 0
+
+    def summary(self) -> str:
+        return (f"{self.pooled} examples of documents shorter than a group pooled into mixed groups of their "
+                f"domain, {self.dropped} left in no group")
+
+
+def _block_groups(spec: RankGenTaskSpec, block_index: int, block: list[list[Example]], seed: int,
+                  tally: GroupTally | None = None) -> Iterator[list[Example]]:
     examples = [example for unit in block for example in unit]
-    return same_document_batches(examples, spec.group_size, _block_seed(seed, block_index),
-                                 mix_documents=spec.mix_documents)
+    # A task is one domain: its documents' leftovers pool together, whatever their ids.
+    grouping = dict(mix_documents=spec.mixes_documents, pool_leftovers=spec.pool_leftovers,
+                    pool_key=lambda doc_id: spec.name)
+    if tally is not None:
+        tally.pooled += pooled_examples(examples, spec.group_size, **grouping)
+        tally.dropped += dropped_examples(examples, spec.group_size, **grouping)
+    return same_document_batches(examples, spec.group_size, _block_seed(seed, block_index), **grouping)
 
 
 def _groups(spec: RankGenTaskSpec, units: Iterator, seed: int, stats: ReadStats,
-            owns_block: Callable[[int], bool] = lambda block: True) -> Iterator[list[Example]]:
+            owns_block: Callable[[int], bool] = lambda block: True,
+            tally: GroupTally | None = None) -> Iterator[list[Example]]:
     """Whole groups of `group_size` examples, shuffled block by block (see the module docstring)."""
     for block_index, block in _blocks(spec, units, stats, owns_block):
-        yield from _block_groups(spec, block_index, block, seed)
+        yield from _block_groups(spec, block_index, block, seed, tally)
 
 
 def _check_split_readable(spec: RankGenTaskSpec, split: str) -> None:
@@ -400,6 +443,7 @@ class TaskScan:
     documents: int
     dropped_examples: int
     stats: ReadStats
+    pooled_examples: int = 0
 
 
 def scan_task(name: str, split: str = TRAIN, seed: int = 0) -> TaskScan:
@@ -408,11 +452,13 @@ def scan_task(name: str, split: str = TRAIN, seed: int = 0) -> TaskScan:
     _check_split_readable(spec, split)
     stats = ReadStats()
     documents = total = emitted = 0
+    tally = GroupTally()
     for block_index, block in _blocks(spec, _units(spec, split, stats), stats):
         documents += len(block)
         total += sum(len(unit) for unit in block)
-        emitted += sum(len(group) for group in _block_groups(spec, block_index, block, seed))
-    return TaskScan(examples=emitted, documents=documents, dropped_examples=total - emitted, stats=stats)
+        emitted += sum(len(group) for group in _block_groups(spec, block_index, block, seed, tally))
+    return TaskScan(examples=emitted, documents=documents, dropped_examples=total - emitted, stats=stats,
+                    pooled_examples=tally.pooled)
 
 
 # ------------------------------------------------------------------------------------------
@@ -636,17 +682,17 @@ def _make_dataset_fn(name: str) -> Callable[..., tf.data.Dataset]:
             return np.asarray(text.add_special(text.tokenize(s)), np.int32)
 
         def groups():
-            read_stats, block_stats = ReadStats(), ReadStats()
+            read_stats, block_stats, tally = ReadStats(), ReadStats(), GroupTally()
             count = 0
             for count, group in enumerate(_groups(spec, _units(spec, split, read_stats), seed, block_stats,
-                                                  owns_block), 1):
+                                                  owns_block, tally), 1):
                 yield [{QUERY: ids(pre + group[i].prefix), POSITIVE: ids(suffi + group[i].continuation),
                         NEGATIVE: ids(suffi + group[i].negatives[0]), DOC_ID: group[i].doc_id} for i in rows]
             if stats_path is not None:
                 # Every shard reads all documents to find its blocks: shard 0 alone reports the reading's skips.
                 stats = _merged(read_stats, block_stats) if shard == 0 else block_stats
                 _write_json(stats_path, stats_record(stats, count, count * len(rows)))
-            log.info("%s (%s): %s", name, split, _merged(read_stats, block_stats).summary())
+            log.info("%s (%s): %s; %s", name, split, _merged(read_stats, block_stats).summary(), tally.summary())
 
         chunks = tf.data.Dataset.from_generator(lambda: _chunks(groups(), len(rows)), output_signature=_CHUNK_SIGNATURE)
         return _group_records(chunks, len(rows))
@@ -689,12 +735,15 @@ def register_rankgen_task(
     validation_documents: str | Sequence[str] | Callable | None = None,
     validation_generative_negatives_jsonl: str | Callable | None = None,
     shuffle_block_documents: int | Callable = 256,
+    pool_leftovers: bool | Callable = True,
 ) -> seqio.Task:
     """Register (or re-register, replacing) a RankGen triples task; see the module docstring.
 
     documents: folder(s)/file(s) for `documents.read_documents` (None for "generative").
     vocab_path: spiece.model, tokenizer.json, or a folder with one (the model's own tokenizer).
     group_size: consecutive examples from one document; make the trainer's batch a multiple of it.
+    pool_leftovers: a document's examples beyond its last whole group join the task's other leftovers in
+      mixed groups (so documents shorter than a group still train) instead of being dropped.
     Deferred arguments (zero-argument callables) are resolved whenever the task is read.
     """
     if negatives not in NEGATIVE_CHOICES:
@@ -705,7 +754,7 @@ def register_rankgen_task(
         markers=tuple(markers), group_size=group_size, mix_documents=mix_documents,
         validation_documents=validation_documents,
         validation_generative_negatives_jsonl=validation_generative_negatives_jsonl,
-        shuffle_block_documents=shuffle_block_documents,
+        shuffle_block_documents=shuffle_block_documents, pool_leftovers=pool_leftovers,
     )
     vocabulary = DeferredVocabulary(vocab_path) if callable(vocab_path) else make_vocabulary(vocab_path)
     output_features = {key: seqio.Feature(vocabulary, add_eos=False, dtype=tf.int32) for key in ID_FEATURES}
