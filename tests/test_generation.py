@@ -120,6 +120,27 @@ def test_nucleus_and_top_k_from_the_head_equal_the_full_sort(monkeypatch):
     assert generation._head_order(key[12:], key[12:].exp(), Decoding("top_k", top_k=40)) is None
 
 
+def test_rows_of_one_context_share_its_prefill(lm, monkeypatch):
+    """Rows with the same context run its first forward pass once; each row samples what it samples alone."""
+    from rankgen_jax.lm.generation import SampleRow, row_seed, sample_rows
+
+    a, b = lm.prefix_ids("The master of the school said"), lm.prefix_ids("It rained all night, and then")
+    rows = [SampleRow(a, 12, row_seed(5, 0, 0, 0, i)) for i in range(3)] + [SampleRow(b, 12, row_seed(5, 1, 0, 0, 0))]
+    alone, _ = sample_rows(lm, rows, Decoding(), max_batch_rows=1)
+    widths = []
+    forward = type(lm).forward
+
+    def counting(self, ids, mask, positions, cache=None, keep=0):
+        widths.append((ids.shape[0], ids.shape[1], cache is None))
+        return forward(self, ids, mask, positions, cache=cache, keep=keep)
+
+    monkeypatch.setattr(type(lm), "forward", counting)
+    together, _ = sample_rows(lm, rows, Decoding(), max_batch_rows=64)
+    assert together == alone
+    assert widths[0] == (2, max(len(a), len(b)), True)  # the prefill: two distinct contexts, not four rows
+    assert all(rows_ == 4 for rows_, _, _ in widths[1:])
+
+
 def test_decoding_settings_are_checked():
     with pytest.raises(RankgenError, match="--top_p"):
         Decoding(top_p=0.0).check()

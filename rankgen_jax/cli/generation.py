@@ -21,7 +21,7 @@ def add_generate_negatives(subparsers) -> None:
         "(shard I samples the batches k with k mod N = I, each under seed + k, into its own --out), then "
         "merge-negatives; the merged file equals one unsharded run's.",
     )
-    p.add_argument("--lm", required=True, help="local HuggingFace causal LM folder (model + tokenizer)")
+    p.add_argument("--lm", required=True, help="causal LM: a local HuggingFace folder (model + tokenizer), a GGUF file, or gemma3-270m (Gemma 3 270M, fetched into the cache)")
     p.add_argument("--input", required=True, help="JSONL file with a \"prefix\" string per line")
     p.add_argument("--out", required=True, help="JSONL file to write (appended to when it exists: resume)")
     p.add_argument("--batch_size", type=int, default=8, help="prompts per generate call (default 8)")
@@ -84,7 +84,7 @@ def add_generate(subparsers) -> None:
         "rerank, B=2 beams of N=10 samples re-ranked every L=20 tokens for beam. Lines without a "
         "non-empty string prefix are skipped and counted.",
     )
-    p.add_argument("--lm", required=True, help="local HuggingFace causal LM folder (model + tokenizer)")
+    p.add_argument("--lm", required=True, help="causal LM: a local HuggingFace folder (model + tokenizer), a GGUF file, or gemma3-270m (Gemma 3 270M, fetched into the cache)")
     p.add_argument("--model", help="RankGen dual encoder (checkpoint, workdir or HF folder) for --reranker rankgen")
     p.add_argument("--input", required=True, help='JSONL file with a "prefix" string per line')
     p.add_argument("--output", required=True, help="JSONL file to write (replaced)")
@@ -149,7 +149,8 @@ def add_generation_metrics(subparsers) -> None:
     p.add_argument("--rep_window", type=int, default=REP_WINDOW, help="words / tokens looked back over (default 20)")
     p.add_argument("--rep_no_prefix", action="store_true", help="rep_pooled looks at the generation alone")
     p.add_argument("--reference_field", help='field holding the human continuation (e.g. "continuation"), for MAUVE')
-    p.add_argument("--mauve_model", help="HF causal LM folder whose features MAUVE compares (the paper: gpt2-large)")
+    p.add_argument("--mauve_model", help="causal LM (folder, GGUF file or gemma3-270m) whose features MAUVE compares "
+                   "(the paper: gpt2-large)")
     p.add_argument("--mauve_max_length", type=int, default=MAUVE_MAX_LENGTH,
                    help=f"first tokens of each text MAUVE reads (default {MAUVE_MAX_LENGTH}, as the paper)")
     p.add_argument("--mauve_no_prefix", action="store_true",
@@ -185,13 +186,15 @@ def add_generation_sweep(subparsers) -> None:
         "resumes (finished seeds are kept).",
     )
     p.add_argument("--grid", required=True, help="grid JSON (e.g. generation/grid_paper_a3.json, generation/grid_cpu.json)")
-    p.add_argument("--lm", required=True, help="local HuggingFace causal LM folder that generates")
+    p.add_argument("--lm", required=True, help="the causal LM that generates: a local HuggingFace folder, a GGUF file, "
+                   "or gemma3-270m")
     p.add_argument("--input", required=True, help='JSONL file with a "prefix" (and the reference field) per line')
     p.add_argument("--workdir", required=True, help="folder of the runs and the table")
     p.add_argument("--model", help="RankGen dual encoder for --reranker rankgen")
     p.add_argument("--reranker", choices=RERANKERS, default="rankgen", help="default rankgen")
     p.add_argument("--reference_field", help='field holding the human continuation (e.g. "continuation"), for MAUVE')
-    p.add_argument("--mauve_model", help="HF causal LM folder whose features MAUVE compares (the paper: gpt2-large)")
+    p.add_argument("--mauve_model", help="causal LM (folder, GGUF file or gemma3-270m) whose features MAUVE compares "
+                   "(the paper: gpt2-large)")
     p.add_argument("--device", default="cpu", help="torch device of the LMs (default cpu)")
     p.add_argument("--prefix_batch", type=int, default=8, help="prefixes decoded together (default 8)")
     p.add_argument("--max_batch_rows", type=int, default=64, help="sequences the LM samples at once (default 64)")

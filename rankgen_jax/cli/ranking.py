@@ -68,7 +68,7 @@ def add_score(subparsers) -> None:
     p.add_argument("--method", choices=METHODS, default="model", help="default: model")
     p.add_argument("--batch_size", type=int, default=64, help="texts per encoder call (default 64)")
     lm = p.add_argument_group("LM baselines (--method lm_loglik / pmi / avg_ull)")
-    lm.add_argument("--lm", help="local HuggingFace causal LM folder (model + tokenizer)")
+    lm.add_argument("--lm", help="causal LM: a local HuggingFace folder, a GGUF file, or gemma3-270m")
     lm.add_argument("--lm_reduce", choices=("mean", "sum"), default="mean",
                     help="per-token mean (default, as the paper) or sum of token log-probabilities")
     lm.add_argument("--lm_batch_size", type=int, default=16, help="sequences per LM forward pass (default 16)")

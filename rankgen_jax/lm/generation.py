@@ -29,7 +29,9 @@ The token budget (`max_new_tokens`) belongs to each prefix: a beam counts its
 own new tokens, so prefixes decoded together never share or reset a budget.
 Work is batched across prefixes and beams; `max_batch_rows` caps how many
 sequences the LM samples at once (the memory knob for small GPUs) and does
-not change the result.
+not change the result. Rows that share a context (a beam's N samples, the 20
+of over-generation) share its first forward pass, whose cost grows with the
+prefix's length and is most of the sampling time for short continuations.
 
 Seeding: every sampled row (one continuation of one beam in one round) gets
 its own `torch.Generator`, seeded from a hash of (seed, prefix index, round,
@@ -247,9 +249,7 @@ def _decode_chunk(lm: CausalLM, rows: Sequence[SampleRow], decoding: Decoding) -
     for r, row in enumerate(rows):
         generator = torch.Generator().manual_seed(row.seed)
         uniform_RxS[r, : row.steps] = torch.rand(row.steps, generator=generator, dtype=torch.float64)
-    ids, mask, positions = pad_for_causal_lm([row.context for row in rows], lm.pad_id, "left")
-    ids, mask, positions = ids.to(lm.device), mask.to(lm.device), positions.to(lm.device)
-    logits_RxV, cache = lm.forward(ids, mask, positions, keep=1)
+    logits_RxV, cache, mask, positions = _prefill(lm, [row.context for row in rows])
     eos = lm.eos_id
     out: list[list[int]] = [[] for _ in rows]
     active = [row.steps > 0 for row in rows]
@@ -269,6 +269,37 @@ def _decode_chunk(lm: CausalLM, rows: Sequence[SampleRow], decoding: Decoding) -
         position_Rx1 = position_Rx1 + 1
         logits_RxV, cache = lm.forward(feed_Rx1, mask, position_Rx1, cache=cache, keep=1)
     return out
+
+
+def _prefill(lm: CausalLM, contexts: Sequence[Sequence[int]]):
+    """The first forward pass of every row: (last logits [R, 1, V], KV cache, mask [R, T], positions [R, T]).
+
+    Rows that share a context (the N samples of one beam, the 20 of over-generation) share its
+    forward pass: each distinct context runs once and the cache is expanded to the rows, which is
+    what prefilling every row would give (the padding is the same: the longest context sets it). An
+    LM whose cache cannot be reordered prefills every row.
+    """
+    import torch  # heavy and optional (the torch extra): only where an LM runs
+
+    keys = [tuple(context) for context in contexts]
+    slot = {key: k for k, key in enumerate(dict.fromkeys(keys))}
+    if len(slot) == len(keys):
+        distinct = list(contexts)
+    else:
+        distinct = [list(key) for key in slot]
+    ids, mask, positions = pad_for_causal_lm(distinct, lm.pad_id, "left")
+    ids, mask, positions = ids.to(lm.device), mask.to(lm.device), positions.to(lm.device)
+    logits, cache = lm.forward(ids, mask, positions, keep=1)
+    if len(distinct) == len(keys):
+        return logits, cache, mask, positions
+    if not hasattr(cache, "reorder_cache"):
+        ids, mask, positions = pad_for_causal_lm(contexts, lm.pad_id, "left")
+        ids, mask, positions = ids.to(lm.device), mask.to(lm.device), positions.to(lm.device)
+        logits, cache = lm.forward(ids, mask, positions, keep=1)
+        return logits, cache, mask, positions
+    index_R = torch.tensor([slot[key] for key in keys], dtype=torch.long, device=logits.device)
+    cache.reorder_cache(index_R)
+    return logits[index_R], cache, mask[index_R], positions[index_R]
 
 
 # ---------------------------------------------------------------------------
