@@ -110,3 +110,40 @@ def test_pooled_leftovers_train_on_the_short_documents_too():
     for b in pooled_train._batches(0, pooled_train.examples):
         assert len({pooled_train.examples[i].doc_id.split("/")[0] for i in b}) == 1
     assert pooled_held._batches(0, pooled_held.examples) == plain_held._batches(0, plain_held.examples)
+
+
+def test_generative_records_train_as_triples_grouped_or_mixed(tmp_path):
+    """DataConfig.train_file with source "examples": the (p, c, g) records train, same-document ("both") or mixed
+    ("generative"); bad records are skipped; records of held-out documents are refused."""
+    import json
+
+    import pytest
+
+    from rankgen_jax.errors import RankgenError
+
+    records = [{"doc_id": doc, "prefix": f"The prefix {doc} {k}.", "continuation": f"The gold {doc} {k}.",
+                "generative_negative": f"The sampled text {doc} {k}."}
+               for doc in ("novels/a.txt", "novels/b.txt") for k in range(8)]
+    path = tmp_path / "triples.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"doc_id": "x", "prefix": "no gold"}\n'
+                    + "not json\n", encoding="utf-8")
+    config = DataConfig(source="examples", batch_size=4, prefix_length=16, continuation_length=16,
+                        holdout_documents=2, train_file=str(path))
+    text = load_text_encoder(DEMO_VOCAB)
+    for same_document in (True, False):
+        train, held = make_sources(dataclasses.replace(config, same_document=same_document))
+        assert [(e.prefix, e.continuation, e.negatives) for e in train.examples] == [
+            (r["prefix"], r["continuation"], (r["generative_negative"],)) for r in records]
+        groups = [{train.examples[i].doc_id for i in members} for members in train._batches(0, train.examples)]
+        assert len(groups) == 4 and (all(len(g) == 1 for g in groups) if same_document else any(len(g) > 1 for g in groups))
+        first = train.examples[train._batches(0, train.examples)[0][0]]
+        want = encode_truncated(text, "suffi ", first.negatives[0], 16)
+        assert train.batch(0)["negative_ids"][0, : len(want)].tolist() == want
+        # The eval source is still the corpus's held-out documents, with InBook negatives.
+        assert {e.doc_id for e in held.examples} == {"speeches/2020_donald_j_trump.txt", "speeches/2021_joseph_r_biden.txt"}
+    leaked = tmp_path / "leaked.jsonl"
+    leaked.write_text(json.dumps({**records[0], "doc_id": "speeches/2021_joseph_r_biden.txt"}) + "\n", encoding="utf-8")
+    with pytest.raises(RankgenError, match="records of held-out documents"):
+        make_sources(dataclasses.replace(config, train_file=str(leaked)))
+    with pytest.raises(RankgenError, match="cannot be recut"):
+        make_sources(dataclasses.replace(config, recut_examples=True))

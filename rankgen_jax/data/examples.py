@@ -133,6 +133,31 @@ class Example:
         )
 
 
+# The fields of a `generate-negatives` record that make it a (prefix, gold, generated) example.
+GENERATIVE_FIELDS = ("prefix", "continuation", "generative_negative")
+INCOMPLETE_GENERATIVE = "incomplete generative record"  # a skip reason: a field missing, or no doc_id
+
+
+def generative_example(record: object) -> Example | None:
+    """A `generate-negatives` record as an Example whose one negative is the sampled continuation; None when
+    it lacks a non-empty prefix, continuation or generative_negative, or a doc_id (its same-document group)."""
+    if not isinstance(record, dict):
+        return None
+    texts = [record.get(key) for key in GENERATIVE_FIELDS]
+    if not all(isinstance(t, str) and t.strip() for t in texts):
+        return None
+    doc_id = record.get("doc_id")
+    if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)) or str(doc_id) == "":
+        return None
+    prefix, continuation, negative = texts
+    return Example(str(doc_id), prefix, continuation, (negative,), (0, 0), (0, 0), ((0, 0),))
+
+
+def check_generative_record(record: dict) -> str | None:
+    """None for a complete `generate-negatives` record (a `data.jsonl` check), else why not."""
+    return None if generative_example(record) is not None else INCOMPLETE_GENERATIVE
+
+
 def make_examples(doc: Document, config: ExampleConfig) -> list[Example]:
     """All examples of one document (see the module docstring); [] when it is too short for one."""
     sentences = split_sentences(doc.text)

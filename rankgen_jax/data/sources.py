@@ -31,8 +31,8 @@ from rankgen_jax.data import lists, retrieval_source
 from rankgen_jax.data.conventions import InputConventions
 from rankgen_jax.data.documents import Document, ReadStats, require_documents
 from rankgen_jax.data.example_source import PREFIX_MARKER, SUFFIX_MARKER, ExampleTriples, build_examples
-from rankgen_jax.data.examples import Example, ExampleConfig
-from rankgen_jax.data.jsonl import read_jsonl
+from rankgen_jax.data.examples import Example, ExampleConfig, check_generative_record, generative_example
+from rankgen_jax.data.jsonl import SkippedLines, iter_jsonl, read_jsonl
 from rankgen_jax.data.retrieval_files import (DEFAULT_TITLE_JOIN, beir_splits, is_beir_folder, read_passages,
                                               read_qrels)
 from rankgen_jax.data.text import load_text_encoder, pad_batch
@@ -74,7 +74,7 @@ DATA_FIELD_SOURCES: dict[str, tuple[str, ...]] = {
     "task": ("seqio",),
     "seqio_cache_dir": ("seqio",),
     "seed": SOURCES,
-    "train_file": ("lists", "pairs", "retrieval"),
+    "train_file": ("examples", "lists", "pairs", "retrieval"),
     "eval_file": ("lists", "pairs", "retrieval"),
     "list_size": ("lists", "retrieval"),
     "tfdata_threads": ("seqio",),
@@ -119,6 +119,13 @@ class DataConfig:
       other leftovers of its genre (its first folder) and batched with them
       instead of being dropped (examples.same_document_batches); for corpora
       of documents shorter than a batch.
+    train_file (source "examples"): a `generate-negatives` JSON-lines file of
+      (prefix, continuation, generative_negative, doc_id) records, RankGen's
+      (p, c, g) triples, trained on instead of the examples cut from the
+      corpus's training documents (negative: the sampled continuation;
+      `same_document` groups them by doc_id, the paper's "both", or mixes
+      them, "generative" only); the corpus's held-out documents stay the eval
+      source, and a record of a held-out document is refused.
 
     Source "retrieval" (rankgen_jax.data.retrieval_source has the sampling rules)
     reads either Tevatron training files, `train_file` / `eval_file`
@@ -182,7 +189,7 @@ class DataConfig:
     task: str = ""  # seqio task or mixture name (source "seqio"), e.g. "rankgen_demo"
     seqio_cache_dir: str = ""  # source "seqio": read the task(s) from this cache (`rankgen-jax cache-tasks`)
     seed: int = 0
-    train_file: str = ""  # sources "lists" / "pairs"
+    train_file: str = ""  # sources "lists" / "pairs" / "retrieval"; "examples": (p, c, g) records
     eval_file: str = ""
     list_size: int = 0  # candidates per list (0: the longest list in the file); padded with a mask
     tfdata_threads: int = 1  # source "seqio": tf.data threads (more where the host has idle cores)
@@ -555,9 +562,29 @@ def held_out_ids(doc_ids: list[str], patterns: tuple[str, ...], where: str) -> s
     return held
 
 
+def generative_examples(path: str, held_out: set[str]) -> list[Example]:
+    """The (p, c, g) examples of a `generate-negatives` file; incomplete records are skipped and counted,
+    and a record of a held-out document is a RankgenError (its text would be trained on)."""
+    skipped = SkippedLines()
+    examples = [generative_example(record) for _, record in iter_jsonl(path, check_generative_record, skipped.add)]
+    leaked = sorted({e.doc_id for e in examples} & held_out)
+    if leaked:
+        raise RankgenError(f"DataConfig.train_file {path}: records of held-out documents {leaked[:5]}: the eval "
+                           "source's documents must not be trained on")
+    if not examples:
+        raise RankgenError(f"DataConfig.train_file {path}: no complete (prefix, continuation, generative_negative, "
+                           f"doc_id) record ({skipped.describe() or 'an empty file'})")
+    if skipped.count:
+        print(f"note: {path}: {skipped.count} lines skipped: {skipped.describe()}", flush=True)
+    return examples
+
+
 def _example_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
     """RankGen examples cut from the corpus documents; the held-out documents (corpus_split) are the eval source."""
     (train_docs, held_docs), stats = corpus_split(config)
+    if config.train_file and config.recut_examples:
+        raise RankgenError("DataConfig.recut_examples cuts the corpus afresh each epoch; with train_file the "
+                           "training examples are the file's records, which cannot be recut: unset one of them")
     text = load_text_encoder(config.tokenizer_path())
     example_config = ExampleConfig(prefix_words=config.prefix_words, min_continuation_words=config.min_continuation_words,
                                    max_continuation_words=config.max_continuation_words, seed=config.seed)
@@ -568,9 +595,12 @@ def _example_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
 
     sources = []
     for part, mix in ((train_docs, not config.same_document), (held_docs, True)):
-        examples, too_short = build_examples(part, example_config)
-        if too_short:
-            print(f"note: {too_short} documents too short for an example", flush=True)
+        if part is train_docs and config.train_file:
+            examples = generative_examples(config.train_file, {d.id for d in held_docs})
+        else:
+            examples, too_short = build_examples(part, example_config)
+            if too_short:
+                print(f"note: {too_short} documents too short for an example", flush=True)
         sources.append(ExampleTriples(examples, text, config.batch_size, config.prefix_length,
                                       config.continuation_length, config.seed, mix_documents=mix,
                                       with_negative=config.with_negative, prefix_keep=config.prefix_keep,

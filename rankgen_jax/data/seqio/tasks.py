@@ -32,8 +32,8 @@ from rankgen_jax.data.documents import (
     ReadStats,
     read_documents,
 )
-from rankgen_jax.data.examples import (Example, ExampleConfig, dropped_examples, make_examples, pooled_examples,
-                                       same_document_batches)
+from rankgen_jax.data.examples import (INCOMPLETE_GENERATIVE, Example, ExampleConfig, dropped_examples,
+                                       generative_example, make_examples, pooled_examples, same_document_batches)
 from rankgen_jax.data.sentences import word_count
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.data.seqio.vocab import DeferredVocabulary, make_vocabulary
@@ -53,8 +53,7 @@ SPLITS = (TRAIN, VALIDATION)
 NEGATIVE_CHOICES = ("inbook", "generative", "both", "both_alternating")
 # Skip reasons added to documents.py's (nouns whose plural is a plain "s").
 SHORT_DOCUMENT = "short document"  # passes the word minimum, but no example fits
-INCOMPLETE_RECORD = "incomplete generative record"  # no prefix/continuation/generative_negative/doc_id
-_GENERATIVE_FIELDS = ("prefix", "continuation", "generative_negative")
+INCOMPLETE_RECORD = INCOMPLETE_GENERATIVE  # no prefix/continuation/generative_negative/doc_id
 
 
 
@@ -272,26 +271,13 @@ def _generative_records(path: str, stats: ReadStats) -> Iterator[Example]:
 
     try:
         for number, record in jsonl.iter_jsonl(p, on_skip=skip):
-            example = _generative_example(record)
+            example = generative_example(record)
             if example is None:
                 stats.skip(INCOMPLETE_RECORD, f"{p}:{number}")
             else:
                 yield example
     except RankgenError:  # the file exists, so a truncated or corrupt .gz: keep what was read
         stats.skip(UNREADABLE_FILE, str(p))
-
-
-def _generative_example(record: object) -> Example | None:
-    if not isinstance(record, dict):
-        return None
-    texts = [record.get(key) for key in _GENERATIVE_FIELDS]
-    if not all(isinstance(t, str) and t.strip() for t in texts):
-        return None
-    doc_id = record.get("doc_id")
-    if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)) or str(doc_id) == "":
-        return None  # without a document the record cannot join a same-document group
-    prefix, continuation, negative = texts
-    return Example(str(doc_id), prefix, continuation, (negative,), (0, 0), (0, 0), ((0, 0),))
 
 
 def _generative_units(spec: RankGenTaskSpec, split: str, stats: ReadStats) -> Iterator[list[Example]]:
