@@ -12,7 +12,7 @@ AOT_STAMP := $(AOT_VENV)/.installed
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: venv aot-venv demo demo-curve ablations retrieval-example distillation-demo mpts-demo models models-gemma smoke test test-all test-aot wheel-check docs bench bench-gpu bench-gpu-wheels clean
+.PHONY: venv aot-venv demo demo-curve ablations retrieval-example distillation-demo mpts-demo negatives-claim models models-gemma smoke test test-all test-aot wheel-check docs bench bench-gpu bench-gpu-wheels clean
 
 # Creates or updates .venv only when requirements.txt or pyproject.toml changed.
 venv: $(STAMP)
@@ -68,6 +68,11 @@ mpts-demo: venv
 # $RANKGEN_JAX_CACHE); the demonstration and any "mpnet" teacher fetch it on first use too.
 models: venv
 	$(PY) -c "from rankgen_jax.pretrained import fetch_mpnet; print(fetch_mpnet())"
+
+# RankGen's claim about negatives at CPU scale: Gemma 3 270M writes the negatives, three MiniLM rankers train
+# (experiments/negatives_claim.py; docs/rankgen_recipe.md).
+negatives-claim: venv
+	.venv/bin/rankgen-jax negatives-claim --workdir runs/negatives_claim
 
 # Gemma 3 270M (GGUF, Q4_K_M; the Gemma Terms of Use apply), the real LM of the generation runs, into the cache.
 models-gemma: venv

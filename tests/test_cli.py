@@ -80,7 +80,7 @@ def test_help_lists_every_command_in_order(capsys):
                         "retrieval-example",
                         "recipe-example", "demo-curve", "index", "search", "bm25", "evaluate", "mine-negatives",
                         "suffix-negatives", "score-candidates", "encode", "generate", "generation-metrics",
-                        "generation-sweep", "sweep", "report", "perspectives", "mpts", "compile", "smoke"]
+                        "generation-sweep", "sweep", "report", "perspectives", "mpts", "negatives-claim", "compile", "smoke"]
 
 
 def test_hf_import_export_is_bit_exact(tmp_path, capsys, hf_t5_folder):

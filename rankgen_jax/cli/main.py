@@ -54,6 +54,7 @@ SUBCOMMANDS = (
     training.add_report,
     training.add_perspectives,
     training.add_mpts,
+    training.add_negatives_claim,
     training.add_compile,
     checkpoints.add_smoke,
 )

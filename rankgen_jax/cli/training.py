@@ -1,4 +1,5 @@
-"""`rankgen-jax train`, `pipeline`, `cl-drd`, `distillation-demo`, `perspectives`, `mpts`, `compile` (configured with gin),
+"""`rankgen-jax train`, `pipeline`, `cl-drd`, `distillation-demo`, `perspectives`, `mpts`, `negatives-claim`, `compile`
+(configured with gin),
 `recipe-example`, `demo-curve`, `sweep` and `report`."""
 
 from __future__ import annotations
@@ -9,12 +10,13 @@ from rankgen_jax.experiments.sweep import report, run_sweep
 from rankgen_jax.tpu.aot import AOT_VENV_HINT, DEFAULT_UTILIZATIONS, run_compile
 
 # The commands whose run is configured with gin: they take --gin.Name.param=value bindings (args.gin_bindings).
-GIN_COMMANDS = ("train", "pipeline", "cl-drd", "distillation-demo", "perspectives", "mpts", "compile")
+GIN_COMMANDS = ("train", "pipeline", "cl-drd", "distillation-demo", "perspectives", "mpts", "negatives-claim", "compile")
 DISTILLATION_DEMO_GIN = "distillation/books_cpu.gin"
 DEMO_WORKDIR = "runs/demo"
 PERSPECTIVES_WORKDIR = "runs/perspectives"
 MPTS_WORKDIR = "runs/mpts"
 MPTS_GIN = "mpts_minilm.gin"
+NEGATIVES_CLAIM_GIN = "rankgen_claims/negatives_minilm.gin"
 
 
 def add_train(subparsers) -> None:
@@ -252,6 +254,32 @@ def _run_mpts(args) -> dict:
 
     with gin_config(args.gin_file or [MPTS_GIN], args.gin_bindings):
         return run_mpts(args.workdir)
+
+
+def add_negatives_claim(subparsers) -> None:
+    p = subparsers.add_parser(
+        "negatives-claim",
+        help="RankGen's claim about negatives: InBook, generative and both rankers against InBook negatives and "
+        "against a real LM's continuations (Gemma 3 270M, MiniLM rankers)",
+        description="Sample a generative negative (cut to its gold's length) for groups of training prefixes and "
+        "a continuation of held-out prefixes with a real LM, train the same MiniLM the same steps on InBook, "
+        "generative and both, and score every ranker, the zero-shot model, unigram overlap and a length-only "
+        "scorer on gold vs 10 and vs 1 InBook negatives and gold vs the LM's continuation, with paired standard "
+        f"errors (WORKDIR/negatives_table.md). Configured with gin (NegativesClaimConfig; default "
+        f"{NEGATIVES_CLAIM_GIN}); resumes stage by stage.",
+    )
+    p.add_argument("--gin_file", action="append", default=[],
+                   help=f"gin file (repeatable; also looked up in gin_configs/); none: {NEGATIVES_CLAIM_GIN}")
+    p.add_argument("--workdir", required=True, help="folder for the prefixes, negatives, rankers and results.json")
+    p.set_defaults(run=_run_negatives_claim)
+
+
+def _run_negatives_claim(args) -> dict:
+    # Imports jax, which must start after main() sets XLA's flags.
+    from rankgen_jax.experiments.negatives_claim import run_negatives_claim
+
+    with gin_config(args.gin_file or [NEGATIVES_CLAIM_GIN], args.gin_bindings):
+        return run_negatives_claim(args.workdir)
 
 
 def add_compile(subparsers) -> None:

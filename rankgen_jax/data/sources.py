@@ -562,6 +562,13 @@ def held_out_ids(doc_ids: list[str], patterns: tuple[str, ...], where: str) -> s
     return held
 
 
+def example_config_of(config: DataConfig, negatives_per_example: int = 1, seed: int | None = None) -> ExampleConfig:
+    """How source "examples" cuts documents: the config's word lengths, and its seed unless one is given."""
+    return ExampleConfig(prefix_words=config.prefix_words, min_continuation_words=config.min_continuation_words,
+                         max_continuation_words=config.max_continuation_words,
+                         negatives_per_example=negatives_per_example, seed=config.seed if seed is None else seed)
+
+
 def generative_examples(path: str, held_out: set[str]) -> list[Example]:
     """The (p, c, g) examples of a `generate-negatives` file; incomplete records are skipped and counted,
     and a record of a held-out document is a RankgenError (its text would be trained on)."""
@@ -586,8 +593,7 @@ def _example_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
         raise RankgenError("DataConfig.recut_examples cuts the corpus afresh each epoch; with train_file the "
                            "training examples are the file's records, which cannot be recut: unset one of them")
     text = load_text_encoder(config.tokenizer_path())
-    example_config = ExampleConfig(prefix_words=config.prefix_words, min_continuation_words=config.min_continuation_words,
-                                   max_continuation_words=config.max_continuation_words, seed=config.seed)
+    example_config = example_config_of(config)
 
     def recut(epoch: int) -> list[Example]:
         drawn = dataclasses.replace(example_config, seed=config.seed + epoch, draw_prefix_words=True)

@@ -16,9 +16,8 @@ from rankgen_jax.checkpoints.convert import export_hf
 from rankgen_jax.data.conventions import InputConventions
 from rankgen_jax.data.documents import document_genre
 from rankgen_jax.data.example_source import build_examples
-from rankgen_jax.data.examples import ExampleConfig
 from rankgen_jax.data.jsonl import read_jsonl, write_jsonl
-from rankgen_jax.data.sources import DataConfig, corpus_split, training_conventions
+from rankgen_jax.data.sources import DataConfig, corpus_split, example_config_of, training_conventions
 from rankgen_jax.eval.ranking import accuracy, mrr, pairwise_accuracy
 from rankgen_jax.eval.suffix_comparison import compare_by_genre, comparison_table
 from rankgen_jax.experiments.stages import log, read_results, starting_checkpoint, write_results
@@ -64,10 +63,7 @@ def held_out_suffix_sets(data: DataConfig, num_examples: int, num_negatives: int
     """Suffix identification items {prefix, candidates (gold first), doc_id, genre} from the held-out
     documents: up to num_examples per genre, drawn from all the examples of that genre's documents."""
     (_, held), _ = corpus_split(data)
-    config = ExampleConfig(prefix_words=data.prefix_words, min_continuation_words=data.min_continuation_words,
-                           max_continuation_words=data.max_continuation_words,
-                           negatives_per_example=num_negatives, seed=seed)
-    examples, _ = build_examples(held, config)
+    examples, _ = build_examples(held, example_config_of(data, num_negatives, seed))
     rng = np.random.default_rng(seed)
     genres = np.array([document_genre(e.doc_id) for e in examples])
     chosen = []
