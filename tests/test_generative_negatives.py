@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from rankgen_jax.cli.main import build_parser
-from rankgen_jax.lm.generative_negatives import cut_to_length, generate_negatives, merge_negatives, trim_continuation
+from rankgen_jax.lm.generative_negatives import (cut_to_length, ends_sentence, generate_negatives, merge_negatives,
+                                                 trim_continuation)
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.data.vocab import REPO_ROOT
 
@@ -511,6 +512,11 @@ def test_cut_to_length_takes_the_sentence_end_nearest_the_gold():
     assert cut_to_length("x. " + " ".join("w" * 30), 20, tolerance=0.5).split() == ("x. " + " ".join("w" * 30)).split()[:20]
 
 
+def test_a_sentence_end_is_told_from_a_mid_sentence_cut():
+    assert ends_sentence("He left.") and ends_sentence('She said "go!"') and ends_sentence("Why? (Nobody knew.)")
+    assert not ends_sentence("He left and") and not ends_sentence("") and not ends_sentence("a. b")
+
+
 def length_only_accuracy(gold_words, negative_words):
     """How often "the longer one is the gold" picks the gold (ties count half): chance is 0.5."""
     gold, negative = np.asarray(gold_words), np.asarray(negative_words)
@@ -553,6 +559,8 @@ def test_generated_negatives_take_their_gold_lengths(lm_dir, tmp_path):
     gold = [len(o["continuation"].split()) for o in written]
     negative = [o["generative_negative_words"] for o in written]
     assert all(n == len(o["generative_negative"].split()) for n, o in zip(negative, written))
+    # Cuts without a sentence end were resampled; those left are counted.
+    assert stats["mid_sentence"] == sum(not ends_sentence(o["generative_negative"]) for o in written)
     # Each within the tolerance of its gold (a random LM rarely ends a sentence: mostly exactly the gold's length).
     assert all(abs(n - g) <= 0.5 * g for n, g in zip(negative, gold)), list(zip(negative, gold))
     assert abs(length_only_accuracy(gold, negative) - 0.5) <= 0.25

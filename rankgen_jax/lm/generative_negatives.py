@@ -116,7 +116,8 @@ def cut_to_length(text: str, target_words: int, tolerance: float = LENGTH_TOLERA
 
     Sentence ends on both sides of the target count, so the cut lengths scatter around the target
     rather than below it. With no sentence end within `tolerance * target_words` words of it, the
-    text is cut at exactly `target_words` words; a shorter sample is kept whole (the caller resamples it).
+    text is cut at exactly `target_words` words, mid-sentence; a shorter sample is kept whole. The caller
+    resamples both (`RESAMPLE_TRIES`): a gold always ends at a sentence end, so a cut that does not is a cue.
     """
     spans = [m.span() for m in _WORD.finditer(text)]
     if len(spans) <= target_words:
@@ -128,6 +129,12 @@ def cut_to_length(text: str, target_words: int, tolerance: float = LENGTH_TOLERA
         if abs(nearest - target_words) <= tolerance * target_words:
             keep = nearest
     return text[:spans[keep - 1][1]].strip()
+
+
+def ends_sentence(text: str) -> bool:
+    """Whether the text's last word ends a sentence (as a gold continuation's always does)."""
+    words = text.split()
+    return bool(words) and bool(_SENTENCE_END.search(words[-1]))
 
 
 def count_words(text: str) -> int:
@@ -389,19 +396,27 @@ def _sample_batch(lm: CausalLM, prompts: list[str], positions: list[int], target
         def cut(i, text):
             return trim_continuation(text, min_words, max_words)
 
-        def shortfall(i, text):  # how far under the shortest length: 0 when long enough
-            return max(0, min_words - count_words(text))
+        def quality(i, text):  # longer is better, up to the shortest length
+            return (min(count_words(text), min_words),)
     else:
         def cut(i, text):
             return cut_to_length(text, targets[i])
 
-        def shortfall(i, text):  # under the target by more than the tolerance: resample
-            return max(0, math.ceil((1 - LENGTH_TOLERANCE) * targets[i]) - count_words(text))
+        def quality(i, text):
+            # A cut at a sentence end (a gold always ends at one: a mid-sentence cut would be a cue of its
+            # own), then one within the tolerance of the gold's length, then the nearest to it.
+            words = count_words(text)
+            return (ends_sentence(text), words >= math.ceil((1 - LENGTH_TOLERANCE) * targets[i]),
+                    -abs(words - targets[i]))
+
+    def good_enough(i, text):
+        want = (min_words,) if targets is None else (True, True)
+        return quality(i, text)[: len(want)] >= want
 
     texts, tokens = _sample(lm, prompts, [row_seed(seed, p, 0, 0, 0) for p in positions], **sample)
     results = [cut(i, t) for i, t in enumerate(texts)]
     for attempt in range(1, RESAMPLE_TRIES + 1):
-        retry = [i for i, r in enumerate(results) if shortfall(i, r)]
+        retry = [i for i, r in enumerate(results) if not good_enough(i, r)]
         if not retry:
             break
         seeds = [row_seed(seed, positions[i], attempt, 0, 0) for i in retry]
@@ -409,8 +424,8 @@ def _sample_batch(lm: CausalLM, prompts: list[str], positions: list[int], target
         tokens += n
         for i, t in zip(retry, texts):
             again = cut(i, t)
-            # Keep the longer of the two, so a retry never makes a short sample worse.
-            if count_words(again) > count_words(results[i]):
+            # Keep the better of the two, so a retry never makes a sample worse.
+            if quality(i, again) > quality(i, results[i]):
                 results[i] = again
     return results, tokens
 
@@ -478,7 +493,8 @@ def generate_negatives(lm_dir: str, input_path: str, output_path: str, *, batch_
     (already in the output), `bad_lines` (malformed JSON, missing or empty
     prefix, repeated id, no gold to match), `no_gold` (of those, records without a gold continuation),
     `short` (still under `min_words`, or under the gold's length by more than the tolerance, after the
-    retries; kept), `seconds`, `tokens_per_second` (generated tokens, retries and resampled done rows
+    retries; kept), `mid_sentence` (gold lengths: still without a sentence end near the gold's length after
+    the retries, so cut at it mid-sentence; kept), `seconds`, `tokens_per_second` (generated tokens, retries and resampled done rows
     included).
     """
     if length_match not in LENGTH_MATCHES:
@@ -530,7 +546,7 @@ def generate_negatives(lm_dir: str, input_path: str, output_path: str, *, batch_
     stats = _InputStats()
     bar = tqdm(total=_count_lines(source), unit="line", desc="generate-negatives", dynamic_ncols=True,
                disable=not progress, file=sys.stderr)
-    generated = short = tokens = 0
+    generated = short = mid_sentence = tokens = 0
     start = time.perf_counter()
     sample = dict(max_prompt_tokens=max_prompt_tokens, top_p=top_p, max_new_tokens=max_new_tokens,
                   min_words=min_words, max_words=max_words)
@@ -561,6 +577,7 @@ def generate_negatives(lm_dir: str, input_path: str, output_path: str, *, batch_
                     words = count_words(text)
                     least = min_words if targets is None else math.ceil((1 - LENGTH_TOLERANCE) * targets[i])
                     short += words < least
+                    mid_sentence += targets is not None and not ends_sentence(text)
                     lines.append(json.dumps({**rec.obj, "generative_negative": text,
                                              "generative_negative_words": words}, ensure_ascii=False) + "\n")
                 # One write + flush per batch: a killed run loses at most this batch.
@@ -583,13 +600,15 @@ def generate_negatives(lm_dir: str, input_path: str, output_path: str, *, batch_
         "duplicate_ids": stats.duplicate_ids,
         "no_gold": stats.no_gold,
         "short": short,
+        "mid_sentence": mid_sentence,
         "seconds": seconds,
         "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
     }
     shard = f" (shard {shard_index} of {num_shards})" if num_shards > 1 else ""
     no_gold = (f" ({stats.no_gold} without a gold \"continuation\" to match: --length_match range samples "
                "without one)") if stats.no_gold else ""
-    shortest = f"< {min_words} words" if length_match == "range" else "under their gold's length"
+    shortest = (f"< {min_words} words" if length_match == "range"
+                else f"under their gold's length; {mid_sentence} cut mid-sentence")
     print(
         f"generate-negatives{shard}: {generated} generated, {stats.skipped_existing} already done, "
         f"{stats.bad_lines} bad lines skipped{no_gold}, {short} short ({shortest}) in {seconds:.1f}s "
