@@ -153,11 +153,6 @@ def generative_example(record: object) -> Example | None:
     return Example(str(doc_id), prefix, continuation, (negative,), (0, 0), (0, 0), ((0, 0),))
 
 
-def check_generative_record(record: dict) -> str | None:
-    """None for a complete `generate-negatives` record (a `data.jsonl` check), else why not."""
-    return None if generative_example(record) is not None else INCOMPLETE_GENERATIVE
-
-
 def make_examples(doc: Document, config: ExampleConfig) -> list[Example]:
     """All examples of one document (see the module docstring); [] when it is too short for one."""
     sentences = split_sentences(doc.text)

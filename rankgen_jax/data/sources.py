@@ -31,7 +31,7 @@ from rankgen_jax.data import lists, retrieval_source
 from rankgen_jax.data.conventions import InputConventions
 from rankgen_jax.data.documents import Document, ReadStats, require_documents
 from rankgen_jax.data.example_source import PREFIX_MARKER, SUFFIX_MARKER, ExampleTriples, build_examples
-from rankgen_jax.data.examples import Example, ExampleConfig, check_generative_record, generative_example
+from rankgen_jax.data.examples import INCOMPLETE_GENERATIVE, Example, ExampleConfig, generative_example
 from rankgen_jax.data.jsonl import SkippedLines, iter_jsonl, read_jsonl
 from rankgen_jax.data.retrieval_files import (DEFAULT_TITLE_JOIN, beir_splits, is_beir_folder, read_passages,
                                               read_qrels)
@@ -572,8 +572,13 @@ def example_config_of(config: DataConfig, negatives_per_example: int = 1, seed: 
 def generative_examples(path: str, held_out: set[str]) -> list[Example]:
     """The (p, c, g) examples of a `generate-negatives` file; incomplete records are skipped and counted,
     and a record of a held-out document is a RankgenError (its text would be trained on)."""
-    skipped = SkippedLines()
-    examples = [generative_example(record) for _, record in iter_jsonl(path, check_generative_record, skipped.add)]
+    skipped, examples = SkippedLines(), []
+    for number, record in iter_jsonl(path, on_skip=skipped.add):
+        example = generative_example(record)
+        if example is None:
+            skipped.add(INCOMPLETE_GENERATIVE, number)
+        else:
+            examples.append(example)
     leaked = sorted({e.doc_id for e in examples} & held_out)
     if leaked:
         raise RankgenError(f"DataConfig.train_file {path}: records of held-out documents {leaked[:5]}: the eval "

@@ -174,17 +174,20 @@ def run_negatives_claim(workdir: str) -> dict:
     for name in ("unigram", "length", "zero_shot", *RANKERS):
         if name in scores:
             continue
-        scores[name] = {}
-        for kind, items in by_kind.items():
-            if name == "unigram":
-                lists = [unigram_overlap_scores(it["prefix"], it["candidates"]) for it in items]
-            elif name == "length":
-                lists = [length_only_scores(it["candidates"]) for it in items]
-            else:
-                path = str(init) if name == "zero_shot" else str(root / f"ranker_{name}")
-                lists = score_at_prefix_lengths(path, items, conventions if name == "zero_shot" else None,
-                                                [None])[None]
-            scores[name][kind] = {"all": _wins(lists), "vs1": _wins(lists, 2)}
+        # Both kinds' items in one pass, so a model is loaded and its encoder compiled once.
+        items = [it for kind in KINDS for it in by_kind[kind]]
+        if name == "unigram":
+            lists = [unigram_overlap_scores(it["prefix"], it["candidates"]) for it in items]
+        elif name == "length":
+            lists = [length_only_scores(it["candidates"]) for it in items]
+        else:
+            path = str(init) if name == "zero_shot" else str(root / f"ranker_{name}")
+            lists = score_at_prefix_lengths(path, items, conventions if name == "zero_shot" else None, [None])[None]
+        scores[name], start = {}, 0
+        for kind in KINDS:
+            part = lists[start: start + len(by_kind[kind])]
+            start += len(by_kind[kind])
+            scores[name][kind] = {"all": _wins(part), "vs1": _wins(part, 2)}
         write_results(root, results)
     triples_read = read_jsonl(root / "train_triples.jsonl")
     results["lengths"] = {"train_gold_words": float(np.mean([word_count(r["continuation"]) for r in triples_read])),

@@ -283,10 +283,7 @@ def _prefill(lm: CausalLM, contexts: Sequence[Sequence[int]]):
 
     keys = [tuple(context) for context in contexts]
     slot = {key: k for k, key in enumerate(dict.fromkeys(keys))}
-    if len(slot) == len(keys):
-        distinct = list(contexts)
-    else:
-        distinct = [list(key) for key in slot]
+    distinct = [list(key) for key in slot]
     ids, mask, positions = pad_for_causal_lm(distinct, lm.pad_id, "left")
     ids, mask, positions = ids.to(lm.device), mask.to(lm.device), positions.to(lm.device)
     logits, cache = lm.forward(ids, mask, positions, keep=1)
