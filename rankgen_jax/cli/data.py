@@ -1,6 +1,7 @@
 """`rankgen-jax split-data` and `cache-tasks`: RankGen seqio tasks' documents split for the generator LM and the
 generative negatives, and the tasks precomputed into seqio's cache with Apache Beam; `books-beir`: a BEIR folder
-cut from books."""
+cut from books;
+`suffix-benchmark`: ChapterBreak, HellaSwag or StoryCloze as `score` items."""
 
 from __future__ import annotations
 
@@ -137,5 +138,41 @@ def _run_books_beir(args) -> dict:
                                    min_continuation_words=args.min_continuation_words,
                                    max_continuation_words=args.max_continuation_words, seed=args.seed)
     summary = build_books_collection(books, args.out, config)
+    print(json.dumps(summary))
+    return summary
+
+
+def add_suffix_benchmark(subparsers) -> None:
+    from rankgen_jax.data.suffix_benchmarks import BENCHMARKS, CHAPTERBREAK_SPLITS
+
+    p = subparsers.add_parser(
+        "suffix-benchmark", help="a released ChapterBreak, HellaSwag or StoryCloze file as `score` items",
+        description="Read a suffix-identification benchmark's released file and write the items `rankgen-jax "
+        "score` reads ({id, prefix, candidates, label}), built as RankGen's App. C.4 builds them: ChapterBreak "
+        "(chapterbreak_ctx_256.json; prefix = ctx, gold first, then the 5 negatives; --split pg19 or ao3), "
+        "HellaSwag (the validation JSONL; prefix = ctx_a, each candidate = ctx_b + ending), StoryCloze (the "
+        "CSV; prefix = the four sentences, the two endings). Records that cannot make an item are skipped and "
+        "counted on stderr with their place. Then: rankgen-jax score --model MODEL --input OUT (accuracy).")
+    p.add_argument("--benchmark", required=True, choices=BENCHMARKS)
+    p.add_argument("--input", required=True, help="the benchmark's released file")
+    p.add_argument("--out", required=True, help="JSONL file to write (replaced)")
+    p.add_argument("--split", choices=CHAPTERBREAK_SPLITS, default="pg19",
+                   help="ChapterBreak's split (default %(default)s; the other benchmarks have one per file)")
+    p.set_defaults(run=_run_suffix_benchmark)
+
+
+def _run_suffix_benchmark(args) -> dict:
+    import json
+    import sys
+
+    from rankgen_jax.data.jsonl import write_jsonl
+    from rankgen_jax.data.suffix_benchmarks import benchmark_items
+
+    items, skipped = benchmark_items(args.benchmark, args.input, args.split)
+    if skipped.count:
+        print(f"note: skipped {skipped.count} {skipped.unit}(s) of {args.input}: {skipped.describe()}", file=sys.stderr)
+    write_jsonl(args.out, items)
+    summary = {"benchmark": args.benchmark, "items": len(items), "skipped": skipped.count, "out": args.out,
+               "candidates": sorted({len(item["candidates"]) for item in items})}
     print(json.dumps(summary))
     return summary

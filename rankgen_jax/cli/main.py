@@ -45,6 +45,7 @@ SUBCOMMANDS = (
     ranking.add_evaluate,
     ranking.add_mine_negatives,
     ranking.add_suffix_negatives,
+    data.add_suffix_benchmark,
     ranking.add_score_candidates,
     ranking.add_encode,
     generation.add_generate,

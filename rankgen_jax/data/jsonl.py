@@ -46,9 +46,13 @@ OnSkip = Callable[[str, int], None]
 
 @dataclasses.dataclass
 class SkippedLines:
-    """The lines a read skipped: reason -> their 1-based line numbers, reasons in order of first appearance."""
+    """The lines a read skipped: reason -> their 1-based line numbers, reasons in order of first appearance.
+
+    `unit` names what the numbers count where a file is not read line by line (e.g. "example").
+    """
 
     by_reason: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    unit: str = "line"
 
     def add(self, reason: str, number: int) -> None:
         """Count one skipped line (an `OnSkip`)."""
@@ -67,7 +71,7 @@ class SkippedLines:
         parts = []
         for reason, numbers in self.by_reason.items():
             shown = ", ".join(map(str, numbers[:SHOWN_LINES])) + (", ..." if len(numbers) > SHOWN_LINES else "")
-            parts.append(f"{len(numbers)} {reason} (line {shown})")
+            parts.append(f"{len(numbers)} {reason} ({self.unit} {shown})")
         return "; ".join(parts)
 
 
