@@ -12,7 +12,7 @@ AOT_STAMP := $(AOT_VENV)/.installed
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: venv aot-venv demo demo-curve ablations retrieval-example distillation-demo mpts-demo negatives-claim models models-gemma smoke test test-all test-aot wheel-check docs bench bench-gpu bench-gpu-wheels clean
+.PHONY: venv aot-venv demo demo-curve ablations retrieval-example distillation-demo mpts-demo negatives-claim generation-claim models models-gemma smoke test test-all test-aot wheel-check docs bench bench-gpu bench-gpu-wheels clean
 
 # Creates or updates .venv only when requirements.txt or pyproject.toml changed.
 venv: $(STAMP)
@@ -73,6 +73,10 @@ models: venv
 # (experiments/negatives_claim.py; docs/rankgen_recipe.md).
 negatives-claim: venv
 	.venv/bin/rankgen-jax negatives-claim --workdir runs/negatives_claim
+
+# After negatives-claim: its held-out prefixes, continued by nucleus, re-ranking and beam search with Gemma.
+generation-claim: venv
+	.venv/bin/rankgen-jax generation-claim --workdir runs/generation_claim
 
 # Gemma 3 270M (GGUF, Q4_K_M; the Gemma Terms of Use apply), the real LM of the generation runs, into the cache.
 models-gemma: venv

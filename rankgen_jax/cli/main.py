@@ -56,6 +56,7 @@ SUBCOMMANDS = (
     training.add_perspectives,
     training.add_mpts,
     training.add_negatives_claim,
+    training.add_generation_claim,
     training.add_compile,
     checkpoints.add_smoke,
 )

@@ -10,13 +10,15 @@ from rankgen_jax.experiments.sweep import report, run_sweep
 from rankgen_jax.tpu.aot import AOT_VENV_HINT, DEFAULT_UTILIZATIONS, run_compile
 
 # The commands whose run is configured with gin: they take --gin.Name.param=value bindings (args.gin_bindings).
-GIN_COMMANDS = ("train", "pipeline", "cl-drd", "distillation-demo", "perspectives", "mpts", "negatives-claim", "compile")
+GIN_COMMANDS = ("train", "pipeline", "cl-drd", "distillation-demo", "perspectives", "mpts", "negatives-claim",
+                "generation-claim", "compile")
 DISTILLATION_DEMO_GIN = "distillation/books_cpu.gin"
 DEMO_WORKDIR = "runs/demo"
 PERSPECTIVES_WORKDIR = "runs/perspectives"
 MPTS_WORKDIR = "runs/mpts"
 MPTS_GIN = "mpts_minilm.gin"
 NEGATIVES_CLAIM_GIN = "rankgen_claims/negatives_minilm.gin"
+GENERATION_CLAIM_GIN = "rankgen_claims/generation_minilm.gin"
 
 
 def add_train(subparsers) -> None:
@@ -280,6 +282,34 @@ def _run_negatives_claim(args) -> dict:
 
     with gin_config(args.gin_file or [NEGATIVES_CLAIM_GIN], args.gin_bindings):
         return run_negatives_claim(args.workdir)
+
+
+def add_generation_claim(subparsers) -> None:
+    p = subparsers.add_parser(
+        "generation-claim",
+        help="RankGen's claim about generation: nucleus vs over-generate-and-re-rank vs beam search, re-ranked by "
+        "the trained ranker, the zero-shot model and LM likelihood, MAUVE over seeds (after negatives-claim)",
+        description="On the held-out prefixes of a negatives-claim workdir, run one generation sweep (the grid of "
+        "GenerationClaimConfig.grid: nucleus p = 0.9, over-generate 20 and re-rank, beam B = 2, N = 10, L = 20, "
+        "three seeds) per re-ranker: the 'both' ranker negatives-claim trained, the zero-shot starting model, and "
+        "the LM's likelihood. Writes WORKDIR/<re-ranker>/ (the sweeps, resumed seed by seed) and "
+        "WORKDIR/generation_table.md: MAUVE against the human continuations (mean ± std over the seeds) and its "
+        f"difference from nucleus, words generated and gold, seconds and re-ranking share. Configured with gin "
+        f"(GenerationClaimConfig; default {GENERATION_CLAIM_GIN}).",
+    )
+    p.add_argument("--gin_file", action="append", default=[],
+                   help=f"gin file (repeatable; also looked up in gin_configs/); none: {GENERATION_CLAIM_GIN}")
+    p.add_argument("--workdir", required=True, help="folder for the sweeps, the table and results.json")
+    p.add_argument("--no_progress", action="store_true", help="no progress bars")
+    p.set_defaults(run=_run_generation_claim)
+
+
+def _run_generation_claim(args) -> dict:
+    # Imports jax, which must start after main() sets XLA's flags.
+    from rankgen_jax.experiments.generation_claim import run_generation_claim
+
+    with gin_config(args.gin_file or [GENERATION_CLAIM_GIN], args.gin_bindings):
+        return run_generation_claim(args.workdir, progress=not args.no_progress)
 
 
 def add_compile(subparsers) -> None:

@@ -144,7 +144,8 @@ def run_generation_sweep(grid_path: str, lm_path: str, input_path: str, workdir:
           f"prefixes ({bad} bad lines skipped) -> {root}", file=sys.stderr)
     lm = load_causal_lm(lm_path, device)
     scorer = make_reranker(reranker, lm, model_path, rankgen_batch_size)
-    feature_lm = load_causal_lm(mauve_model, device) if mauve_model else None
+    # The generating LM doubles as MAUVE's feature model when named for both (one load, not two).
+    feature_lm = (lm if mauve_model == lm_path else load_causal_lm(mauve_model, device)) if mauve_model else None
     decoding = Decoding("nucleus", top_p=grid["top_p"])
     rows = {}
     for config in configs:

@@ -28,6 +28,7 @@ EXPERIMENT_CONFIGURABLE_MODULES = (
     "rankgen_jax.experiments.perspectives",
     "rankgen_jax.experiments.mpts",
     "rankgen_jax.experiments.negatives_claim",
+    "rankgen_jax.experiments.generation_claim",
 )
 # The seqio task options; importing them brings TensorFlow (seconds), so only for a config that names them.
 SEQIO_TASKS_MODULE = "tasks.rankgen_tasks"

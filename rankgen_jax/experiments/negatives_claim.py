@@ -63,6 +63,7 @@ class NegativesClaimConfig:
     lm_prompt_tokens: int = 128
     lm_max_new_tokens: int = 192
     lm_batch_size: int = 16
+    lm_device: str = "cpu"
     seed: int = 0
 
     def __post_init__(self):
@@ -146,7 +147,8 @@ def run_negatives_claim(workdir: str) -> dict:
         write_jsonl(root / "eval_prefixes.jsonl", ({"id": it["id"], "doc_id": it["doc_id"], "prefix": it["prefix"],
                                                      "continuation": it["candidates"][0]} for it in items))
     lm_settings = dict(batch_size=cfg.lm_batch_size, max_new_tokens=cfg.lm_max_new_tokens,
-                       max_prompt_tokens=cfg.lm_prompt_tokens, seed=cfg.seed, length_match="gold")
+                       max_prompt_tokens=cfg.lm_prompt_tokens, seed=cfg.seed, length_match="gold",
+                       device=cfg.lm_device)
     for source, out in (("train_prefixes", "train_triples"), ("eval_prefixes", "eval_generated")):
         if f"negatives_{out}" not in results:
             log("negatives-claim", f"sampling {out} with {cfg.lm}")

@@ -1,0 +1,123 @@
+"""RankGen's claim about generation, measured at CPU scale with a real LM (Sec. 3, Tables 3-4): nucleus sampling
+against over-generating and re-ranking and against RankGen beam search, each re-ranked by the trained ranker, by
+the zero-shot starting model and by the LM's own likelihood, scored by MAUVE against the human continuations.
+
+It reads the held-out prefixes and the "both" ranker that `negatives-claim` leaves in its workdir, and runs
+`generation-sweep` once per re-ranker (WORKDIR/<re-ranker>/, resumed seed by seed) on one grid: by default
+nucleus (B = N = 1), full re-ranking of 20 samples, and beam search with B = 2, N = 10, L = 20, over three
+generation seeds. The combined table (WORKDIR/generation_table.md) gives per re-ranker and configuration MAUVE
+mean ± std over the seeds, its difference from nucleus sampling, the words generated against the gold's, and the
+share of time spent re-ranking.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import gin
+
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.experiments.generation_sweep import run_generation_sweep
+from rankgen_jax.experiments.stages import log, starting_checkpoint
+from rankgen_jax.pretrained import GEMMA
+
+# The re-rankers: the ranker negatives-claim trained on both kinds of negatives, the model it started from, and
+# the LM's mean log-likelihood (the paper's perplexity re-ranking baseline).
+RERANKERS = ("trained", "zero_shot", "perplexity")
+NUCLEUS = "Lmax_B1_N1"
+TABLE_FILE = "generation_table.md"
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class GenerationClaimConfig:
+    """Where the inputs are, the grid, and the LMs; see the module docstring."""
+
+    claim_dir: str = "runs/negatives_claim"
+    ranker: str = "ranker_both"
+    grid: str = "generation/grid_claim.json"
+    lm: str = GEMMA
+    mauve_model: str = GEMMA
+    init_from_hf: str = "minilm"
+    init_checkpoint: str = ""
+    prefix_batch: int = 4
+    max_batch_rows: int = 64
+    device: str = "cpu"  # the LMs' torch device, e.g. "cuda"
+
+    def __post_init__(self):
+        for name in ("prefix_batch", "max_batch_rows"):
+            if getattr(self, name) < 1:
+                raise RankgenError(f"GenerationClaimConfig.{name} must be at least 1, got {getattr(self, name)}")
+
+
+def run_generation_claim(workdir: str, progress: bool = True) -> dict:
+    """One generation sweep per re-ranker, then the combined table; returns results.json's content."""
+    cfg = GenerationClaimConfig()
+    claim = Path(cfg.claim_dir)
+    prefixes, ranker = claim / "eval_prefixes.jsonl", claim / cfg.ranker
+    for path, what in ((prefixes, "held-out prefixes"), (ranker, "trained ranker")):
+        if not path.exists():
+            raise RankgenError(f"{path}: no {what}; run `rankgen-jax negatives-claim --workdir {claim}` first "
+                               "(or set GenerationClaimConfig.claim_dir)")
+    root = Path(workdir)
+    root.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    models = {"trained": str(ranker),
+              "zero_shot": str(starting_checkpoint(cfg.init_checkpoint, cfg.init_from_hf, root)),
+              "perplexity": None}
+    rows = {}
+    for name in RERANKERS:
+        log("generation-claim", f"generation sweep re-ranked by {name}")
+        began = time.time()
+        sweep = run_generation_sweep(cfg.grid, cfg.lm, str(prefixes), str(root / name), model_path=models[name],
+                                     reranker="perplexity" if name == "perplexity" else "rankgen",
+                                     reference_field="continuation", mauve_model=cfg.mauve_model,
+                                     prefix_batch=cfg.prefix_batch, max_batch_rows=cfg.max_batch_rows,
+                                     device=cfg.device, progress=progress)
+        rows[name] = {"rows": sweep["rows"], "seconds": time.time() - began}
+    results = {"rerankers": rows, "ranker": str(ranker), "prefixes": str(prefixes), "grid": cfg.grid,
+               "seconds": time.time() - started}
+    results["table"] = table_markdown(rows)
+    (root / TABLE_FILE).write_text(results["table"], encoding="utf-8")
+    (root / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    print(results["table"], flush=True)
+    return results
+
+
+def table_markdown(rerankers: dict[str, dict]) -> str:
+    """One row per re-ranker and configuration (nucleus once: it re-ranks nothing): MAUVE mean ± std over the
+    seeds, its difference from nucleus, whether that difference exceeds the larger of the two spreads, words
+    generated / gold, seconds per generation and the re-ranking share."""
+    head = ("| decoding | re-ranker | MAUVE (mean ± std, runs) | - nucleus | beyond the spread | words (gen / gold) | "
+            "s / generation | re-rank share |\n|---|---|---:|---:|---|---:|---:|---:|")
+    lines = [head]
+    nucleus = next((r["rows"][NUCLEUS] for r in rerankers.values() if NUCLEUS in r["rows"]), None)
+    if nucleus is not None:
+        lines.append(_row("nucleus (p = 0.9)", "-", nucleus, None))
+    for name, sweep in rerankers.items():
+        for config, row in sweep["rows"].items():
+            if config == NUCLEUS:
+                continue
+            lines.append(_row(_decoding(row), name.replace("_", "-"), row, nucleus))
+    return "\n".join(lines) + "\n"
+
+
+def _decoding(row: dict) -> str:
+    if row["rerank_length"] == "max" and row["beam_size"] == 1:
+        return f"over-generate {row['num_samples']}, re-rank"
+    return f"beam B = {row['beam_size']}, N = {row['num_samples']}, L = {row['rerank_length']}"
+
+
+def _row(decoding: str, reranker: str, row: dict, nucleus: dict | None) -> str:
+    mauve = f"{row['mauve']:.3f} ± {row['mauve_std']:.3f} ({len(row['mauve_runs'])})"
+    gain, beyond = "-", "-"
+    if nucleus is not None:
+        diff = row["mauve"] - nucleus["mauve"]
+        gain = f"{diff:+.3f}"
+        beyond = "yes" if abs(diff) > max(row["mauve_std"], nucleus["mauve_std"]) else "no"
+    words = f"{row['mauve_generation_words']:.1f} / {row['mauve_reference_words']:.1f}"
+    return (f"| {decoding} | {reranker} | {mauve} | {gain} | {beyond} | {words} | "
+            f"{row['seconds_per_generation']:.2f} | {row['rerank_share']:.1%} |")
