@@ -33,6 +33,13 @@ def test_table_by_hand():
     assert cells[1][5:] == ["50.0 / 60.0", "9.00", "10.0%"]
 
 
+def test_unknown_rerankers_are_refused():
+    with pytest.raises(RankgenError, match="rerankers must be some of"):
+        claim.GenerationClaimConfig(rerankers=("trained", "bm25"))
+    with pytest.raises(RankgenError, match="rerankers must be some of"):
+        claim.GenerationClaimConfig(rerankers=())
+
+
 def test_missing_negatives_claim_outputs_are_a_clear_error(tmp_path):
     import gin
 

@@ -46,8 +46,12 @@ class GenerationClaimConfig:
     prefix_batch: int = 4
     max_batch_rows: int = 64
     device: str = "cpu"  # the LMs' torch device, e.g. "cuda"
+    rerankers: tuple[str, ...] = RERANKERS
 
     def __post_init__(self):
+        unknown = [name for name in self.rerankers if name not in RERANKERS]
+        if unknown or not self.rerankers:
+            raise RankgenError(f"GenerationClaimConfig.rerankers must be some of {RERANKERS}, got {self.rerankers}")
         for name in ("prefix_batch", "max_batch_rows"):
             if getattr(self, name) < 1:
                 raise RankgenError(f"GenerationClaimConfig.{name} must be at least 1, got {getattr(self, name)}")
@@ -65,11 +69,11 @@ def run_generation_claim(workdir: str, progress: bool = True) -> dict:
     root = Path(workdir)
     root.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    models = {"trained": str(ranker),
-              "zero_shot": str(starting_checkpoint(cfg.init_checkpoint, cfg.init_from_hf, root)),
-              "perplexity": None}
+    models = {"trained": str(ranker), "perplexity": None}
+    if "zero_shot" in cfg.rerankers:
+        models["zero_shot"] = str(starting_checkpoint(cfg.init_checkpoint, cfg.init_from_hf, root))
     rows = {}
-    for name in RERANKERS:
+    for name in cfg.rerankers:
         log("generation-claim", f"generation sweep re-ranked by {name}")
         began = time.time()
         sweep = run_generation_sweep(cfg.grid, cfg.lm, str(prefixes), str(root / name), model_path=models[name],

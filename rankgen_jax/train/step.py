@@ -128,6 +128,11 @@ def _embed_group(model: nn.Module, params, group: TowerGroup, inputs: dict, rng)
     return outputs
 
 
+# The fold-in key of the microbatches' streams: tower groups fold in their own small indices, so a key no group
+# index reaches keeps a microbatch's stream apart from every tower's.
+MICROBATCH_STREAM = 99
+
+
 def _tower_rng(rng, tower_index: int, chunk_index=0):
     return None if rng is None else jax.random.fold_in(jax.random.fold_in(rng, tower_index), chunk_index)
 
@@ -212,7 +217,7 @@ def accumulated_grads(model, options: StepOptions, params, loss_params, batch, r
 
     def body(carry, xs):
         micro_batch, index = xs
-        loss, metrics, grads = plain_grads(model, options, params, loss_params, micro_batch, _tower_rng(rng, 99, index))
+        loss, metrics, grads = plain_grads(model, options, params, loss_params, micro_batch, _tower_rng(rng, MICROBATCH_STREAM, index))
         return jax.tree_util.tree_map(jnp.add, carry, (loss, metrics, grads)), None
 
     zeros = jax.tree_util.tree_map(
