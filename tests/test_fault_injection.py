@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 
 from rankgen_jax.losses import registry as losses
+from rankgen_jax.losses.spec import LossSpec
 from rankgen_jax.checkpoints import native
 from rankgen_jax.cli.main import main
 from rankgen_jax.data.sources import DataConfig, make_sources
@@ -369,9 +370,8 @@ def _poison(monkeypatch, bad_batches: list[int], num_steps: int) -> None:
         poisoned = jnp.any(jnp.sum(batch["query_ids"]) == bad)
         return loss * jnp.where(poisoned, jnp.nan, 1.0), metrics
 
-    monkeypatch.setitem(losses.LOSSES, NAN_LOSS, nan_on_batches)
-    monkeypatch.setitem(losses.LOSS_BATCH_FORMS, NAN_LOSS, TRIPLES)
-    monkeypatch.setitem(losses.LOSS_MODEL_KINDS, NAN_LOSS, ("dual_encoder",))
+    monkeypatch.setitem(losses.LOSS_SPECS, NAN_LOSS, LossSpec(nan_on_batches, TRIPLES, ("dual_encoder",),
+                                                              needs_full_batch=True, formula="in_batch_softmax's"))
 
 
 def _train_records(workdir: Path) -> dict[int, dict]:

@@ -10,6 +10,7 @@ import pytest
 
 from rankgen_jax.losses import listwise as list_losses
 from rankgen_jax.losses import registry
+from rankgen_jax.models.batch_layout import CANDIDATE_LISTS
 from rankgen_jax.errors import RankgenError
 
 RTOL = 1e-5
@@ -82,7 +83,7 @@ def scalar(x):
 @functools.lru_cache(maxsize=None)
 def compiled(name, options):
     """Jitted (loss and metrics, gradient wrt scores) of a loss: one compile per shape instead of one per op."""
-    fn = list_losses.LIST_LOSSES[name]
+    fn = registry.get_loss(name)
     loss = jax.jit(lambda outputs, batch: fn(outputs, batch, {}, **dict(options)))
     grad = jax.jit(jax.grad(lambda scores, batch: fn({"scores": scores}, batch, {}, **dict(options))[0]))
     return loss, grad
@@ -394,7 +395,7 @@ def test_padding_never_reaches_loss_or_gradient(name):
     if name == "sigmoid_bce":
         batch["labels"] = np.where(batch["candidate_mask"], batch["labels"] / 2.0, batch["labels"])
     batch["tie_break"] = tie_break
-    fn = list_losses.LIST_LOSSES[name]
+    fn = registry.get_loss(name)
     mask = batch["candidate_mask"]
     loss, metrics = fn({"scores": scores}, batch, {})
     rng = np.random.RandomState(12)
@@ -446,10 +447,10 @@ def test_losses_run_eagerly_as_under_jit():
 def test_registries_and_signatures():
     names = {"listwise_softmax", "listmle", "kl_distillation", "lambdarank_mrr", "sigmoid_bce", "margin_mse",
              "multi_perspective_bce"}
-    assert set(list_losses.LIST_LOSSES) == names
+    assert {name for name, spec in registry.LOSS_SPECS.items() if spec.batch_form == CANDIDATE_LISTS} == names
     assert {name: registry.needs_full_batch(name) for name in names} == {name: False for name in names}
-    assert all(registry.get_loss(name) is list_losses.LIST_LOSSES[name] for name in names)
-    for fn in list_losses.LIST_LOSSES.values():
+    assert all(registry.get_loss(name) is getattr(list_losses, f"{name}_loss") for name in names)
+    for fn in (registry.get_loss(name) for name in registry.LOSS_SPECS):
         params = list(inspect.signature(fn).parameters.values())
         assert [p.name for p in params[:3]] == ["outputs", "batch", "loss_params"]
         assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[3:])

@@ -319,7 +319,7 @@ KIND_CASES = {
 }
 
 
-@pytest.mark.parametrize("name,kind", [(n, k) for n in sorted(losses.LOSSES) for k in losses.model_kinds(n)])
+@pytest.mark.parametrize("name,kind", [(n, k) for n in sorted(losses.LOSS_SPECS) for k in losses.model_kinds(n)])
 def test_every_loss_traces_with_every_model_kind_it_is_registered_for(name, kind):
     """A loss registered for a model kind gets through the train step with that kind's outputs (traced, not run:
     each loss's numbers are checked against NumPy elsewhere)."""
@@ -337,7 +337,7 @@ def test_every_loss_traces_with_every_model_kind_it_is_registered_for(name, kind
     assert metrics["loss"].shape == () and metrics["loss"].dtype == jnp.float32
 
 
-@pytest.mark.parametrize("name,kind", sorted(losses.REFUSED_MODEL_KINDS))
+@pytest.mark.parametrize("name,kind", sorted((n, k) for n, s in losses.LOSS_SPECS.items() for k in s.refused))
 def test_losses_refuse_other_model_kinds_with_the_reason(tmp_path, name, kind):
     assert kind not in losses.model_kinds(name)
     model = CROSS if kind == "cross_encoder" else DUAL
@@ -345,5 +345,5 @@ def test_losses_refuse_other_model_kinds_with_the_reason(tmp_path, name, kind):
     data = DataConfig(source=source, vocab_size=128) if source == "random" else DataConfig(source=source)
     with pytest.raises(RankgenError, match=f"loss {name!r} does not train a {kind}: ") as e:
         train(str(tmp_path / "run"), TrainerConfig(num_steps=1), model, data, LossConfig(name))
-    assert losses.REFUSED_MODEL_KINDS[(name, kind)] in str(e.value)
+    assert losses.loss_spec(name).refused[kind] in str(e.value)
     assert not (tmp_path / "run").exists()

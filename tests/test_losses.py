@@ -261,9 +261,10 @@ def test_per_example_loss_is_a_mean_of_independent_terms():
         halves.append(float(run_loss("per_example_softmax", sub_out, sub_batch, {})[0]))
     np.testing.assert_allclose(np.mean(halves), full, rtol=RTOL)
     expected = {"in_batch_softmax": True, "per_example_softmax": False, "listwise_softmax": False}
-    assert {k: losses.LOSS_NEEDS_FULL_BATCH[k] for k in expected} == expected
+    assert {k: losses.needs_full_batch(k) for k in expected} == expected
     # Every list loss is per query: accumulation never drops negatives there.
-    assert not any(losses.LOSS_NEEDS_FULL_BATCH[k] for k in losses.LOSSES if k not in expected)
+    assert not any(losses.needs_full_batch(k) for k in losses.LOSS_SPECS if k not in expected)
+    assert losses.needs_full_batch("no such loss")  # unknown names count as cross-example
 
 
 @pytest.mark.parametrize("name", ["in_batch_softmax", "per_example_softmax"])

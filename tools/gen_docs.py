@@ -78,16 +78,16 @@ def losses_page() -> str:
              "scale (fixed, or learned with `learn_logit_scale`), m the margin, T the temperature, y labels, "
              "t teacher scores. The derivations and pitfalls are in [the design notes](../design/losses.md).", ""]
     rows = []
-    for name in registry.LOSSES:
+    for name in registry.LOSS_SPECS:
         form = registry.batch_form(name)
         kinds = ", ".join(registry.model_kinds(name))
         accumulation = "no (cross-example terms)" if registry.needs_full_batch(name) else "yes"
         rows.append((_code(name), form, kinds, accumulation))
     lines += _table(("loss", "batch form", "model kinds", "gradient accumulation"), rows)
-    for name, fn in registry.LOSSES.items():
-        formula = registry.LOSS_FORMULAS.get(name)
+    for name, spec in registry.LOSS_SPECS.items():
+        fn, formula = spec.fn, spec.formula
         if not formula:
-            raise SystemExit(f"loss {name!r} has no formula in LOSS_FORMULAS (rankgen_jax/losses/registry.py)")
+            raise SystemExit(f"loss {name!r} has no formula in its LossSpec (rankgen_jax/losses/registry.py)")
         summary = inspect.getdoc(fn).split("\n\n")[0]
         lines += ["", f"## {name}", "", " ".join(summary.split()), "", f"    {formula}", ""]
         options = [p for p in inspect.signature(fn).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]

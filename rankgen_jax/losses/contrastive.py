@@ -20,15 +20,11 @@ gathers. Scores are raw dot products (RankGen does not normalise vectors).
 
 from __future__ import annotations
 
-from typing import Callable
-
 import jax
 import jax.numpy as jnp
 
 from rankgen_jax.errors import RankgenError
-
-Array = jax.Array
-LossFn = Callable[..., tuple[Array, dict[str, Array]]]
+from rankgen_jax.losses.spec import Array
 
 # Seeds of the two independent fingerprint hashes (arbitrary fixed constants).
 _FINGERPRINT_SEEDS = (0x3C6EF372, 0xA54FF53A)

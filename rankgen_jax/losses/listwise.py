@@ -25,16 +25,12 @@ of each micro-batch).
 
 from __future__ import annotations
 
-from typing import Callable
-
 import jax
 import jax.numpy as jnp
 
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.losses.contrastive import exact_einsum
-
-Array = jax.Array
-LossFn = Callable[..., tuple[Array, dict[str, Array]]]
+from rankgen_jax.losses.spec import Array
 
 # Where lambdarank_mrr's student ranks pi come from (see lambdarank_mrr_loss).
 RANK_SOURCES = ("list", "retrieval")
@@ -450,36 +446,19 @@ def listwise_softmax_loss(
     """
     del loss_params
     scores_BxC = list_scores(outputs)
-    labels_BxC = jnp.maximum(jnp.asarray(batch["labels"], jnp.float32), 0.0)
-    mask_BxC = batch["candidate_mask"].astype(bool) if "candidate_mask" in batch else jnp.ones_like(scores_BxC, bool)
-    labels_BxC = jnp.where(mask_BxC, labels_BxC, 0.0)
+    shape = scores_BxC.shape
+    mask_BxC = _mask(batch, "candidate_mask", shape)
+    labels_BxC = jnp.where(mask_BxC, jnp.maximum(_batch_array(batch, "labels", shape), 0.0), 0.0)
     label_sum_B = jnp.sum(labels_BxC, axis=-1)
     has_positive_B = label_sum_B > 0
     target_BxC = labels_BxC / jnp.maximum(label_sum_B, 1e-12)[:, None]
-    logits_BxC = jnp.where(mask_BxC, scores_BxC / temperature, -jnp.inf)
-    log_probs_BxC = jax.nn.log_softmax(logits_BxC, axis=-1)
-    row_loss_B = -jnp.sum(jnp.where(mask_BxC, target_BxC * log_probs_BxC, 0.0), axis=-1)
-    num_rows = jnp.maximum(jnp.sum(has_positive_B), 1)
-    loss = jnp.sum(jnp.where(has_positive_B, row_loss_B, 0.0)) / num_rows
-    best_B = jnp.argmax(jnp.where(mask_BxC, scores_BxC, -jnp.inf), axis=-1)
-    top_label_B = jnp.take_along_axis(labels_BxC, best_B[:, None], axis=-1)[:, 0]
-    hit_B = top_label_B == jnp.max(labels_BxC, axis=-1)
+    log_probs_BxC = _masked_log_softmax(jnp.where(mask_BxC, scores_BxC, 0.0) / temperature, mask_BxC)
+    row_loss_B = -jnp.sum(target_BxC * log_probs_BxC, axis=-1)
+    loss = _row_mean(row_loss_B, has_positive_B)
     metrics = {
         "loss": loss,
         # The top-scored candidate has the list's highest label.
-        "accuracy": jnp.sum(jnp.where(has_positive_B, hit_B, False)) / num_rows,
+        "accuracy": _row_mean(_top1_hit(scores_BxC, labels_BxC, mask_BxC), has_positive_B),
         "mean_score": jnp.sum(jnp.where(mask_BxC, scores_BxC, 0.0)) / jnp.maximum(jnp.sum(mask_BxC), 1),
     }
     return loss, metrics
-
-
-LIST_LOSSES: dict[str, LossFn] = {
-    "listwise_softmax": listwise_softmax_loss,
-    "listmle": listmle_loss,
-    "kl_distillation": kl_distillation_loss,
-    "lambdarank_mrr": lambdarank_mrr_loss,
-    "sigmoid_bce": sigmoid_bce_loss,
-    "margin_mse": margin_mse_loss,
-    "multi_perspective_bce": multi_perspective_bce_loss,
-}
-
