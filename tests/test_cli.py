@@ -79,8 +79,9 @@ def test_help_lists_every_command_in_order(capsys):
                         "merge-negatives", "cache-tasks", "books-beir", "pipeline", "cl-drd", "distillation-demo",
                         "retrieval-example",
                         "recipe-example", "demo-curve", "index", "search", "bm25", "evaluate", "mine-negatives",
-                        "suffix-negatives", "score-candidates", "encode", "generate", "generation-metrics",
-                        "generation-sweep", "sweep", "report", "perspectives", "mpts", "negatives-claim", "compile", "smoke"]
+                        "suffix-negatives", "suffix-benchmark", "score-candidates", "encode", "generate",
+                        "generation-metrics", "generation-sweep", "sweep", "report", "perspectives", "mpts",
+                        "negatives-claim", "generation-claim", "compile", "smoke"]
 
 
 def test_hf_import_export_is_bit_exact(tmp_path, capsys, hf_t5_folder):
