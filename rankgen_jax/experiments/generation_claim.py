@@ -1,4 +1,4 @@
-"""RankGen's claim about generation, measured at CPU scale with a real LM (Sec. 3, Tables 3-4): nucleus sampling
+"""RankGen's claim about generation, measured with a real LM (Sec. 3, Tables 3-4): nucleus sampling
 against over-generating and re-ranking and against RankGen beam search, each re-ranked by the trained ranker, by
 the zero-shot starting model and by the LM's own likelihood, scored by MAUVE against the human continuations.
 
