@@ -56,10 +56,10 @@ class NegativesClaimConfig:
     lm: str = GEMMA
     init_from_hf: str = "minilm"
     init_checkpoint: str = ""
-    train_groups: int = 32
-    eval_items: int = 300
+    train_groups: int = 10
+    eval_items: int = 120
     eval_negatives: int = 10
-    steps: int = 120
+    steps: int = 80
     lm_prompt_tokens: int = 128
     lm_max_new_tokens: int = 192
     lm_batch_size: int = 16
