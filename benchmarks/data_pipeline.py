@@ -55,7 +55,7 @@ The flat dict `run()` returns (also written as JSON by `main`):
   examples_headroom             examples_examples_per_second / synthetic_examples_per_second
   loss                          last real-data step's loss (finite: the batches are sane)
   peak_rss_mib                  peak resident memory of the process
-  malloc_tunables               GLIBC_TUNABLES of the run (main() re-executes with runtime.MALLOC_TUNABLES)
+  malloc_tunables               GLIBC_TUNABLES of the run (`make bench` starts it with the CPU plug-in's)
 
 With `--cache` (needs the beam extra) the benchmark runs on `rankgen_folder_inbook`
 over the bundled books copied `--cache_copies` times (so that the Beam runs have
@@ -93,10 +93,6 @@ import time
 from pathlib import Path
 
 from benchmarks.report import write_json
-from rankgen_jax.runtime.process import configure_xla_flags, reexec_with_malloc_tunables
-
-# The repository: the re-exec's -P drops the working folder, which is where `benchmarks` is found.
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 SOURCES = ("synthetic", "real", "prefetch_random")
@@ -353,7 +349,6 @@ def summary(row: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    configure_xla_flags()  # before jax starts a backend; importing this module sets nothing
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", default="tiny", help="T5 1.1 size of the train step (default tiny)")
     parser.add_argument("--batch_size", type=int, default=32)
@@ -389,6 +384,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # As `rankgen-jax` runs (the trainer, `index`): with the malloc settings XLA:CPU runs best with.
-    reexec_with_malloc_tunables("benchmarks.data_pipeline", sys.argv[1:], REPO_ROOT)
     sys.exit(main())

@@ -45,7 +45,7 @@ The flat dict `run()` returns (also written as JSON by `main`):
   torch_padding_waste            the same for PyTorch (each batch padded to its longest row)
   torch_first_pass_seconds       the untimed PyTorch warm-up pass
   peak_rss_mib                   peak resident memory of the process
-  malloc_tunables                GLIBC_TUNABLES of the run (main() re-executes with runtime.MALLOC_TUNABLES)
+  malloc_tunables                GLIBC_TUNABLES of the run (`make bench` starts it with the CPU plug-in's)
   jax_bucket_step                dense_index.ENCODE_BUCKET_STEP (0: power-of-two buckets)
   With pow2_baseline (--pow2_baseline), the index path again with power-of-two buckets:
   jax_pow2_seconds, jax_pow2_sentences_per_second, jax_pow2_padding_waste
@@ -65,7 +65,6 @@ from pathlib import Path
 from benchmarks.report import write_json
 from rankgen_jax.cli.renamed import add_renamed_flag
 from rankgen_jax.data.conventions import ENCODE_SIDES
-from rankgen_jax.runtime.process import configure_xla_flags, reexec_with_malloc_tunables
 
 
 import numpy as np
@@ -76,9 +75,6 @@ COMPILE_EVENTS = (
     "/jax/core/compile/jaxpr_to_mlir_module_duration",
     "/jax/core/compile/backend_compile_duration",
 )
-
-# The repository: the re-exec's -P drops the working folder, which is where `benchmarks` is found.
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def corpus_passages(num_texts: int, seed: int = 0, min_words: int = 3, max_words: int = 150) -> list[str]:
@@ -359,7 +355,6 @@ def summary(row: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    configure_xla_flags()  # before jax starts a backend; importing this module sets nothing
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the models are local folders; never ask a hub
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--texts", type=int, default=2000, help="passages to encode (default 2000)")
@@ -381,6 +376,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # As `rankgen-jax` runs (the trainer, `index`): with the malloc settings XLA:CPU runs best with.
-    reexec_with_malloc_tunables("benchmarks.encode", sys.argv[1:], REPO_ROOT)
     sys.exit(main())

@@ -84,8 +84,8 @@ def _index_command(model: str, corpus: str, out: Path, batch_size: int, shard_in
 def run_indexes(commands: list[list[str]]) -> tuple[float, list[float]]:
     """Start the commands at once; (wall seconds until all are done, each one's peak RSS in MiB).
 
-    Peak RSS is ru_maxrss of os.wait4 on each child (KiB on Linux): that process's own peak, across the
-    re-exec `rankgen-jax` does at start (exec keeps the process).
+    Peak RSS is ru_maxrss of os.wait4 on each child (KiB on Linux): that process's own peak, across any
+    exec it makes (`rankgen-jax-cpu` executes the command line; exec keeps the process).
     """
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     start = time.perf_counter()

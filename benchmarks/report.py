@@ -46,6 +46,11 @@ def _mode(row: dict) -> str:
     return f"GradCache x{row['num_chunks']} (chunk {row['batch'] // row['num_chunks']})" if row["num_chunks"] > 1 else "plain"
 
 
+def model_name(row: dict) -> str:
+    """The encoder a row or peer case timed: `T5 1.1 tiny`, or `MiniLM-L6` (the demo's step)."""
+    return "MiniLM-L6" if row.get("encoder") == "minilm" else f"T5 1.1 {row['size']}"
+
+
 def _peak_readings(report: dict) -> str:
     """', before and after the train steps: a and b; ...' where both were measured."""
     readings = report.get("matmul_peak_measurements")
@@ -128,7 +133,9 @@ def render_markdown(report: dict) -> str:
         "GFLOP/s are analytical (3x the forward matmul FLOPs) over the median step time. \"beside\":",
         "against the higher of two peak readings taken in the same process just before and just after",
         "the timed steps, or the run's median reading if that is higher; \"run\": against the highest",
-        "reading of the whole run.",
+        "reading of the whole run. The demo's step (MiniLM-L6): batch 32, prefix 128 + continuation 128, no",
+        "negative, mean pooling, L2 and logit scale 20 on both sides (HF `BertModel` for PyTorch). JAX runs",
+        "with the CPU plug-in (`rankgen_jax_cpu`); the next section has it without.",
         "",
     ]
     train = report["train"]
@@ -136,7 +143,7 @@ def render_markdown(report: dict) -> str:
     for pair in train["peers"]:
         for framework in ("jax", "torch"):
             r = pair[framework]
-            rows.append([framework, r["size"], str(r["batch"]), f"{r['step_seconds']:.3f}", f"{r['tokens_per_second']:,.0f}",
+            rows.append([framework, model_name(r), str(r["batch"]), f"{r['step_seconds']:.3f}", f"{r['tokens_per_second']:,.0f}",
                          f"{r['train_gflops_per_second']:.1f}", f"{r['of_peak']:.1%}",
                          f"{r['train_gflops_per_second'] / peak:.1%}", f"{r['peak_rss_mib']:,.0f}"])
     lines += _table(["framework", "model", "batch", "s/step", "tokens/s", "GFLOP/s", "of peak (beside)",
@@ -147,9 +154,11 @@ def render_markdown(report: dict) -> str:
         verdict = f" (target {target:.1f}x: {'met' if pair['jax_over_torch'] >= target else 'not met'})" if target else ""
         rounds = pair.get("round_ratios", [pair["jax_over_torch"]])
         spread = f" Median of {len(rounds)} interleaved rounds: {', '.join(f'{r:.2f}' for r in rounds)}." if len(rounds) > 1 else ""
-        lines.append(f"- {pair['size']} batch {pair['batch']}: JAX / PyTorch = **{pair['jax_over_torch']:.2f}x**{verdict}.{spread}")
+        lines.append(f"- {model_name(pair)} batch {pair['batch']}: JAX / PyTorch = **{pair['jax_over_torch']:.2f}x**"
+                     f"{verdict}.{spread}")
         if pair["size"] == "small":
             lines.append(_of_peak_note(pair, report))
+    lines += _plugin_section(train["peers"])
     lines += ["", "## GradCache memory", "",
               "Tiny T5 1.1, chunks of 32 examples; peak RSS of the whole process (the model, optimizer state,",
               "compiled code and batch included).", ""]
@@ -165,6 +174,22 @@ def render_markdown(report: dict) -> str:
     lines += _data_section(report.get("data"))
     lines += _cache_section(report.get("data_cache"))
     return "\n".join(lines) + "\n"
+
+
+def _plugin_section(peers: list[dict]) -> list[str]:
+    """Each peer case's JAX step with the CPU plug-in and with XLA alone, from the same interleaved rounds."""
+    measured = [pair for pair in peers if "cpu_plugin_speedup" in pair]
+    lines = ["", "## The CPU plug-in", ""]
+    if not measured:
+        return lines + ["Not measured in this run."]
+    lines += ["The JAX step of each case above with the CPU plug-in (`rankgen-jax-cpu`: the C++ kernels, glibc malloc",
+              "on huge pages, the XLA flag without YNNPACK fusions) and without it (XLA alone, glibc's defaults), each",
+              "process in turn within every round; medians over the rounds, and the median of the rounds' ratios.", ""]
+    rows = [[model_name(pair), str(pair["batch"]), f"{pair['jax_step_seconds']:.3f}", f"{pair['jax_xla_step_seconds']:.3f}",
+             f"**{pair['cpu_plugin_speedup']:.2f}x**", ", ".join(f"{r:.2f}" for r in pair["cpu_plugin_speedups"])]
+            for pair in measured]
+    return lines + _table(["model", "batch", "s/step with the plug-in", "s/step XLA alone", "speed-up",
+                           "rounds"], rows)
 
 
 def _encode_section(row: dict | None) -> list[str]:

@@ -14,13 +14,18 @@ import time
 
 import numpy as np
 
-from rankgen_jax.models.configs import t5_config
+from rankgen_jax.models.configs import MINILM_L6, HeadConfig, t5_config
 from rankgen_jax.models.flops import train_step_model_flops
+
+# The demo's model: all-MiniLM-L6-v2's shape with its sentence-transformers head (mean pooling, L2) and the
+# demo's fixed logit scale (gin_configs/demo_minilm_training.gin).
+MINILM_HEAD = HeadConfig(pooling="mean", projection_dim=-1, l2_normalize=True)
+MINILM_LOGIT_SCALE = 20.0
 
 
 @dataclasses.dataclass(frozen=True)
 class BenchCase:
-    size: str = "tiny"
+    size: str = "tiny"  # T5 1.1's size; "L6" with encoder "minilm"
     batch: int = 32
     prefix_length: int = 256
     continuation_length: int = 128
@@ -36,6 +41,17 @@ class BenchCase:
     precision: str = "auto"
     sdpa: bool = False
     torch_compile: bool = False
+    # "t5" (RankGen's head: first token, d -> d projection) or "minilm" (the demo's step: MINILM_HEAD).
+    encoder: str = "t5"
+    # JAX on CPU: with the CPU plug-in (rankgen_jax_cpu: its kernels, malloc and XLA settings) or plain XLA.
+    cpu_plugin: bool = True
+
+
+def encoder_config(case: BenchCase):
+    """The case's encoder config (T5 1.1 at case.size, or MiniLM-L6) in the case's precision."""
+    if case.encoder == "minilm":
+        return dataclasses.replace(MINILM_L6, dtype=case.precision)
+    return t5_config(case.size, dtype=case.precision)
 
 
 def _towers(case: BenchCase) -> int:
@@ -50,10 +66,10 @@ def step_tokens(case: BenchCase) -> int:
 
 def step_flops(case: BenchCase) -> float:
     """Model FLOPs of one train step (models.flops: 6 N T plus attention; GradCache's re-forward not counted)."""
-    cfg = t5_config(case.size)
+    cfg = encoder_config(case)
     shapes = {"query": (case.batch, case.prefix_length),
               "documents": (case.batch * (_towers(case) - 1), case.continuation_length)}
-    return train_step_model_flops(cfg, shapes, cfg.d_model)
+    return train_step_model_flops(cfg, shapes, cfg.d_model if case.encoder == "t5" else 0)
 
 
 def time_steps(step, steps: int, peak_fn=None) -> dict:

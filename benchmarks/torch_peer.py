@@ -1,8 +1,9 @@
 """The PyTorch / HuggingFace peer of our RankGen train step, for `make bench` and `make bench-gpu`.
 
 The same model (HF `T5EncoderModel` built from our T5Config, first-token pooling,
-bias-free d->d projection), the same loss (in-batch softmax of each prefix over
-every continuation and negative of the batch), the same optimizer (AdamW with our
+bias-free d->d projection; for the demo's step, HF `BertModel` from MiniLM-L6's
+config, mean pooling, L2 and logit scale 20), the same loss (in-batch softmax of
+each prefix over every continuation and negative of the batch), the same optimizer (AdamW with our
 defaults), the same shapes and random ids, the same model calls (prefixes, then
 positives and negatives together). Written the way a careful PyTorch user would
 on each device:
@@ -18,9 +19,9 @@ from __future__ import annotations
 
 import contextlib
 
-from benchmarks.step_timing import BenchCase, time_steps
+from benchmarks.step_timing import MINILM_LOGIT_SCALE, BenchCase, encoder_config, time_steps
+from rankgen_jax.checkpoints.hf.bert import bert_config_to_hf
 from rankgen_jax.checkpoints.hf.t5 import t5_config_to_hf
-from rankgen_jax.models.configs import t5_config
 from rankgen_jax.models.precision import resolve_activation_dtype
 
 
@@ -39,12 +40,22 @@ def build_peer(case: BenchCase):
 
     torch.manual_seed(0)
     device = torch.device(case.device)
-    cfg = t5_config(case.size)
+    cfg = encoder_config(case)
+    minilm = case.encoder == "minilm"
     # Our exporter's config mapping, so both sides build the same architecture (dropout off in both).
-    hf_config = HFT5Config(**t5_config_to_hf(cfg))
+    if minilm:
+        from transformers import BertConfig as HFBertConfig
+        from transformers import BertModel
+
+        hf_config = HFBertConfig(**bert_config_to_hf(cfg))
+        hf_config.hidden_dropout_prob = hf_config.attention_probs_dropout_prob = 0.0
+        model_class = BertModel
+    else:
+        hf_config = HFT5Config(**t5_config_to_hf(cfg))
+        model_class = T5EncoderModel
     hf_config._attn_implementation = "sdpa" if case.sdpa else "eager"
-    encoder = T5EncoderModel(hf_config).to(device).train()
-    projection = torch.nn.Linear(cfg.d_model, cfg.d_model, bias=False).to(device)
+    encoder = (model_class(hf_config, add_pooling_layer=False) if minilm else model_class(hf_config)).to(device).train()
+    projection = torch.nn.Identity() if minilm else torch.nn.Linear(cfg.d_model, cfg.d_model, bias=False).to(device)
     run_encoder = torch.compile(encoder) if case.torch_compile else encoder
     bf16 = torch_bf16(case)
 
@@ -57,6 +68,8 @@ def build_peer(case: BenchCase):
         hidden = run_encoder(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).last_hidden_state
         # The head in fp32, as ours: the vectors and the logits made from them stay fp32.
         with torch.autocast(device_type=device.type, enabled=False):
+            if minilm:  # no padding in the random ids: the mean over every position
+                return torch.nn.functional.normalize(hidden.float().mean(dim=1), dim=-1)
             return projection(hidden[:, 0].float())
 
     return encoder, projection, embed, autocast
@@ -74,7 +87,7 @@ def run_torch_case(case: BenchCase, threads: int, learning_rate: float, weight_d
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     encoder, projection, embed, autocast = build_peer(case)
-    cfg = t5_config(case.size)
+    cfg = encoder_config(case)
     params = list(encoder.parameters()) + list(projection.parameters())
     optimizer = torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay, **({"fused": True} if cuda else {}))
     generator = torch.Generator().manual_seed(0)
@@ -88,6 +101,7 @@ def run_torch_case(case: BenchCase, threads: int, learning_rate: float, weight_d
         for _ in range(case.steps + 1)
     ]
     labels = torch.arange(case.batch, device=case.device)
+    logit_scale = MINILM_LOGIT_SCALE if case.encoder == "minilm" else 1.0
 
     def step(i: int) -> float:
         prefix, positive, negative = batches[i]
@@ -96,7 +110,7 @@ def run_torch_case(case: BenchCase, threads: int, learning_rate: float, weight_d
             # Positives and negatives have one length: one encoder call for both, as our step makes.
             documents = torch.cat([positive, negative]) if case.with_negative else positive
             documents_CxD = embed(documents)
-        logits_BxC = query_BxD @ documents_CxD.T
+        logits_BxC = logit_scale * (query_BxD @ documents_CxD.T)
         loss = torch.nn.functional.cross_entropy(logits_BxC, labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -9,9 +9,14 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # on a GPU (TF32) or TPU (bf16 passes) the default f32 matmul precision is lower: on an
 # H200, 13 of the model, attention and HF-parity tests failed at the default, none at highest.
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
-# The C++ kernels' tests and the model paths through them run wherever the kernels build,
-# also on CPUs where they are not used by default (rankgen_jax/kernels/build.py).
+# The CPU plug-in (rankgen_jax_cpu) enabled with its XLA flags, as `rankgen-jax-cpu` enables it, so the model
+# paths run through its kernels; they run wherever they build, also on CPUs where they are not used by default.
+# Its malloc setting is left out: it acts only at a process's start, and the PyTorch processes tests start
+# run as PyTorch users run them.
 os.environ.setdefault("RANKGEN_FUSED_KERNELS", "1")
+from rankgen_jax_cpu.launch import environment  # noqa: E402
+
+os.environ.update({k: v for k, v in environment(os.environ).items() if k != "GLIBC_TUNABLES"})
 from rankgen_jax.runtime.process import configure_xla_flags  # noqa: E402
 
 TEST_DEVICES = 8

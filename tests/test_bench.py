@@ -15,6 +15,30 @@ def toy_rows():
     return {fw: bench.run_case(bench.BenchCase(**{**case.__dict__, "framework": fw})) for fw in ("jax", "torch")}
 
 
+def test_the_demo_step_runs_on_both_sides_with_the_same_work():
+    """The MiniLM case (the demo's step: mean pooling, L2, logit scale 20) at toy shapes, JAX and PyTorch."""
+    case = bench.BenchCase("L6", batch=8, prefix_length=8, continuation_length=8, with_negative=False, steps=1,
+                           encoder="minilm")
+    rows = {fw: bench.run_case(bench.BenchCase(**{**case.__dict__, "framework": fw})) for fw in ("jax", "torch")}
+    for row in rows.values():
+        assert row["step_seconds"] > 0 and np.isfinite(row["loss"])
+        # Random init, unit vectors at scale 20: the loss starts near log(batch), far from the 0 a broken head gives.
+        assert 0.5 < row["loss"] < 10
+    assert rows["jax"]["train_gflops_per_second"] * rows["jax"]["step_seconds"] == pytest.approx(
+        rows["torch"]["train_gflops_per_second"] * rows["torch"]["step_seconds"])
+
+
+def test_cases_run_with_or_without_the_cpu_plugin():
+    base = {"PATH": "/bin", "RANKGEN_KERNEL_PLUGIN": "rankgen_jax_cpu", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1",
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_cpu_experimental_ynn_fusion_type="}
+    plain = bench.case_environment(bench.BenchCase(cpu_plugin=False), base)
+    assert plain == {"PATH": "/bin", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    assert bench.case_environment(bench.BenchCase(framework="torch"), base) == plain
+    with_plugin = bench.case_environment(bench.BenchCase(), plain)
+    assert with_plugin["RANKGEN_KERNEL_PLUGIN"] == "rankgen_jax_cpu"
+    assert "--xla_cpu_experimental_ynn_fusion_type=" in with_plugin["XLA_FLAGS"].split()
+
+
 def test_both_frameworks_time_the_same_work(toy_rows):
     jax_row, torch_row = toy_rows["jax"], toy_rows["torch"]
     for row in (jax_row, torch_row):
@@ -74,8 +98,9 @@ def test_percent_of_peak_is_jax_median_round_against_the_peak_read_beside_it(toy
 
 def test_report_renders_every_section(toy_rows, tmp_path):
     jax_row, torch_row = dict(toy_rows["jax"]), dict(toy_rows["torch"])  # judge_peak writes into rows
-    train = {"peers": [{"size": "tiny", "batch": 8, "jax": jax_row, "torch": torch_row, "jax_over_torch": 1.5,
-                        "round_ratios": [1.4, 1.5, 1.6], "rounds": [{"jax": jax_row, "torch": torch_row, "ratio": 1.5}]}],
+    xla_row = {**jax_row, "cpu_plugin": False, "step_seconds": jax_row["step_seconds"] * 1.25}
+    rounds = [{"jax": jax_row, "jax_xla": xla_row, "torch": torch_row, "ratio": 1.5}]
+    train = {"peers": [{"encoder": "t5", **bench.summarize_rounds("tiny", 8, rounds), "round_ratios": [1.4, 1.5, 1.6]}],
              "gradcache": [{**toy_rows["jax"], "batch": 64, "num_chunks": 2}, {**toy_rows["jax"], "batch": 1536, "num_chunks": 48}],
              "gradcache_rss_1536_over_64": 1.03}
     bench.judge_peak(train, floor=0.0)
@@ -86,7 +111,8 @@ def test_report_renders_every_section(toy_rows, tmp_path):
             "of them all): **300.0 GFLOP/s**. The readings ranged from 250.0 to 300.0 GFLOP/s (20% apart).") in text
     report["matmul_peak_lowest"] = 180.0
     assert "(67% apart): the machine's speed moved during the run" in render_markdown(report)
-    assert "JAX / PyTorch = **1.50x** (target 1.3x: met). Median of 3 interleaved rounds: 1.40, 1.50, 1.60." in text
+    assert "T5 1.1 tiny batch 8: JAX / PyTorch = **1.50x** (target 1.3x: met). Median of 3 interleaved rounds: 1.40, 1.50, 1.60." in text
+    assert f"| T5 1.1 tiny | 8 | {jax_row['step_seconds']:.3f} | {xla_row['step_seconds']:.3f} | **1.25x** | 1.25 |" in text
     assert "batch 1536 / batch 64: **1.03x** (target at most 1.2x: met)" in text
     assert text.count("Not run, or failed") == 3  # encode, data and cache sections say so rather than vanish
     cache = {"task": "rankgen_folder_inbook", "cache_copies": 4, "cache_documents": 28, "shuffle_block_documents": 2,

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankgen_jax.kernels import build
+from rankgen_jax_cpu import build
 
 
 def kernels_or_skip():
@@ -75,7 +75,7 @@ def test_kernels_are_used_by_default_only_at_measured_vector_widths(monkeypatch,
 @pytest.mark.parametrize("shape", [(7, 5), (33, 48), (3, 70_000)])  # scalar tails; several chunks
 def test_gated_gelu_kernel_equals_jax(shape):
     kernels_or_skip()
-    from rankgen_jax.kernels.gated_gelu import fused_gated_gelu
+    from rankgen_jax_cpu.gated_gelu import fused_gated_gelu
 
     rng = np.random.default_rng(0)
     gate = (rng.normal(size=shape) * 3).astype(np.float32)
@@ -105,7 +105,7 @@ def test_gated_gelu_kernel_equals_jax(shape):
 @pytest.mark.parametrize("shape", [(7, 5), (33, 48), (4, 300, 128), (3, 70_000)])  # tails; 3-D; several ranges
 def test_rms_norm_kernel_equals_numpy_and_xla(shape):
     kernels_or_skip()
-    from rankgen_jax.kernels.rms_norm import fused_rms_norm
+    from rankgen_jax_cpu.rms_norm import fused_rms_norm
 
     rng = np.random.default_rng(1)
     x = (rng.normal(size=shape) * 3).astype(np.float32)
@@ -141,7 +141,7 @@ def test_rms_norm_kernel_equals_numpy_and_xla(shape):
 def test_weight_gradient_kernel_equals_numpy(tokens, m, n):
     """x^T d_y: odd widths (column tails), rows not a multiple of the 6-row kernel, several K blocks and splits."""
     kernels_or_skip()
-    from rankgen_jax.kernels.dense import fused_dense, weight_gradient
+    from rankgen_jax_cpu.dense import fused_dense, weight_gradient
 
     rng = np.random.default_rng(2)
     x = rng.normal(size=(tokens, m)).astype(np.float32)
@@ -169,7 +169,7 @@ def test_weight_gradient_kernel_equals_numpy(tokens, m, n):
 def test_matmul_kernel_equals_numpy(tokens, k, n):
     """x w and d_y w^T (the dense layer's forward product and d_x) against float64 NumPy."""
     kernels_or_skip()
-    from rankgen_jax.kernels.dense import matmul
+    from rankgen_jax_cpu.dense import matmul
 
     rng = np.random.default_rng(3)
     x = rng.normal(size=(1, tokens, k)).astype(np.float32)
@@ -187,7 +187,7 @@ def test_matmul_kernel_equals_numpy(tokens, k, n):
 def test_dense_layer_with_a_large_weight_takes_its_gradient_from_xla():
     """Above 512 x 512 the weight gradient is XLA's, d_x still the kernel's: both equal float64 NumPy."""
     kernels_or_skip()
-    from rankgen_jax.kernels.dense import fused_dense, kernel_gradient_applies
+    from rankgen_jax_cpu.dense import fused_dense, kernel_gradient_applies
 
     rng = np.random.default_rng(4)
     tokens, m, n = 200, 600, 520
@@ -211,8 +211,8 @@ def test_dense_layer_with_a_large_weight_takes_its_gradient_from_xla():
 def test_gated_gelu_mlp_kernel_equals_numpy_and_the_separate_kernels(tokens, d, f):
     """(gelu(x w0) * (x w1)) wo and its four gradients: float64 NumPy, and the same bits as the separate kernels."""
     kernels_or_skip()
-    from rankgen_jax.kernels.dense import fused_dense
-    from rankgen_jax.kernels.gated_gelu import fused_gated_gelu, fused_gated_gelu_mlp
+    from rankgen_jax_cpu.dense import fused_dense
+    from rankgen_jax_cpu.gated_gelu import fused_gated_gelu, fused_gated_gelu_mlp
 
     rng = np.random.default_rng(5)
     x = rng.normal(size=(tokens, d)).astype(np.float32)
@@ -243,3 +243,85 @@ def test_gated_gelu_mlp_kernel_equals_numpy_and_the_separate_kernels(tokens, d, 
     y_sep, vjp_sep = jax.vjp(jax.jit(unfused), x, w0, w1, wo)
     for g, s in zip(got, (y_sep, *vjp_sep(d_y))):
         assert np.array_equal(np.asarray(g), np.asarray(s))
+
+
+# --- the plug-in: how the dispatcher finds it, and the launcher's process settings ---------------------------
+
+
+def test_the_dispatcher_loads_the_plugin_named_in_the_environment(monkeypatch):
+    from rankgen_jax.errors import RankgenError
+    from rankgen_jax.ops import dispatch
+
+    kernels_or_skip()
+    monkeypatch.setattr(dispatch, "_active", [dispatch._UNSET])
+    monkeypatch.setenv(dispatch.PLUGIN_VARIABLE, "rankgen_jax_cpu")
+    kernels = dispatch.active_kernels()
+    assert kernels.name == "cpu_kernel" and dispatch.active_kernels() is kernels  # loaded once
+    monkeypatch.setattr(dispatch, "_active", [dispatch._UNSET])  # again, its modules imported: still a plug-in
+    assert dispatch.active_kernels().name == "cpu_kernel"
+    x = jnp.ones((4, 8), jnp.float32)
+    assert jax.jit(lambda x: jnp.zeros(()) + kernels.applies(x, jnp.float32))(x) == 1
+    assert not kernels.applies(x.astype(jnp.bfloat16), jnp.float32) and not kernels.applies(x, jnp.bfloat16)
+
+    for unset in ("", "  "):  # not named: XLA only
+        monkeypatch.setattr(dispatch, "_active", [dispatch._UNSET])
+        monkeypatch.setenv(dispatch.PLUGIN_VARIABLE, unset)
+        assert dispatch.active_kernels() is None
+    monkeypatch.setattr(dispatch, "_active", [dispatch._UNSET])
+    monkeypatch.setenv(dispatch.PLUGIN_VARIABLE, "no_such_plugin_module")
+    with pytest.raises(RankgenError, match="RANKGEN_KERNEL_PLUGIN='no_such_plugin_module'.*cannot be imported"):
+        dispatch.active_kernels()
+    monkeypatch.setenv(dispatch.PLUGIN_VARIABLE, "json")
+    with pytest.raises(RankgenError, match="no kernel_set\\(\\) function"):
+        dispatch.active_kernels()
+
+
+def test_use_kernels_overrides_the_environment(monkeypatch):
+    from rankgen_jax.ops import dispatch
+
+    monkeypatch.setattr(dispatch, "_active", [dispatch._UNSET])
+    monkeypatch.setenv(dispatch.PLUGIN_VARIABLE, "no_such_plugin_module")
+    dispatch.use_kernels(None)
+    assert dispatch.active_kernels() is None
+    x = jnp.arange(12, dtype=jnp.float32).reshape(3, 4)
+    np.testing.assert_allclose(dispatch.dense(x, jnp.eye(4), jnp.float32), x)  # XLA's dot
+
+
+def test_launcher_environment_adds_each_setting_once(monkeypatch):
+    from rankgen_jax_cpu import launch
+
+    monkeypatch.setattr(launch.sys, "platform", "linux")
+    monkeypatch.setattr(launch.platform, "libc_ver", lambda: ("glibc", "2.36"))
+    env = launch.environment({"XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+                              "GLIBC_TUNABLES": "glibc.pthread.rseq=0", "HOME": "/h"})
+    assert env == {"HOME": "/h", "RANKGEN_KERNEL_PLUGIN": "rankgen_jax_cpu",
+                   "XLA_FLAGS": "--xla_force_host_platform_device_count=2 --xla_cpu_experimental_ynn_fusion_type=",
+                   "GLIBC_TUNABLES": "glibc.pthread.rseq=0:glibc.malloc.hugetlb=1"}
+    assert launch.environment(env) == env  # applied twice: nothing added twice
+    # A user's own choices are kept: another plug-in, another YNN setting, no malloc tuning off glibc.
+    mine = {"RANKGEN_KERNEL_PLUGIN": "mine", "XLA_FLAGS": "--xla_cpu_experimental_ynn_fusion_type=dot"}
+    monkeypatch.setattr(launch.platform, "libc_ver", lambda: ("", ""))
+    assert launch.environment(mine) == mine
+
+
+def test_launcher_runs_the_command_line_under_that_environment(monkeypatch):
+    from rankgen_jax_cpu import launch
+
+    calls = []
+    monkeypatch.setattr(launch.os, "execve", lambda exe, argv, env: calls.append((exe, argv, env)))
+    monkeypatch.setattr(launch.sys, "argv", ["rankgen-jax-cpu", "train", "--workdir=x"])
+    launch.main()
+    [(exe, argv, env)] = calls
+    assert argv == [launch.sys.executable, "-P", "-m", "rankgen_jax.cli.main", "train", "--workdir=x"]
+    assert env == launch.environment(launch.os.environ)
+
+
+def test_the_launcher_starts_without_jax():
+    """It re-executes at once: importing jax or the command line first would cost a second start-up."""
+    import subprocess
+    import sys
+
+    code = "import sys, rankgen_jax_cpu.launch; print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'rankgen_jax')))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

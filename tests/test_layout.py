@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("rankgen_jax", "tasks", "benchmarks")
+PACKAGES = ("rankgen_jax", "rankgen_jax_cpu", "tasks", "benchmarks")
 # Entry-point rooms: they may import the library, the library never imports them.
 ENTRY_POINTS = ("rankgen_jax.experiments", "rankgen_jax.cli", "benchmarks", "tasks")
 
@@ -136,6 +136,34 @@ def test_the_library_never_imports_entry_points():
                  for name, imports in GRAPH.items() if _is_library(name)
                  for target, line, _ in imports if not _is_library(target)]
     assert offending == []
+
+
+def test_no_core_module_imports_the_cpu_plugin():
+    """The CPU kernels are a plug-in: the core reaches them only through the dispatcher's registry, by name."""
+    offending = [f"{MODULES[name].relative_to(REPO)}:{line} imports {target}"
+                 for name, imports in GRAPH.items() if name.startswith("rankgen_jax.")
+                 for target, line, _ in imports if target.split(".")[0] == "rankgen_jax_cpu"]
+    assert offending == []
+    # Not vacuous: the plug-in is in the graph, and it registers through the core's dispatcher.
+    assert "rankgen_jax.ops.dispatch" in {t for t, _, _ in GRAPH["rankgen_jax_cpu.registration"]}
+
+
+def _below(module: str) -> set[str]:
+    """Every module `module` imports, directly or through others."""
+    seen, todo = set(), [module]
+    while todo:
+        for target, _, _ in GRAPH[todo.pop()]:
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def test_the_ground_floor_is_the_model_code():
+    """Under the models lie only their op implementations (ops/, XLA only) and the error type: no platform tuning."""
+    below = {m for name in MODULES if name.startswith("rankgen_jax.models.") for m in _below(name)}
+    rooms = {_room(m) for m in below} - {"models"}
+    assert rooms == {"ops", "errors"}, rooms
 
 
 def test_the_train_step_does_not_know_model_kinds():

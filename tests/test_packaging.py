@@ -24,7 +24,7 @@ from packaging.utils import canonicalize_name
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
 SELF = canonicalize_name(PROJECT["name"])
-PACKAGES = ("rankgen_jax", "tasks")
+PACKAGES = ("rankgen_jax", "rankgen_jax_cpu", "tasks")
 # Modules that may import an extra's packages at the top, and the extra: importing them is the choice of a
 # command that needs it (tasks/: a gin config naming seqio; modeling_*.py run inside exported folders).
 EXTRA_MODULES = {
@@ -232,7 +232,7 @@ def wheel(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for folder in ("rankgen_jax", "tasks", "gin_configs", "data"):
+    for folder in (*PACKAGES, "gin_configs", "data"):
         shutil.copytree(REPO / folder, src / folder, ignore=ignore)
     for file in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / file, src / file)
@@ -250,7 +250,7 @@ def _tracked(folder: str) -> list[Path]:
 def test_the_wheel_has_every_module_and_every_run_time_file(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     expected = [str(p.relative_to(REPO)) for package in PACKAGES for p in (REPO / package).rglob("*.py")]
-    expected += ["rankgen_jax/kernels/cpu_kernels.cc", "rankgen_jax/checkpoints/hf/modeling_rankgen.py",
+    expected += ["rankgen_jax_cpu/cpu_kernels.cc", "rankgen_jax/checkpoints/hf/modeling_rankgen.py",
                  "rankgen_jax/checkpoints/hf/modeling_ranker.py"]
     expected += [f"rankgen_jax/bundled/{p.relative_to(REPO)}" for folder in ("gin_configs", "data")
                  for p in _tracked(folder)]

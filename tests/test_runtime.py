@@ -5,7 +5,6 @@ import sys
 
 import pytest
 
-from rankgen_jax.runtime import process as runtime
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.runtime.process import initialize_distributed, is_multi_host_environment
 
@@ -30,30 +29,13 @@ def test_initialize_distributed_modes():
         initialize_distributed("auto", {"TPU_WORKER_HOSTNAMES": "a,b"})
 
 
-def test_reexec_sets_malloc_tunables_once(monkeypatch):
-    calls = []
-    monkeypatch.setattr(runtime.os, "execv", lambda exe, argv: calls.append((exe, argv, os.environ["GLIBC_TUNABLES"])))
-    monkeypatch.setattr(runtime.sys, "platform", "linux")
-    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.pthread.rseq=0")
-    monkeypatch.delenv("RANKGEN_MALLOC_TUNING", raising=False)
-    runtime.reexec_with_malloc_tunables("rankgen_jax.cli.main", ["train", "--workdir=x"])
-    assert calls == [(sys.executable, [sys.executable, "-P", "-m", "rankgen_jax.cli.main", "train", "--workdir=x"],
-                      "glibc.pthread.rseq=0:" + runtime.MALLOC_TUNABLES)]
-    runtime.reexec_with_malloc_tunables("rankgen_jax.cli.main", [])  # the re-run process: already set
-    assert len(calls) == 1
-    monkeypatch.delenv("GLIBC_TUNABLES")
-    monkeypatch.setenv("RANKGEN_MALLOC_TUNING", "0")
-    runtime.reexec_with_malloc_tunables("rankgen_jax.cli.main", [])  # switched off
-    assert len(calls) == 1
-
-
 @pytest.mark.parametrize("module", ["benchmarks.bench", "benchmarks.data_pipeline", "benchmarks.encode"])
 def test_benchmark_entry_points_start_from_the_repository_root(module):
-    """The re-exec's -P drops the working folder; the benchmarks put the repository on the child's PYTHONPATH."""
+    """`python -m benchmarks.…` from the repository root, as the docs run them (no re-exec drops the folder)."""
     import subprocess
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "RANKGEN_MALLOC_TUNING", "PYTHONPATH")}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=root, env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

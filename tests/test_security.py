@@ -213,21 +213,21 @@ def test_sweep_launch_lines_keep_values_quoted(tmp_path, capsys):
 # --- nothing is imported from the folder a command runs in ------------------------------------------------
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="the malloc re-exec runs on glibc Linux only")
-def test_no_module_from_the_working_folder_runs(tmp_path):
-    """A `tqdm.py` and a `numpy.py` planted where a user runs `rankgen-jax`: the command works, neither runs.
+@pytest.mark.parametrize("command", ["rankgen-jax", "rankgen-jax-cpu"])
+def test_no_module_from_the_working_folder_runs(tmp_path, command):
+    """A `tqdm.py` and a `numpy.py` planted where a user runs the command: it works, neither runs.
 
-    The console script re-executes itself (runtime/process.py, malloc tunables); that re-exec must not put the
-    working folder on sys.path.
+    `rankgen-jax-cpu` executes `python -P -m rankgen_jax.cli.main` (the CPU plug-in's malloc setting acts only
+    at a process's start); that new process must not put the working folder on sys.path either.
     """
-    script = Path(sys.executable).parent / "rankgen-jax"
+    script = Path(sys.executable).parent / command
     if not script.is_file():
         pytest.skip(f"no console script beside {sys.executable}")
     marker = tmp_path / "PWNED"
     for name in ("tqdm", "numpy"):
         (tmp_path / f"{name}.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text({name!r})\n")
     (tmp_path / "v.jsonl").write_text(json.dumps({"prefix": "a b c", "candidates": ["a b", "x y"], "label": 0}) + "\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "RANKGEN_MALLOC_TUNING")}
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     proc = subprocess.run([str(script), "score", "--method", "unigram", "--input", "v.jsonl", "--output", "o.jsonl"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert not marker.exists(), f"{marker.read_text()}.py from the working folder ran"

@@ -9,8 +9,8 @@ from rankgen_jax.runtime import partitioning
 from rankgen_jax.models.configs import HeadConfig, ModelConfig, t5_config
 from rankgen_jax.data.sources import DataConfig, RandomTriples
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.kernels import build
 from rankgen_jax.losses.registry import init_loss_params
+from rankgen_jax.ops import dispatch
 from rankgen_jax.models.factory import build_model, init_params
 from rankgen_jax.train.step import StepOptions, _embed, _embed_group, _group_inputs, _inputs, _tower_groups, compute_grads
 from step_harness import TOL, assert_trees_close, run_steps
@@ -80,11 +80,11 @@ def test_grad_cache_equals_plain_backprop(plain_reference, num_chunks):
 def test_grad_cache_sharded_equals_plain_single(plain_reference, monkeypatch):
     params, loss_params = plain_reference
     batch = _batch(2)
-    # The sharded step runs XLA's implementations (the fused CPU kernels have no sharding
+    # The sharded step runs XLA's implementations (the CPU plug-in's kernels have no sharding
     # rule), so the reference does too: this test is about sharding and GradCache. The
     # kernels against XLA are test_attention.py's and test_cpu_kernels.py's; float32
     # rounding of the two adds up to the tolerance here in the first layer's gradients.
-    monkeypatch.setattr(build, "available", lambda: False)
+    monkeypatch.setattr(dispatch, "active_kernels", lambda: None)
     ref_loss, _, ref_grads = _grads(StepOptions("in_batch_softmax", LOSS_OPTIONS), params, loss_params, batch)
     mesh = partitioning.make_mesh(8, 1)
     options = StepOptions("in_batch_softmax", LOSS_OPTIONS, num_chunks=2)

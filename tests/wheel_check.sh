@@ -2,8 +2,9 @@
 # The package as a user gets it (`make wheel-check`, run by .ci/run): build the wheel from the files a clean
 # clone has, install it with its dependencies into a new venv, and use it from a folder outside the checkout.
 #
-#   1. the plain install: `rankgen-jax --help`, every module outside the extras imports, a tiny train on the
-#      bundled books with the bundled vocabulary (gin files found in the package) and `export-hf`;
+#   1. the plain install: `rankgen-jax --help`, every module outside the extras imports, the CPU plug-in builds,
+#      a tiny train with it (`rankgen-jax-cpu`) on the bundled books with the bundled vocabulary (gin files found
+#      in the package) and `export-hf`;
 #   2. the torch extra added: transformers loads the export (its modeling_rankgen.py comes from the wheel) and
 #      gives the vectors `rankgen-jax encode` gives.
 #
@@ -69,13 +70,13 @@ for name in names:
     importlib.import_module(name)
 for absent in ("torch", "transformers", "seqio", "faiss"):
     assert importlib.util.find_spec(absent) is None, f"{absent} came with the plain install"
-from rankgen_jax.kernels import build
-assert build.available(), "the CPU kernels did not build from the installed cpu_kernels.cc"
+from rankgen_jax_cpu import build
+assert build.available(), "the CPU plug-in's kernels did not build from the installed cpu_kernels.cc"
 print(f"imported {len(names)} modules from {site}; torch, transformers, seqio, faiss absent; kernels built")
 EOF
 
-step "rankgen-jax train (tiny T5, 2 steps, the bundled books and vocabulary)"
-"$RANKGEN" train --gin_file rankgen_t5_tiny_books.gin --workdir "$RUN/tiny" \
+step "rankgen-jax-cpu train (tiny T5, 2 steps, the bundled books and vocabulary; the CPU plug-in's kernels)"
+"$WORK/venv/bin/rankgen-jax-cpu" train --gin_file rankgen_t5_tiny_books.gin --workdir "$RUN/tiny" \
     --gin.TrainerConfig.num_steps=2 --gin.OptimizerConfig.warmup_steps=1 --gin.TrainerConfig.eval_every=0 \
     --gin.TrainerConfig.checkpoint_every=2 \
     --gin.DataConfig.batch_size=4 > train.txt

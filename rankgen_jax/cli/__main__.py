@@ -1,3 +1,5 @@
-from rankgen_jax.cli.console import console_main
+import sys
 
-raise SystemExit(console_main())
+from rankgen_jax.cli.main import main
+
+sys.exit(main())

@@ -2,8 +2,8 @@
 
 Each area's subcommands (flags and the handler that calls the library with
 them) are in their own module: checkpoints.py, training.py, ranking.py,
-generation.py. Nothing imported here starts jax: main() sets XLA's flags
-first, and a handler imports what starts jax when it runs.
+generation.py. Nothing imported here starts jax: a handler imports what
+starts jax when it runs.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Any
 
 from rankgen_jax.cli import checkpoints, data, generation, ranking, training
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.runtime.process import configure_xla_flags
 
 # The commands configured with gin: they take --gin.Name.param=value bindings (args.gin_bindings).
 GIN_COMMANDS = training.GIN_COMMANDS + data.GIN_COMMANDS
@@ -115,9 +114,6 @@ def run_command(argv: list[str]) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Before any subcommand imports jax. Where jax has already started (tests call main() in-process),
-    # it changes nothing.
-    configure_xla_flags()
     try:
         run_command(list(sys.argv[1:] if argv is None else argv))
     except RankgenError as e:
@@ -134,8 +130,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # `python -m rankgen_jax.cli.main`, as the console script (cli/console.py) re-runs itself
-    from rankgen_jax.runtime.process import reexec_with_malloc_tunables
-
-    reexec_with_malloc_tunables("rankgen_jax.cli.main", sys.argv[1:])
+if __name__ == "__main__":  # `python -m rankgen_jax.cli.main`, as `rankgen-jax-cpu` runs it
     sys.exit(main())

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 
 from rankgen_jax.models.configs import BertConfig
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.models.layers import ACTIVATION_AXES, DenseKernel, attend, constrain, dropout
+from rankgen_jax.models.layers import ACTIVATION_AXES, DenseKernel, constrain, dropout, self_attention
 from rankgen_jax.models.precision import PARAM_DTYPE, activation_dtype
 from rankgen_jax.models.t5 import MASK_BIAS, EncoderOutput
 
@@ -137,15 +137,12 @@ class BertSelfAttention(nn.Module):
     def __call__(self, x_TxD: jax.Array, batch: int, mask_bias_Bx1x1xL: jax.Array) -> jax.Array:
         cfg = self.config
         dtype = activation_dtype(cfg.dtype)
-        length = x_TxD.shape[0] // batch
-        q = dense_with_bias(cfg.d_model, ("embed", "joined_kv"), dtype, name="query")(x_TxD)
-        k = dense_with_bias(cfg.d_model, ("embed", "joined_kv"), dtype, name="key")(x_TxD)
-        v = dense_with_bias(cfg.d_model, ("embed", "joined_kv"), dtype, name="value")(x_TxD)
-        q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = (t.reshape(batch, length, cfg.num_heads, cfg.d_kv) for t in (q, k, v))
-        # Scale q rather than the [B, H, L, L] logits: same result, less work.
-        q_BxLxHxK = q_BxLxHxK * jnp.asarray(1.0 / math.sqrt(cfg.d_kv), q_BxLxHxK.dtype)
-        out_TxD = attend(self, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, None, mask_bias_Bx1x1xL, cfg.dropout_rate, dtype)
-        return dense_with_bias(cfg.d_model, ("joined_kv", "embed"), dtype, name="out")(out_TxD)
+
+        def make_dense(name: str, features: int, axes: tuple[str, str]) -> DenseKernel:
+            return dense_with_bias(features, axes, dtype, name=name)
+
+        return self_attention(self, x_TxD, batch, (cfg.num_heads, cfg.d_kv), make_dense, None, mask_bias_Bx1x1xL,
+                              cfg.dropout_rate, dtype, query_scale=1.0 / math.sqrt(cfg.d_kv))
 
 
 class BertMlp(nn.Module):

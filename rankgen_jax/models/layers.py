@@ -3,7 +3,7 @@
 Every parameter carries logical axis names (T5X vocabulary: `embed`, `mlp`,
 `heads`, `kv`, `joined_kv`, `vocab`, `relpos_buckets`) so one rules table maps
 any model onto any mesh. The computations go through `ops.dispatch`, which
-picks XLA or the CPU kernels.
+picks XLA or an enabled kernel plug-in.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ class DenseKernel(nn.Module):
     """Dense layer over the last axis: float32 `kernel`, and a `bias` when use_bias (T5 has none).
 
     Inputs are kept 2-D ([tokens, features]) by the callers: on XLA:CPU a 3-D
-    dot makes the weight gradient pay for large transposes. Where the CPU kernels
-    apply (`ops.dispatch.dense`), x w and d_x come from them, and the gradient of
-    weights up to 512 x 512 (`kernels.dense`).
+    dot makes the weight gradient pay for large transposes. Where a kernel plug-in
+    applies (`ops.dispatch.dense`; the CPU plug-in's `rankgen_jax_cpu/dense.py`), x w
+    and d_x come from it, and with the CPU plug-in the gradient of weights up to 512 x 512.
     """
 
     features: int
@@ -132,3 +132,28 @@ def attend(module: nn.Module, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, position_bias, ma
     out_BxLxHxK = dispatch.attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, position_bias, mask_bias_Bx1x1xL,
                                      keep_BxHxLxL, dtype)
     return out_BxLxHxK.reshape(batch * length, heads * head_dim)
+
+
+# A projection of the attention block: (name, output features, kernel axes) -> the dense layer.
+MakeDense = Callable[[str, int, tuple[str, str]], DenseKernel]
+
+
+def self_attention(module: nn.Module, x_TxD: jax.Array, batch: int, heads_and_dim: tuple[int, int],
+                   make_dense: MakeDense, position_bias, mask_bias_Bx1x1xL, dropout_rate: float, dtype,
+                   query_scale: float = 1.0) -> jax.Array:
+    """Multi-head self-attention over `batch` rows of equal length flattened to [T, D]; returns [T, D].
+
+    The `query`, `key`, `value` and `out` projections come from make_dense (each
+    encoder's own dense layer and init); q is scaled by query_scale (BERT's
+    1/sqrt(d_kv); T5 has none), then `attend`.
+    """
+    num_heads, d_kv = heads_and_dim
+    d_model, length = x_TxD.shape[1], x_TxD.shape[0] // batch
+    q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = (
+        make_dense(name, num_heads * d_kv, ("embed", "joined_kv"))(x_TxD).reshape(batch, length, num_heads, d_kv)
+        for name in ("query", "key", "value"))
+    if query_scale != 1.0:
+        # Scale q rather than the [B, H, L, L] logits: same result, less work.
+        q_BxLxHxK = q_BxLxHxK * jnp.asarray(query_scale, q_BxLxHxK.dtype)
+    out_TxI = attend(module, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, position_bias, mask_bias_Bx1x1xL, dropout_rate, dtype)
+    return make_dense("out", d_model, ("joined_kv", "embed"))(out_TxI)

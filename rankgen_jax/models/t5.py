@@ -21,10 +21,10 @@ from rankgen_jax.models.layers import (
     DenseKernel,
     Embed,
     RMSNorm,
-    attend,
     constrain,
     dropout,
     dropout_active,
+    self_attention,
 )
 from rankgen_jax.models.precision import PARAM_DTYPE, activation_dtype
 from rankgen_jax.ops import dispatch
@@ -115,18 +115,16 @@ class SelfAttention(nn.Module):
     def __call__(self, x_TxD: jax.Array, batch: int, bias_1xHxLxL: jax.Array, mask_bias_Bx1x1xL: jax.Array):
         cfg = self.config
         dtype = activation_dtype(cfg.dtype)
-        inner = cfg.num_heads * cfg.d_kv
-        length = x_TxD.shape[0] // batch
         # Scaling the query init replaces the missing 1/sqrt(d_kv) on the logits.
         query_init = nn.initializers.variance_scaling(1.0 / cfg.d_kv, "fan_in", "truncated_normal")
-        q = DenseKernel(inner, ("embed", "joined_kv"), dtype, query_init, name="query")(x_TxD)
-        k = DenseKernel(inner, ("embed", "joined_kv"), dtype, name="key")(x_TxD)
-        v = DenseKernel(inner, ("embed", "joined_kv"), dtype, name="value")(x_TxD)
-        q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = (
-            t.reshape(batch, length, cfg.num_heads, cfg.d_kv) for t in (q, k, v)
-        )
-        out_TxI = attend(self, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_1xHxLxL, mask_bias_Bx1x1xL, cfg.dropout_rate, dtype)
-        return DenseKernel(cfg.d_model, ("joined_kv", "embed"), dtype, name="out")(out_TxI)
+
+        def make_dense(name: str, features: int, axes: tuple[str, str]) -> DenseKernel:
+            if name == "query":
+                return DenseKernel(features, axes, dtype, query_init, name=name)
+            return DenseKernel(features, axes, dtype, name=name)
+
+        return self_attention(self, x_TxD, batch, (cfg.num_heads, cfg.d_kv), make_dense, bias_1xHxLxL,
+                              mask_bias_Bx1x1xL, cfg.dropout_rate, dtype)
 
 
 class MlpBlock(nn.Module):

@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
-import platform
 import sys
-from pathlib import Path
 
 from rankgen_jax.errors import RankgenError
 
 # jax is imported inside the functions only: this module sets what must be in place before jax
-# starts (XLA flags, glibc's malloc, the multi-host job), and is imported before jax is.
-
-# YNNPACK fusions slow XLA:CPU training steps of these models (docs/design/environment.md, 'CPU performance');
-# the flag is harmless on TPU and GPU.
-CPU_XLA_FLAGS = ("--xla_cpu_experimental_ynn_fusion_type=",)
+# starts (fake host devices, the multi-host job), and is imported before jax is.
 
 
-def configure_xla_flags(host_device_count: int | None = None) -> None:
-    """Add our XLA flags (and optionally fake host devices) to XLA_FLAGS.
+def configure_xla_flags(host_device_count: int) -> None:
+    """Add `host_device_count` fake host devices to XLA_FLAGS (sharding tests, AOT compiles on one host).
 
     Has an effect only before jax initialises a backend; a warning says so
     otherwise, rather than silently running with other settings.
@@ -28,7 +21,7 @@ def configure_xla_flags(host_device_count: int | None = None) -> None:
         import jax
 
         if jax._src.xla_bridge.backends_are_initialized():  # noqa: SLF001 - no public API for this
-            if host_device_count is not None and jax.device_count() < host_device_count:
+            if jax.device_count() < host_device_count:
                 print(
                     f"warning: jax already started with {jax.device_count()} devices; "
                     f"cannot add {host_device_count} host devices now",
@@ -36,57 +29,9 @@ def configure_xla_flags(host_device_count: int | None = None) -> None:
                 )
             return
     flags = os.environ.get("XLA_FLAGS", "").split()
-    for flag in CPU_XLA_FLAGS:
-        if not any(f.startswith(flag.split("=")[0]) for f in flags):
-            flags.append(flag)
-    if host_device_count is not None and not any(f.startswith("--xla_force_host_platform_device_count") for f in flags):
+    if not any(f.startswith("--xla_force_host_platform_device_count") for f in flags):
         flags.append(f"--xla_force_host_platform_device_count={host_device_count}")
     os.environ["XLA_FLAGS"] = " ".join(flags)
-
-
-# glibc malloc hands XLA:CPU's large per-step buffers out as fresh mmaps and unmaps them
-# when freed, so every step faults its working set in again (tiny T5 step, batch 32:
-# ~180k page faults and 0.3 s of kernel time per 0.6 s step). Transparent huge pages for
-# malloc cut the faults ~10x; measured on `python -m benchmarks.bench` (docs/performance/cpu-step.md,
-# 'malloc on huge pages'): the tiny step 0.63 -> 0.52 s, the small step 5.48 -> 4.68 s. That
-# is what the re-exec buys, on CPU only (accelerator steps do not run on malloc'd buffers).
-# glibc reads tunables only at process start, hence the re-exec.
-MALLOC_TUNABLES = "glibc.malloc.hugetlb=1"
-
-
-def reexec_with_malloc_tunables(module: str, args: list[str], source_root: str | os.PathLike | None = None) -> None:
-    """Re-run this process as `python -P -m module args` with MALLOC_TUNABLES, once; no-op when not applicable.
-
-    -P (safe path): plain `-m` puts the working folder first on sys.path, so a
-    `tqdm.py` or `numpy.py` in the folder a user runs from would be imported
-    and run; with -P the child's sys.path is that of the console script.
-    Skipped off glibc Linux, when GLIBC_TUNABLES already sets malloc.hugetlb,
-    when RANKGEN_MALLOC_TUNING=0, or when the package is not installed (run
-    from a source tree through the working folder, which -P would leave out).
-    source_root: the folder that holds `module`'s top package when the
-    installed distribution does not (the repository's benchmarks/): put on
-    the child's PYTHONPATH, since -P leaves the working folder out.
-    """
-    current = os.environ.get("GLIBC_TUNABLES", "")
-    if (sys.platform != "linux" or platform.libc_ver()[0] != "glibc" or "glibc.malloc.hugetlb" in current
-            or os.environ.get("RANKGEN_MALLOC_TUNING", "1") == "0" or not _installed()):
-        return
-    os.environ["GLIBC_TUNABLES"] = f"{current}:{MALLOC_TUNABLES}" if current else MALLOC_TUNABLES
-    if source_root is not None:
-        paths = [str(Path(source_root).resolve()), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-        os.environ["PYTHONPATH"] = os.pathsep.join(paths)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-P", "-m", module, *args])
-
-
-def _installed() -> bool:
-    """Whether the rankgen-jax distribution is installed (regular or editable), so that -P still finds it."""
-    try:
-        importlib.metadata.distribution("rankgen-jax")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
 
 
 # Environment variables that mark one process of a multi-host job: Cloud TPU VMs

@@ -17,8 +17,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rankgen_jax.kernels import build
-from rankgen_jax.kernels.dense import dense_weight_gradient, matmul
+from rankgen_jax_cpu.build import require
+from rankgen_jax_cpu.dense import dense_weight_gradient, matmul
 
 FORWARD_TARGET = "rankgen_gated_gelu_forward"
 BACKWARD_TARGET = "rankgen_gated_gelu_backward"
@@ -29,7 +29,7 @@ DENSE_BACKWARD_TARGET = "rankgen_gated_gelu_dense_backward"
 @jax.custom_vjp
 def fused_gated_gelu(gate: jax.Array, linear: jax.Array) -> jax.Array:
     """gelu(gate, approximate=True) * linear, float32, any shape (both the same)."""
-    build.require()
+    require()
     return jax.ffi.ffi_call(FORWARD_TARGET, jax.ShapeDtypeStruct(gate.shape, jnp.float32))(gate, linear)
 
 
@@ -48,7 +48,7 @@ fused_gated_gelu.defvjp(_fwd, _bwd)
 
 def _mlp_input_side(x, w0_DxF, w1_DxF):
     """(gate, linear, gelu(gate) * linear) for float32 x [..., D]."""
-    build.require()
+    require()
     shape = jax.ShapeDtypeStruct((*x.shape[:-1], w0_DxF.shape[1]), jnp.float32)
     return jax.ffi.ffi_call(DENSE_TARGET, (shape,) * 3)(x, w0_DxF, w1_DxF)
 

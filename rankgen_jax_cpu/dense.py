@@ -18,7 +18,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from rankgen_jax.kernels import build
+from rankgen_jax_cpu.build import require
 
 WEIGHT_GRADIENT_TARGET = "rankgen_weight_gradient"
 MATMUL_TARGET = "rankgen_matmul"
@@ -33,14 +33,14 @@ def kernel_gradient_applies(m: int, n: int) -> bool:
 
 def weight_gradient(x_TxM: jax.Array, d_y_TxN: jax.Array) -> jax.Array:
     """x^T d_y in float32 for 2-D x [T, M] and d_y [T, N]."""
-    build.require()
+    require()
     out_type = jax.ShapeDtypeStruct((x_TxM.shape[-1], d_y_TxN.shape[-1]), jnp.float32)
     return jax.ffi.ffi_call(WEIGHT_GRADIENT_TARGET, out_type)(x_TxM.astype(jnp.float32), d_y_TxN.astype(jnp.float32))
 
 
 def matmul(a: jax.Array, w: jax.Array, transposed: bool = False) -> jax.Array:
     """a [..., K] @ w for float32 w [K, N], or @ w.T for w [N, K] when `transposed`."""
-    build.require()
+    require()
     n = w.shape[0] if transposed else w.shape[1]
     out_type = jax.ShapeDtypeStruct((*a.shape[:-1], n), jnp.float32)
     target = MATMUL_TRANSPOSED_TARGET if transposed else MATMUL_TARGET

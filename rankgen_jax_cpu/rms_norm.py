@@ -12,7 +12,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from rankgen_jax.kernels import build
+from rankgen_jax_cpu.build import require
 
 FORWARD_TARGET = "rankgen_rms_norm_forward"
 BACKWARD_TARGET = "rankgen_rms_norm_backward"
@@ -20,7 +20,7 @@ BACKWARD_TARGET = "rankgen_rms_norm_backward"
 
 def fused_rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
     """RMS norm over the last axis of float32 `x` ([..., D]) with `scale` [D]."""
-    build.require()
+    require()
     return _fused(x.astype(jnp.float32), scale.astype(jnp.float32), float(eps))
 
 

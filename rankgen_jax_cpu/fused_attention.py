@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rankgen_jax.kernels import build
+from rankgen_jax_cpu.build import require
 
 FORWARD_TARGET = "rankgen_attention_forward"
 BACKWARD_TARGET = "rankgen_attention_backward"
@@ -35,7 +35,7 @@ def fused_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, position_bias, mask_bias_Bx
 
     position_bias: [1, H, L, L] or None; mask_bias_Bx1x1xL: additive, per key. No dropout.
     """
-    build.require()
+    require()
     pos_HxLxL, mask_BxL = _as_kernel_inputs(position_bias, mask_bias_Bx1x1xL)
     return _fused(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, pos_HxLxL, mask_BxL)
 
