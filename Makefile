@@ -124,8 +124,9 @@ docs: venv
 clean:
 	rm -rf runs .pytest_cache .wheel-check
 
+# BENCH_ARGS: --quick (tiny cases, a few minutes) or --smoke (every process for one toy step; the plumbing alone).
 bench: venv
-	$(PY) -m benchmarks.bench --out runs/bench/bench.json
+	$(PY) -m benchmarks.bench --out runs/bench/bench.json $(BENCH_ARGS)
 
 # The GPU benchmark (benchmarks/gpu.py): JAX vs tuned PyTorch train step and encoder at T5 1.1 base and large,
 # GradCache at batch 1536, the re-ranking share of beam search; about 8 minutes on one H200, JSON in

@@ -149,13 +149,28 @@ def _run_child(case: BenchCase) -> dict | None:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-# The other benchmarks of `make bench`, each its own module and process: (report key, module, args, --quick args).
+# The train cases of each setting: (peer cases, rounds per case or None for PEER_ROUNDS, GradCache cases).
+# smoke: the plumbing alone (every process starts, runs one step and reports), its numbers meaningless.
+SMOKE_CASE = BenchCase("tiny", 8, prefix_length=32, continuation_length=16, steps=1)
+SETTINGS = {
+    "full": (PEER_CASES, None, GRADCACHE_CASES),
+    "quick": (PEER_CASES[:1], 1, GRADCACHE_CASES[:2]),
+    "smoke": ([SMOKE_CASE], 1, [dataclasses.replace(SMOKE_CASE, batch=16, num_chunks=2)]),
+}
+_SMOKE_DATA = ["--steps", "1", "--rounds", "1", "--warmup_steps", "1", "--source_batches", "2", "--batch_size", "8",
+               "--prefix_length", "32", "--continuation_length", "16"]
+# The other benchmarks of `make bench`, each its own module and process: (report key, module, args, the extra
+# args of each setting but the full one; None: not run in that setting).
 MODULE_BENCHMARKS = [
-    ("encode", "benchmarks.encode", [], ["--texts", "400", "--size", "tiny"]),
-    ("data", "benchmarks.data_pipeline", [], ["--steps", "5", "--rounds", "2", "--source_batches", "30"]),
-    # The Beam cache pipeline and training from its cache (the beam extra).
+    ("encode", "benchmarks.encode", [], {"quick": ["--texts", "400", "--size", "tiny"],
+                                         "smoke": ["--texts", "16", "--size", "tiny", "--repeats", "1",
+                                                   "--batch_size", "8"]}),
+    ("data", "benchmarks.data_pipeline", [], {"quick": ["--steps", "5", "--rounds", "2", "--source_batches", "30"],
+                                              "smoke": _SMOKE_DATA}),
+    # The Beam cache pipeline and training from its cache (the beam extra): minutes over the whole corpus even in
+    # its quickest setting, so not in the smoke run (tests/test_benchmark_commands.py runs it on its own).
     ("data_cache", "benchmarks.data_pipeline", ["--cache"],
-     ["--cache_copies", "1", "--steps", "5", "--rounds", "2", "--source_batches", "30"]),
+     {"quick": ["--cache_copies", "1", "--steps", "5", "--rounds", "2", "--source_batches", "30"], "smoke": None}),
 ]
 
 
@@ -234,15 +249,13 @@ def all_peak_readings(train: dict) -> list[float]:
     return [p for row in _train_rows(train) for p in row["peak_readings"]]
 
 
-def run_train_benchmarks(quick: bool) -> dict:
-    """JAX (with and without the CPU plug-in) vs PyTorch at the peer cases, then GradCache memory.
-
-    quick: the tiny case only, one round, and two GradCache cases.
-    """
+def run_train_benchmarks(setting: str) -> dict:
+    """JAX (with and without the CPU plug-in) vs PyTorch at the peer cases, then GradCache memory (SETTINGS)."""
+    peer_cases, rounds_per_case, gradcache_cases = SETTINGS[setting]
     peers, gradcache = [], []
-    for case in PEER_CASES[:1] if quick else PEER_CASES:
+    for case in peer_cases:
         rounds = []
-        for _ in range(1 if quick else PEER_ROUNDS[case.size]):
+        for _ in range(rounds_per_case or PEER_ROUNDS[case.size]):
             pair = {}
             for name, variant in ROUND_VARIANTS.items():
                 row = _run_child(dataclasses.replace(case, **variant))
@@ -259,7 +272,7 @@ def run_train_benchmarks(quick: bool) -> dict:
                   f"{', '.join(f'{r:.2f}' for r in peer['round_ratios'])}); the CPU plug-in's speed-up: "
                   f"{peer.get('cpu_plugin_speedup', float('nan')):.2f}x", flush=True)
             peers.append(peer)
-    for case in GRADCACHE_CASES[:2] if quick else GRADCACHE_CASES:
+    for case in gradcache_cases:
         row = _run_child(case)
         if row:
             print(_describe(row), flush=True)
@@ -277,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/bench/bench.json")
     parser.add_argument("--report", default="docs/benchmarks.md", help="markdown results table to (re)write")
     parser.add_argument("--quick", action="store_true", help="tiny cases only (a few minutes)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="every process at the smallest shapes for one step: checks the plumbing, measures nothing")
     args = parser.parse_args(argv)
     if args.case:
         print(json.dumps(run_case(BenchCase(**json.loads(args.case)))))
@@ -284,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     peak = matmul_peak_gflops()
     print(f"fp32 matmul peak (numpy {2048}^3, {THREADS} threads): {peak:.1f} GFLOP/s", flush=True)
-    report = {"machine": machine_description(), "quick": args.quick, "train": run_train_benchmarks(args.quick)}
+    setting = "smoke" if args.smoke else "quick" if args.quick else "full"
+    report = {"machine": machine_description(), "quick": setting != "full", "setting": setting,
+              "train": run_train_benchmarks(setting)}
     peak_after = matmul_peak_gflops()
     report["matmul_peak_measurements"] = [peak, peak_after]
     readings = [peak, peak_after, *all_peak_readings(report["train"])]
@@ -297,8 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fp32 matmul peak after the train steps: {peak_after:.1f} GFLOP/s; the highest reading of the run: "
           f"{run_peak:.1f}, the median: {report['matmul_peak_median']:.1f}", flush=True)
     out_dir = Path(args.out).parent
-    for name, module, module_args, quick_args in MODULE_BENCHMARKS:
-        report[name] = _run_module(module, out_dir / f"{name}.json", module_args + (quick_args if args.quick else []))
+    for name, module, module_args, setting_args in MODULE_BENCHMARKS:
+        extra = [] if setting == "full" else setting_args[setting]
+        if extra is not None:
+            report[name] = _run_module(module, out_dir / f"{name}.json", module_args + extra)
     report["seconds"] = time.time() - started
     write_json(args.out, report)
     if args.report:

@@ -46,6 +46,13 @@ def _mode(row: dict) -> str:
     return f"GradCache x{row['num_chunks']} (chunk {row['batch'] // row['num_chunks']})" if row["num_chunks"] > 1 else "plain"
 
 
+def _setting_note(report: dict) -> str:
+    """What a run that was not the full one left out."""
+    setting = report.get("setting", "quick" if report.get("quick") else "full")
+    return {"full": "", "quick": " (quick run: tiny cases only)",
+            "smoke": " (smoke run: every process at toy shapes for one step; the numbers mean nothing)"}[setting]
+
+
 def model_name(row: dict) -> str:
     """The encoder a row or peer case timed: `T5 1.1 tiny`, or `MiniLM-L6` (the demo's step)."""
     return "MiniLM-L6" if row.get("encoder") == "minilm" else f"T5 1.1 {row['size']}"
@@ -112,7 +119,7 @@ def render_markdown(report: dict) -> str:
         "Written by `make bench` (`python -m benchmarks.bench`); do not edit by hand. How the",
         "numbers were reached and what moved them: [the performance notes](performance/cpu-step.md).",
         "",
-        f"- Date: {machine['date']}{' (quick run: tiny cases only)' if report.get('quick') else ''}; "
+        f"- Date: {machine['date']}{_setting_note(report)}; "
         f"total time {report.get('seconds', 0) / 60:.1f} min.",
         f"- Machine: {machine['cpu']}, {machine['cores']} cores, {machine['memory_gib']:.0f} GiB, no accelerator.",
         f"- Software: Python {machine['python']}, jax {machine['jax']} (jaxlib {machine['jaxlib']}), flax {machine['flax']}, "
