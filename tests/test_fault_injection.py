@@ -30,6 +30,7 @@ import pytest
 from rankgen_jax.losses import registry as losses
 from rankgen_jax.losses.spec import LossSpec
 from rankgen_jax.checkpoints import native
+from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.cli.main import main
 from rankgen_jax.data.sources import DataConfig, make_sources
 from rankgen_jax.models.batch_layout import TRIPLES
@@ -215,11 +216,25 @@ def _remove_array_file(step_dir: Path) -> None:
     _largest_array_file(step_dir).unlink()
 
 
+ZSTD_FRAME_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
 def _flip_bytes(step_dir: Path) -> None:
-    """Bytes changed in place: Orbax restores these without complaint, the saved digest does not match."""
+    """Bytes changed in place: Orbax restores these without complaint, the saved digest does not match.
+
+    The file holds one zstd frame per stored chunk, in an order that varies from save to save: the flip goes
+    into the middle of the largest frame, where random floats sit in raw blocks that decode whatever they hold,
+    never onto a frame's header (which zstd itself would reject).
+    """
     f = _largest_array_file(step_dir)
     data = bytearray(f.read_bytes())
-    middle = len(data) // 2
+    starts, at = [], data.find(ZSTD_FRAME_MAGIC)
+    while at >= 0:
+        starts.append(at)
+        at = data.find(ZSTD_FRAME_MAGIC, at + 1)
+    starts = starts or [0]
+    start, end = max(zip(starts, [*starts[1:], len(data)]), key=lambda span: span[1] - span[0])
+    middle = (start + end) // 2
     data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
     f.write_bytes(bytes(data))
 
@@ -264,7 +279,7 @@ def resume_from(three_steps):
         manager = native.step_manager(workdir, max_to_keep=3, writer=True)
         try:
             with jax.set_mesh(mesh):
-                return checkpointing.resume(manager, str(workdir), setup.abstract_state, setup.shardings)
+                return checkpointing.resume(manager, RunFolder.at(workdir), setup.abstract_state, setup.shardings)
         finally:
             manager.close()
 

@@ -1,21 +1,6 @@
 """The project's own checkpoint folder: model config, vocabulary, Orbax-saved state.
 
-Layout of CKPT_DIR (the same that `rankgen-jax train` writes into its workdir):
-
-    model_config.json        ModelConfig (encoder + head)
-    input_conventions.json   how the model reads text (data/conventions.py): markers, lengths,
-                             kept ends, EOS handling; absent in folders made before it existed
-    provenance.json          where the model came from, when known: license, base model,
-                             the folder it was imported or trained from (for model cards)
-    run_config.json          a training workdir's trainer, data, loss and optimizer settings
-                             (train/run_record.py: a resume must match them)
-    config.gin, operative_config.gin, operative_configs/from_step_<N>.gin
-                             a training workdir's gin config, rewritten at every start, and
-                             each start's operative config by the step it started from
-    vocab/                   the tokenizer, when known: spiece.model (T5) or
-                             tokenizer.json and its companions (BERT family)
-    checkpoints/<step>/      Orbax CheckpointManager steps; item `params` holds
-                             the canonical (unscanned, T5X-named) parameters
+Its layout, and every path in it, is `run_folder.RunFolder`'s.
 
 Each step the trainer saves also holds, in its `data` item, a digest of every
 array it saved (see `tree_digest`): Orbax stores arrays without checksums, so a
@@ -42,39 +27,22 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from rankgen_jax.data.conventions import CONVENTIONS_FILE, InputConventions
+from rankgen_jax.checkpoints.run_folder import (  # noqa: F401 - as_path, is_remote, resolve: used through this module
+    MODEL_CONFIG_FILE,
+    STEPS_DIR,
+    VOCAB_DIR,
+    RunFolder,
+    as_path,
+    is_remote,
+    resolve,
+)
+from rankgen_jax.data.conventions import InputConventions
 from rankgen_jax.models.configs import ModelConfig
 from rankgen_jax.errors import RankgenError
 
-MODEL_CONFIG_FILE = "model_config.json"
-VOCAB_DIR = "vocab"
 # Files that make up a tokenizer; copied together so the folder is self-contained.
 TOKENIZER_FILES = ("spiece.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.txt", "vocab.json", "merges.txt")
-STEPS_DIR = "checkpoints"
-PROVENANCE_FILE = "provenance.json"
-# A training workdir's operative gin config: the latest start's, and each start's by the step it started from.
-OPERATIVE_CONFIG_FILE = "operative_config.gin"
-OPERATIVE_CONFIGS_DIR = "operative_configs"
-
-
-def as_path(path: str | os.PathLike) -> epath.Path:
-    """A local or remote (gs://, s3://...) path as an epath.Path; never a local folder named "gs:"."""
-    return epath.Path(path)
-
-
-def is_remote(path: str | os.PathLike) -> bool:
-    """True for a URL such as gs://bucket/run, False for a local path."""
-    return "://" in os.fspath(path)
-
-
-def resolve(path: str | os.PathLike) -> epath.Path:
-    """A local path as the OS resolves it (symlinks first, then `..`), a URL as given.
-
-    One spelling for every file of a folder: textual normalisation (abspath) would take `lnk/../run`
-    to another folder than the OS opens when `lnk` is a symlink.
-    """
-    return as_path(path) if is_remote(path) else as_path(os.path.realpath(os.fspath(path)))
 
 
 def ensure_writable_dir(path: str | os.PathLike, overwrite: bool) -> epath.Path:
@@ -91,7 +59,7 @@ def ensure_writable_dir(path: str | os.PathLike, overwrite: bool) -> epath.Path:
 
 
 def is_checkpoint_dir(path: str | os.PathLike) -> bool:
-    return (as_path(path) / MODEL_CONFIG_FILE).is_file()
+    return RunFolder.at(path).model_config.is_file()
 
 
 def _require_checkpoint_dir(path: str | os.PathLike) -> epath.Path:
@@ -119,7 +87,7 @@ def step_manager(path: str | os.PathLike, max_to_keep: int | None = None, async_
     _check_bucket_support(path)
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=async_save,
                                            cleanup_tmp_directories=writer)
-    return ocp.CheckpointManager(resolve(path) / STEPS_DIR, options=options)
+    return ocp.CheckpointManager(RunFolder.resolved(path).steps, options=options)
 
 
 def _check_bucket_support(path: str | os.PathLike) -> None:
@@ -155,28 +123,28 @@ def tokenizer_files(vocab: str | os.PathLike | Sequence[str] | None) -> list[str
 
 def save_model_config(path: str | os.PathLike, model_config: ModelConfig, vocab=None) -> None:
     """Write model_config.json and copy the tokenizer (see tokenizer_files) into vocab/."""
-    ckpt = as_path(path)
-    ckpt.mkdir(parents=True, exist_ok=True)
-    (ckpt / MODEL_CONFIG_FILE).write_text(model_config.to_json() + "\n", encoding="utf-8")
+    folder = RunFolder.at(path)
+    folder.root.mkdir(parents=True, exist_ok=True)
+    folder.model_config.write_text(model_config.to_json() + "\n", encoding="utf-8")
     files = tokenizer_files(vocab)
     if files:
-        (ckpt / VOCAB_DIR).mkdir(exist_ok=True)
+        folder.vocab.mkdir(exist_ok=True)
     for file in files:
         # A spiece model keeps T5's conventional name whatever it was called.
         source = as_path(file)
         name = source.name if source.name in TOKENIZER_FILES else "spiece.model"
         # Bytes rather than shutil.copyfile: source and folder may be on different filesystems (local -> gs://).
-        (ckpt / VOCAB_DIR / name).write_bytes(source.read_bytes())
+        (folder.vocab / name).write_bytes(source.read_bytes())
 
 
 def save_input_conventions(path: str | os.PathLike, conventions: InputConventions) -> None:
     """Write input_conventions.json: how the model in this folder reads text."""
-    (as_path(path) / CONVENTIONS_FILE).write_text(conventions.to_json(), encoding="utf-8")
+    RunFolder.at(path).input_conventions.write_text(conventions.to_json(), encoding="utf-8")
 
 
 def load_input_conventions(path: str | os.PathLike) -> InputConventions | None:
     """The recorded input conventions of a checkpoint folder, or None when it has no record."""
-    file = as_path(path) / CONVENTIONS_FILE
+    file = RunFolder.at(path).input_conventions
     if not file.is_file():
         return None
     return InputConventions.from_json(file.read_text(encoding="utf-8"), where=str(file))
@@ -184,13 +152,13 @@ def load_input_conventions(path: str | os.PathLike) -> InputConventions | None:
 
 def save_provenance(path: str | os.PathLike, provenance: dict) -> None:
     """Write provenance.json (license, base model, source folders; model cards read it)."""
-    (as_path(path) / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2, sort_keys=True) + "\n",
-                                                 encoding="utf-8")
+    RunFolder.at(path).provenance.write_text(json.dumps(provenance, indent=2, sort_keys=True) + "\n",
+                                             encoding="utf-8")
 
 
 def load_provenance(path: str | os.PathLike) -> dict:
     """A checkpoint folder's provenance.json ({} when it has none)."""
-    file = as_path(path) / PROVENANCE_FILE
+    file = RunFolder.at(path).provenance
     if not file.is_file():
         return {}
     try:
@@ -229,14 +197,13 @@ def save_params(
 
 
 def load_model_config(path: str | os.PathLike) -> ModelConfig:
-    ckpt = _require_checkpoint_dir(path)
-    config_file = ckpt / MODEL_CONFIG_FILE
+    config_file = RunFolder.at(_require_checkpoint_dir(path)).model_config
     return ModelConfig.from_json(config_file.read_text(encoding="utf-8"), where=str(config_file))
 
 
 def vocab_path(path: str | os.PathLike) -> str | None:
     """The checkpoint's tokenizer folder (for load_text_encoder), or None when it has none."""
-    folder = as_path(path) / VOCAB_DIR
+    folder = RunFolder.at(path).vocab
     return str(folder) if folder.is_dir() and any(folder.iterdir()) else None
 
 
@@ -250,7 +217,7 @@ def require_vocab_path(path: str | os.PathLike) -> str:
 
 def spiece_path(path: str | os.PathLike) -> str | None:
     """The checkpoint's SentencePiece model, or None."""
-    candidate = as_path(path) / VOCAB_DIR / "spiece.model"
+    candidate = RunFolder.at(path).vocab / "spiece.model"
     return str(candidate) if candidate.is_file() else None
 
 
@@ -269,17 +236,12 @@ def operative_config_for_step(workdir: str | os.PathLike, step: int | None) -> e
     Falls back to the single operative_config.gin of workdirs from before the per-start records; None
     when there is neither.
     """
-    folder = as_path(workdir)
-    starts = {}
-    if (folder / OPERATIVE_CONFIGS_DIR).is_dir():
-        for path in (folder / OPERATIVE_CONFIGS_DIR).glob("from_step_*.gin"):
-            number = path.stem.removeprefix("from_step_")
-            if number.isdigit():
-                starts[int(number)] = path
+    folder = RunFolder.at(workdir)
+    starts = folder.operative_config_starts()
     if starts and step is not None:
         earlier = [s for s in starts if s < step] or [min(starts)]
         return starts[max(earlier)]
-    latest = folder / OPERATIVE_CONFIG_FILE
+    latest = folder.operative_config
     return latest if latest.is_file() else None
 
 
@@ -296,7 +258,7 @@ def restore_params(path: str | os.PathLike, step: int | None = None) -> tuple[Mo
     elif step not in steps:
         raise RankgenError(f"{ckpt}: no step {step} (saved steps: {sorted(steps)})")
     items = {"params": ocp.args.StandardRestore()}
-    if (as_path(manager.directory) / str(step) / "data").is_dir():  # a trainer's step: the digest lives there
+    if (RunFolder.at(ckpt).step(step) / "data").is_dir():  # a trainer's step: the digest lives there
         items["data"] = ocp.args.JsonRestore()
     try:
         restored = manager.restore(step, args=ocp.args.Composite(**items))

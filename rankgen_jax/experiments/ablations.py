@@ -25,6 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
+from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.data.jsonl import read_jsonl
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.eval.ranking import top1
@@ -84,7 +85,7 @@ def suffix_scores_file(model: str) -> str:
 
 
 def _run_items(workdir: Path, model: str) -> tuple[list[tuple], dict[str, np.ndarray]]:
-    path = workdir / suffix_scores_file(model)
+    path = RunFolder.at(workdir).file(suffix_scores_file(model))
     if not path.is_file():
         raise RankgenError(f"{workdir}: no {path.name} (not a finished --job run with suffix_eval_examples > 0?)")
     keys, scores = read_scored_items(path)
@@ -92,7 +93,7 @@ def _run_items(workdir: Path, model: str) -> tuple[list[tuple], dict[str, np.nda
 
 
 def _steps(workdir: Path) -> int | None:
-    results = workdir / "results.json"
+    results = RunFolder.at(workdir).file("results.json")
     if not results.is_file():
         return None
     steps = json.loads(results.read_text(encoding="utf-8")).get("train", {}).get("steps")

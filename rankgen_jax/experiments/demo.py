@@ -12,6 +12,7 @@ import gin
 import numpy as np
 from tqdm import tqdm
 
+from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.checkpoints.convert import export_hf
 from rankgen_jax.data.conventions import InputConventions
 from rankgen_jax.data.documents import document_genre
@@ -160,7 +161,7 @@ def plot_run(workdir: Path, results: dict) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = read_metrics(workdir / "metrics.jsonl")
+    records = read_metrics(RunFolder.at(workdir).metrics)
     train = [(r["step"], r["train/loss"]) for r in records if "train/loss" in r]
     evals = [(r["step"], r["eval/accuracy"]) for r in records if "eval/accuracy" in r]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
@@ -189,7 +190,7 @@ def plot_run(workdir: Path, results: dict) -> Path:
     axes[2].set(title="held-out suffix identification", ylim=(0, 1))
     axes[2].legend()
     fig.tight_layout()
-    out = workdir / "demo_results.png"
+    out = RunFolder.at(workdir).file("demo_results.png")
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out

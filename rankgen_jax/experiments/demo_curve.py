@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.checkpoints import native
 from rankgen_jax.data.jsonl import read_jsonl
 from rankgen_jax.errors import RankgenError
@@ -72,7 +73,7 @@ def run_curve(workdir: str, steps: list[int] | None = None) -> dict:
     if missing:
         raise RankgenError(f"{train_dir}: no saved steps {missing} (saved: {saved}); keep more with "
                            "TrainerConfig.keep_checkpoints")
-    minutes = elapsed_minutes(train_dir / "metrics.jsonl")
+    minutes = elapsed_minutes(RunFolder.at(train_dir).metrics)
     out = root / CURVE_DIR
     out.mkdir(exist_ok=True)
     points = []

@@ -33,6 +33,7 @@ import gin
 import numpy as np
 
 from rankgen_jax.checkpoints import native
+from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.data.jsonl import read_jsonl, write_jsonl
 from rankgen_jax.data.sources import DataConfig
 from rankgen_jax.data.text import load_text_encoder
@@ -181,7 +182,7 @@ def initial_params(cfg: PerspectivesConfig, init: Path, name: str) -> tuple[Mode
     trainer = _trainer_config(cfg, init, name)
     # An empty folder is never a run to resume, so the trainer's own resolution runs as for a new run.
     with tempfile.TemporaryDirectory() as empty:
-        config, params, _ = resolve_model_config(native.as_path(empty), trainer, model_configs(cfg)[name])
+        config, params, _ = resolve_model_config(RunFolder.at(empty), trainer, model_configs(cfg)[name])
     return config, complete_params(params, config, str(init), trainer.seed)
 
 

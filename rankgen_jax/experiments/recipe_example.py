@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.experiments.stages import StageRun, is_done, mark_done
 from rankgen_jax.resources import BUNDLED_CORPUS
@@ -127,7 +128,7 @@ def _train(root: Path, config: RecipeExampleConfig) -> dict:
 
 def _metrics(workdir: Path) -> dict:
     """First and last training loss and the last held-out loss and accuracy of a training workdir."""
-    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in RunFolder.at(workdir).metrics.read_text().splitlines()]
     train_losses = [(r["step"], r["train/loss"]) for r in records if "train/loss" in r]
     evals = [r for r in records if "eval/loss" in r]
     return {"steps": max(r["step"] for r in records), "first_train_loss": train_losses[0],

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.checkpoints import native
 from rankgen_jax.checkpoints.convert import import_checkpoint
 from rankgen_jax.errors import RankgenError
@@ -47,11 +48,11 @@ def log(tag: str, message: str) -> None:
 
 def is_done(workdir: Path) -> bool:
     """Whether a training stage in workdir finished (mark_done)."""
-    return (workdir / DONE_MARKER).is_file()
+    return RunFolder.at(workdir).file(DONE_MARKER).is_file()
 
 
 def mark_done(workdir: Path) -> None:
-    (workdir / DONE_MARKER).write_text("done\n")
+    RunFolder.at(workdir).file(DONE_MARKER).write_text("done\n")
 
 
 def read_results(root: Path) -> dict:

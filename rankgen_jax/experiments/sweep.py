@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.experiments.ablations import write_report
 from rankgen_jax.experiments.gin_runs import train_from_gin
@@ -178,7 +179,7 @@ def collect(workdir: str) -> dict:
         train = data.get("train", {})
         row.update(steps=train.get("steps"), train_loss=train.get("loss"))
         return {k: v for k, v in row.items() if v is not None}
-    metrics = root / "metrics.jsonl"
+    metrics = RunFolder.at(root).metrics
     if not metrics.is_file():
         raise RankgenError(f"{workdir}: no results.json or metrics.jsonl (not a training workdir?)")
     records = read_metrics(metrics)

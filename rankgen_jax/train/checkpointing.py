@@ -27,15 +27,14 @@ from typing import Sequence
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-from etils import epath
 from jax.experimental import multihost_utils
 
 from rankgen_jax.checkpoints import native
+from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.configs import ModelConfig, T5Config
 from rankgen_jax.models.factory import check_params_match, to_model_layout
 from rankgen_jax.models.factory import init_params as random_params
-from rankgen_jax.train import run_record
 from rankgen_jax.train.config import TrainerConfig
 from rankgen_jax.train.state import TrainState
 
@@ -105,7 +104,7 @@ def _encoder_name(encoder) -> str:
 
 
 def resolve_model_config(
-    workdir: epath.Path, trainer: TrainerConfig, gin_model: ModelConfig, gin_encoder_bindings: Sequence[str] = ()
+    workdir: RunFolder, trainer: TrainerConfig, gin_model: ModelConfig, gin_encoder_bindings: Sequence[str] = ()
 ) -> tuple[ModelConfig, dict | None, str | None]:
     """(model config, initial params or None, vocab path or None): resume > init checkpoint > gin.
 
@@ -122,7 +121,7 @@ def resolve_model_config(
     return config, params, native.vocab_path(trainer.init_checkpoint)
 
 
-def holds_run(workdir: epath.Path) -> bool:
+def holds_run(workdir: RunFolder) -> bool:
     """Whether the workdir holds a run to resume: its model config and at least one saved step.
 
     A workdir whose run was killed before its first checkpoint trained nothing that could continue:
@@ -145,11 +144,11 @@ def intended_model_config(trainer: TrainerConfig, gin_model: ModelConfig,
                                         gin_encoder_bindings)
 
 
-def check_workdir(workdir: epath.Path) -> None:
+def check_workdir(workdir: RunFolder) -> None:
     """A workdir is a folder (made if missing) that is empty or holds a training run, not another checkpoint."""
-    if workdir.exists() and not workdir.is_dir():
+    if workdir.root.exists() and not workdir.root.is_dir():
         raise RankgenError(f"--workdir {workdir}: is a file; a workdir is a folder (created when missing)")
-    trained_here = any((workdir / name).exists() for name in (run_record.RUN_CONFIG_FILE, "config.gin"))
+    trained_here = workdir.run_config.exists() or workdir.gin_config.exists()
     if native.is_checkpoint_dir(workdir) and native.latest_step(workdir) is not None and not trained_here:
         made_by = native.load_provenance(workdir).get("imported_from")
         what = f"a checkpoint imported from {made_by}" if made_by else "a checkpoint not written by `rankgen-jax train`"
@@ -238,14 +237,11 @@ def _restore(manager, step: int, abstract_state: TrainState, shardings: TrainSta
     return TrainState(params=restored.params, **restored.train_state), int(restored.data["next_batch_index"])
 
 
-DAMAGED_SUFFIX = ".damaged"
-
-
-def resume(manager, workdir: str, abstract_state: TrainState, shardings: TrainState) -> tuple[int, TrainState, int]:
+def resume(manager, workdir: RunFolder, abstract_state: TrainState, shardings: TrainState) -> tuple[int, TrainState, int]:
     """(step, state, index of the next batch) of the newest saved step that restores intact.
 
     A step that fails while an older one restores is damaged (both were saved
-    by this run's config): its folder is renamed `<step>.damaged`, which Orbax
+    by this run's config): its folder is renamed `<step>.damaged` (RunFolder.damaged_step), which Orbax
     does not list, so it is kept for inspection, never retried and never
     deleted. When no step restores, the config (another optimizer, a learned
     loss parameter) is a likelier cause than the files: nothing is renamed
@@ -253,7 +249,7 @@ def resume(manager, workdir: str, abstract_state: TrainState, shardings: TrainSt
     """
     failed: list[tuple[int, str]] = []
     for step in sorted(manager.all_steps(), reverse=True):
-        where = f"{workdir}/checkpoints/{step}"
+        where = workdir.step(step)
         try:
             error = None
             state, data_start = _restore(manager, step, abstract_state, shardings)
@@ -267,9 +263,9 @@ def resume(manager, workdir: str, abstract_state: TrainState, shardings: TrainSt
         _set_aside(manager, workdir, [s for s, _ in failed], resumed=step)
         return step, state, data_start
     tried = "; ".join(f"step {s}: {e}" for s, e in failed)
-    raise RankgenError(f"no checkpoint in {workdir}/checkpoints restores ({tried}); if the files are intact, the "
-                       f"config may differ from the one that saved them (compare the gin config with {workdir}/config.gin, "
-                       f"and {workdir}/{native.MODEL_CONFIG_FILE} with the saved arrays)")
+    raise RankgenError(f"no checkpoint in {workdir.steps} restores ({tried}); if the files are intact, the "
+                       f"config may differ from the one that saved them (compare the gin config with "
+                       f"{workdir.gin_config}, and {workdir.model_config} with the saved arrays)")
 
 
 def _any_process(flag: bool) -> bool:
@@ -279,23 +275,23 @@ def _any_process(flag: bool) -> bool:
     return bool(np.max(multihost_utils.process_allgather(np.array(flag, np.int32))))
 
 
-def _set_aside(manager, workdir: str, steps: list[int], resumed: int) -> None:
+def _set_aside(manager, workdir: RunFolder, steps: list[int], resumed: int) -> None:
     """Rename damaged step folders to `<step>.damaged` (host 0; every host then re-lists the steps)."""
     if not steps:
         return
     if jax.process_index() == 0:
         for step in steps:
-            folder = manager.directory / str(step)
-            target = manager.directory / f"{step}{DAMAGED_SUFFIX}"
+            folder = workdir.step(step)
+            target = workdir.damaged_step(step)
             n = 1
             while target.exists():  # an earlier run set aside the same step number
-                target, n = manager.directory / f"{step}{DAMAGED_SUFFIX}.{n}", n + 1
+                target, n = workdir.damaged_step(step, n), n + 1
             try:
                 folder.rename(target)
                 moved = f"moved it to {target.name} (kept, not deleted)"
             except Exception as e:  # noqa: BLE001 - e.g. a bucket that cannot rename folders: warn and go on
                 moved = f"could not move it aside ({native.describe_error(e)})"
-            print(f"warning: {workdir}/checkpoints/{step} is damaged; {moved}; resumed from step {resumed}",
+            print(f"warning: {workdir.step(step)} is damaged; {moved}; resumed from step {resumed}",
                   file=sys.stderr)
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices("rankgen_jax: damaged steps set aside")

@@ -6,7 +6,7 @@ loss-specific lives in train_step and losses; what is saved and resumed in
 checkpointing; when every host stops in stopping.
 
 The workdir may be local or a bucket URL (gs://bucket/run), which every host of
-a multi-host slice passes alike: paths go through etils.epath (native.as_path),
+a multi-host slice passes alike: its paths are etils.epath's (checkpoints.run_folder.RunFolder),
 host 0 alone writes the config files and metrics, and Orbax coordinates the
 checkpoint writes. The hosts also agree on when to stop (stopping.StopVote).
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import queue
 import sys
 import threading
@@ -36,6 +37,7 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from rankgen_jax.checkpoints import native
+from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.data.sources import (TEXT_SOURCES, DataConfig, make_sources, missing_eval_data,
                                       training_conventions)
 from rankgen_jax.errors import RankgenError
@@ -55,7 +57,7 @@ from rankgen_jax.train.step import StepOptions
 
 
 def train(
-    workdir: str,
+    workdir: str | os.PathLike | RunFolder,
     trainer: TrainerConfig | None = None,
     model_config: ModelConfig | None = None,
     data: DataConfig | None = None,
@@ -63,34 +65,36 @@ def train(
     optimizer: OptimizerConfig | None = None,
 ) -> dict:
     """Train (or resume) in workdir; returns the last logged train metrics, with "preempted" set when SIGTERM
-    stopped training before its end (the state is saved: rerunning resumes). Configs default to gin's."""
+    stopped training before its end (the state is saved: rerunning resumes). Configs default to gin's.
+
+    workdir: the run's folder (a RunFolder, or its path); every file of the run is one of its paths.
+    """
     # Gin's encoder bindings count against an init checkpoint's encoder only when the model config is gin's.
     encoder_bindings = gin_parsing.encoder_bindings() if model_config is None else ()
     trainer, model_config = trainer or TrainerConfig(), model_config or ModelConfig()
     data, loss, optimizer = data or DataConfig(), loss or LossConfig(), optimizer or OptimizerConfig()
     # One spelling of the workdir for every file of the run: the OS's (a symlink then `..` resolves as opening a
     # file would), and "gs://b/run" stays a URL (pathlib would make it "gs:/b/run").
-    workdir_path = native.resolve(workdir)
-    workdir = str(workdir_path)
-    checkpointing.check_workdir(workdir_path)
+    folder = RunFolder.resolved(workdir)
+    checkpointing.check_workdir(folder)
 
     # --- mesh and static step settings -------------------------------------------------
     initialize_distributed(trainer.distributed)
     mesh = partitioning.make_mesh(trainer.mesh_data, trainer.mesh_model, replica=trainer.mesh_replica)
     rules = partitioning.rules_by_name(trainer.axis_rules)
     check_divisible(data.batch_size, partitioning.data_parallel_size(mesh), trainer)
-    resuming = checkpointing.holds_run(workdir_path)
+    resuming = checkpointing.holds_run(folder)
     intended_model = model_config
-    model_config, init_params, vocab = checkpointing.resolve_model_config(workdir_path, trainer, model_config,
+    model_config, init_params, vocab = checkpointing.resolve_model_config(folder, trainer, model_config,
                                                                           encoder_bindings)
     record = run_record.run_config(trainer=trainer, data=data, loss=loss, optimizer=optimizer)
     if resuming:  # before anything compiles: a resume trains the recorded run, or stops here
-        recorded_run = run_record.load_run_config(workdir_path)
+        recorded_run = run_record.load_run_config(folder)
         # A resume may leave out the init checkpoint: the model it intends is still the one started from it.
         init = trainer.init_checkpoint or run_record.recorded_init_checkpoint(recorded_run)
         intended = checkpointing.intended_model_config(dataclasses.replace(trainer, init_checkpoint=init),
                                                        intended_model, encoder_bindings)
-        run_record.check_resume(workdir, model_config, intended, recorded_run, record)
+        run_record.check_resume(folder, model_config, intended, recorded_run, record)
     vocab = checkpointing.local_vocab(vocab)
     if model_config.kind == "encoder":
         raise RankgenError("ModelConfig.kind='encoder' has no head to train: use dual_encoder or cross_encoder")
@@ -118,7 +122,7 @@ def train(
 
     # --- state, created sharded; step functions jitted once -----------------------------
     setup = build_step_functions(model_config, options, tx, schedule, loss_params, mesh, rules, trainer.seed)
-    manager = native.step_manager(workdir_path, max_to_keep=trainer.keep_checkpoints, async_save=trainer.async_checkpoints,
+    manager = native.step_manager(folder, max_to_keep=trainer.keep_checkpoints, async_save=trainer.async_checkpoints,
                                   writer=True)
     start = manager.latest_step()
     if jax.process_count() > 1:
@@ -129,8 +133,8 @@ def train(
         init_params = checkpointing.complete_params(init_params, model_config, trainer.init_checkpoint, trainer.seed)
     with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
         if start is not None:
-            start, state, data_start = checkpointing.resume(manager, workdir, setup.abstract_state, setup.shardings)
-            print(f"resuming from {workdir}/checkpoints/{start}", file=sys.stderr)
+            start, state, data_start = checkpointing.resume(manager, folder, setup.abstract_state, setup.shardings)
+            print(f"resuming from {folder.step(start)}", file=sys.stderr)
         else:
             start = data_start = 0
             state = setup.init()
@@ -141,20 +145,20 @@ def train(
                 # A seqio task's tokenizer when the run starts from scratch: the model then reads text as it learned.
                 saved_vocab = data.tokenizer_path() if data.source in TEXT_SOURCES else (
                     vocab or getattr(train_source, "vocab_path", None))
-                native.save_model_config(workdir_path, model_config, saved_vocab)
+                native.save_model_config(folder, model_config, saved_vocab)
                 provenance = training_provenance(trainer)
                 if provenance:
-                    native.save_provenance(workdir_path, provenance)
+                    native.save_provenance(folder, provenance)
         if jax.process_index() == 0:
             # Every start records what it runs, so the records match the steps it trains.
-            run_record.save_run_config(workdir_path, record)
-            (workdir_path / "config.gin").write_text(gin.config_str())
-            run_record.save_operative_config(workdir_path, start, gin.operative_config_str())
-        if jax.process_index() == 0 and native.load_input_conventions(workdir_path) is None:
+            run_record.save_run_config(folder, record)
+            folder.gin_config.write_text(gin.config_str())
+            run_record.save_operative_config(folder, start, gin.operative_config_str())
+        if jax.process_index() == 0 and native.load_input_conventions(folder) is None:
             # How the data read text is how the model reads it; a run from before this record gets it on resume.
-            native.save_input_conventions(workdir_path, training_conventions(data, layout))
+            native.save_input_conventions(folder, training_conventions(data, layout))
         put = functools.partial(put_batch, sharding=setup.batch_sharding, batch_size=data.batch_size)
-        return _loop(trainer, workdir_path, state, start, data_start, train_source, eval_source, put,
+        return _loop(trainer, folder, state, start, data_start, train_source, eval_source, put,
                      setup.train_step, setup.eval_step, manager, optimizer, stopping.StopVote(mesh))
 
 
@@ -191,7 +195,7 @@ def _loop(trainer, workdir, state, start, data_start, train_source, eval_source,
           optimizer: OptimizerConfig, vote: stopping.StopVote):
     """Steps start..num_steps: log, evaluate and save on their schedules; stop early on SIGTERM or the time budget."""
     # Rows of steps after `start` that an earlier process wrote are of steps this one trains again: set aside.
-    writer = MetricWriter(str(workdir), enabled=jax.process_index() == 0, restart_step=start + 1 if start else 0)
+    writer = MetricWriter(workdir, enabled=jax.process_index() == 0, restart_step=start + 1 if start else 0)
     writer.write_text(start, "gin_config", gin.config_str())
     preemption = stopping.Preemption()
     pending: list[tuple[int, dict]] = []
@@ -214,7 +218,7 @@ def _loop(trainer, workdir, state, start, data_start, train_source, eval_source,
         batches = prefetch_batches(train_source, data_start, data_start + trainer.num_steps - start, put)
         for step, batch in zip(range(start, trainer.num_steps), batches):
             if step == trainer.profile_start_step:
-                jax.profiler.start_trace(str(workdir / "profile"))
+                jax.profiler.start_trace(str(workdir.profile))
             state, metrics = step_fn(state, batch)
             if trainer.profile_start_step >= 0 and step == trainer.profile_start_step + trainer.profile_num_steps - 1:
                 jax.block_until_ready(state)
@@ -323,7 +327,8 @@ def _flush_metrics(writer: MetricWriter, pending: list, bar, elapsed_seconds: fl
 _all_finite = jax.jit(lambda tree: jnp.all(jnp.array([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)])))
 
 
-def _stop_if_diverged(state: TrainState, optimizer: OptimizerConfig, manager, workdir, next_batch_index: int) -> None:
+def _stop_if_diverged(state: TrainState, optimizer: OptimizerConfig, manager, workdir: RunFolder,
+                      next_batch_index: int) -> None:
     """After max_consecutive_nonfinite skipped steps in a row: save, then stop with a RankgenError.
 
     The guard skipped the streak's updates, so the parameters are those from
@@ -341,12 +346,12 @@ def _stop_if_diverged(state: TrainState, optimizer: OptimizerConfig, manager, wo
     if not bool(_all_finite(state.params)):
         saved = sorted(manager.all_steps())
         raise RankgenError(f"{what} and the parameters themselves are not finite, so nothing was saved; resume from "
-                           f"an earlier checkpoint in {workdir}/checkpoints (saved steps: {saved}) with a lower "
+                           f"an earlier checkpoint in {workdir.steps} (saved steps: {saved}) with a lower "
                            "learning rate")
     if step not in manager.all_steps():
         checkpointing.save(manager, state, next_batch_index)
     manager.wait_until_finished()
-    raise RankgenError(f"{what}; their updates were skipped, so {workdir}/checkpoints/{step} holds the parameters "
+    raise RankgenError(f"{what}; their updates were skipped, so {workdir.step(step)} holds the parameters "
                        f"from before them (those of step {first - 1}): resume from it with a lower learning rate")
 
 

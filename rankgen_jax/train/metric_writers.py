@@ -36,6 +36,7 @@ from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_
 from tensorboard.plugins.text import metadata as text_metadata
 from tensorboard.summary.writer.record_writer import RecordWriter
 
+from rankgen_jax.checkpoints.run_folder import METRICS_FILE, TENSORBOARD_DIR
 from rankgen_jax.data.jsonl import SkippedLines, parse_lines
 from rankgen_jax.errors import RankgenError
 
@@ -77,8 +78,8 @@ class MetricWriter:
     the lines written since the last upload.
     """
 
-    def __init__(self, logdir: str | os.PathLike, enabled: bool = True, jsonl_name: str = "metrics.jsonl",
-                 tb_subdir: str = "tensorboard", remote_sync_seconds: float = 10.0, restart_step: int | None = None):
+    def __init__(self, logdir: str | os.PathLike, enabled: bool = True, jsonl_name: str = METRICS_FILE,
+                 tb_subdir: str = TENSORBOARD_DIR, remote_sync_seconds: float = 10.0, restart_step: int | None = None):
         self.enabled = enabled
         self.remote = "://" in os.fspath(logdir)
         # Final destinations (epath for a remote logdir); the files themselves are opened under _local_dir.

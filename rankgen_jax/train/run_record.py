@@ -16,18 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 from typing import Any
 
-from etils import epath
-
-from rankgen_jax.checkpoints import native
+from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.configs import ModelConfig
 from rankgen_jax.train.optimizers import DECAYING_SCHEDULES
-
-RUN_CONFIG_FILE = "run_config.json"
 
 # The sections of run_config.json, by the gin-configurable class whose fields each holds.
 SECTIONS = {"trainer": "TrainerConfig", "data": "DataConfig", "loss": "LossConfig", "optimizer": "OptimizerConfig"}
@@ -58,13 +53,13 @@ def _json_form(value):
     return json.loads(json.dumps(value, sort_keys=True))
 
 
-def save_run_config(workdir: epath.Path, record: dict) -> None:
-    (workdir / RUN_CONFIG_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+def save_run_config(folder: RunFolder, record: dict) -> None:
+    folder.run_config.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def load_run_config(workdir: epath.Path) -> dict | None:
+def load_run_config(folder: RunFolder) -> dict | None:
     """The recorded run config, or None for a workdir from before the record (or without one)."""
-    path = workdir / RUN_CONFIG_FILE
+    path = folder.run_config
     if not path.exists():
         return None
     try:
@@ -101,7 +96,7 @@ def recorded_init_checkpoint(recorded_run: dict | None) -> str:
     return value if isinstance(value, str) else ""
 
 
-def check_resume(workdir: str, recorded_model: ModelConfig, intended_model: ModelConfig | None,
+def check_resume(workdir: RunFolder, recorded_model: ModelConfig, intended_model: ModelConfig | None,
                  recorded_run: dict | None, current_run: dict) -> None:
     """A RankgenError naming every difference between the run a workdir holds and this start's settings that a
     resume may not make; a note names those it may (RESUMABLE).
@@ -147,10 +142,9 @@ def schedule_end_moved(recorded_run: dict | None, current_run: dict) -> str:
             "new schedule (set OptimizerConfig.total_steps to keep one end)")
 
 
-def save_operative_config(workdir: epath.Path, start_step: int, text: str) -> None:
+def save_operative_config(folder: RunFolder, start_step: int, text: str) -> None:
     """The operative gin config of the start at start_step: the latest one, and the one kept for that start."""
-    (workdir / native.OPERATIVE_CONFIG_FILE).write_text(text, encoding="utf-8")
-    folder = workdir / native.OPERATIVE_CONFIGS_DIR
-    if not folder.exists():  # a bucket has no folders to make twice
-        folder.mkdir(parents=True)
-    (workdir / native.OPERATIVE_CONFIGS_DIR / f"from_step_{start_step}.gin").write_text(text, encoding="utf-8")
+    folder.operative_config.write_text(text, encoding="utf-8")
+    if not folder.operative_configs.exists():  # a bucket has no folders to make twice
+        folder.operative_configs.mkdir(parents=True)
+    folder.operative_config_from(start_step).write_text(text, encoding="utf-8")
