@@ -195,7 +195,7 @@ def _loop(trainer, workdir, state, start, data_start, train_source, eval_source,
           optimizer: OptimizerConfig, vote: stopping.StopVote):
     """Steps start..num_steps: log, evaluate and save on their schedules; stop early on SIGTERM or the time budget."""
     # Rows of steps after `start` that an earlier process wrote are of steps this one trains again: set aside.
-    writer = MetricWriter(workdir, enabled=jax.process_index() == 0, restart_step=start + 1 if start else 0)
+    writer = MetricWriter(workdir.root, enabled=jax.process_index() == 0, restart_step=start + 1 if start else 0)
     writer.write_text(start, "gin_config", gin.config_str())
     preemption = stopping.Preemption()
     pending: list[tuple[int, dict]] = []
