@@ -145,7 +145,7 @@ def test_a_run_killed_mid_iteration_resumes_to_the_same_artefacts(setup, uninter
         real_progress(path, record)
 
     def dies_while_training(workdir_arg, trainer, **kwargs):
-        if "iter2" in workdir_arg:
+        if "iter2" in str(workdir_arg):
             import dataclasses
 
             real_train(workdir_arg, trainer=dataclasses.replace(trainer, num_steps=1), **kwargs)

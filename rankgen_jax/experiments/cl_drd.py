@@ -68,6 +68,7 @@ from pathlib import Path
 import gin
 import numpy as np
 
+from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.checkpoints import native
 from rankgen_jax.data.conventions import InputConventions
 from rankgen_jax.data.curriculum import CL_DRD_STAGES, CurriculumStage, curriculum_groups
@@ -77,7 +78,7 @@ from rankgen_jax.data.retrieval_files import (DEFAULT_TITLE_JOIN, Passage, is_be
 from rankgen_jax.data.sources import DataConfig
 from rankgen_jax.errors import RankgenError, check_field_types
 from rankgen_jax.eval.retrieval_metrics import evaluate_files
-from rankgen_jax.experiments.stages import StageRun, is_done, log, mark_done, starting_checkpoint
+from rankgen_jax.experiments.stages import DONE_MARKER, StageRun, is_done, log, mark_done, starting_checkpoint
 from rankgen_jax.retrieval.dense_index import CONFIG_FILE, index_corpus, search_queries
 from rankgen_jax.retrieval import teacher as teachers
 from rankgen_jax.train.config import LossConfig, TrainerConfig
@@ -271,8 +272,9 @@ class Job:
     def iteration(self, t: int) -> Path:
         return self.root / f"iter{t}"
 
-    def student(self, t: int) -> Path:
-        return self.root / "student0" if t == 0 else self.iteration(t) / "student"
+    def student(self, t: int) -> RunFolder:
+        """Iteration t's student: a training run's folder (t = 0: a link to the starting checkpoint)."""
+        return RunFolder.at(self.root / "student0" if t == 0 else self.iteration(t) / "student")
 
     def index_shard(self, t: int, i: int) -> Path:
         return self.iteration(t) / "index" / f"shard{i}"
@@ -517,7 +519,7 @@ class Job:
                                 checkpoint_every=min(cfg.checkpoint_every, steps), keep_checkpoints=2,
                                 init_checkpoint=str(self.student(t - 1)), seed=cfg.seed + t, async_checkpoints=False)
         started = time.time()
-        metrics = train(str(workdir), trainer=trainer, data=data,
+        metrics = train(workdir, trainer=trainer, data=data,
                         loss=LossConfig(name="lambdarank_mrr", rank_source=cfg.rank_source,
                                         logit_scale=cfg.logit_scale), optimizer=optimizer)
         if metrics.get("preempted"):
@@ -667,12 +669,12 @@ def run_cl_drd(workdir: str, cfg: ClDrdConfig | None = None) -> dict:
                            "or 'minilm')")
     if native.is_checkpoint_dir(cfg.student):
         start = Path(cfg.student)
-        if not job.student(0).exists():
-            job.student(0).symlink_to(start.resolve(), target_is_directory=True)
+        if not job.student(0).root.exists():
+            Path(job.student(0)).symlink_to(start.resolve(), target_is_directory=True)
     else:
         start = starting_checkpoint("", cfg.student, job.root, "ClDrdConfig.student")
-        if not job.student(0).exists():
-            job.student(0).symlink_to(start.resolve().name, target_is_directory=True)
+        if not job.student(0).root.exists():
+            Path(job.student(0)).symlink_to(start.resolve().name, target_is_directory=True)
     if not cfg.teacher:
         raise RankgenError("ClDrdConfig.teacher is required (a cross encoder, a bi-encoder, or a file of teacher "
                            "scores)")
@@ -743,7 +745,8 @@ def run_shard_worker(workdir: str, shard_index: int, cfg: ClDrdConfig | None = N
     stop = job.root / STOPPED_MARKER
     teacher = None
     for t in range(len(cfg.curriculum) + 1):
-        if not _wait_for([job.student(t) / ("" if t == 0 else "stage_done"), job.data / "train_queries.jsonl"],
+        student = job.student(t)
+        if not _wait_for([student.root if t == 0 else student.file(DONE_MARKER), job.data / "train_queries.jsonl"],
                          f"the iteration-{t} student", stop):
             return
         job.index(t, shard_index)
