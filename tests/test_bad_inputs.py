@@ -61,7 +61,8 @@ import jax
 import pytest
 
 from rankgen_jax.checkpoints import native
-from rankgen_jax.cli.main import main
+from rankgen_jax.cli.main import in_flags, main
+from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.configs import RANKGEN_HEAD, ModelConfig, T5Config
 from rankgen_jax.testing import random_params
 
@@ -330,6 +331,15 @@ def test_a_workdir_that_is_not_a_run_is_refused(tmp_path, capsys, models):
     line = one_error_line(*run_cli(capsys, "train", f"--workdir={afile}", *TINY))
     assert line == f"error: --workdir {afile}: is a file; a workdir is a folder (created when missing)"
     assert afile.read_text() == "keep me"
+    # The same from the library: it names its argument, not a flag (the CLI's words are its own).
+    from rankgen_jax.train import loop
+
+    with pytest.raises(RankgenError, match=r"^`workdir` .*afile: is a file") as raised:
+        loop.train(afile)
+    assert "--" not in str(raised.value)
+    # The main job (no --gin_file) refuses it the same way, before making anything.
+    line = one_error_line(*run_cli(capsys, "train", f"--workdir={afile}"))
+    assert line == f"error: --workdir {afile}: is a file; the job's workdir is a folder (created when missing)"
     # A checkpoint from `import` (or any checkpoint not written by train) is a starting point, not a run to resume.
     imported = tmp_path / "imported"
     shutil.copytree(models["a"], imported)
@@ -361,3 +371,16 @@ def test_paths_given_where_files_belong_get_errors(tmp_path, capsys):
     line = one_error_line(*run_cli(capsys, "score", "--method", "lm_loglik", "--lm", lm, "--input", good))
     assert line == (f"error: --lm {lm}: has only pytorch_model.bin (pickle), which is not read for safety; re-save it "
                     "with safetensors: model.save_pretrained(out_dir, safe_serialization=True)")
+
+
+def test_the_command_line_says_library_names_as_its_flags():
+    """The library quotes its argument and gin names in backticks; the CLI shows its own flag for each."""
+    message = ("`workdir` /r: is a checkpoint; set `TrainerConfig.init_checkpoint`=/r and use a new `workdir` "
+               "(`batch_size` is no flag here)")
+    flags = {"--workdir", "--gin_file"}
+    assert in_flags(message, flags, gin=True) == (
+        "--workdir /r: is a checkpoint; set --gin.TrainerConfig.init_checkpoint=/r and use a new --workdir "
+        "(batch_size is no flag here)")
+    assert in_flags(message, set(), gin=False) == (
+        "workdir /r: is a checkpoint; set TrainerConfig.init_checkpoint=/r and use a new workdir "
+        "(batch_size is no flag here)")

@@ -9,6 +9,7 @@ starts jax when it runs.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import Any
 
@@ -97,20 +98,44 @@ def build_parser() -> argparse.ArgumentParser:
         add(subparsers)
     for name in GIN_COMMANDS:
         subparsers.choices[name].epilog = GIN_BINDINGS_HELP
+    parser.commands = subparsers.choices  # each subcommand's parser, for its flags
     return parser
 
 
 def run_command(argv: list[str]) -> Any:
     """Parse argv (`--gin.*` bindings included) and run its subcommand; returns what the library returned.
 
-    A RankgenError propagates (main() turns it into one line and exit status 2).
+    A RankgenError propagates (main() turns it into one line and exit status 2), in the command line's words
+    (`in_flags`).
     """
     argv, bindings = _split_gin_bindings(argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if bindings and args.command not in GIN_COMMANDS:
         raise RankgenError(f"--gin.* bindings apply to {', '.join(GIN_COMMANDS)} only")
     args.gin_bindings = bindings
-    return args.run(args)
+    try:
+        return args.run(args)
+    except RankgenError as e:
+        flags = {s for action in parser.commands[args.command]._actions for s in action.option_strings}
+        raise RankgenError(in_flags(str(e), flags, gin=args.command in GIN_COMMANDS)) from e
+
+
+# How the library names an argument or a gin setting in its errors: in backticks, `workdir`,
+# `TrainerConfig.init_checkpoint`; its callers may be a notebook, where no flag exists.
+LIBRARY_NAME = re.compile(r"`([A-Za-z_][\w.]*)`")
+
+
+def in_flags(message: str, flags: set[str], gin: bool) -> str:
+    """A library error as the command line says it: `name` -> --name where the subcommand has that flag,
+    `Config.field` -> --gin.Config.field where it takes gin bindings, else the plain name."""
+    def flag(match: re.Match) -> str:
+        name = match.group(1)
+        if "." in name and gin:
+            return f"--gin.{name}"
+        return f"--{name}" if f"--{name}" in flags else name
+
+    return LIBRARY_NAME.sub(flag, message)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ from rankgen_jax.data.documents import document_genre
 from rankgen_jax.data.example_source import build_examples
 from rankgen_jax.data.jsonl import read_jsonl, write_jsonl
 from rankgen_jax.data.sources import DataConfig, corpus_split, example_config_of, training_conventions
+from rankgen_jax.errors import RankgenError
 from rankgen_jax.eval.ranking import accuracy, mrr, pairwise_accuracy
 from rankgen_jax.eval.suffix_comparison import compare_by_genre, comparison_table
 from rankgen_jax.experiments.stages import log, read_results, starting_checkpoint, write_results
@@ -200,6 +201,8 @@ def run_job(workdir: str) -> dict:
     """Import (optional), zero-shot eval, train, fine-tuned eval, plot, export; returns the results."""
     job, trainer, data = JobConfig(), TrainerConfig(), DataConfig()
     root = Path(workdir)
+    if root.exists() and not root.is_dir():
+        raise RankgenError(f"`workdir` {workdir}: is a file; the job's workdir is a folder (created when missing)")
     root.mkdir(parents=True, exist_ok=True)
     started = time.time()
     results = read_results(root)
