@@ -15,6 +15,7 @@ def toy_rows():
     return {fw: bench.run_case(bench.BenchCase(**{**case.__dict__, "framework": fw})) for fw in ("jax", "torch")}
 
 
+@pytest.mark.slow  # about a minute: MiniLM's 30k-word embedding compiled in JAX and built in PyTorch
 def test_the_demo_step_runs_on_both_sides_with_the_same_work():
     """The MiniLM case (the demo's step: mean pooling, L2, logit scale 20) at toy shapes, JAX and PyTorch."""
     case = bench.BenchCase("L6", batch=8, prefix_length=8, continuation_length=8, with_negative=False, steps=1,
