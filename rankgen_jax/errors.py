@@ -16,7 +16,14 @@ class RankgenError(Exception):
 
     The CLI prints these as a single `error: ...` line and exits non-zero;
     anything else is a bug and keeps its traceback.
+
+    names: the library arguments and gin settings the message quotes in backticks
+    (`workdir`, `TrainerConfig.init_checkpoint`); the CLI shows each as its own flag.
     """
+
+    def __init__(self, message: str = "", *, names: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.names = names
 
 
 def check_field_types(config) -> None:

@@ -374,13 +374,15 @@ def test_paths_given_where_files_belong_get_errors(tmp_path, capsys):
 
 
 def test_the_command_line_says_library_names_as_its_flags():
-    """The library quotes its argument and gin names in backticks; the CLI shows its own flag for each."""
+    """The library quotes the argument and gin names it declares in backticks; the CLI shows its own flag for each
+    and leaves other backticked words (a file's field, an undeclared name) alone."""
     message = ("`workdir` /r: is a checkpoint; set `TrainerConfig.init_checkpoint`=/r and use a new `workdir` "
-               "(`batch_size` is no flag here)")
-    flags = {"--workdir", "--gin_file"}
-    assert in_flags(message, flags, gin=True) == (
+               "(`batch_size` is no flag here; the `checkpoint` file)")
+    names = ("workdir", "TrainerConfig.init_checkpoint", "batch_size")
+    flags = {"--workdir", "--gin_file", "--checkpoint"}
+    assert in_flags(message, names, flags, gin=True) == (
         "--workdir /r: is a checkpoint; set --gin.TrainerConfig.init_checkpoint=/r and use a new --workdir "
-        "(batch_size is no flag here)")
-    assert in_flags(message, set(), gin=False) == (
+        "(batch_size is no flag here; the `checkpoint` file)")
+    assert in_flags(message, names, set(), gin=False) == (
         "workdir /r: is a checkpoint; set TrainerConfig.init_checkpoint=/r and use a new workdir "
-        "(batch_size is no flag here)")
+        "(batch_size is no flag here; the `checkpoint` file)")

@@ -9,9 +9,8 @@ starts jax when it runs.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
-from typing import Any
+from typing import Any, Sequence
 
 from rankgen_jax.cli import checkpoints, data, generation, ranking, training
 from rankgen_jax.errors import RankgenError
@@ -118,24 +117,22 @@ def run_command(argv: list[str]) -> Any:
         return args.run(args)
     except RankgenError as e:
         flags = {s for action in parser.commands[args.command]._actions for s in action.option_strings}
-        raise RankgenError(in_flags(str(e), flags, gin=args.command in GIN_COMMANDS)) from e
+        if not e.names:
+            raise
+        raise RankgenError(in_flags(str(e), e.names, flags, gin=args.command in GIN_COMMANDS)) from e
 
 
-# How the library names an argument or a gin setting in its errors: in backticks, `workdir`,
-# `TrainerConfig.init_checkpoint`; its callers may be a notebook, where no flag exists.
-LIBRARY_NAME = re.compile(r"`([A-Za-z_][\w.]*)`")
-
-
-def in_flags(message: str, flags: set[str], gin: bool) -> str:
-    """A library error as the command line says it: `name` -> --name where the subcommand has that flag,
-    `Config.field` -> --gin.Config.field where it takes gin bindings, else the plain name."""
-    def flag(match: re.Match) -> str:
-        name = match.group(1)
+def in_flags(message: str, names: Sequence[str], flags: set[str], gin: bool) -> str:
+    """A library error as the command line says it: each of `names` the message quotes in backticks (RankgenError's
+    names) becomes --name where the subcommand has that flag, --gin.Config.field where it takes gin bindings, else
+    the plain name. Other backticked words are left as they are."""
+    for name in names:
         if "." in name and gin:
-            return f"--gin.{name}"
-        return f"--{name}" if f"--{name}" in flags else name
-
-    return LIBRARY_NAME.sub(flag, message)
+            shown = f"--gin.{name}"
+        else:
+            shown = f"--{name}" if f"--{name}" in flags else name
+        message = message.replace(f"`{name}`", shown)
+    return message
 
 
 def main(argv: list[str] | None = None) -> int:

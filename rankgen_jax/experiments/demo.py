@@ -202,7 +202,8 @@ def run_job(workdir: str) -> dict:
     job, trainer, data = JobConfig(), TrainerConfig(), DataConfig()
     root = Path(workdir)
     if root.exists() and not root.is_dir():
-        raise RankgenError(f"`workdir` {workdir}: is a file; the job's workdir is a folder (created when missing)")
+        raise RankgenError(f"`workdir` {workdir}: is a file; the job's workdir is a folder (created when missing)",
+                           names=("workdir",))
     root.mkdir(parents=True, exist_ok=True)
     started = time.time()
     results = read_results(root)

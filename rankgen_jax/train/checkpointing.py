@@ -147,13 +147,15 @@ def intended_model_config(trainer: TrainerConfig, gin_model: ModelConfig,
 def check_workdir(workdir: RunFolder) -> None:
     """A workdir is a folder (made if missing) that is empty or holds a training run, not another checkpoint."""
     if workdir.root.exists() and not workdir.root.is_dir():
-        raise RankgenError(f"`workdir` {workdir}: is a file; a workdir is a folder (created when missing)")
+        raise RankgenError(f"`workdir` {workdir}: is a file; a workdir is a folder (created when missing)",
+                           names=("workdir",))
     trained_here = workdir.run_config.exists() or workdir.gin_config.exists()
     if native.is_checkpoint_dir(workdir) and native.latest_step(workdir) is not None and not trained_here:
         made_by = native.load_provenance(workdir).get("imported_from")
         what = f"a checkpoint imported from {made_by}" if made_by else "a checkpoint not written by `rankgen-jax train`"
         raise RankgenError(f"`workdir` {workdir}: is {what}, not a training run to resume; to train from it, pass "
-                           f"`TrainerConfig.init_checkpoint`={workdir} and a new `workdir`")
+                           f"`TrainerConfig.init_checkpoint`={workdir} and a new `workdir`",
+                           names=("workdir", "TrainerConfig.init_checkpoint"))
 
 
 def encoder_params(params: dict, saved: ModelConfig) -> dict:

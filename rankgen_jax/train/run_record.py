@@ -119,7 +119,8 @@ def check_resume(workdir: RunFolder, recorded_model: ModelConfig, intended_model
             f"{workdir} holds a run with other settings than these ({'; '.join(refused)}; recorded -> now): a resume "
             "continues the recorded run, so set them back to resume it; to train with the new settings use a new "
             f"`workdir`, or start a new run from this one's weights with `TrainerConfig.init_checkpoint`={workdir} "
-            f"and a new `workdir` (settings a resume may change: {', '.join(sorted(RESUMABLE))})")
+            f"and a new `workdir` (settings a resume may change: {', '.join(sorted(RESUMABLE))})",
+            names=("workdir", "TrainerConfig.init_checkpoint"))
     if found:
         print(f"note: resuming {workdir} with changed settings: {'; '.join(found)} (recorded -> now)", file=sys.stderr)
     moved = schedule_end_moved(recorded_run, current_run)
