@@ -9,7 +9,8 @@
 #      gives the vectors `rankgen-jax encode` gives.
 #
 # Versions are held to requirements.txt's pins (a constraints file): the set CI tests, and torch stays the
-# CPU build pip finds for torch==2.13.0. Everything lives in .wheel-check/ (ignored), made anew each run.
+# CPU build pip finds for torch==2.13.0. Everything lives in .wheel-check/ (ignored), made anew each run; its
+# venv is removed when the check passes.
 #   tests/wheel_check.sh                 # PYTHON=.venv/bin/python by default (builds the wheel, makes the venv)
 set -euo pipefail
 
@@ -118,4 +119,8 @@ print(f"torch {torch.__version__}: {type(model).__name__} vectors {hf_vectors.sh
       f"max |transformers - rankgen-jax encode| = {difference:.2e}")
 assert hf_vectors.shape == jax_vectors.shape and difference < 1e-4, difference
 EOF
+# The venv (a couple of GB) goes once the check passed: CI's test suite runs next on the same disk. A failed
+# check keeps it for a look.
+step "removing $WORK/venv"
+rm -rf "$WORK/venv"
 step "ok"
