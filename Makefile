@@ -34,13 +34,13 @@ demo: venv
 	$(RUN) train
 
 # The demo's curve: the main job with 30 minutes of training (about three epochs of the corpus, each cut afresh:
-# DataConfig.recut_examples), every 100th step kept and up to 300 held-out items per kind, then each step against
+# ExamplesData.recut_examples), every 100th step kept and up to 300 held-out items per kind, then each step against
 # the starting model's best reading, per kind (runs/demo_curve/curve/curve.{md,png,json}; an estimate of about
 # 50 minutes on 2 free cores, from the demo's own steps per minute and scoring time).
 demo-curve: venv
 	$(RUN) train --workdir runs/demo_curve --gin.TrainerConfig.max_minutes=30 \
 		--gin.TrainerConfig.checkpoint_every=100 --gin.TrainerConfig.keep_checkpoints=100 \
-		--gin.JobConfig.suffix_eval_examples=300 --gin.DataConfig.recut_examples=True
+		--gin.JobConfig.suffix_eval_examples=300 --gin.ExamplesData.recut_examples=True
 	$(RUN) demo-curve --workdir runs/demo_curve
 
 # The CPU ablation grid (gin_configs/ablations/grid_demo_cpu.json: MiniLM, one factor at a time around the demo's

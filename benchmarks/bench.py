@@ -91,16 +91,14 @@ def build_jax_step(case: BenchCase):
     """(step functions, data config, axis rules, mesh) of a case: RankGen's step with AdamW on all devices."""
     from rankgen_jax.runtime import partitioning
     from rankgen_jax.models.configs import RANKGEN_HEAD, ModelConfig
-    from rankgen_jax.data.sources import DataConfig
+    from rankgen_jax.data.source_configs import DataConfig, RandomData
     from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer
     from rankgen_jax.train.step import StepOptions
     from rankgen_jax.train.compiled import build_step_functions
 
     minilm = case.encoder == "minilm"
     config = ModelConfig(encoder=encoder_config(case), head=MINILM_HEAD if minilm else RANKGEN_HEAD)
-    data = DataConfig(source="random", batch_size=case.batch, prefix_length=case.prefix_length,
-                      continuation_length=case.continuation_length, with_negative=case.with_negative,
-                      vocab_size=config.encoder.vocab_size)
+    data = DataConfig(RandomData(continuation_length=case.continuation_length, with_negative=case.with_negative, vocab_size=config.encoder.vocab_size), batch_size=case.batch, prefix_length=case.prefix_length)
     mesh = partitioning.make_mesh(-1, 1)
     rules = partitioning.STANDARD_RULES
     tx, schedule = make_optimizer(OptimizerConfig(name="adamw", learning_rate=LEARNING_RATE))

@@ -4,16 +4,16 @@ Measures, in one process:
 
 1. The sources alone, each built by `data.sources.make_sources` exactly as the
    trainer builds it, at the train step's batch shapes:
-   - seqio (`DataConfig.source='seqio'`, task `rankgen_demo`: the bundled books,
+   - seqio (`DataConfig.source=@SeqioData()`, task `rankgen_demo`: the bundled books,
      InBook negatives, tokenised and padded by `SeqioTriples`): the first batch
      (pipeline start, reading and splitting the books) apart, then
      `source_batches` sequential batches, which by default cross the end of the
      stream's first epoch (2,880 examples at the default task options), where
      seqio re-reads the books; the slowest batch is reported;
-   - the in-memory demo source (`source='examples'`, what `make demo` trains
+   - the in-memory demo source (`ExamplesData`, what `make demo` trains
      on): build time (reading, example cutting and tokenising everything up
      front), then batch() throughput;
-   - the random source (`source='random'`).
+   - the random source (`RandomData`).
 2. The train step: the T5 1.1 `size` RankGen dual encoder (default tiny) at
    batch 32, prefix 256, continuation 128 and a negative, built with
    `train.compiled.build_step_functions` and an Adafactor optimizer as bench.py does,
@@ -37,7 +37,7 @@ The flat dict `run()` returns (also written as JSON by `main`):
   seqio_first_batch_seconds     pipeline start to the first batch (incl. reading and splitting the books)
   seqio_examples_per_second     steady rate after the first batch (epoch restarts included)
   seqio_max_batch_seconds       slowest batch after the first (an epoch restart when the read crosses one)
-  examples_build_seconds        make_sources for source='examples' (everything tokenised up front)
+  examples_build_seconds        make_sources for ExamplesData (everything tokenised up front)
   examples_examples_per_second  its batch() rate
   random_examples_per_second    RandomTriples.batch rate
   step_compile_seconds          the first train step (compilation included)
@@ -65,7 +65,7 @@ work to split), and adds:
    over that task, both splits, with the DirectRunner in one process and with 2
    worker processes (multi_processing): wall seconds from pipeline start to the
    merged stats, and examples written per second (worker start-up included).
-4. Reading the cache (`DataConfig.seqio_cache_dir`) as the trainer does, next to
+4. Reading the cache (`SeqioData.seqio_cache_dir`) as the trainer does, next to
    building the same task uncached (section 1's seqio rate), and a fourth train
    step condition, "cached": cached batches through `prefetch_batches`.
 
@@ -196,7 +196,8 @@ def run(size: str = "tiny", batch_size: int = 32, prefix_length: int = 256, cont
 
     from rankgen_jax.runtime import partitioning
     from rankgen_jax.models.configs import RANKGEN_HEAD, ModelConfig, t5_config
-    from rankgen_jax.data.sources import DATA_FIELD_SOURCES, DataConfig, make_sources
+    from rankgen_jax.data.source_configs import SOURCE_CONFIGS, DataConfig, source_fields
+    from rankgen_jax.data.sources import make_sources
     from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer
     from rankgen_jax.train.step import StepOptions
     from rankgen_jax.train.compiled import build_step_functions, put_batch
@@ -208,13 +209,14 @@ def run(size: str = "tiny", batch_size: int = 32, prefix_length: int = 256, cont
              if k in options}
     # The demo vocabulary has 8000 pieces; 8064 rounds that up to a multiple of 128.
     config = ModelConfig(encoder=t5_config(size, vocab_size=8064), head=RANKGEN_HEAD)
-    settings = dict(batch_size=batch_size, prefix_length=prefix_length, continuation_length=continuation_length,
-                    with_negative=with_negative, vocab_size=config.encoder.vocab_size, task=task, **words)
+    settings = dict(continuation_length=continuation_length, with_negative=with_negative,
+                    vocab_size=config.encoder.vocab_size, task=task, **words)
 
     def data_config(source: str, **extra) -> DataConfig:
-        """The settings each source reads (a DataConfig refuses fields its source does not read)."""
-        return DataConfig(source=source, **{k: v for k, v in {**settings, **extra}.items()
-                                            if source in DATA_FIELD_SOURCES[k]})
+        """The settings each source reads (its config class holds only those)."""
+        fields = source_fields(SOURCE_CONFIGS[source])
+        chosen = {k: v for k, v in {**settings, **extra}.items() if k in fields}
+        return DataConfig(SOURCE_CONFIGS[source](**chosen), batch_size=batch_size, prefix_length=prefix_length)
 
     row: dict = {"size": size, "batch_size": batch_size, "prefix_length": prefix_length,
                  "continuation_length": continuation_length, "with_negative": with_negative, "task": task,

@@ -110,7 +110,8 @@ def build_model(out: Path, size: str = "small", seed: int = 0) -> tuple[str, str
     from rankgen_jax.checkpoints import native
     from rankgen_jax.checkpoints.convert import export_hf
     from rankgen_jax.models.configs import RANKGEN_HEAD, ModelConfig, t5_config
-    from rankgen_jax.data.sources import DEMO_VOCAB
+    from rankgen_jax.resources import DEMO_VOCAB
+
     from rankgen_jax.models.factory import init_params
 
     # The demo vocabulary has 8000 pieces; 8064 rounds that up to a multiple of 128.

@@ -71,7 +71,7 @@ def test_report_marks_differences_beyond_the_noise(tmp_path):
     _scored_run(tmp_path / "noisy", noisy2, base3)
     runs = [{"name": "baseline", "workdir": str(tmp_path / "baseline"), "changed": {}},
             {"name": "better", "workdir": str(tmp_path / "better"), "changed": {"DataConfig.batch_size": 128}},
-            {"name": "noisy", "workdir": str(tmp_path / "noisy"), "changed": {"DataConfig.same_document": False}}]
+            {"name": "noisy", "workdir": str(tmp_path / "noisy"), "changed": {"ExamplesData.same_document": False}}]
     comparison = write_report(runs, "baseline", tmp_path / "out")
     rows = {r["name"]: r for r in comparison["runs"]}
     assert list(rows) == ["baseline", "better", "noisy", ZERO_SHOT_ROW]
@@ -98,7 +98,7 @@ def test_report_marks_differences_beyond_the_noise(tmp_path):
     assert "(baseline)" in next(line for line in table.splitlines() if line.startswith("| baseline |"))
     assert "- `DataConfig.batch_size`: against the baseline, 128 (accuracy_2way +" in table
     assert "the effect exceeds the noise on accuracy_2way (128), accuracy_3way (128)." in table
-    assert "- `DataConfig.same_document`: against the baseline, false (" in table and "within the noise" in table
+    assert "- `ExamplesData.same_document`: against the baseline, false (" in table and "within the noise" in table
     assert json.loads((tmp_path / "out" / "ablations.json").read_text())["runs"][1]["name"] == "better"
     assert (tmp_path / "out" / "ablations.png").stat().st_size > 0
 

@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec
 from rankgen_jax.cli.main import build_parser, main
 from rankgen_jax.tpu import aot
 from rankgen_jax.runtime import partitioning
-from rankgen_jax.data.sources import DataConfig
+from rankgen_jax.data.source_configs import BooksData, DataConfig, ListsData, RandomData
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.batch_layout import CANDIDATE_LISTS, TRIPLES, BatchLayout
 from rankgen_jax.train.gin_parsing import parse_gin
@@ -35,10 +35,10 @@ TINY_BINDINGS = [
     "t5_config.dtype='bfloat16'",
     "t5_config.scan_layers=True",
     "t5_config.remat=True",
-    "DataConfig.source='random'",
+    "DataConfig.source=@RandomData()",
     "DataConfig.batch_size=32",
     "DataConfig.prefix_length=64",
-    "DataConfig.continuation_length=32",
+    "RandomData.continuation_length=32",
     "OptimizerConfig.name='adafactor'",
     "OptimizerConfig.schedule='constant'",
     "TrainerConfig.num_steps=1000",
@@ -183,15 +183,15 @@ def test_model_flops_are_the_steps_matmuls_without_recomputation(monkeypatch, re
 
 def test_batch_shapes_follow_data_config():
     triples = BatchLayout("dual_encoder", TRIPLES)
-    data = DataConfig(batch_size=16, prefix_length=512, continuation_length=128)
+    data = DataConfig(BooksData(continuation_length=128), batch_size=16, prefix_length=512)
     assert aot.batch_shapes(data, triples) == {
         "query_ids": (16, 512), "positive_ids": (16, 128), "negative_ids": (16, 128)}
-    no_negative = DataConfig(batch_size=4, prefix_length=8, continuation_length=4, with_negative=False)
+    no_negative = DataConfig(BooksData(continuation_length=4, with_negative=False), batch_size=4, prefix_length=8)
     assert set(aot.batch_shapes(no_negative, triples)) == {"query_ids", "positive_ids"}
     with pytest.raises(RankgenError, match="triples"):
-        aot.batch_shapes(DataConfig(source="lists"), BatchLayout("cross_encoder", CANDIDATE_LISTS))
+        aot.batch_shapes(DataConfig(ListsData()), BatchLayout("cross_encoder", CANDIDATE_LISTS))
     with pytest.raises(RankgenError, match="triples"):
-        aot.batch_shapes(DataConfig(source="random"), BatchLayout("dual_encoder", CANDIDATE_LISTS))
+        aot.batch_shapes(DataConfig(RandomData()), BatchLayout("dual_encoder", CANDIDATE_LISTS))
 
 
 def test_fsdp_rules_shard_activations_over_batch_and_params_over_embed():

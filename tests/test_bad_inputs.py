@@ -116,8 +116,9 @@ def _command(name: str, path, tmp_path, models, spiece_model) -> list:
     if name == "index":
         return ["index", "--model", models["a"], "--corpus", path, "--out", tmp_path / "index"]
     return ["train", f"--workdir={tmp_path / 'run'}", *TINY_MODEL, "--gin.t5_config.vocab_size=1000",
-            "--gin.DataConfig.source='lists'", f"--gin.DataConfig.vocab='{spiece_model}'",
-            f"--gin.DataConfig.train_file='{path}'", f"--gin.DataConfig.eval_file='{path}'",
+            "--gin.DataConfig.source=@ListsData()", f"--gin.ListsData.vocab='{spiece_model}'",
+            f"--gin.ListsData.train_file='{path}'", f"--gin.ListsData.eval_file='{path}'",
+            "--gin.ListsData.continuation_length=8",
             "--gin.ModelConfig.kind='cross_encoder'", "--gin.LossConfig.name='listmle'"]
 
 
@@ -164,8 +165,8 @@ def test_too_short_documents_for_training(tmp_path, capsys, spiece_model):
         (books / name).write_text("Too short to make an example.")
     line = one_error_line(*run_cli(
         capsys, "train", f"--workdir={tmp_path / 'run'}", *TINY_MODEL, "--gin.t5_config.vocab_size=1000",
-        "--gin.DataConfig.source='books'", f"--gin.DataConfig.corpus='{books}'",
-        f"--gin.DataConfig.vocab='{spiece_model}'"))
+        "--gin.DataConfig.source=@BooksData()", f"--gin.BooksData.corpus='{books}'",
+        f"--gin.BooksData.vocab='{spiece_model}'"))
     assert str(books) in line and "long enough" in line
 
 
@@ -180,7 +181,7 @@ def test_too_short_documents_for_training(tmp_path, capsys, spiece_model):
     ("OptimizerConfig.learning_rate='fast'", "OptimizerConfig.learning_rate = 'fast': expected float, got str"),
     ("LossConfig.logit_scale='x'", "LossConfig.logit_scale = 'x': expected float, got str"),
     ("t5_config.d_model='big'", "T5Config.d_model = 'big': expected int, got str"),
-    ("DataConfig.vocab=5", "DataConfig.vocab = 5: expected str, got int"),
+    ("RandomData.vocab_size='big'", "RandomData.vocab_size = 'big': expected int, got str"),
     ("TrainerConfig.num_steps=None", "TrainerConfig.num_steps = None: expected int"),
     ("TrainerConfig.log_every=0", "TrainerConfig.log_every must be >= 1, got 0"),
     ("TrainerConfig.checkpoint_every=0", "TrainerConfig.checkpoint_every must be >= 1, got 0"),

@@ -6,14 +6,15 @@ import pytest
 
 from rankgen_jax.runtime import partitioning
 from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig
-from rankgen_jax.data.sources import DataConfig, RandomTriples
+from rankgen_jax.data.source_configs import DataConfig, RandomData
+from rankgen_jax.data.sources import RandomTriples
 from rankgen_jax.models import batch_layout
 from rankgen_jax.models.factory import abstract_variables
 from rankgen_jax.train.step import StepOptions
 from step_harness import TOL, assert_trees_close, run_steps
 
 BERT = BertConfig(vocab_size=128, d_model=32, d_ff=64, num_layers=2, num_heads=4, max_position_embeddings=64)
-TRIPLES = DataConfig(source="random", batch_size=16, prefix_length=12, continuation_length=8, vocab_size=128, seed=5)
+TRIPLES = DataConfig(RandomData(continuation_length=8, vocab_size=128), batch_size=16, prefix_length=12, seed=5)
 
 
 def triples(index):

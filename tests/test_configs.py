@@ -46,7 +46,7 @@ def test_json_round_trip_and_errors():
 @pytest.mark.parametrize("name", ["demo_minilm.gin", "demo_t5_scratch.gin", "rankgen_t5_tiny_books.gin", "rankgen_t5_xl_paper.gin",
                                   "retrieval_t5_tiny_tevatron.gin", "retrieval_minilm.gin", "ranker_minilm.gin"])
 def test_shipped_gin_configs_parse(name):
-    from rankgen_jax.data.sources import DataConfig
+    from rankgen_jax.data.source_configs import DataConfig
     from rankgen_jax.experiments.gin_runs import experiment_configurables
     from rankgen_jax.train.gin_parsing import parse_gin
     from rankgen_jax.train.config import TrainerConfig
@@ -55,23 +55,32 @@ def test_shipped_gin_configs_parse(name):
     assert TrainerConfig().num_steps > 0 and DataConfig().batch_size > 0
 
 
-def test_every_data_field_says_which_sources_read_it():
-    """DATA_FIELD_SOURCES covers every DataConfig field (the configuration reference is built from it), and a field
-    set away from its default for a source that does not read it is an error naming both."""
+def test_each_source_has_its_own_config_class():
+    """DataConfig holds the source's config object and the fields every source reads; each source's class is a
+    gin configurable of its own, and the table of where an earlier version's flat fields went is built from them."""
     import dataclasses
 
-    from rankgen_jax.data.sources import DATA_FIELD_SOURCES, SOURCES, DataConfig
+    import gin
+
+    from rankgen_jax.data.source_configs import MOVED_DATA_FIELDS, SOURCES, SOURCE_CONFIGS, DataConfig, source_fields
     from rankgen_jax.errors import RankgenError
 
-    assert list(DATA_FIELD_SOURCES) == [f.name for f in dataclasses.fields(DataConfig)]
-    assert all(set(sources) <= set(SOURCES) and sources for sources in DATA_FIELD_SOURCES.values())
-    with pytest.raises(RankgenError, match=r"DataConfig.source='retrieval' does not read with_negative, "
-                                           r"holdout_documents \(DataConfig.with_negative=False is read by source "
-                                           r"examples / seqio / books / random only; DataConfig.holdout_documents=3 "
-                                           r"is read by source books / examples only\)"):
-        DataConfig(source="retrieval", holdout_documents=3, with_negative=False)
-    with pytest.raises(RankgenError, match="unknown data source 'bm25'"):
+    assert [f.name for f in dataclasses.fields(DataConfig)] == ["source", "batch_size", "prefix_length", "seed"]
+    assert SOURCES == ("examples", "seqio", "books", "random", "lists", "pairs", "retrieval")
+    for kind, cls in SOURCE_CONFIGS.items():
+        assert cls.kind == kind and cls.__dataclass_params__.frozen
+        assert gin.config._REGISTRY.get_match(cls.__name__) is not None  # noqa: SLF001 - bindable by name
+        for field in source_fields(cls):
+            assert kind in MOVED_DATA_FIELDS[field]
+    assert not set(MOVED_DATA_FIELDS) & {"source", "batch_size", "prefix_length", "seed"}
+    with pytest.raises(RankgenError, match=r"DataConfig.source='retrieval': a source is now its config object, "
+                                           r"DataConfig.source = @RetrievalData\(\)"):
+        DataConfig(source="retrieval")
+    with pytest.raises(RankgenError, match=r"one of @ExamplesData\(\), @SeqioData\(\)"):
         DataConfig(source="bm25")
-    # Defaults are never an error, and a list stands for the tuple gin writes it as.
-    for source in SOURCES:
-        DataConfig(source=source, holdout_ids=[] if source != "examples" else ["a"])
+    with pytest.raises(RankgenError, match=r"RetrievalData.hard_negatives = 'many': expected int, got str"):
+        SOURCE_CONFIGS["retrieval"](hard_negatives="many")
+    # A list stands for the tuple gin writes it as.
+    assert DataConfig(SOURCE_CONFIGS["examples"](holdout_ids=["a"])).source.holdout_ids == ["a"]
+
+

@@ -8,7 +8,8 @@ import pytest
 from rankgen_jax.checkpoints import native
 from rankgen_jax.checkpoints.convert import folder_conventions, import_checkpoint
 from rankgen_jax.data.conventions import PAIR_DEFAULTS, RELEASED, InputConventions
-from rankgen_jax.data.sources import DataConfig, training_conventions
+from rankgen_jax.data.source_configs import DataConfig, ExamplesData, ListsData, PairsData
+from rankgen_jax.data.sources import training_conventions
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.pretrained import resolve_model
 from rankgen_jax.models.batch_layout import CANDIDATE_LISTS, TRIPLES, BatchLayout
@@ -35,15 +36,15 @@ def test_bad_conventions_are_named():
 
 
 def test_training_records_how_each_source_reads_text():
-    data = DataConfig(source="examples", prefix_length=96, continuation_length=64, prefix_keep="end")
+    data = DataConfig(ExamplesData(continuation_length=64, prefix_keep="end"), prefix_length=96)
     assert training_conventions(data) == InputConventions(prefix_length=96, suffix_length=64, prefix_keep="end",
                                                           truncation="clean")
     ranker = BatchLayout("cross_encoder", CANDIDATE_LISTS)
-    got = training_conventions(DataConfig(source="lists", prefix_length=64, continuation_length=96), ranker)
+    got = training_conventions(DataConfig(ListsData(continuation_length=96), prefix_length=64), ranker)
     assert got.side("prefix") == ("", 64, "end") and got.side("suffix") == ("", 96, "start")
-    pairs = training_conventions(DataConfig(source="pairs", prefix_length=100), BatchLayout("dual_encoder", TRIPLES))
+    pairs = training_conventions(DataConfig(PairsData(), prefix_length=100), BatchLayout("dual_encoder", TRIPLES))
     assert pairs.side("prefix") == ("", 100, "start") == pairs.side("suffix")
-    joint = training_conventions(DataConfig(source="pairs", prefix_length=101), ranker)
+    joint = training_conventions(DataConfig(PairsData(), prefix_length=101), ranker)
     assert (joint.prefix_length, joint.suffix_length) == (50, 51)
 
 
@@ -55,10 +56,10 @@ def test_markers_and_kept_end_are_the_data_configs_choice():
     from rankgen_jax.resources import DEMO_VOCAB
 
     dual = BatchLayout("dual_encoder", CANDIDATE_LISTS)
-    plain = DataConfig(source="lists", prefix_marker="", suffix_marker="", prefix_keep="start")
+    plain = DataConfig(ListsData(prefix_marker="", suffix_marker="", prefix_keep="start"))
     assert training_conventions(plain, dual).side("prefix") == ("", 256, "start")
-    assert training_conventions(DataConfig(source="lists"), dual).side("prefix") == ("pre ", 256, "end")
-    assert training_conventions(DataConfig(source="examples", suffix_marker="passage: ")).side("suffix")[0] == \
+    assert training_conventions(DataConfig(ListsData()), dual).side("prefix") == ("pre ", 256, "end")
+    assert training_conventions(DataConfig(ExamplesData(suffix_marker="passage: "))).side("suffix")[0] == \
         "passage: "
     text = load_text_encoder(DEMO_VOCAB)
     records = [{"query": f"query {i}", "candidates": [f"first {i}", f"second {i}"]} for i in range(4)]
@@ -69,7 +70,7 @@ def test_markers_and_kept_end_are_the_data_configs_choice():
                                             for c in r["candidates"]}
     # A cross encoder reads the pair together: markers are refused there.
     with pytest.raises(RankgenError, match="reads query and candidate together, without markers"):
-        make_sources(DataConfig(source="lists", prefix_marker="q: "), BatchLayout("cross_encoder", CANDIDATE_LISTS))
+        make_sources(DataConfig(ListsData(prefix_marker="q: ")), BatchLayout("cross_encoder", CANDIDATE_LISTS))
 
 
 def test_sentence_transformers_folders_say_how_they_read(tmp_path):

@@ -8,11 +8,13 @@ import numpy as np
 from rankgen_jax.data.documents import require_documents
 from rankgen_jax.data.example_source import ExampleTriples, build_examples
 from rankgen_jax.data.examples import ExampleConfig
-from rankgen_jax.data.sources import DataConfig, make_sources
+from rankgen_jax.data.source_configs import DataConfig, ExamplesData
+from rankgen_jax.data.sources import make_sources
 from rankgen_jax.data.text import encode_truncated, load_text_encoder
 from rankgen_jax.data.vocab import BUNDLED_CORPUS
 
-from rankgen_jax.data.sources import DEMO_VOCAB
+from rankgen_jax.resources import DEMO_VOCAB
+
 
 
 def test_encode_truncated_keeps_start_or_end():
@@ -49,8 +51,7 @@ def test_example_triples_batches_are_same_document_and_deterministic():
 
 
 def test_examples_source_from_config_holds_out_whole_books():
-    train, held = make_sources(DataConfig(source="examples", batch_size=8, prefix_length=64, continuation_length=48,
-                                          prefix_words=64, max_continuation_words=48, holdout_documents=2))
+    train, held = make_sources(DataConfig(ExamplesData(continuation_length=48, prefix_words=64, max_continuation_words=48, holdout_documents=2), batch_size=8, prefix_length=64))
     assert {e.doc_id for e in held.examples} == {"speeches/2020_donald_j_trump.txt", "speeches/2021_joseph_r_biden.txt"}
     assert not {e.doc_id for e in held.examples} & {e.doc_id for e in train.examples}
 
@@ -96,10 +97,10 @@ def test_recut_epochs_pair_the_text_afresh_and_resume_by_index():
 
 def test_pooled_leftovers_train_on_the_short_documents_too():
     """The bundled addresses are shorter than a batch of 32: same-document batches alone leave most of them out;
-    DataConfig.pool_leftovers batches the leftovers with their genre's and leaves the held-out side alone."""
-    config = DataConfig(source="examples", batch_size=32, prefix_length=64, continuation_length=48, holdout_documents=2)
+    ExamplesData.pool_leftovers batches the leftovers with their genre's and leaves the held-out side alone."""
+    config = DataConfig(ExamplesData(continuation_length=48, holdout_documents=2), batch_size=32, prefix_length=64)
     plain_train, plain_held = make_sources(config)
-    pooled_train, pooled_held = make_sources(dataclasses.replace(config, pool_leftovers=True))
+    pooled_train, pooled_held = make_sources(config.with_source(pool_leftovers=True))
 
     def genres_used(source):
         return Counter(source.examples[i].doc_id.split("/")[0] for b in source._batches(0, source.examples) for i in b)
@@ -113,7 +114,7 @@ def test_pooled_leftovers_train_on_the_short_documents_too():
 
 
 def test_generative_records_train_as_triples_grouped_or_mixed(tmp_path):
-    """DataConfig.train_file with source "examples": the (p, c, g) records train, same-document ("both") or mixed
+    """ExamplesData.train_file with source "examples": the (p, c, g) records train, same-document ("both") or mixed
     ("generative"); bad records are skipped; records of held-out documents are refused."""
     import json
 
@@ -127,11 +128,10 @@ def test_generative_records_train_as_triples_grouped_or_mixed(tmp_path):
     path = tmp_path / "triples.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"doc_id": "x", "prefix": "no gold"}\n'
                     + "not json\n", encoding="utf-8")
-    config = DataConfig(source="examples", batch_size=4, prefix_length=16, continuation_length=16,
-                        holdout_documents=2, train_file=str(path))
+    config = DataConfig(ExamplesData(continuation_length=16, holdout_documents=2, train_file=str(path)), batch_size=4, prefix_length=16)
     text = load_text_encoder(DEMO_VOCAB)
     for same_document in (True, False):
-        train, held = make_sources(dataclasses.replace(config, same_document=same_document))
+        train, held = make_sources(config.with_source(same_document=same_document))
         assert [(e.prefix, e.continuation, e.negatives) for e in train.examples] == [
             (r["prefix"], r["continuation"], (r["generative_negative"],)) for r in records]
         groups = [{train.examples[i].doc_id for i in members} for members in train._batches(0, train.examples)]
@@ -144,6 +144,6 @@ def test_generative_records_train_as_triples_grouped_or_mixed(tmp_path):
     leaked = tmp_path / "leaked.jsonl"
     leaked.write_text(json.dumps({**records[0], "doc_id": "speeches/2021_joseph_r_biden.txt"}) + "\n", encoding="utf-8")
     with pytest.raises(RankgenError, match="records of held-out documents"):
-        make_sources(dataclasses.replace(config, train_file=str(leaked)))
+        make_sources(config.with_source(train_file=str(leaked)))
     with pytest.raises(RankgenError, match="cannot be recut"):
-        make_sources(dataclasses.replace(config, recut_examples=True))
+        make_sources(config.with_source(recut_examples=True))

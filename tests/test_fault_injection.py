@@ -32,7 +32,8 @@ from rankgen_jax.losses.spec import LossSpec
 from rankgen_jax.checkpoints import native
 from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.cli.main import main
-from rankgen_jax.data.sources import DataConfig, make_sources
+from rankgen_jax.data.source_configs import DataConfig, RandomData
+from rankgen_jax.data.sources import make_sources
 from rankgen_jax.models.batch_layout import TRIPLES
 from rankgen_jax.train.metric_writers import read_metrics
 
@@ -374,8 +375,7 @@ NAN_LOSS = "test_nan_on_batches"
 
 def _poison(monkeypatch, bad_batches: list[int], num_steps: int) -> None:
     """Register a loss that is in_batch_softmax, times NaN on the given batches (found by their token sum)."""
-    train, _ = make_sources(DataConfig(source="random", vocab_size=128, batch_size=8, prefix_length=16,
-                                       continuation_length=8))
+    train, _ = make_sources(DataConfig(RandomData(vocab_size=128, continuation_length=8), batch_size=8, prefix_length=16))
     sums = [int(train.batch(i)["query_ids"].sum()) for i in range(num_steps)]
     assert len(set(sums)) == num_steps  # the sum identifies the batch
     bad = jnp.array([sums[i] for i in bad_batches], jnp.int32)

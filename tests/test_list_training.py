@@ -12,7 +12,9 @@ from rankgen_jax.runtime import partitioning
 from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig, t5_config
 from rankgen_jax.data.jsonl import read_jsonl
 from rankgen_jax.data.lists import ListBatches, PairBatches, check_list_record, check_pair_record
-from rankgen_jax.data.sources import DEMO_VOCAB, DataConfig, make_sources
+from rankgen_jax.resources import DEMO_VOCAB
+from rankgen_jax.data.source_configs import DataConfig, ListsData, RandomData
+from rankgen_jax.data.sources import make_sources
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.losses import registry as losses
 from rankgen_jax.models.factory import build_model, init_params
@@ -90,9 +92,9 @@ def test_sources_build_the_arrays_their_layout_declares(t5_text):
         batch = _ids(ListBatches(records, t5_text, 4, layout, 16, 8, list_size=4).batch(0))
         assert {k: v.shape[-1] for k, v in batch.items()} == layout.lengths(16, 8)
         assert {a.key for a in layout.arrays} <= {t.ids_key for t in layout.towers}
-    data = DataConfig(source="random", batch_size=4, prefix_length=12, continuation_length=6, vocab_size=128)
+    data = DataConfig(RandomData(continuation_length=6, vocab_size=128), batch_size=4, prefix_length=12)
     for with_negative in (True, False):
-        batch = _ids(make_sources(dataclasses.replace(data, with_negative=with_negative))[0].batch(0))
+        batch = _ids(make_sources(data.with_source(with_negative=with_negative))[0].batch(0))
         assert {k: v.shape[-1] for k, v in batch.items()} == DUAL_TRIPLES.lengths(12, 6, optional=with_negative)
 
 
@@ -109,7 +111,7 @@ def test_layouts_by_model_kind_and_loss(tmp_path):
     # The trainer checks the model kind against its loss before reading any data.
     with pytest.raises(RankgenError, match="loss 'in_batch_softmax' does not train a cross_encoder: it compares "
                                            "separate query and candidate vectors"):
-        train(str(tmp_path / "run"), TrainerConfig(num_steps=1), CROSS, DataConfig(source="lists"), LossConfig("in_batch_softmax"))
+        train(str(tmp_path / "run"), TrainerConfig(num_steps=1), CROSS, DataConfig(ListsData()), LossConfig("in_batch_softmax"))
 
 
 def test_bert_pairs_have_token_types():
@@ -264,8 +266,7 @@ def test_trainer_trains_a_ranker_from_list_files(tmp_path):
         (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
     config = ModelConfig(encoder=t5_config("tiny", vocab_size=8064, num_layers=1), head=HeadConfig("first", 0, False),
                          kind="cross_encoder")
-    data = DataConfig(source="lists", train_file=str(tmp_path / "train.jsonl"), eval_file=str(tmp_path / "eval.jsonl"),
-                      batch_size=8, prefix_length=16, continuation_length=8, list_size=4)
+    data = DataConfig(ListsData(train_file=str(tmp_path / "train.jsonl"), eval_file=str(tmp_path / "eval.jsonl"), continuation_length=8, list_size=4), batch_size=8, prefix_length=16)
     metrics = train(str(tmp_path / "run"), TrainerConfig(num_steps=3, log_every=1, eval_every=3, checkpoint_every=3,
                                                          async_checkpoints=False),
                     config, data, LossConfig(name="listmle"))
@@ -283,23 +284,23 @@ def test_trainer_trains_a_ranker_from_list_files(tmp_path):
     with pytest.raises(RankgenError, match="this needs a dual encoder"):
         load_model(str(tmp_path / "run"))
     with pytest.raises(RankgenError, match="cross encoder trains on candidate lists"):
-        train(str(tmp_path / "bad"), TrainerConfig(num_steps=1), config, DataConfig(source="random"),
+        train(str(tmp_path / "bad"), TrainerConfig(num_steps=1), config, DataConfig(RandomData()),
               LossConfig(name="listmle"))
 
 
 def test_make_sources_requires_list_files(tmp_path):
-    with pytest.raises(RankgenError, match="needs DataConfig.train_file"):
-        make_sources(DataConfig(source="lists"), CROSS_LISTS)
+    with pytest.raises(RankgenError, match="needs ListsData.train_file"):
+        make_sources(DataConfig(ListsData()), CROSS_LISTS)
     # The held-out file is optional; a run that evaluates without one is refused before any data is read.
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in list_records(40, 3)))
-    data = DataConfig(source="lists", train_file=str(tmp_path / "train.jsonl"))
+    data = DataConfig(ListsData(train_file=str(tmp_path / "train.jsonl")))
     train_source, eval_source = make_sources(data, CROSS_LISTS)
     assert train_source.batch(0)["pair_ids"].shape[0] == 32 and eval_source is None
     with pytest.raises(RankgenError, match=r"TrainerConfig.eval_every=5 evaluates on held-out data, which this data "
-                                           r"config does not name: give DataConfig.eval_file .* or set "
+                                           r"config does not name: give ListsData.eval_file .* or set "
                                            r"TrainerConfig.eval_every=0"):
         train(str(tmp_path / "run"), TrainerConfig(num_steps=1, eval_every=5), CROSS,
-              dataclasses.replace(data, train_file=str(tmp_path / "absent.jsonl")), LossConfig(name="listmle"))
+              data.with_source(train_file=str(tmp_path / "absent.jsonl")), LossConfig(name="listmle"))
 
 
 def _triples(index, batch=8, q=10, c=8):
@@ -341,8 +342,7 @@ def test_every_loss_traces_with_every_model_kind_it_is_registered_for(name, kind
 def test_losses_refuse_other_model_kinds_with_the_reason(tmp_path, name, kind):
     assert kind not in losses.model_kinds(name)
     model = CROSS if kind == "cross_encoder" else DUAL
-    source = "random" if losses.batch_form(name) == TRIPLES else "lists"
-    data = DataConfig(source=source, vocab_size=128) if source == "random" else DataConfig(source=source)
+    data = DataConfig(RandomData(vocab_size=128) if losses.batch_form(name) == TRIPLES else ListsData())
     with pytest.raises(RankgenError, match=f"loss {name!r} does not train a {kind}: ") as e:
         train(str(tmp_path / "run"), TrainerConfig(num_steps=1), model, data, LossConfig(name))
     assert losses.loss_spec(name).refused[kind] in str(e.value)

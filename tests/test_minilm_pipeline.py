@@ -34,7 +34,7 @@ def test_minilm_import_train_export(tmp_path, capsys):
                  f"--gin.TrainerConfig.init_checkpoint='{tmp_path / 'ckpt'}'",
                  "--gin.TrainerConfig.num_steps=2", "--gin.TrainerConfig.log_every=1",
                  "--gin.DataConfig.batch_size=8", "--gin.DataConfig.prefix_length=48",
-                 "--gin.DataConfig.continuation_length=24", "--gin.LossConfig.logit_scale=20.0",
+                 "--gin.BooksData.continuation_length=24", "--gin.LossConfig.logit_scale=20.0",
                  "--gin.OptimizerConfig.name='adamw'", "--gin.OptimizerConfig.learning_rate=5e-5"])
     assert code == 0, capsys.readouterr().err
     # The books were tokenised with MiniLM's own WordPiece vocabulary, kept in the workdir.

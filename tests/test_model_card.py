@@ -1,5 +1,6 @@
 """Model cards: front matter the hub's own parser reads, for each kind of model; the front-matter reader."""
 
+import dataclasses
 import pytest
 
 from rankgen_jax.checkpoints.model_card import CardFacts, read_front_matter, render_card
@@ -48,7 +49,8 @@ def test_card_carries_the_jobs_per_genre_comparison(key):
 
 
 def test_cards_show_the_settings_that_mattered_without_local_paths():
-    """Whole multi-line bindings, DataConfig fields of the run's source only, and no path of the machine that ran it."""
+    """Whole multi-line bindings, the data source's settings, and no path of the machine that ran it; a run of an
+    earlier version, whose one DataConfig held every source's fields, shows those of its source only."""
     from rankgen_jax.resources import BUNDLED_CORPUS, DEMO_VOCAB
 
     operative = "\n".join([
@@ -75,5 +77,16 @@ def test_cards_show_the_settings_that_mattered_without_local_paths():
     for other in ("list_size", "retrieval_corpus", "DataConfig.task"):
         assert other not in card
     assert "`results.json`" in card and "Parameters for DataConfig" not in card
+    # Now: the source's own class, named by DataConfig.source, holds its settings.
+    operative = "\n".join([
+        "import rankgen_jax.data.sources", "",
+        "DataConfig.batch_size = 32", "DataConfig.source = @ExamplesData()",
+        f"ExamplesData.corpus = '{BUNDLED_CORPUS}'", "ExamplesData.prefix_words = 128",
+        "ListsData.list_size = 0", "TrainerConfig.num_steps = 100",
+    ])
+    card = render_card(dataclasses.replace(facts, operative_gin=operative), "m")
+    data = card[card.index("Data (from the run's operative gin config)"):card.index("Loss and schedule")]
+    assert "DataConfig.source = @ExamplesData()" in data and "ExamplesData.prefix_words = 128" in data
+    assert "ExamplesData.corpus = 'data/corpus'" in data and "ListsData" not in data
     # A plain encode() reads documents: the card says so.
     assert "A plain `model.encode(texts)` reads the texts as documents" in card

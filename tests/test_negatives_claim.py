@@ -6,19 +6,19 @@ import json
 import numpy as np
 import pytest
 
-from rankgen_jax.data.sources import DataConfig, corpus_split
+from rankgen_jax.data.source_configs import DataConfig, ExamplesData
+from rankgen_jax.data.sources import corpus_split
 from rankgen_jax.data.vocab import BUNDLED_CORPUS
 from rankgen_jax.experiments import negatives_claim as claim
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-DATA = DataConfig(source="examples", corpus=str(BUNDLED_CORPUS / "austen"), batch_size=8, prefix_words=64,
-                  max_continuation_words=48, holdout_documents=1)
+DATA = DataConfig(ExamplesData(corpus=str(BUNDLED_CORPUS / "austen"), prefix_words=64, max_continuation_words=48, holdout_documents=1), batch_size=8)
 
 
 def test_training_groups_are_whole_documents_spread_over_the_corpus():
     records = claim.training_prefixes(DATA, groups=6, seed=0)
-    (train_docs, held_docs), _ = corpus_split(DATA)
+    (train_docs, held_docs), _ = corpus_split(DATA.source)
     assert len(records) == 6 * 8 and len({r["id"] for r in records}) == 48
     groups = [records[k: k + 8] for k in range(0, 48, 8)]
     assert all(len({r["doc_id"] for r in g}) == 1 for g in groups)
@@ -32,7 +32,7 @@ def test_training_groups_are_whole_documents_spread_over_the_corpus():
 
 def test_held_out_items_come_from_the_held_out_documents():
     items = claim.held_out_items(DATA, count=5, negatives=3, seed=0)
-    (_, held_docs), _ = corpus_split(DATA)
+    (_, held_docs), _ = corpus_split(DATA.source)
     assert len(items) == 5 and all(len(it["candidates"]) == 4 for it in items)
     assert {it["doc_id"] for it in items} <= {d.id for d in held_docs}
 
@@ -65,10 +65,10 @@ def test_the_job_end_to_end_with_tiny_models(tmp_path):
 
     lm = build_tiny_gpt2(tmp_path / "lm")
     init = build_tiny_minilm(tmp_path / "init")
-    bindings = [f"DataConfig.corpus = '{BUNDLED_CORPUS / 'austen'}'", "DataConfig.holdout_ids = []",
-                "DataConfig.holdout_documents = 1", "DataConfig.batch_size = 8", "DataConfig.prefix_words = 48",
-                "DataConfig.max_continuation_words = 24", "DataConfig.prefix_length = 32",
-                "DataConfig.continuation_length = 24", "DataConfig.vocab = ''",
+    bindings = [f"ExamplesData.corpus = '{BUNDLED_CORPUS / 'austen'}'", "ExamplesData.holdout_ids = []",
+                "ExamplesData.holdout_documents = 1", "DataConfig.batch_size = 8", "ExamplesData.prefix_words = 48",
+                "ExamplesData.max_continuation_words = 24", "DataConfig.prefix_length = 32",
+                "ExamplesData.continuation_length = 24", "ExamplesData.vocab = ''",
                 "TrainerConfig.eval_every = 0", "TrainerConfig.checkpoint_every = 4", "TrainerConfig.log_every = 2",
                 f"NegativesClaimConfig.lm = '{lm}'", "NegativesClaimConfig.init_from_hf = ''",
                 f"NegativesClaimConfig.init_checkpoint = '{init}'", "NegativesClaimConfig.train_groups = 2",

@@ -270,7 +270,8 @@ def test_an_unpacked_wheel_finds_its_files_inside_itself(wheel, tmp_path):
 import json, sys
 import gin
 from rankgen_jax import resources
-from rankgen_jax.data.sources import DEMO_VOCAB, DataConfig
+from rankgen_jax.resources import DEMO_VOCAB
+from rankgen_jax.data.source_configs import DataConfig
 from rankgen_jax.data.text import load_text_encoder
 from rankgen_jax.experiments.perspective_pairs import load_works
 from rankgen_jax.experiments.sweep import read_grid

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankgen_jax.data.sources import DataConfig, RandomTriples
+from rankgen_jax.data.source_configs import DataConfig, RandomData
+from rankgen_jax.data.sources import RandomTriples
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.configs import BertConfig, HeadConfig, ModelConfig, T5Config, t5_config
 from rankgen_jax.models.factory import build_model, init_params
@@ -17,8 +18,7 @@ from rankgen_jax.tpu.aot import sub_jaxprs
 from rankgen_jax.train.step import StepOptions, compute_grads
 from step_harness import run_steps
 
-DATA = DataConfig(source="random", batch_size=8, prefix_length=12, continuation_length=8, vocab_size=128, seed=3,
-                  with_negative=True)
+DATA = DataConfig(RandomData(continuation_length=8, vocab_size=128, with_negative=True), batch_size=8, prefix_length=12, seed=3)
 T5 = ModelConfig(encoder=t5_config("tiny", vocab_size=128, dtype="float32"), head=HeadConfig("first", -1, False))
 BERT = ModelConfig(encoder=BertConfig(vocab_size=128, d_model=32, d_ff=64, num_layers=2, num_heads=4,
                                       max_position_embeddings=64, dtype="float32"), head=HeadConfig("mean", 0, True))

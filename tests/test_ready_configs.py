@@ -16,7 +16,7 @@ from rankgen_jax.experiments.retrieval_example import bundled_books
 # The shipped settings stay; these only make the run small (steps, batch, lengths).
 SMALL = ["--gin.TrainerConfig.num_steps=2", "--gin.OptimizerConfig.warmup_steps=1",
          "--gin.TrainerConfig.checkpoint_every=2", "--gin.TrainerConfig.async_checkpoints=False",
-         "--gin.DataConfig.batch_size=8", "--gin.DataConfig.prefix_length=32", "--gin.DataConfig.continuation_length=64"]
+         "--gin.DataConfig.batch_size=8", "--gin.DataConfig.prefix_length=32", "--gin.RetrievalData.continuation_length=64"]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def mined(tmp_path_factory):
 
 def _train(workdir, gin_file, checkpoint, train_file, capsys, *extra):
     code = main(["train", f"--gin_file={gin_file}", f"--workdir={workdir}",
-                 f"--gin.TrainerConfig.init_checkpoint='{checkpoint}'", f"--gin.DataConfig.train_file='{train_file}'",
+                 f"--gin.TrainerConfig.init_checkpoint='{checkpoint}'", f"--gin.RetrievalData.train_file='{train_file}'",
                  *SMALL, *extra])
     assert code == 0, capsys.readouterr().err
 
@@ -66,7 +66,7 @@ def test_minilm_retriever_config(mined, tmp_path, capsys):
 
 def test_minilm_cross_encoder_config(mined, tmp_path, capsys):
     root, checkpoint, train_file = mined
-    _train(tmp_path / "run", "ranker_minilm.gin", checkpoint, train_file, capsys, "--gin.DataConfig.hard_negatives=3")
+    _train(tmp_path / "run", "ranker_minilm.gin", checkpoint, train_file, capsys, "--gin.RetrievalData.hard_negatives=3")
     config = native.load_model_config(tmp_path / "run")
     assert config.kind == "cross_encoder" and config.encoder_type == "bert" and config.head.pooling == "pooler"
     assert main(["export-hf", "--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0

@@ -44,7 +44,7 @@ def test_recipe_gins_resolve_to_the_papers_data(gin_file, size, batch_size, step
     import gin
 
     from rankgen_jax.data.seqio.tasks import task_spec
-    from rankgen_jax.data.sources import DataConfig
+    from rankgen_jax.data.source_configs import DataConfig
     from rankgen_jax.train.config import LossConfig, TrainerConfig
     from rankgen_jax.train.optimizers import OptimizerConfig
 

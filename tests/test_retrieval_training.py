@@ -1,4 +1,4 @@
-"""Training from retrieval data (DataConfig.source='retrieval'): Tevatron files, BEIR + qrels + a run, lists, the trainer."""
+"""Training from retrieval data (DataConfig.source=@RetrievalData()): Tevatron files, BEIR + qrels + a run, lists, the trainer."""
 
 import collections
 import dataclasses
@@ -10,7 +10,9 @@ import pytest
 
 from rankgen_jax.data import retrieval_source
 from rankgen_jax.data.example_source import PREFIX_MARKER, SUFFIX_MARKER
-from rankgen_jax.data.sources import DEMO_VOCAB, DataConfig, make_sources, missing_eval_data, training_conventions
+from rankgen_jax.resources import DEMO_VOCAB
+from rankgen_jax.data.source_configs import DataConfig, RetrievalData
+from rankgen_jax.data.sources import make_sources, missing_eval_data, training_conventions
 from rankgen_jax.data.text import encode_pair_truncated, encode_truncated, load_text_encoder, pad_batch
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.batch_layout import CANDIDATE_LISTS, TRIPLES, BatchLayout
@@ -49,14 +51,13 @@ def write_jsonl(path, records) -> str:
     return str(path)
 
 
-def tevatron_config(tmp_path, records=None, **overrides) -> DataConfig:
+def tevatron_config(tmp_path, records=None, batch_size=4, seed=0, **overrides) -> DataConfig:
     records = records if records is not None else tevatron_records()
     train = write_jsonl(tmp_path / "train.jsonl", records)
     dev = write_jsonl(tmp_path / "dev.jsonl", records[4:])
-    fields = dict(source="retrieval", train_file=train, eval_file=dev, batch_size=4, prefix_length=16,
-                  continuation_length=24, hard_negatives=3)
+    fields = dict(train_file=train, eval_file=dev, continuation_length=24, hard_negatives=3)
     fields.update(overrides)
-    return DataConfig(**fields)
+    return DataConfig(RetrievalData(**fields), batch_size=batch_size, prefix_length=16, seed=seed)
 
 
 def joined(passage: dict) -> str:
@@ -180,8 +181,7 @@ def trec_run(depth: int = 8) -> list[str]:
 def test_beir_qrels_and_run_as_the_negative_pool(tmp_path, capsys):
     folder = tmp_path / "beir"
     corpus = write_beir(folder, trec_run())
-    config = DataConfig(source="retrieval", retrieval_corpus=str(folder), negatives_run=str(folder / "run.trec"),
-                        batch_size=2, prefix_length=16, continuation_length=24, hard_negatives=2)
+    config = DataConfig(RetrievalData(retrieval_corpus=str(folder), negatives_run=str(folder / "run.trec"), continuation_length=24, hard_negatives=2), batch_size=2, prefix_length=16)
     train, dev = make_sources(config, DUAL_TRIPLES)
     # q5's qrels judge nothing relevant: skipped, counted by its qrels line.
     assert train.pool.skipped.by_reason == {retrieval_source.NO_RELEVANT: [17]}
@@ -221,9 +221,7 @@ def test_beir_qrels_and_run_as_the_negative_pool(tmp_path, capsys):
     dev_qrels.write_text("q6\tausten-emma-0033\nq7\tausten-emma-0033\n")
     run = tmp_path / "run.msmarco.tsv"
     run.write_text("".join(f"{line.split()[0]}\t{line.split()[2]}\t{line.split()[3]}\n" for line in trec_run()))
-    files = DataConfig(source="retrieval", retrieval_corpus=str(tsv), queries=str(folder / "queries.jsonl"),
-                       qrels=str(qrels_trec), eval_qrels=str(dev_qrels), negatives_run=str(run), batch_size=2,
-                       prefix_length=16, continuation_length=24, hard_negatives=2)
+    files = DataConfig(RetrievalData(retrieval_corpus=str(tsv), queries=str(folder / "queries.jsonl"), qrels=str(qrels_trec), eval_qrels=str(dev_qrels), negatives_run=str(run), continuation_length=24, hard_negatives=2), batch_size=2, prefix_length=16)
     from_files, _ = make_sources(files, DUAL_TRIPLES)
     assert [(q.query_id, [p.id for p in q.positives], [p.id for p in q.negatives]) for q in from_files.pool.queries] \
         == [(q.query_id, [p.id for p in q.positives], [p.id for p in q.negatives]) for q in train.pool.queries]
@@ -240,25 +238,26 @@ def test_beir_qrels_and_run_as_the_negative_pool(tmp_path, capsys):
 def test_bad_retrieval_data_give_clear_errors(tmp_path, capsys):
     folder = tmp_path / "beir"
     write_beir(folder, trec_run() + ["q1 Q0 not-in-corpus 99 0.5 bm25"])
-    beir = dict(source="retrieval", retrieval_corpus=str(folder), batch_size=2, hard_negatives=2)
+    beir = dict(retrieval_corpus=str(folder), hard_negatives=2)
     with pytest.raises(RankgenError, match="1 passages of the run are not in .*beir.*another corpus"):
-        make_sources(DataConfig(**beir, negatives_run=str(folder / "run.trec")), DUAL_TRIPLES)
+        make_sources(DataConfig(RetrievalData(**beir, negatives_run=str(folder / "run.trec")), batch_size=2),
+                     DUAL_TRIPLES)
     with pytest.raises(RankgenError, match="hard_negatives=2 with qrels needs a run"):
-        make_sources(DataConfig(**beir), DUAL_TRIPLES)
+        make_sources(DataConfig(RetrievalData(**beir), batch_size=2), DUAL_TRIPLES)
     # Held-out qrels are optional: without them there is no eval source, and what to give is known up front.
-    no_dev = DataConfig(**dict(beir, hard_negatives=0), eval_split="validation")
+    no_dev = DataConfig(RetrievalData(**dict(beir, hard_negatives=0), eval_split="validation"), batch_size=2)
     assert make_sources(no_dev, DUAL_TRIPLES)[1] is None
     assert "no qrels/validation.tsv; its splits: dev, train" in missing_eval_data(no_dev)
-    assert missing_eval_data(dataclasses.replace(no_dev, eval_split="dev")) == ""
-    with pytest.raises(RankgenError, match="DataConfig.queries is needed when retrieval_corpus"):
-        make_sources(DataConfig(source="retrieval", retrieval_corpus=str(folder / "corpus.jsonl")), DUAL_TRIPLES)
-    with pytest.raises(RankgenError, match="needs Tevatron files .* or DataConfig.retrieval_corpus"):
-        make_sources(DataConfig(source="retrieval"), DUAL_TRIPLES)
+    assert missing_eval_data(DataConfig(dataclasses.replace(no_dev.source, eval_split="dev"))) == ""
+    with pytest.raises(RankgenError, match="RetrievalData.queries is needed when retrieval_corpus"):
+        make_sources(DataConfig(RetrievalData(retrieval_corpus=str(folder / "corpus.jsonl"))), DUAL_TRIPLES)
+    with pytest.raises(RankgenError, match="needs Tevatron files .* or RetrievalData.retrieval_corpus"):
+        make_sources(DataConfig(RetrievalData()), DUAL_TRIPLES)
     with pytest.raises(RankgenError, match="not both"):
         make_sources(tevatron_config(tmp_path, retrieval_corpus=str(folder)), DUAL_TRIPLES)
     assert make_sources(tevatron_config(tmp_path, eval_file=""), DUAL_TRIPLES)[1] is None
-    assert "DataConfig.eval_file" in missing_eval_data(tevatron_config(tmp_path, eval_file=""))
-    with pytest.raises(RankgenError, match="needs DataConfig.train_file"):
+    assert "RetrievalData.eval_file" in missing_eval_data(tevatron_config(tmp_path, eval_file=""))
+    with pytest.raises(RankgenError, match="needs RetrievalData.train_file"):
         make_sources(tevatron_config(tmp_path, train_file=""), DUAL_TRIPLES)
     with pytest.raises(RankgenError, match="positive_choice must be one of"):
         make_sources(tevatron_config(tmp_path, positive_choice="all"), DUAL_TRIPLES)
@@ -318,12 +317,10 @@ def test_tevatron_as_candidate_lists(tmp_path, text):
 def test_batch_shapes_for_compile():
     from rankgen_jax.tpu.aot import batch_shapes
 
-    config = DataConfig(source="retrieval", batch_size=8, prefix_length=16, continuation_length=24, hard_negatives=3)
+    config = DataConfig(RetrievalData(continuation_length=24, hard_negatives=3), batch_size=8, prefix_length=16)
     assert batch_shapes(config, DUAL_TRIPLES) == {"query_ids": (8, 16), "positive_ids": (8, 24),
                                                   "negative_ids": (8, 3, 24)}
-    import dataclasses
-
-    assert "negative_ids" not in batch_shapes(dataclasses.replace(config, hard_negatives=0), DUAL_TRIPLES)
+    assert "negative_ids" not in batch_shapes(config.with_source(hard_negatives=0), DUAL_TRIPLES)
 
 
 def _softmax_loss(query_BxD, positive_BxD, negative_BxKxD, batch) -> float:
@@ -352,9 +349,9 @@ def test_rankgen_jax_train_on_a_tevatron_file(tmp_path, capsys):
     dev_file = write_jsonl(tmp_path / "dev.jsonl", records[4:])
     workdir = tmp_path / "run"
     code = main(["train", "--gin_file=retrieval_t5_tiny_tevatron.gin", f"--workdir={workdir}",
-                 f"--gin.DataConfig.train_file='{train_file}'", f"--gin.DataConfig.eval_file='{dev_file}'",
+                 f"--gin.RetrievalData.train_file='{train_file}'", f"--gin.RetrievalData.eval_file='{dev_file}'",
                  "--gin.DataConfig.batch_size=8", "--gin.DataConfig.prefix_length=16",
-                 "--gin.DataConfig.continuation_length=24", "--gin.t5_config.num_layers=1",
+                 "--gin.RetrievalData.continuation_length=24", "--gin.t5_config.num_layers=1",
                  "--gin.TrainerConfig.num_steps=2", "--gin.OptimizerConfig.warmup_steps=1",
                  "--gin.TrainerConfig.log_every=1",
                  "--gin.TrainerConfig.eval_every=2", "--gin.TrainerConfig.eval_batches=1",
@@ -367,8 +364,7 @@ def test_rankgen_jax_train_on_a_tevatron_file(tmp_path, capsys):
     # The logged eval loss is the in-batch softmax over the eval source's batch 0 with its [B, 3, Lc] negatives:
     # recomputed in NumPy from the saved step-2 parameters and the source's own arrays.
     config, params = native.restore_params(workdir)
-    data = DataConfig(source="retrieval", train_file=train_file, eval_file=dev_file, batch_size=8, prefix_length=16,
-                      continuation_length=24, hard_negatives=3)
+    data = DataConfig(RetrievalData(train_file=train_file, eval_file=dev_file, continuation_length=24, hard_negatives=3), batch_size=8, prefix_length=16)
     batch = make_sources(data, DUAL_TRIPLES)[1].batch(0)
     assert batch["negative_ids"].shape == (8, 3, 24)
     model = build_model(config)

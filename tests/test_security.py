@@ -200,7 +200,7 @@ def test_paths_from_gin_are_never_run_by_a_shell(tmp_path):
 def test_sweep_launch_lines_keep_values_quoted(tmp_path, capsys):
     grid = tmp_path / "grid.json"
     grid.write_text(json.dumps({"gin_files": [f"x {SHELLY}.gin"],
-                                "axes": {"DataConfig.corpus": [f"/data/{SHELLY}"]}}))
+                                "axes": {"ExamplesData.corpus": [f"/data/{SHELLY}"]}}))
     assert main(["sweep", "--grid", str(grid), "--workdir", str(tmp_path / f"runs {SHELLY}"),
                  "--tpu_name", "slice"]) == 0
     lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("python3")]

@@ -17,7 +17,8 @@ from rankgen_jax.cli.main import main  # noqa: E402 - after the optional-package
 from rankgen_jax.data.documents import EMPTY_FILE  # noqa: E402
 from rankgen_jax.data.seqio import tasks as st  # noqa: E402
 from rankgen_jax.data.seqio.source import SeqioTriples  # noqa: E402
-from rankgen_jax.data.sources import DataConfig, make_sources  # noqa: E402
+from rankgen_jax.data.source_configs import DataConfig, SeqioData
+from rankgen_jax.data.sources import make_sources  # noqa: E402
 from rankgen_jax.errors import RankgenError  # noqa: E402
 from rankgen_jax.testing import word_book  # noqa: E402
 from rankgen_jax.train.metric_writers import read_metrics  # noqa: E402
@@ -153,10 +154,10 @@ def test_resume_from_the_cache_equals_an_uninterrupted_run(cache):
 
 def test_train_a_few_steps_from_the_cache(cache, corpus, tmp_path, capsys):
     code = main(["train", f"--workdir={tmp_path}", "--gin_file=models/t5_1_1_tiny.gin",
-                 "--gin.t5_config.vocab_size=8064", "--gin.DataConfig.source='seqio'",
-                 f"--gin.DataConfig.task='{TASK}'", f"--gin.DataConfig.seqio_cache_dir='{cache}'",
+                 "--gin.t5_config.vocab_size=8064", "--gin.DataConfig.source=@SeqioData()",
+                 f"--gin.SeqioData.task='{TASK}'", f"--gin.SeqioData.seqio_cache_dir='{cache}'",
                  f"--gin.DataConfig.batch_size={GROUP}", "--gin.DataConfig.prefix_length=64",
-                 "--gin.DataConfig.continuation_length=32", "--gin.TrainerConfig.num_steps=3",
+                 "--gin.SeqioData.continuation_length=32", "--gin.TrainerConfig.num_steps=3",
                  "--gin.TrainerConfig.log_every=1", "--gin.TrainerConfig.eval_every=3",
                  "--gin.TrainerConfig.eval_batches=1", "--gin.OptimizerConfig.name='adamw'",
                  "--gin.OptimizerConfig.learning_rate=1e-3"])
@@ -168,13 +169,12 @@ def test_train_a_few_steps_from_the_cache(cache, corpus, tmp_path, capsys):
 
 def test_reading_an_uncached_task_or_a_missing_cache_is_a_clear_error(cache, tmp_path):
     with pytest.raises(RankgenError, match=r"seqio_cache_dir='/no/such/cache': no such folder"):
-        make_sources(DataConfig(source="seqio", task=TASK, seqio_cache_dir="/no/such/cache"))
+        make_sources(DataConfig(SeqioData(task=TASK, seqio_cache_dir="/no/such/cache")))
     empty = tmp_path / "empty_cache"
     empty.mkdir()
     with pytest.raises(RankgenError, match=r"task 'rankgen_wiki_inbook' is not cached in any seqio cache folder "
                                            r".*rankgen-jax cache-tasks --tasks rankgen_wiki_inbook"):
-        make_sources(DataConfig(source="seqio", task="rankgen_wiki_inbook", seqio_cache_dir=str(empty),
-                                batch_size=GROUP))
+        make_sources(DataConfig(SeqioData(task="rankgen_wiki_inbook", seqio_cache_dir=str(empty)), batch_size=GROUP))
     with pytest.raises(RankgenError, match=r"cached in groups of 8: each of the 1 hosts. 12 rows"):
         SeqioTriples(TASK, "train", 12, LENGTHS, use_cached=True)
 

@@ -16,7 +16,8 @@ from rankgen_jax.data.seqio import source as seqio_source  # noqa: E402
 from rankgen_jax.data.seqio import vocab as seqio_vocab  # noqa: E402
 from rankgen_jax.data.documents import BINARY_FILE, EMPTY_FILE, MALFORMED_JSON, TOO_SHORT, Document  # noqa: E402
 from rankgen_jax.data.examples import ExampleConfig, make_examples  # noqa: E402
-from rankgen_jax.data.sources import DataConfig, make_sources  # noqa: E402
+from rankgen_jax.data.source_configs import DataConfig, SeqioData
+from rankgen_jax.data.sources import make_sources  # noqa: E402
 from rankgen_jax.errors import RankgenError  # noqa: E402
 from rankgen_jax.data.vocab import EOS_ID, REPO_ROOT  # noqa: E402
 from rankgen_jax.testing import word_book  # noqa: E402
@@ -186,10 +187,9 @@ def test_more_tfdata_threads_read_the_same_batches(demo_task):
     for index in (0, 1, 5):
         a, b = one.batch(index), three.batch(index)
         assert all(np.array_equal(a[k], b[k]) for k in LENGTHS)
-    train, validation = make_sources(DataConfig(source="seqio", task="test_rankgen_books", batch_size=GROUP,
-                                                prefix_length=72, continuation_length=40, tfdata_threads=3))
+    train, validation = make_sources(DataConfig(SeqioData(task="test_rankgen_books", continuation_length=40, tfdata_threads=3), batch_size=GROUP, prefix_length=72))
     assert train.threads == validation.threads == 3
-    with pytest.raises(RankgenError, match=r"tf.data threads must be >= 1, got 0 \(DataConfig.tfdata_threads\)"):
+    with pytest.raises(RankgenError, match=r"tf.data threads must be >= 1, got 0 \(SeqioData.tfdata_threads\)"):
         seqio_source.SeqioTriples("test_rankgen_books", "train", GROUP, LENGTHS, threads=0)
 
 

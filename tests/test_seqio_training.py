@@ -3,7 +3,8 @@
 import pytest
 
 from rankgen_jax.cli.main import main
-from rankgen_jax.data.sources import DataConfig, make_sources
+from rankgen_jax.data.source_configs import DataConfig, SeqioData
+from rankgen_jax.data.sources import make_sources
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.train.metric_writers import read_metrics
 
@@ -11,9 +12,9 @@ from rankgen_jax.train.metric_writers import read_metrics
 def test_train_from_seqio_demo_task(tmp_path, capsys):
     # No `import tasks` here: `rankgen-jax train` registers the project's tasks because the config names seqio.
     code = main(["train", f"--workdir={tmp_path}", "--gin_file=models/t5_1_1_tiny.gin",
-                 "--gin.t5_config.vocab_size=8064", "--gin.DataConfig.source='seqio'",
-                 "--gin.DataConfig.task='rankgen_demo'", "--gin.DataConfig.batch_size=8",
-                 "--gin.DataConfig.prefix_length=64", "--gin.DataConfig.continuation_length=32",
+                 "--gin.t5_config.vocab_size=8064", "--gin.DataConfig.source=@SeqioData()",
+                 "--gin.SeqioData.task='rankgen_demo'", "--gin.DataConfig.batch_size=8",
+                 "--gin.DataConfig.prefix_length=64", "--gin.SeqioData.continuation_length=32",
                  "--gin.rankgen_task_options.group_size=8", "--gin.rankgen_task_options.prefix_words=48",
                  "--gin.rankgen_task_options.max_continuation_words=24",
                  "--gin.TrainerConfig.num_steps=3", "--gin.TrainerConfig.log_every=1",
@@ -36,4 +37,4 @@ def test_an_unregistered_task_says_which_module_registers_the_project_tasks():
     pytest.importorskip("seqio")
     with pytest.raises(RankgenError, match="no seqio task or mixture named 'rankgen_no_such_task' is registered; "
                                            "the project's tasks are registered by `import tasks`"):
-        make_sources(DataConfig(source="seqio", task="rankgen_no_such_task"))
+        make_sources(DataConfig(SeqioData(task="rankgen_no_such_task")))

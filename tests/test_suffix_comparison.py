@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from rankgen_jax.data.documents import document_genre
-from rankgen_jax.data.sources import DataConfig, corpus_split
+from rankgen_jax.data.source_configs import BooksData, DataConfig, ExamplesData
+from rankgen_jax.data.sources import corpus_split
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.eval.suffix_comparison import (accuracy_and_se, compare_by_genre, comparison_table,
                                                 paired_gain, top1_wins)
@@ -27,20 +28,20 @@ def corpus(tmp_path):
 
 
 def test_holdout_ids_by_id_and_folder(corpus):
-    config = DataConfig(corpus=str(corpus), holdout_ids=("plays/b.txt", "speeches/"))
+    config = BooksData(corpus=str(corpus), holdout_ids=("plays/b.txt", "speeches/"))
     (train, held), _ = corpus_split(config)
     assert [d.id for d in held] == ["plays/b.txt", "speeches/d.txt", "speeches/e.txt"]
     assert [d.id for d in train] == ["loose.txt", "novels/f.txt", "plays/a.txt", "plays/c.txt"]
     # Without holdout_ids: the last holdout_documents by id, as before.
-    (_, held), _ = corpus_split(DataConfig(corpus=str(corpus), holdout_documents=2))
+    (_, held), _ = corpus_split(BooksData(corpus=str(corpus), holdout_documents=2))
     assert [d.id for d in held] == ["speeches/d.txt", "speeches/e.txt"]
 
 
 def test_holdout_ids_that_match_nothing_or_everything_are_errors(corpus):
     with pytest.raises(RankgenError, match=r"holdout_ids \['plays/z.txt', 'poems/'\] name no document"):
-        corpus_split(DataConfig(corpus=str(corpus), holdout_ids=("plays/a.txt", "plays/z.txt", "poems/")))
+        corpus_split(BooksData(corpus=str(corpus), holdout_ids=("plays/a.txt", "plays/z.txt", "poems/")))
     with pytest.raises(RankgenError, match="none is left to train"):
-        corpus_split(DataConfig(corpus=str(corpus), holdout_ids=("plays/", "speeches/", "novels/", "loose.txt")))
+        corpus_split(BooksData(corpus=str(corpus), holdout_ids=("plays/", "speeches/", "novels/", "loose.txt")))
 
 
 def test_document_genre_is_the_first_folder():
@@ -50,8 +51,8 @@ def test_document_genre_is_the_first_folder():
 
 
 def test_held_out_items_per_genre_from_held_out_documents_only(corpus):
-    config = DataConfig(source="examples", corpus=str(corpus), holdout_ids=("plays/a.txt", "plays/b.txt", "speeches/d.txt"),
-                        prefix_words=40, max_continuation_words=20)
+    config = DataConfig(ExamplesData(corpus=str(corpus), holdout_ids=("plays/a.txt", "plays/b.txt", "speeches/d.txt"),
+                                     prefix_words=40, max_continuation_words=20))
     items = held_out_suffix_sets(config, num_examples=5, num_negatives=3)
     genres = [it["genre"] for it in items]
     assert genres.count("plays") == 5 and genres.count("speeches") == 5 and len(items) == 10

@@ -20,7 +20,7 @@ ABLATIONS = GIN_SEARCH_PATH / "ablations"
 
 
 PRODUCT_GRID = {"gin_files": ["demo_minilm.gin"], "bindings": ["TrainerConfig.max_minutes = 1.5"],
-                "axes": {"DataConfig.batch_size": [8, 32, 128], "DataConfig.same_document": [True, False]},
+                "axes": {"DataConfig.batch_size": [8, 32, 128], "ExamplesData.same_document": [True, False]},
                 "per_run": {"DataConfig.batch_size=128": ["TrainerConfig.num_chunks = 4"]}, "job": True}
 
 
@@ -28,9 +28,9 @@ def test_grid_expands_to_every_combination():
     runs = expand_grid(PRODUCT_GRID)
     assert len(runs) == 6 and len({r["name"] for r in runs}) == 6
     big = next(r for r in runs if r["name"] == "batch_size-128__same_document-false")
-    assert "DataConfig.batch_size = 128" in big["bindings"] and "DataConfig.same_document = False" in big["bindings"]
+    assert "DataConfig.batch_size = 128" in big["bindings"] and "ExamplesData.same_document = False" in big["bindings"]
     assert "TrainerConfig.num_chunks = 4" in big["bindings"]
-    assert big["changed"] == {"DataConfig.batch_size": 128, "DataConfig.same_document": False}
+    assert big["changed"] == {"DataConfig.batch_size": 128, "ExamplesData.same_document": False}
     small = next(r for r in runs if r["name"] == "batch_size-8__same_document-true")
     assert "TrainerConfig.num_chunks = 4" not in small["bindings"]
     argv = train_command(PRODUCT_GRID, big, "runs/grid/")
@@ -83,7 +83,7 @@ def test_tpu_launch_lines(capsys):
     assert len(lines) == len(runs) == 6
     assert all(l.startswith("python3 tpu_scripts/tpu.py launch --dry_run --name rankgen-v3 --zone=europe-west4-a -- train")
                for l in lines)
-    assert any("DataConfig.task=" in l and "rankgen_pg19_generative" in l for l in lines)
+    assert any("SeqioData.task=" in l and "rankgen_pg19_generative" in l for l in lines)
     assert all(" --workdir gs://bucket/sweep/task-rankgen_pg19_" in l for l in lines)
 
 
@@ -133,9 +133,9 @@ def test_ablation_gin_files_parse(name):
 
 def test_local_sweep_trains_in_process_and_names_the_failed_run(tmp_path, capsys):
     grid = {"gin_files": ["models/t5_1_1_tiny.gin"],
-            "bindings": ["t5_config.vocab_size = 128", "DataConfig.source = 'random'", "DataConfig.vocab_size = 128",
+            "bindings": ["t5_config.vocab_size = 128", "DataConfig.source = @RandomData()", "RandomData.vocab_size = 128",
                          "DataConfig.batch_size = 8", "DataConfig.prefix_length = 16",
-                         "DataConfig.continuation_length = 8", "TrainerConfig.num_steps = 2"],
+                         "RandomData.continuation_length = 8", "TrainerConfig.num_steps = 2"],
             "axes": {"LossConfig.name": ["in_batch_softmax", "no_such_loss"]}}
     path = tmp_path / "grid.json"
     path.write_text(json.dumps(grid))
@@ -159,10 +159,10 @@ def test_sigterm_stops_the_sweep_without_marking_the_run_done(tmp_path, capsys):
     """SIGTERM mid-run: the run saves and the sweep stops there, neither evaluating the partly trained model nor
     marking it done, so that a rerun resumes it."""
     grid = {"gin_files": ["models/t5_1_1_tiny.gin"],
-            "bindings": ["t5_config.vocab_size = 8064", "DataConfig.source = 'examples'", "DataConfig.batch_size = 8",
-                         "DataConfig.prefix_length = 24", "DataConfig.continuation_length = 16",
-                         "DataConfig.prefix_words = 48", "DataConfig.max_continuation_words = 16",
-                         "DataConfig.holdout_documents = 2", "TrainerConfig.num_steps = 100000",
+            "bindings": ["t5_config.vocab_size = 8064", "DataConfig.source = @ExamplesData()", "DataConfig.batch_size = 8",
+                         "DataConfig.prefix_length = 24", "ExamplesData.continuation_length = 16",
+                         "ExamplesData.prefix_words = 48", "ExamplesData.max_continuation_words = 16",
+                         "ExamplesData.holdout_documents = 2", "TrainerConfig.num_steps = 100000",
                          "TrainerConfig.checkpoint_every = 2", "JobConfig.suffix_eval_examples = 4",
                          "JobConfig.plot = False", "JobConfig.export = False"],
             "axes": {"LossConfig.logit_scale": [20.0, 10.0]}, "job": True}

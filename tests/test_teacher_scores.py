@@ -12,7 +12,8 @@ from test_retrieval_training import DUAL_LISTS, joined, tevatron_records, write_
 from rankgen_jax.checkpoints import native
 from rankgen_jax.cli.main import main
 from rankgen_jax.data.retrieval_files import Passage, read_training_queries, training_query_record
-from rankgen_jax.data.sources import DataConfig, make_sources
+from rankgen_jax.data.source_configs import DataConfig, RetrievalData
+from rankgen_jax.data.sources import make_sources
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.inference.encoder import load_model
 from rankgen_jax.models.configs import HeadConfig, ModelConfig
@@ -89,9 +90,7 @@ def test_kl_and_margin_mse_train_from_the_files_teacher_scores(tmp_path, init_ch
         records = scored_records(16, altered=altered)
         folder = tmp_path / f"altered_{altered}"
         folder.mkdir()
-        data = DataConfig(source="retrieval", train_file=write_jsonl(folder / "train.jsonl", records),
-                          eval_file=write_jsonl(folder / "dev.jsonl", records[4:]), batch_size=8, prefix_length=16,
-                          continuation_length=24, hard_negatives=3, list_size=4, vocab=spiece_model)
+        data = DataConfig(RetrievalData(train_file=write_jsonl(folder / "train.jsonl", records), eval_file=write_jsonl(folder / "dev.jsonl", records[4:]), continuation_length=24, hard_negatives=3, list_size=4, vocab=spiece_model), batch_size=8, prefix_length=16)
         trainer = TrainerConfig(num_steps=1, log_every=1, eval_every=1, eval_batches=1, checkpoint_every=1,
                                 init_checkpoint=init_checkpoint, async_checkpoints=False)
         train(str(folder / "run"), trainer=trainer, model_config=SHARED, data=data, loss=LossConfig(name=loss_name),
@@ -122,22 +121,18 @@ def test_kl_and_margin_mse_train_from_the_files_teacher_scores(tmp_path, init_ch
 
 def test_list_labels_teacher_orders_by_the_teacher(tmp_path, spiece_model):
     records = scored_records(8)
-    data = DataConfig(source="retrieval", train_file=write_jsonl(tmp_path / "t.jsonl", records),
-                      eval_file=write_jsonl(tmp_path / "d.jsonl", records[4:]), batch_size=4, prefix_length=16,
-                      continuation_length=24, hard_negatives=3, list_size=4, vocab=spiece_model,
-                      list_labels="teacher")
+    data = DataConfig(RetrievalData(train_file=write_jsonl(tmp_path / "t.jsonl", records), eval_file=write_jsonl(tmp_path / "d.jsonl", records[4:]), continuation_length=24, hard_negatives=3, list_size=4, vocab=spiece_model, list_labels="teacher"), batch_size=4, prefix_length=16)
     batch = make_sources(data, DUAL_LISTS)[0].batch(1)
     np.testing.assert_array_equal(batch["labels"], batch["teacher_scores"])
     unscored = tevatron_records(8)
     with pytest.raises(RankgenError, match="list_labels='teacher' needs teacher scores"):
-        make_sources(DataConfig(**{**data.__dict__, "train_file": write_jsonl(tmp_path / "u.jsonl", unscored)}),
-                     DUAL_LISTS)
+        make_sources(data.with_source(train_file=write_jsonl(tmp_path / "u.jsonl", unscored)), DUAL_LISTS)
     mixed = scored_records(8)
     for p in mixed[5]["positive_passages"] + mixed[5]["negative_passages"]:
         p.pop("score")
     with pytest.raises(RankgenError, match="carry teacher scores .* and the others none"):
-        make_sources(DataConfig(**{**data.__dict__, "list_labels": "relevance",
-                                   "train_file": write_jsonl(tmp_path / "m.jsonl", mixed)}), DUAL_LISTS)
+        make_sources(data.with_source(
+            list_labels="relevance", train_file=write_jsonl(tmp_path / "m.jsonl", mixed)), DUAL_LISTS)
 
 
 # ---------------------------------------------------------------------------

@@ -7,7 +7,8 @@ import pytest
 
 from rankgen_jax.runtime import partitioning
 from rankgen_jax.models.configs import HeadConfig, ModelConfig, t5_config
-from rankgen_jax.data.sources import DataConfig, RandomTriples
+from rankgen_jax.data.source_configs import DataConfig, RandomData
+from rankgen_jax.data.sources import RandomTriples
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.losses.registry import init_loss_params
 from rankgen_jax.ops import dispatch
@@ -16,7 +17,7 @@ from rankgen_jax.train.step import StepOptions, _embed, _embed_group, _group_inp
 from step_harness import TOL, assert_trees_close, run_steps
 
 CONFIG = ModelConfig(encoder=t5_config("tiny", vocab_size=128), head=HeadConfig("first", -1, False))
-DATA = DataConfig(source="random", batch_size=16, prefix_length=12, continuation_length=8, vocab_size=128, seed=3)
+DATA = DataConfig(RandomData(continuation_length=8, vocab_size=128), batch_size=16, prefix_length=12, seed=3)
 LOSS_OPTIONS = (("learn_logit_scale", True), ("logit_scale", 2.0), ("margin", 0.1))
 
 

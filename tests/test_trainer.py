@@ -18,7 +18,8 @@ from rankgen_jax.models.configs import ModelConfig, t5_config
 from rankgen_jax.train.metric_writers import read_metrics
 from rankgen_jax.models.factory import init_params
 
-RANDOM_IDS = ["--gin.DataConfig.source='random'", "--gin.DataConfig.vocab_size=128"]
+RANDOM_IDS = ["--gin.DataConfig.source=@RandomData()", "--gin.RandomData.vocab_size=128",
+              "--gin.RandomData.continuation_length=8"]
 # Tiny model on random ids: fast steps, so the subprocess tests spend their time on real work. TINY_MODEL: the same
 # without the data source, for tests that choose one.
 TINY = [
@@ -27,7 +28,6 @@ TINY = [
     *RANDOM_IDS,
     "--gin.DataConfig.batch_size=8",
     "--gin.DataConfig.prefix_length=16",
-    "--gin.DataConfig.continuation_length=8",
     "--gin.OptimizerConfig.name='adamw'",
     "--gin.OptimizerConfig.learning_rate=0.001",
     "--gin.TrainerConfig.log_every=1",
@@ -198,7 +198,7 @@ def test_data_errors_reach_the_loop():
 # The README's training example, made cheap: its gin file's model, data source, loss and schedule with smaller
 # batches and sequences.
 README_EXAMPLE = ["--gin_file=rankgen_t5_tiny_books.gin", "--gin.DataConfig.batch_size=8",
-                  "--gin.DataConfig.prefix_length=32", "--gin.DataConfig.continuation_length=16",
+                  "--gin.DataConfig.prefix_length=32", "--gin.BooksData.continuation_length=16",
                   "--gin.TrainerConfig.log_every=1", "--gin.TrainerConfig.eval_every=0"]
 
 
@@ -244,9 +244,16 @@ def no_gin_file(tmp_path) -> str:
      "@HeadConfig())"),
     ([*TINY, "--gin.BertConfig.num_layers=3"], "gin binds BertConfig.num_layers, which nothing in this run reads"),
     ([*TINY, "--gin.JobConfig.export=False"], "JobConfig is read by `rankgen-jax train --job`"),
+    ([*TINY, "--gin.BooksData.holdout_documents=3"],
+     "gin binds BooksData.holdout_documents, which nothing in this run reads (a source's settings are read when "
+     "DataConfig.source = @BooksData())"),
+    # Gin files of earlier versions, whose one DataConfig held every source's fields: the replacement is named.
     ([*TINY, "--gin.DataConfig.holdout_documents=3"],
-     "DataConfig.source='random' does not read holdout_documents (DataConfig.holdout_documents=3 is read by source "
-     "books / examples only)"),
+     "DataConfig.holdout_documents is a setting of the data source's own config now: bind "
+     "ExamplesData.holdout_documents or BooksData.holdout_documents, with DataConfig.source = @ExamplesData() or "
+     "@BooksData()"),
+    ([*TINY_MODEL, "--gin.DataConfig.source='random'"],
+     "DataConfig.source='random': a source is now its config object, DataConfig.source = @RandomData()"),
     ([*TINY, "--gin.OptimizerConfig.schedule='cosine'", "--gin.OptimizerConfig.total_steps=4",
       "--gin.TrainerConfig.num_steps=6"], "OptimizerConfig.total_steps=4 ends the cosine decay before "
                                           "TrainerConfig.num_steps=6"),
@@ -259,15 +266,15 @@ def test_bindings_that_would_change_nothing_are_errors(tmp_path, capsys, args, f
 
 
 def test_a_chosen_vocabulary_is_kept_with_an_init_checkpoint(tmp_path, capsys, spiece_model):
-    """DataConfig.vocab unset: the checkpoint's tokenizer; set (under gin too): the one chosen."""
+    """BooksData.vocab unset: the checkpoint's tokenizer; set (under gin too): the one chosen."""
     from rankgen_jax.resources import DEMO_VOCAB
 
     bare = ModelConfig(encoder=t5_config("tiny", vocab_size=1024), head=None)
     native.save_params(tmp_path / "imported", bare, init_params(bare, seed=3), vocab=spiece_model)
-    books = [*TINY_MODEL, "--gin.t5_config.vocab_size=1024", "--gin.DataConfig.source='books'",
-             "--gin.DataConfig.prefix_length=32", "--gin.DataConfig.continuation_length=16",
+    books = [*TINY_MODEL, "--gin.t5_config.vocab_size=1024", "--gin.DataConfig.source=@BooksData()",
+             "--gin.DataConfig.prefix_length=32", "--gin.BooksData.continuation_length=16",
              f"--gin.TrainerConfig.init_checkpoint='{tmp_path / 'imported'}'", "--gin.TrainerConfig.num_steps=1"]
-    code = main(["train", f"--workdir={tmp_path / 'chosen'}", *books, f"--gin.DataConfig.vocab='{DEMO_VOCAB}'"])
+    code = main(["train", f"--workdir={tmp_path / 'chosen'}", *books, f"--gin.BooksData.vocab='{DEMO_VOCAB}'"])
     err = capsys.readouterr().err
     assert code == 2 and "the data's vocabulary has 8000 ids but the model's embedding has 1024 rows" in err, err
     assert str(DEMO_VOCAB) in err
@@ -292,9 +299,9 @@ def test_the_encoder_follows_the_init_checkpoint(tmp_path, capsys, no_gin_file):
                                          "labels": [1, 0]}) + "\n" for i in range(16)))
     ranker = [no_gin_file, "--gin.ModelConfig.kind='cross_encoder'", "--gin.ModelConfig.head=@HeadConfig()",
               "--gin.HeadConfig.pooling='pooler'", "--gin.HeadConfig.projection_dim=0",
-              "--gin.DataConfig.source='lists'", f"--gin.DataConfig.train_file='{lists}'",
+              "--gin.DataConfig.source=@ListsData()", f"--gin.ListsData.train_file='{lists}'",
               "--gin.DataConfig.batch_size=8", "--gin.DataConfig.prefix_length=16",
-              "--gin.DataConfig.continuation_length=8", "--gin.LossConfig.name='listmle'",
+              "--gin.ListsData.continuation_length=8", "--gin.LossConfig.name='listmle'",
               f"--gin.TrainerConfig.init_checkpoint='{tmp_path / 'bert'}'", "--gin.TrainerConfig.num_steps=1"]
     assert main(["train", f"--workdir={tmp_path / 'run'}", *ranker, "--gin.BertConfig.dropout_rate=0.2",
                  "--gin.ModelConfig.encoder=@BertConfig()"]) == 0, capsys.readouterr().err

@@ -4,7 +4,7 @@
   whose batches have that form, its options and defaults, and its formula;
 - cli.md: every `rankgen-jax` subcommand and flag, from the parser (rankgen_jax/cli/main.py, build_parser);
 - config.md: every gin-configurable class or function of the package with its fields, defaults and what the
-  code says of each, and for DataConfig the sources that read each field.
+  code says of each (a data source's config class holds only what that source reads).
 
 `python tools/gen_docs.py` writes them; `--check` writes nothing and exits 1 naming the pages that differ
 (tests/test_docs.py runs the same comparison). It lives outside the package: the library never imports its CLI.
@@ -168,16 +168,9 @@ def cli_page() -> str:
 
 # ----------------------------------------------------------------------------- configuration
 
-def data_field_sources() -> tuple[tuple[str, ...], dict[str, tuple[str, ...]]]:
-    """(every source, DataConfig field -> the sources that read it), as DataConfig checks them."""
-    from rankgen_jax.data import sources
-
-    return sources.SOURCES, sources.DATA_FIELD_SOURCES
-
-
 # The configuration page lists these modules' configurables first, in this order (what a training run binds),
 # then any other module's.
-CONFIG_MODULE_ORDER = ("rankgen_jax.models.configs", "rankgen_jax.data.sources", "rankgen_jax.train.config",
+CONFIG_MODULE_ORDER = ("rankgen_jax.models.configs", "rankgen_jax.data.source_configs", "rankgen_jax.train.config",
                        "rankgen_jax.train.optimizers")
 
 
@@ -190,9 +183,12 @@ def _configurables() -> list[tuple[str, str]]:
             if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and any(
                     ast.unparse(d).startswith("gin.configurable") for d in node.decorator_list):
                 module = ".".join(path.relative_to(REPO).with_suffix("").parts)
-                found.append((module, node.name))
+                # A data source's config (its class names its `kind`) comes after DataConfig, which holds it.
+                source = any(isinstance(f, ast.AnnAssign) and ast.unparse(f.target) == "kind" for f in node.body)
+                found.append((module, node.name, source))
     rank = {module: i for i, module in enumerate(CONFIG_MODULE_ORDER)}
-    return sorted(found, key=lambda item: rank.get(item[0], len(rank)))
+    return [(module, name) for module, name, _ in
+            sorted(found, key=lambda item: (rank.get(item[0], len(rank)), item[2]))]
 
 
 _ENTRY = re.compile(r"^(\w+(?: / \w+)*): (.*)$")
@@ -279,17 +275,14 @@ def config_page() -> str:
         if text:
             lines += [textwrap.dedent(text), ""]
         fields = _fields(obj)
-        every_source, sources = data_field_sources() if name == "DataConfig" else ((), None)
-        if sources is not None:
-            missing = sorted({f[0] for f in fields} - set(sources))
-            if missing:
-                raise SystemExit(f"DataConfig fields {missing} have no sources in DATA_FIELD_SOURCES")
-            header = ("field", "type", "default", "read by sources", "meaning")
-            rows = [(_code(f), t, _code(d), ", ".join(sources[f]) if set(sources[f]) != set(every_source) else "all",
-                     entries.get(f) or comments.get(f, "")) for f, t, d in fields]
-        else:
-            header = ("field", "type", "default", "meaning")
-            rows = [(_code(f), t, _code(d), entries.get(f.lstrip("*")) or comments.get(f, "")) for f, t, d in fields]
+        kind = getattr(obj, "kind", "")
+        if kind:  # a data source's own config
+            lines += [f"The settings of data source `{kind}`: `DataConfig.source = @{name}()`.", ""]
+        header = ("field", "type", "default", "meaning")
+        rows = [(_code(f), t, _code(d), entries.get(f.lstrip("*")) or comments.get(f, "")) for f, t, d in fields]
+        missing = [f for f, *_, meaning in rows if kind and not meaning]
+        if missing:
+            raise SystemExit(f"{name}: fields {missing} have no description in its docstring")
         lines += _table(header, rows)
     return "\n".join(lines) + "\n"
 

@@ -23,7 +23,7 @@ import yaml
 
 from rankgen_jax.checkpoints import native
 from rankgen_jax.data.conventions import InputConventions
-from rankgen_jax.data.sources import DATA_FIELD_SOURCES
+from rankgen_jax.data.source_configs import MOVED_DATA_FIELDS
 from rankgen_jax.models.configs import ModelConfig
 from rankgen_jax.resources import BUNDLED_CORPUS, DEMO_VOCAB, GIN_CONFIGS_DIR
 
@@ -222,21 +222,25 @@ def _bindings(operative: str) -> list[tuple[str, str]]:
 
 
 def _data_source(operative: str) -> str:
+    """The run's data source: its config class (`@ListsData()` -> "ListsData"), or for a run of an earlier version,
+    whose DataConfig held every source's fields, the source's name ("lists")."""
     source = dict(_bindings(operative)).get("DataConfig.source", "")
-    return source.split("=", 1)[1].strip().strip("'\"") if source else ""
+    value = source.split("=", 1)[1].strip() if source else ""
+    return value.lstrip("@").removesuffix("()") if value.startswith("@") else value.strip("'\"")
 
 
 def _mattered(name: str, source: str) -> bool:
-    """Whether an operative binding is one the run used: DataConfig fields only when the run's source reads them."""
+    """Whether an operative binding is one the run used: an earlier version's DataConfig fields only when the run's
+    source read them."""
     configurable, _, field = name.rpartition(".")
     if configurable.split("/")[-1] != "DataConfig" or not source:
         return True
-    return source in DATA_FIELD_SOURCES.get(field, (source,))
+    return source in MOVED_DATA_FIELDS.get(field, (source,))
 
 
 def _gin_bindings(operative: str, configurables: tuple[str, ...]) -> list[str]:
     """The operative bindings (whole, local paths replaced) of the configurables (or `Name.param`s) named, leaving out
-    DataConfig fields the run's source does not read."""
+    an earlier version's DataConfig fields that the run's source did not read."""
     source = _data_source(operative)
     wanted = [(name, text) for name, text in _bindings(operative)
               if any(name == c or name.startswith(c + ".") for c in configurables) and _mattered(name, source)]
@@ -307,7 +311,7 @@ def _training(facts: CardFacts) -> list[str]:
         return lines
     lines.append("Trained with `rankgen-jax train`" + (f"; this export is step {facts.step}." if facts.step is not None
                                                        else "."))
-    data = _gin_bindings(facts.operative_gin, ("DataConfig",))
+    data = _gin_bindings(facts.operative_gin, ("DataConfig", _data_source(facts.operative_gin)))
     if data:
         lines += ["", "Data (from the run's operative gin config):", "", "```", *data, "```"]
     setup = _gin_bindings(facts.operative_gin, ("LossConfig.name", "OptimizerConfig.name",

@@ -53,7 +53,7 @@ def add_cache_tasks(subparsers) -> None:
         help="precompute RankGen seqio tasks into seqio's cache with Apache Beam (DirectRunner, Dataflow)",
         description="Run RankGen tasks through seqio's Beam cache pipeline: each source shard cuts and "
         "tokenises its blocks of documents, and every record written is one whole same-document group, so "
-        "training from the cache (DataConfig.seqio_cache_dir) keeps InBook batches. Writes seqio's TFRecord, "
+        "training from the cache (SeqioData.seqio_cache_dir) keeps InBook batches. Writes seqio's TFRecord, "
         "info and stats files and rankgen_stats.{split}.json (group size, skipped input) per task. Data paths "
         "come from gin (--gin_file, --gin.rankgen_data_paths.folder=...) or RANKGEN_* variables. Locally: "
         "--pipeline_options=--runner=DirectRunner,--direct_num_workers=2,--direct_running_mode=multi_processing; "

@@ -395,7 +395,7 @@ def _run_mine_negatives(args) -> dict:
 SCORE_CANDIDATES_DESCRIPTION = (
     "Score candidate passages with a teacher and write a Tevatron training file whose every passage carries its "
     "teacher \"score\" (Tevatron's distillation field): KL, MarginMSE, ListMLE on the teacher's order "
-    "(DataConfig.list_labels='teacher') and CL-DRD train from it. Input: a Tevatron training file (e.g. from "
+    "(RetrievalData.list_labels='teacher') and CL-DRD train from it. Input: a Tevatron training file (e.g. from "
     "mine-negatives), or a run (TREC, MS MARCO or search's JSON lines) with --queries, --corpus and --qrels: each "
     "query's first --depth passages are its candidates (each keeps its \"rank\"), those the qrels judge relevant "
     "its positives (relevant ones the run missed are added). The teacher: a cross encoder, a bi-encoder (scored "

@@ -10,7 +10,7 @@ candidate 0 is the positive when the batch form is triples. Pair records:
 The ids arrays follow the BatchLayout a source is given (see
 rankgen_jax.models.batch_layout; `[B, C, L]` lists are never split along C):
 - candidate lists, separate towers: `query_ids` [B, Lq] ("pre " marker) and
-  `candidate_ids` [B, C, Lc] ("suffi " marker; DataConfig.prefix_marker / suffix_marker set others);
+  `candidate_ids` [B, C, Lc] ("suffi " marker; ListsData.prefix_marker / suffix_marker set others);
 - triples, separate towers: `query_ids`, `positive_ids` [B, Lc] (candidate 0)
   and `negative_ids` [B, C - 1, Lc] (the rest; hard negatives);
 - joint pairs (cross encoders): `pair_ids` [B, C, Lq + Lc] (`query </s>

@@ -9,7 +9,7 @@ Where the queries come from (DataConfig.source "retrieval"):
   trec_eval's order minus every passage the qrels judge relevant. A query whose
   qrels judge nothing relevant has no positive and is skipped (counted).
 Negatives listed as a positive of the same query (Tevatron), or judged relevant
-by DataConfig.qrels (either way), are never taken as negatives; they are
+by RetrievalData.qrels (either way), are never taken as negatives; they are
 dropped and counted.
 
 Sampling, for row r of batch `index` (the row's rng is seeded by (seed, index,
@@ -75,14 +75,14 @@ class SamplingRules:
 
     def __post_init__(self):
         if self.list_labels not in LIST_LABELS:
-            raise RankgenError(f"DataConfig.list_labels must be one of {LIST_LABELS}, got {self.list_labels!r}")
+            raise RankgenError(f"RetrievalData.list_labels must be one of {LIST_LABELS}, got {self.list_labels!r}")
         if self.hard_negatives < 0:
-            raise RankgenError(f"DataConfig.hard_negatives must be >= 0, got {self.hard_negatives}")
+            raise RankgenError(f"RetrievalData.hard_negatives must be >= 0, got {self.hard_negatives}")
         if self.positive_choice not in POSITIVE_CHOICES:
-            raise RankgenError(f"DataConfig.positive_choice must be one of {POSITIVE_CHOICES}, "
+            raise RankgenError(f"RetrievalData.positive_choice must be one of {POSITIVE_CHOICES}, "
                                f"got {self.positive_choice!r}")
         if self.too_few_negatives not in TOO_FEW_NEGATIVES:
-            raise RankgenError(f"DataConfig.too_few_negatives must be one of {TOO_FEW_NEGATIVES}, "
+            raise RankgenError(f"RetrievalData.too_few_negatives must be one of {TOO_FEW_NEGATIVES}, "
                                f"got {self.too_few_negatives!r}")
 
 
@@ -179,8 +179,8 @@ def qrels_queries(files: QrelsFiles, rules: SamplingRules, passages: TextFile | 
     missing from the corpus is a RankgenError (the run is of another corpus).
     """
     if rules.hard_negatives and not files.negatives_run:
-        raise RankgenError(f"DataConfig.hard_negatives={rules.hard_negatives} with qrels needs a run to draw them "
-                           "from (DataConfig.negatives_run); set hard_negatives=0 for in-batch negatives only")
+        raise RankgenError(f"RetrievalData.hard_negatives={rules.hard_negatives} with qrels needs a run to draw them "
+                           "from (RetrievalData.negatives_run); set hard_negatives=0 for in-batch negatives only")
     passages = passages if passages is not None else read_passages(files.corpus)
     queries = read_queries(files.queries, split=files.split if Path(files.queries).is_dir() else None)
     qrels = read_qrels(files.qrels, split=files.split if Path(files.qrels).is_dir() else None)
@@ -216,20 +216,20 @@ class RetrievalBatches:
             raise RankgenError(f"{pool.where}: no usable training query ({pool.skipped.describe() or 'none read'})")
         pool.check_scores()
         if rules.list_labels == "teacher" and not pool.scored:
-            raise RankgenError(f"{pool.where}: DataConfig.list_labels='teacher' needs teacher scores on the passages "
+            raise RankgenError(f"{pool.where}: RetrievalData.list_labels='teacher' needs teacher scores on the passages "
                                "(Tevatron's \"score\" field; `rankgen-jax score-candidates` writes them)")
         self.pool, self.rules, self.layout, self.text = pool, rules, layout, text
         self.triples = layout.form == TRIPLES
         k = rules.hard_negatives
         if self.triples:
             if list_size:
-                raise RankgenError("DataConfig.list_size is for candidate lists; triples take 1 positive and "
+                raise RankgenError("RetrievalData.list_size is for candidate lists; triples take 1 positive and "
                                    "hard_negatives negatives")
             size = 1 + k
         else:
             size = list_size or 1 + k
             if size < 1 + k:
-                raise RankgenError(f"DataConfig.list_size={list_size} cannot hold one positive and "
+                raise RankgenError(f"RetrievalData.list_size={list_size} cannot hold one positive and "
                                    f"hard_negatives={k} negatives")
         self.list_size = size
         float_keys = () if self.triples else ("labels", "teacher_scores") if pool.scored else ("labels",)

@@ -73,9 +73,9 @@ from rankgen_jax.checkpoints import native
 from rankgen_jax.data.conventions import InputConventions
 from rankgen_jax.data.curriculum import CL_DRD_STAGES, CurriculumStage, curriculum_groups
 from rankgen_jax.data.jsonl import read_jsonl, write_jsonl
-from rankgen_jax.data.retrieval_files import (DEFAULT_TITLE_JOIN, Passage, is_beir_folder, read_passages, read_qrels,
+from rankgen_jax.data.retrieval_files import (DEFAULT_TITLE_JOIN, Passage, is_beir_folder, read_qrels,
                                               read_queries, read_training_queries)
-from rankgen_jax.data.sources import DataConfig
+from rankgen_jax.data.source_configs import DataConfig, ListsData
 from rankgen_jax.errors import RankgenError, check_field_types
 from rankgen_jax.eval.retrieval_metrics import evaluate_files
 from rankgen_jax.experiments.stages import DONE_MARKER, StageRun, is_done, log, mark_done, starting_checkpoint
@@ -507,10 +507,7 @@ class Job:
             return info
         conventions = self.reading_conventions()
         markers = conventions["prefix_marker"], conventions["suffix_marker"]
-        data = DataConfig(source="lists", train_file=str(lists), eval_file=str(lists), batch_size=cfg.batch_size,
-                          prefix_length=cfg.query_length, continuation_length=cfg.passage_length,
-                          list_size=cfg.curriculum[t - 1].list_size, prefix_keep=cfg.query_keep, seed=cfg.seed + t,
-                          prefix_marker=markers[0], suffix_marker=markers[1])
+        data = DataConfig(ListsData(train_file=str(lists), eval_file=str(lists), continuation_length=cfg.passage_length, list_size=cfg.curriculum[t - 1].list_size, prefix_keep=cfg.query_keep, prefix_marker=markers[0], suffix_marker=markers[1]), batch_size=cfg.batch_size, prefix_length=cfg.query_length, seed=cfg.seed + t)
         warmup = min(cfg.warmup_steps, steps - 1)
         optimizer = OptimizerConfig(name="adamw", learning_rate=cfg.learning_rates[t - 1], schedule="linear",
                                     warmup_steps=warmup, total_steps=steps, weight_decay=cfg.weight_decay,

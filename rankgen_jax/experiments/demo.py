@@ -18,7 +18,8 @@ from rankgen_jax.data.conventions import InputConventions
 from rankgen_jax.data.documents import document_genre
 from rankgen_jax.data.example_source import build_examples
 from rankgen_jax.data.jsonl import read_jsonl, write_jsonl
-from rankgen_jax.data.sources import DataConfig, corpus_split, example_config_of, training_conventions
+from rankgen_jax.data.source_configs import DataConfig
+from rankgen_jax.data.sources import corpus_split, example_config_of, training_conventions
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.eval.ranking import accuracy, mrr, pairwise_accuracy
 from rankgen_jax.eval.suffix_comparison import compare_by_genre, comparison_table
@@ -64,7 +65,10 @@ class JobConfig:
 def held_out_suffix_sets(data: DataConfig, num_examples: int, num_negatives: int, seed: int = 1234) -> list[dict]:
     """Suffix identification items {prefix, candidates (gold first), doc_id, genre} from the held-out
     documents: up to num_examples per genre, drawn from all the examples of that genre's documents."""
-    (_, held), _ = corpus_split(data)
+    if data.source.kind != "examples":
+        raise RankgenError("the job's held-out suffix items are cut from the held-out documents as RankGen examples: "
+                           f"DataConfig.source = @ExamplesData(), not @{type(data.source).__name__}()")
+    (_, held), _ = corpus_split(data.source)
     examples, _ = build_examples(held, example_config_of(data, num_negatives, seed))
     rng = np.random.default_rng(seed)
     genres = np.array([document_genre(e.doc_id) for e in examples])

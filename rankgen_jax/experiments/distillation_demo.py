@@ -35,7 +35,7 @@ from rankgen_jax.data.beir_books import BooksCollectionConfig, book_slug, build_
 from rankgen_jax.data.documents import Document
 from rankgen_jax.data.jsonl import read_jsonl, write_jsonl
 from rankgen_jax.data.retrieval_files import DEFAULT_TITLE_JOIN, Passage, read_passages, read_queries, write_run
-from rankgen_jax.data.sources import DataConfig
+from rankgen_jax.data.source_configs import DataConfig, ExamplesData, ListsData
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.experiments.cl_drd import (ClDrdConfig, Job, QuerySet, evaluate_retriever, measure_run,
                                             paired_difference, run_cl_drd)
@@ -130,12 +130,7 @@ def _train_teacher(root: Path, init: Path, books: list[Document], beir_summary: 
         path.write_text(doc.text, encoding="utf-8")
     # The dev book is the run's held-out document (never trained on); it has no test book in it.
     holdout = tuple(d.id for d in kept if book_slug(d.id) in beir_summary["dev_books"])
-    data = DataConfig(source="examples", corpus=str(folder), batch_size=cfg.teacher_batch_size,
-                      prefix_length=cl_cfg.query_length, continuation_length=cl_cfg.passage_length,
-                      prefix_keep=cl_cfg.query_keep, with_negative=False, holdout_ids=holdout,
-                      prefix_words=cfg.prefix_words, min_continuation_words=cfg.min_continuation_words,
-                      max_continuation_words=cfg.max_continuation_words, prefix_marker="", suffix_marker="",
-                      seed=cl_cfg.seed)
+    data = DataConfig(ExamplesData(corpus=str(folder), continuation_length=cl_cfg.passage_length, prefix_keep=cl_cfg.query_keep, with_negative=False, holdout_ids=holdout, prefix_words=cfg.prefix_words, min_continuation_words=cfg.min_continuation_words, max_continuation_words=cfg.max_continuation_words, prefix_marker="", suffix_marker=""), batch_size=cfg.teacher_batch_size, prefix_length=cl_cfg.query_length, seed=cl_cfg.seed)
     trainer = TrainerConfig(num_steps=cfg.teacher_steps, log_every=10, eval_every=0,
                             checkpoint_every=min(100, cfg.teacher_steps), init_checkpoint=str(init),
                             async_checkpoints=False, seed=cl_cfg.seed)
@@ -219,10 +214,7 @@ def _standard_distillation(root: Path, cl_root: Path, cl_cfg: ClDrdConfig, cfg: 
                                  cfg.standard_lists, cl_cfg.seed, cl_cfg.title_join)
         lists = write_jsonl(root / "standard" / "train_lists.jsonl", records)
         conventions = job.reading_conventions()
-        data = DataConfig(source="lists", train_file=str(lists), eval_file=str(lists), batch_size=cl_cfg.batch_size,
-                          prefix_length=cl_cfg.query_length, continuation_length=cl_cfg.passage_length,
-                          list_size=size, prefix_keep=cl_cfg.query_keep, seed=cl_cfg.seed + 1,
-                          prefix_marker=conventions["prefix_marker"], suffix_marker=conventions["suffix_marker"])
+        data = DataConfig(ListsData(train_file=str(lists), eval_file=str(lists), continuation_length=cl_cfg.passage_length, list_size=size, prefix_keep=cl_cfg.query_keep, prefix_marker=conventions["prefix_marker"], suffix_marker=conventions["suffix_marker"]), batch_size=cl_cfg.batch_size, prefix_length=cl_cfg.query_length, seed=cl_cfg.seed + 1)
         optimizer = OptimizerConfig(name="adamw", learning_rate=cfg.standard_learning_rate, schedule="linear",
                                     warmup_steps=min(cl_cfg.warmup_steps, steps - 1), total_steps=steps,
                                     weight_decay=cl_cfg.weight_decay, clip_grad_norm=cl_cfg.clip_grad_norm)

@@ -32,7 +32,7 @@ EXPERIMENT_CONFIGURABLE_MODULES = (
 )
 # The seqio task options; importing them brings TensorFlow (seconds), so only for a config that names them.
 SEQIO_TASKS_MODULE = "tasks.rankgen_tasks"
-SEQIO_NAMES = ("rankgen_task_options", "rankgen_data_paths", "rankgen_mixture_rates", "'seqio'", '"seqio"')
+SEQIO_NAMES = ("rankgen_task_options", "rankgen_data_paths", "rankgen_mixture_rates", "SeqioData")
 
 
 def experiment_configurables(config_text: str) -> list[str]:

@@ -34,7 +34,7 @@ import numpy as np
 from rankgen_jax.checkpoints.native import require_vocab_path
 from rankgen_jax.data.jsonl import read_jsonl, write_jsonl
 from rankgen_jax.data.mpts import MPTS_RELEASED_PERSPECTIVES, read_mpts
-from rankgen_jax.data.sources import DataConfig
+from rankgen_jax.data.source_configs import DataConfig, PairsData
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.eval.perspective_metrics import METRICS, bootstrap_se, resample_counts
 from rankgen_jax.experiments.perspective_eval import (PairPredictions, choose_thresholds, predict_all_similar,
@@ -183,8 +183,7 @@ def train_epochs(cfg: MptsConfig, workdir: Path, init: Path, model: str, train_f
     trainer = TrainerConfig(num_steps=total, log_every=max(1, per_epoch // 2), checkpoint_every=per_epoch,
                             keep_checkpoints=cfg.epochs, init_checkpoint=str(init), init_encoder_only=True,
                             seed=cfg.seed)
-    data = DataConfig(source="pairs", vocab=require_vocab_path(init), train_file=str(train_file),
-                      batch_size=cfg.batch_size, prefix_length=cfg.length(model), seed=cfg.seed)
+    data = DataConfig(PairsData(vocab=require_vocab_path(init), train_file=str(train_file)), batch_size=cfg.batch_size, prefix_length=cfg.length(model), seed=cfg.seed)
     loss = LossConfig(name="multi_perspective_bce", tau=cfg.tau) if model == "bi_encoder" else \
         LossConfig(name="sigmoid_bce")
     metrics = train(str(workdir), trainer=trainer, data=data, loss=loss, optimizer=optimizer_config(cfg, total),

@@ -28,7 +28,8 @@ import gin
 import numpy as np
 
 from rankgen_jax.data.jsonl import read_jsonl, write_jsonl
-from rankgen_jax.data.sources import DataConfig, corpus_split, example_config_of, training_conventions
+from rankgen_jax.data.source_configs import DataConfig
+from rankgen_jax.data.sources import corpus_split, example_config_of, training_conventions
 from rankgen_jax.data.example_source import build_examples
 from rankgen_jax.data.sentences import word_count
 from rankgen_jax.errors import RankgenError
@@ -76,7 +77,7 @@ class NegativesClaimConfig:
 def training_prefixes(data: DataConfig, groups: int, seed: int) -> list[dict]:
     """`groups` groups of `data.batch_size` examples of the training documents, one document each, taken from
     the documents in turn (a seeded order); records {id, doc_id, prefix, continuation} in group order."""
-    (train_docs, _), _ = corpus_split(data)
+    (train_docs, _), _ = corpus_split(data.source)
     examples, _ = build_examples(train_docs, example_config_of(data))
     by_document: dict[str, list] = {}
     for example in examples:
@@ -132,8 +133,9 @@ def _wins(score_lists: list[np.ndarray], num_candidates: int | None = None) -> l
 def run_negatives_claim(workdir: str) -> dict:
     """The four stages of the module docstring; returns results.json's content."""
     cfg, data, trainer = NegativesClaimConfig(), DataConfig(), TrainerConfig()
-    if data.source != "examples":
-        raise RankgenError(f"the claim trains on RankGen examples (DataConfig.source='examples'), not {data.source!r}")
+    if data.source.kind != "examples":
+        raise RankgenError("the claim trains on RankGen examples (DataConfig.source = @ExamplesData()), not "
+                           f"@{type(data.source).__name__}()")
     root = Path(workdir)
     root.mkdir(parents=True, exist_ok=True)
     results = read_results(root)

@@ -32,10 +32,9 @@ from pathlib import Path
 import gin
 import numpy as np
 
-from rankgen_jax.checkpoints import native
 from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.data.jsonl import read_jsonl, write_jsonl
-from rankgen_jax.data.sources import DataConfig
+from rankgen_jax.data.source_configs import DataConfig, PairsData
 from rankgen_jax.data.text import load_text_encoder
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.experiments.perspective_eval import (choose_thresholds, predict_majority, predict_model,
@@ -167,9 +166,7 @@ def _trainer_config(cfg: PerspectivesConfig, init: Path, name: str) -> TrainerCo
 
 def train_model(cfg: PerspectivesConfig, root: Path, init: Path, name: str) -> dict:
     """One model on the training pairs through the shared trainer (resumes from its checkpoint)."""
-    data = DataConfig(source="pairs", vocab=require_vocab_path(init), train_file=str(root / "data" / "train_pairs.jsonl"),
-                      eval_file=str(root / "data" / "eval_pairs.jsonl"), batch_size=cfg.batch_size,
-                      prefix_length=_pair_length(cfg, name), seed=cfg.seed)
+    data = DataConfig(PairsData(vocab=require_vocab_path(init), train_file=str(root / "data" / "train_pairs.jsonl"), eval_file=str(root / "data" / "eval_pairs.jsonl")), batch_size=cfg.batch_size, prefix_length=_pair_length(cfg, name), seed=cfg.seed)
     optimizer = OptimizerConfig(name="adamw", learning_rate=cfg.learning_rate, warmup_steps=10, weight_decay=0.01)
     metrics = train(str(root / name), trainer=_trainer_config(cfg, init, name), model_config=model_configs(cfg)[name],
                     data=data, loss=_loss(cfg, name), optimizer=optimizer)

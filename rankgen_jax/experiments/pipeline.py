@@ -51,7 +51,7 @@ from rankgen_jax.data.documents import require_documents
 from rankgen_jax.data.example_source import build_examples
 from rankgen_jax.data.examples import ExampleConfig
 from rankgen_jax.data.jsonl import read_jsonl, write_jsonl
-from rankgen_jax.data.sources import DataConfig
+from rankgen_jax.data.source_configs import DataConfig, ListsData, RetrievalData
 from rankgen_jax.data.vocab import BUNDLED_CORPUS
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.eval.retrieval_metrics import evaluate_run, metric_scores
@@ -254,9 +254,7 @@ def _train_stage(cfg: PipelineConfig, workdir: Path, init: str, model_config: Mo
 
 def _list_data(cfg: PipelineConfig, vocab: str, train_file: Path, eval_file: Path, batch_size: int,
                list_size: int = 0) -> DataConfig:
-    return DataConfig(source="lists", vocab=vocab, train_file=str(train_file), eval_file=str(eval_file),
-                      batch_size=batch_size, prefix_length=cfg.query_length, continuation_length=cfg.candidate_length,
-                      list_size=list_size, prefix_keep="end", seed=cfg.seed)
+    return DataConfig(ListsData(vocab=vocab, train_file=str(train_file), eval_file=str(eval_file), continuation_length=cfg.candidate_length, list_size=list_size, prefix_keep="end"), batch_size=batch_size, prefix_length=cfg.query_length, seed=cfg.seed)
 
 
 def _texts(corpus: list[dict]) -> dict[str, str]:
@@ -295,10 +293,7 @@ def train_retriever0(cfg: PipelineConfig, root: Path, init: Path) -> None:
                    for q, pool in zip(queries, hard_negative_pools(cfg, queries, corpus))]
         files[split] = write_jsonl(root / "data" / f"retriever0_{split}.jsonl", records)
         counts[split] = len(records)
-    data = DataConfig(source="retrieval", vocab=require_vocab_path(init), train_file=str(files["train"]),
-                      eval_file=str(files["eval"]), batch_size=cfg.retriever_batch_size,
-                      prefix_length=cfg.query_length, continuation_length=cfg.candidate_length, hard_negatives=1,
-                      positive_choice="first", prefix_keep="end", seed=cfg.seed)
+    data = DataConfig(RetrievalData(vocab=require_vocab_path(init), train_file=str(files["train"]), eval_file=str(files["eval"]), continuation_length=cfg.candidate_length, hard_negatives=1, positive_choice="first", prefix_keep="end"), batch_size=cfg.retriever_batch_size, prefix_length=cfg.query_length, seed=cfg.seed)
     loss = LossConfig(name="in_batch_softmax", logit_scale=cfg.retriever0_logit_scale)
     two_towers = cfg.retriever_towers == "two_towers_cls"
     steps = stage_steps(cfg, counts["train"], cfg.retriever_batch_size, cfg.retriever_epochs)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rankgen_jax.data.beir_books import BooksCollectionConfig, build_books_collection
 from rankgen_jax.data.documents import Document, require_documents
-from rankgen_jax.data.sources import DataConfig
+from rankgen_jax.data.source_configs import DataConfig, RetrievalData
 from rankgen_jax.eval.retrieval_metrics import evaluate_files
 from rankgen_jax.pretrained import MINILM
 from rankgen_jax.experiments.stages import StageRun, aligned_table, is_done, mark_done, starting_checkpoint
@@ -108,11 +108,11 @@ def run_retrieval_example(workdir: str, config: RetrievalExampleConfig = Retriev
         results["collection"] = job.stage("collection", build_books_collection,
                                           bundled_books() if corpus is None else corpus, beir, config.collection)
     init = starting_checkpoint(config.init_checkpoint, config.init_from_hf, root)
-    common = dict(source="retrieval", batch_size=config.batch_size, prefix_length=config.prefix_length,
-                  continuation_length=config.continuation_length, prefix_keep="end", split="train",
-                  eval_split="test")
+    shared = dict(batch_size=config.batch_size, prefix_length=config.prefix_length)
+    reading = dict(continuation_length=config.continuation_length, prefix_keep="end", split="train",
+                   eval_split="test")
     job.stage("train_in_batch", _train, root / "train_in_batch", init, config,
-              DataConfig(**common, retrieval_corpus=str(beir), hard_negatives=0))
+              DataConfig(RetrievalData(**reading, retrieval_corpus=str(beir), hard_negatives=0), **shared))
     mined = {}
     for split in ("train", "test"):
         mined[split] = root / f"bm25_negatives_{split}.jsonl"
@@ -120,8 +120,8 @@ def run_retrieval_example(workdir: str, config: RetrievalExampleConfig = Retriev
             results[f"mining_{split}"] = job.stage(f"mine_{split}", lambda out, s: mine_negatives(
                 out, str(beir), queries_path=str(beir), qrels_path=str(beir), split=s, retriever="bm25",
                 depth=config.mining_depth, negatives=config.mined_negatives, progress=False), str(mined[split]), split)
-    hard = DataConfig(**common, train_file=str(mined["train"]), eval_file=str(mined["test"]), qrels=str(beir),
-                      hard_negatives=config.hard_negatives)
+    hard = DataConfig(RetrievalData(**reading, train_file=str(mined["train"]), eval_file=str(mined["test"]),
+                                    qrels=str(beir), hard_negatives=config.hard_negatives), **shared)
     job.stage("train_hard_negatives", _train, root / "train_hard_negatives", init, config, hard)
     models = {"zero_shot": str(init), "in_batch": str(root / "train_in_batch"),
               "hard_negatives": str(root / "train_hard_negatives")}

@@ -5,7 +5,7 @@ A grid file is JSON:
     {"gin_files": ["demo_minilm.gin"],          # shared by every run
      "bindings": ["TrainerConfig.max_minutes = 2"],
      "axes": {"DataConfig.batch_size": [8, 32, 128],
-              "DataConfig.same_document": [true, false]},
+              "ExamplesData.same_document": [true, false]},
      "per_run": {"DataConfig.batch_size=128": ["TrainerConfig.num_chunks = 4"]},
      "job": true}                                 # evaluate with the main job (held-out suffix identification)
 

@@ -260,15 +260,16 @@ def topology_devices(topology: Topology) -> list:
 def batch_shapes(data, layout: BatchLayout) -> dict[str, tuple[int, ...]]:
     """Global shapes of the int32 arrays of one training batch (triple sources; see models.batch_layout)."""
     # A candidate list's length is known only once its file is read, so lists and pairs are not compiled.
-    if layout.form != TRIPLES or data.source in ("lists", "pairs"):
+    src = data.source
+    if layout.form != TRIPLES or src.kind in ("lists", "pairs"):
         raise RankgenError(f"compile supports dual encoders trained on triples (DataConfig.source 'books', "
                            f"'examples', 'seqio', 'random' or 'retrieval'), not model kind {layout.model_kind!r} with source "
-                           f"{data.source!r} and a loss of {layout.form}")
-    if data.source == "retrieval":  # K hard negatives per query (data.retrieval_source)
-        lengths = layout.lengths(data.prefix_length, data.continuation_length, optional=data.hard_negatives > 0)
-        return {key: (data.batch_size, data.hard_negatives, length) if key == "negative_ids" else
+                           f"{src.kind!r} and a loss of {layout.form}")
+    if src.kind == "retrieval":  # K hard negatives per query (data.retrieval_source)
+        lengths = layout.lengths(data.prefix_length, src.continuation_length, optional=src.hard_negatives > 0)
+        return {key: (data.batch_size, src.hard_negatives, length) if key == "negative_ids" else
                 (data.batch_size, length) for key, length in lengths.items()}
-    lengths = layout.lengths(data.prefix_length, data.continuation_length, optional=data.with_negative)
+    lengths = layout.lengths(data.prefix_length, src.continuation_length, optional=src.with_negative)
     return {key: (data.batch_size, length) for key, length in lengths.items()}
 
 
@@ -337,7 +338,7 @@ def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAU
     from rankgen_jax.losses import registry as losses
     from rankgen_jax.runtime import partitioning
     from rankgen_jax.models.configs import ModelConfig
-    from rankgen_jax.data.sources import DataConfig
+    from rankgen_jax.data.source_configs import DataConfig
     from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer, schedule_for_run
     from rankgen_jax.train.step import StepOptions
     from rankgen_jax.train.compiled import build_step_functions

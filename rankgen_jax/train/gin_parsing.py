@@ -25,7 +25,7 @@ GIN_SEARCH_PATH = GIN_CONFIGS_DIR
 # imported, and an unknown name must fail at parse time, not when a run is half set up.
 CONFIGURABLE_MODULES = (
     "rankgen_jax.models.configs",
-    "rankgen_jax.data.sources",
+    "rankgen_jax.data.source_configs",
     "rankgen_jax.train.optimizers",
     "rankgen_jax.train.config",
 )
@@ -125,6 +125,9 @@ def _describe_gin_error(e: Exception, texts: dict[str, str], bindings: Sequence[
     lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
     if not lines:
         return type(e).__name__
+    moved = _moved_data_field(lines[0], "\n".join([*texts.values(), *bindings]))
+    if moved:
+        lines[0] = moved
     token = re.search(r"Failed to parse token '(.*)'", str(e))
     if isinstance(e, SyntaxError) and lines[0].startswith("malformed node or string") and token:
         # gin reads a value as a Python literal; a bare word (an unquoted string) is none.
@@ -142,6 +145,25 @@ def _describe_gin_error(e: Exception, texts: dict[str, str], bindings: Sequence[
     return lines[0]
 
 
+def _moved_data_field(message: str, config_text: str) -> str:
+    """gin's refusal of a DataConfig field that moved to a source's config, said with the binding that replaces it
+    (that of the source an earlier version's `DataConfig.source = 'name'` in config_text names); "" for any other
+    message."""
+    from rankgen_jax.data.source_configs import MOVED_DATA_FIELDS, SOURCE_CONFIGS
+
+    match = re.match(r"Configurable '(?:[\w/]+/)?DataConfig' doesn't have a parameter named '(\w+)'", message)
+    if not match or match[1] not in MOVED_DATA_FIELDS:
+        return ""
+    field, kinds = match[1], MOVED_DATA_FIELDS[match[1]]
+    named = re.findall(r"DataConfig\.source\s*=\s*['\"](\w+)['\"]", config_text)
+    if named and named[-1] in kinds:
+        kinds = (named[-1],)
+    classes = [SOURCE_CONFIGS[kind].__name__ for kind in kinds]
+    return (f"DataConfig.{field} is a setting of the data source's own config now: bind "
+            + " or ".join(f"{name}.{field}" for name in classes) + ", with DataConfig.source = "
+            + " or ".join(f"@{name}()" for name in classes))
+
+
 def _tokenizes(text: str) -> bool:
     try:
         list(tokenize.generate_tokens(io.StringIO(text).readline))
@@ -157,6 +179,9 @@ _HOW_USED = {
     "T5Config": "the encoder is ModelConfig.encoder (@T5Config() or @t5_config() for a T5)",
     "t5_config": "the encoder is ModelConfig.encoder (@t5_config() for a named T5 size)",
     "JobConfig": "JobConfig is read by `rankgen-jax train --job` (and the demo)",
+    **{name: f"a source's settings are read when DataConfig.source = @{name}()"
+       for name in ("ExamplesData", "SeqioData", "BooksData", "RandomData", "ListsData", "PairsData",
+                    "RetrievalData")},
 }
 
 

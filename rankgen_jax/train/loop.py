@@ -38,8 +38,8 @@ from tqdm import tqdm
 
 from rankgen_jax.checkpoints import native
 from rankgen_jax.checkpoints.run_folder import RunFolder
-from rankgen_jax.data.sources import (TEXT_SOURCES, DataConfig, make_sources, missing_eval_data,
-                                      training_conventions)
+from rankgen_jax.data.source_configs import TEXT_SOURCES, DataConfig
+from rankgen_jax.data.sources import make_sources, missing_eval_data, training_conventions
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.losses import registry as losses
 from rankgen_jax.models.batch_layout import BatchLayout
@@ -99,9 +99,9 @@ def train(
     if model_config.kind == "encoder":
         raise RankgenError("ModelConfig.kind='encoder' has no head to train: use dual_encoder or cross_encoder")
     losses.check_model_kind(loss.name, model_config.kind)
-    if model_config.kind == "cross_encoder" and data.source not in ("lists", "pairs", "retrieval"):
-        raise RankgenError(f"a cross encoder trains on candidate lists or pairs (DataConfig.source 'lists', "
-                           f"'pairs' or 'retrieval'), not {data.source!r}")
+    if model_config.kind == "cross_encoder" and data.source.kind not in ("lists", "pairs", "retrieval"):
+        raise RankgenError(f"a cross encoder trains on candidate lists or pairs (DataConfig.source @ListsData(), "
+                           f"@PairsData() or @RetrievalData()), not {type(data.source).__name__}")
     # The model kind and the batch form its loss reads fix what a batch holds (models.batch_layout).
     layout = BatchLayout(model_config.kind, losses.batch_form(loss.name))
     options = StepOptions(loss.name, tuple(sorted(loss.options().items())), trainer.num_chunks, trainer.accum_steps,
@@ -109,8 +109,9 @@ def train(
     optimizer = schedule_for_run(optimizer, trainer.num_steps)
     tx, schedule = make_optimizer(optimizer)
     loss_params = losses.init_loss_params(loss.name, **loss.options())
-    if vocab and data.source in TEXT_SOURCES and not data.vocab:
-        data = dataclasses.replace(data, vocab=vocab)  # none chosen: tokenise with the checkpoint's own tokenizer
+    if vocab and data.source.kind in TEXT_SOURCES and not data.source.vocab:
+        # None chosen: tokenise with the checkpoint's own tokenizer.
+        data = data.with_source(vocab=vocab)
     missing = missing_eval_data(data)
     if missing and trainer.eval_every:
         raise RankgenError(f"TrainerConfig.eval_every={trainer.eval_every} evaluates on held-out data, which this data "
@@ -143,7 +144,7 @@ def train(
                 state = state.replace(params=partitioning.device_put_tree(init_params, setup.shardings.params))
             if jax.process_index() == 0:  # one writer on shared storage
                 # A seqio task's tokenizer when the run starts from scratch: the model then reads text as it learned.
-                saved_vocab = data.tokenizer_path() if data.source in TEXT_SOURCES else (
+                saved_vocab = data.source.tokenizer_path() if data.source.kind in TEXT_SOURCES else (
                     vocab or getattr(train_source, "vocab_path", None))
                 native.save_model_config(folder, model_config, saved_vocab)
                 provenance = training_provenance(trainer)
@@ -180,14 +181,14 @@ def training_provenance(trainer: TrainerConfig) -> dict:
 
 def _check_vocab_fits(data: DataConfig, source, model_config: ModelConfig) -> None:
     """Token ids the data can produce must exist in the model's embedding table."""
-    if data.source == "random":
-        size = data.vocab_size
+    if data.source.kind == "random":
+        size = data.source.vocab_size
     else:  # text sources know their tokenizer; seqio sources their vocabulary
         size = getattr(getattr(source, "text", None), "size", None) or getattr(source, "vocab_size", None)
     if size is not None and size > model_config.encoder.vocab_size:
         raise RankgenError(
             f"the data's vocabulary has {size} ids but the model's embedding has {model_config.encoder.vocab_size} rows "
-            f"(DataConfig.vocab={data.tokenizer_path()!r}); use the model's own tokenizer"
+            f"({type(data.source).__name__}.vocab={data.source.tokenizer_path()!r}); use the model's own tokenizer"
         )
 
 

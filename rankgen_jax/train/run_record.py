@@ -20,6 +20,7 @@ import sys
 from typing import Any
 
 from rankgen_jax.checkpoints.run_folder import RunFolder
+from rankgen_jax.data.source_configs import SOURCE_CONFIGS
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.configs import ModelConfig
 from rankgen_jax.train.optimizers import DECAYING_SCHEDULES
@@ -37,15 +38,30 @@ RESUMABLE = frozenset({
     "TrainerConfig.eval_batches", "TrainerConfig.checkpoint_every", "TrainerConfig.keep_checkpoints",
     "TrainerConfig.async_checkpoints", "TrainerConfig.profile_start_step", "TrainerConfig.profile_num_steps",
     "TrainerConfig.distributed", "TrainerConfig.mesh_data", "TrainerConfig.mesh_model", "TrainerConfig.mesh_replica",
-    "TrainerConfig.axis_rules", "TrainerConfig.num_chunks", "DataConfig.tfdata_threads",
+    "TrainerConfig.axis_rules", "TrainerConfig.num_chunks", "SeqioData.tfdata_threads",
     "OptimizerConfig.max_consecutive_nonfinite", "OptimizerConfig.learning_rate", "ModelConfig.encoder.remat",
     "TrainerConfig.encoder_overrides.remat",
 })
 
 
 def run_config(**sections) -> dict[str, dict[str, Any]]:
-    """{section: {field: value}} of the given config dataclasses (SECTIONS' keys), in their JSON form."""
-    return {name: _json_form(dataclasses.asdict(config)) for name, config in sections.items()}
+    """{section: {field: value}} of the given config dataclasses (SECTIONS' keys), in their JSON form; the data
+    section flat: its source's kind under "source", beside the source's own fields."""
+    return {name: _json_form(_flat_fields(config)) for name, config in sections.items()}
+
+
+def _flat_fields(config) -> dict[str, Any]:
+    fields = dataclasses.asdict(config)
+    source = getattr(config, "source", None)
+    if dataclasses.is_dataclass(source):  # DataConfig: the form every run has recorded
+        fields.update(fields.pop("source"), source=source.kind)
+    return fields
+
+
+def _data_names(current: dict) -> dict[str, str]:
+    """The config class that holds each key of a flat data section (DataConfig, or the source's own class)."""
+    source = SOURCE_CONFIGS.get(current.get("source"))
+    return {f.name: source.__name__ for f in dataclasses.fields(source)} if source else {}
 
 
 def _json_form(value):
@@ -71,11 +87,12 @@ def load_run_config(folder: RunFolder) -> dict | None:
     return record
 
 
-def differences(recorded: dict, current: dict, prefix: str) -> list[str]:
-    """`Name.field recorded -> current` for each setting that differs (RESUMABLE ones included)."""
+def differences(recorded: dict, current: dict, prefix: str, holders: dict[str, str] | None = None) -> list[str]:
+    """`Name.field recorded -> current` for each setting that differs (RESUMABLE ones included); holders names the
+    class of a field held elsewhere than `prefix`."""
     found = []
     for key in sorted(set(recorded) | set(current)):
-        name = f"{prefix}.{key}"
+        name = f"{(holders or {}).get(key, prefix)}.{key}"
         old, new = recorded.get(key, "<absent>"), current.get(key, "<absent>")
         if isinstance(old, dict) and isinstance(new, dict):
             found += differences(old, new, name)
@@ -112,7 +129,14 @@ def check_resume(workdir: RunFolder, recorded_model: ModelConfig, intended_model
         _json_form(recorded_model.to_json_dict()), _json_form(intended_model.to_json_dict()), "ModelConfig")
     for section, name in SECTIONS.items():
         if recorded_run is not None and section in recorded_run:
-            found += differences(recorded_run[section], current_run.get(section, {}), name)
+            recorded, current = recorded_run[section], current_run.get(section, {})
+            holders = None
+            if section == "data":
+                # A field the source does not have is one it never read (runs of earlier versions recorded all).
+                holders = _data_names(current)
+                if recorded.get("source") == current.get("source"):
+                    recorded = {k: v for k, v in recorded.items() if k in current}
+            found += differences(recorded, current, name, holders)
     refused = [d for d in found if not _resumable(d)]
     if refused:
         raise RankgenError(

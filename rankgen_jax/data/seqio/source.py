@@ -132,7 +132,7 @@ class SeqioTriples:
         self.batch_size = int(batch_size)
         self.local_batch_size = self.batch_size // hosts
         if threads < 1:
-            raise RankgenError(f"tf.data threads must be >= 1, got {threads} (DataConfig.tfdata_threads)")
+            raise RankgenError(f"tf.data threads must be >= 1, got {threads} (SeqioData.tfdata_threads)")
         self.threads = int(threads)
         self._tasks, self._weights = self._tasks_and_weights(provider)
         for task in self._tasks:
@@ -191,7 +191,7 @@ class SeqioTriples:
             raise RankgenError(
                 f"task {task.name!r} is not cached in any seqio cache folder ({searched}): build it with "
                 f"`rankgen-jax cache-tasks --tasks {task.name} --output_cache_dir DIR` and set "
-                "DataConfig.seqio_cache_dir = DIR"
+                "SeqioData.seqio_cache_dir = DIR"
             )
         path = cache_stats_path(task.cache_dir, self.split)
         if not tf.io.gfile.exists(path):
