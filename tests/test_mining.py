@@ -1,6 +1,7 @@
 """mine-negatives: BM25 rankings equal bm25s's (and the BM25 formula's), depth ranges, what is never taken, resume,
 Tevatron output read back, bad input, and dense negatives equal to `search`'s ranks."""
 
+import dataclasses
 import json
 import math
 import random
@@ -143,8 +144,13 @@ def read_output(path):
 
 def test_bm25_mining_takes_the_depth_range_and_never_a_positive_or_judged_passage(files):
     out = files["dir"] / "mined.jsonl"
-    summary = mining.mine_negatives(str(out), files["corpus"], queries_path=files["queries"],
-                                    qrels_path=files["qrels"], depth="3-12", negatives=5, progress=False)
+    summary = mining.mine_negatives(
+        str(out),
+        files["corpus"],
+        queries=mining.TrainingQuerySource(queries=files["queries"], qrels=files["qrels"]),
+        picking=mining.NegativePicking(depth="3-12", negatives=5),
+        progress=False,
+    )
     mined = read_output(out)
     assert list(mined) == ["q0", "q1", "q2", "q3", "q4"]
     assert summary["queries_written"] == 5 and summary["queries_skipped"] == 0
@@ -170,8 +176,13 @@ def test_bm25_mining_takes_the_depth_range_and_never_a_positive_or_judged_passag
     for drop, dropped in ((None, set()), ("relevant", {"doc-05", "doc-11"}), ("all", {"doc-05", "doc-11", "doc-07",
                                                                                       "doc-12"})):
         path = files["dir"] / f"level2_{drop}.jsonl"
-        mining.mine_negatives(str(path), files["corpus"], queries_path=files["queries"], qrels_path=files["qrels"],
-                              depth="40", negatives=40, positive_level=2, drop_judged=drop, progress=False)
+        mining.mine_negatives(
+            str(path),
+            files["corpus"],
+            queries=mining.TrainingQuerySource(queries=files["queries"], qrels=files["qrels"], positive_level=2),
+            picking=mining.NegativePicking(depth="40", negatives=40, drop_judged=drop),
+            progress=False,
+        )
         got = read_output(path)
         assert list(got) == ["q0", "q1"]  # the others have no label-2 passage
         for qid in got:
@@ -190,33 +201,58 @@ def test_skips_are_counted_with_their_reason(files):
     qrels = files["dir"] / "more_qrels.txt"
     qrels.write_text(open(files["qrels"]).read() + "q8 0 doc-01 1\n", encoding="utf-8")
     out = files["dir"] / "skips.jsonl"
-    summary = mining.mine_negatives(str(out), files["corpus"], queries_path=str(queries), qrels_path=str(qrels),
-                                    depth="1-40", negatives=3, progress=False)
+    summary = mining.mine_negatives(
+        str(out),
+        files["corpus"],
+        queries=mining.TrainingQuerySource(queries=str(queries), qrels=str(qrels)),
+        picking=mining.NegativePicking(depth="1-40", negatives=3),
+        progress=False,
+    )
     # q8's query is all stopwords: BM25 ranks nothing for it. q9 is judged nowhere.
     assert summary["skipped"] == {mining.NOT_JUDGED: 1, mining.NOTHING_RANKED: 1}
     assert summary["queries_written"] == 5 and summary["queries_skipped"] == 2
     # A depth past what BM25 ranks leaves nothing; a range holding only positives leaves nothing after dropping them.
-    far = mining.mine_negatives(str(files["dir"] / "far.jsonl"), files["corpus"], queries_path=files["queries"],
-                                qrels_path=files["qrels"], depth="39-40", progress=False)
+    far = mining.mine_negatives(
+        str(files["dir"] / "far.jsonl"),
+        files["corpus"],
+        queries=mining.TrainingQuerySource(queries=files["queries"], qrels=files["qrels"]),
+        picking=mining.NegativePicking(depth="39-40"),
+        progress=False,
+    )
     assert far["queries_written"] == 0 and far["skipped"] == {mining.NOTHING_RANKED: 5}
     assert (files["dir"] / "far.jsonl").read_text() == ""
     top = [d for d, _ in sorted(bm25s_ranking(QUERIES["q3"]), key=lambda x: (round(x[1], 5), x[0]), reverse=True)]
     qrels_top = files["dir"] / "qrels_top.txt"
     qrels_top.write_text(f"q3 0 {top[0]} 1\n", encoding="utf-8")
-    only = mining.mine_negatives(str(files["dir"] / "only.jsonl"), files["corpus"], queries_path=files["queries"],
-                                 qrels_path=str(qrels_top), depth="1-1", progress=False)
+    only = mining.mine_negatives(
+        str(files["dir"] / "only.jsonl"),
+        files["corpus"],
+        queries=mining.TrainingQuerySource(queries=files["queries"], qrels=str(qrels_top)),
+        picking=mining.NegativePicking(depth="1-1"),
+        progress=False,
+    )
     assert only["skipped"] == {mining.ALL_DROPPED: 1, mining.NOT_JUDGED: 4}
     # Fewer candidates than asked: all of them, counted.
-    short = mining.mine_negatives(str(files["dir"] / "short.jsonl"), files["corpus"], queries_path=files["queries"],
-                                  qrels_path=files["qrels"], depth="1-4", negatives=10, progress=False)
+    short = mining.mine_negatives(
+        str(files["dir"] / "short.jsonl"),
+        files["corpus"],
+        queries=mining.TrainingQuerySource(queries=files["queries"], qrels=files["qrels"]),
+        picking=mining.NegativePicking(depth="1-4", negatives=10),
+        progress=False,
+    )
     assert short["queries_with_fewer_negatives"] == 5
 
 
 def test_sampled_negatives_are_seeded_and_in_rank_order(files):
     def mine(name, seed):
         path = files["dir"] / name
-        mining.mine_negatives(str(path), files["corpus"], queries_path=files["queries"], qrels_path=files["qrels"],
-                              depth="1-40", negatives=4, pick="sample", seed=seed, progress=False)
+        mining.mine_negatives(
+            str(path),
+            files["corpus"],
+            queries=mining.TrainingQuerySource(queries=files["queries"], qrels=files["qrels"]),
+            picking=mining.NegativePicking(depth="1-40", negatives=4, pick="sample", seed=seed),
+            progress=False,
+        )
         return {q: [p.id for p in t.negatives] for q, t in read_output(path).items()}
 
     first = mine("first.jsonl", 0)
@@ -233,8 +269,9 @@ def test_sampled_negatives_are_seeded_and_in_rank_order(files):
 
 
 def test_resume_after_an_interruption_writes_the_uninterrupted_file(files, monkeypatch):
-    args = dict(corpus_path=files["corpus"], queries_path=files["queries"], qrels_path=files["qrels"],
-                depth="2-20", negatives=3, pick="sample", query_batch=2, progress=False)
+    args = dict(corpus_path=files["corpus"],
+                queries=mining.TrainingQuerySource(queries=files["queries"], qrels=files["qrels"]),
+                picking=mining.NegativePicking(depth="2-20", negatives=3, pick="sample"), query_batch=2, progress=False)
     whole = files["dir"] / "whole.jsonl"
     want = mining.mine_negatives(str(whole), **args)
 
@@ -264,7 +301,7 @@ def test_resume_after_an_interruption_writes_the_uninterrupted_file(files, monke
 
     # Other settings or a changed input are refused; overwrite starts over.
     with pytest.raises(RankgenError, match="other settings or inputs \\(negatives differ\\)"):
-        mining.mine_negatives(str(out), **{**args, "negatives": 4})
+        mining.mine_negatives(str(out), **{**args, "picking": dataclasses.replace(args["picking"], negatives=4)})
     with open(files["qrels"], "a", encoding="utf-8") as f:
         f.write("q4 0 doc-01 1\n")
     with pytest.raises(RankgenError, match="qrels differ"):
@@ -290,20 +327,34 @@ def test_tevatron_and_beir_inputs_and_ids_missing_from_the_corpus(files, capsys)
         {"query_id": "q1", "query": QUERIES["q1"], "positive_passages": [passage("doc-03")]},
     ])
     out = files["dir"] / "from_train.jsonl"
-    mining.mine_negatives(str(out), files["corpus"], train_file=str(train), depth="1-10", negatives=4,
-                          progress=False)
+    mining.mine_negatives(
+        str(out),
+        files["corpus"],
+        queries=mining.TrainingQuerySource(train_file=str(train)),
+        picking=mining.NegativePicking(depth="1-10", negatives=4),
+        progress=False,
+    )
     mined = read_output(out)
     assert [p.id for p in mined["q0"].positives] == ["0", "doc-05"]
     ranked = [d for d, _ in sorted(bm25s_ranking(QUERIES["q0"]), key=lambda x: (round(x[1], 5), x[0]),
                                    reverse=True)]
     assert [p.id for p in mined["q0"].negatives] == [d for d in ranked[:10] if d not in ("0", "doc-05")][:4]
     # With qrels, --drop_judged also drops what they judge (doc-07 is judged 0 for q0).
-    mining.mine_negatives(str(files["dir"] / "judged.jsonl"), files["corpus"], train_file=str(train),
-                          qrels_path=files["qrels"], drop_judged="all", depth="1-40", negatives=40, progress=False)
+    mining.mine_negatives(
+        str(files["dir"] / "judged.jsonl"),
+        files["corpus"],
+        queries=mining.TrainingQuerySource(train_file=str(train), qrels=files["qrels"]),
+        picking=mining.NegativePicking(drop_judged="all", depth="1-40", negatives=40),
+        progress=False,
+    )
     assert "doc-07" not in {p.id for p in read_output(files["dir"] / "judged.jsonl")["q0"].negatives}
-    with pytest.raises(RankgenError, match="drop_judged needs qrels"):
-        mining.mine_negatives(str(files["dir"] / "x.jsonl"), files["corpus"], train_file=str(train),
-                              drop_judged="all")
+    with pytest.raises(RankgenError, match="`drop_judged` needs `qrels`"):
+        mining.mine_negatives(
+            str(files["dir"] / "x.jsonl"),
+            files["corpus"],
+            queries=mining.TrainingQuerySource(train_file=str(train)),
+            picking=mining.NegativePicking(drop_judged="all"),
+        )
 
     # A positive missing from the corpus: an error naming the file and line, or a counted skip.
     bad = files["dir"] / "bad_train.jsonl"
@@ -312,9 +363,19 @@ def test_tevatron_and_beir_inputs_and_ids_missing_from_the_corpus(files, capsys)
                        "positive_passages": [{"docid": "nowhere", "text": "lost"}]}])
     with pytest.raises(RankgenError, match="bad_train.jsonl: 1 queries have a positive passage missing from the "
                        "corpus .*'nowhere' of query 'q1' not in the corpus \\(line 2\\)"):
-        mining.mine_negatives(str(files["dir"] / "y.jsonl"), files["corpus"], train_file=str(bad), progress=False)
-    skipped = mining.mine_negatives(str(files["dir"] / "y.jsonl"), files["corpus"], train_file=str(bad),
-                                    on_missing="skip", depth="1-5", progress=False)
+        mining.mine_negatives(
+            str(files["dir"] / "y.jsonl"),
+            files["corpus"],
+            queries=mining.TrainingQuerySource(train_file=str(bad)),
+            progress=False,
+        )
+    skipped = mining.mine_negatives(
+        str(files["dir"] / "y.jsonl"),
+        files["corpus"],
+        queries=mining.TrainingQuerySource(train_file=str(bad), on_missing="skip"),
+        picking=mining.NegativePicking(depth="1-5"),
+        progress=False,
+    )
     assert skipped["queries_written"] == 1 and skipped["skipped"] == {mining.POSITIVE_MISSING: 1}
     assert "bad_train.jsonl: skipped 1 queries" in capsys.readouterr().err
     # A qrels passage missing from the corpus: the same.
@@ -322,28 +383,60 @@ def test_tevatron_and_beir_inputs_and_ids_missing_from_the_corpus(files, capsys)
     qrels.write_text("q0 0 0 1\nq1 0 missing-doc 1\n", encoding="utf-8")
     with pytest.raises(RankgenError, match="bad_qrels.txt: 1 judgements name ids that are missing: 1 document not in "
                        "the corpus \\(line 2\\)"):
-        mining.mine_negatives(str(files["dir"] / "z.jsonl"), files["corpus"], queries_path=files["queries"],
-                              qrels_path=str(qrels), progress=False)
-    summary = mining.mine_negatives(str(files["dir"] / "z.jsonl"), files["corpus"], queries_path=files["queries"],
-                                    qrels_path=str(qrels), on_missing="skip", depth="1-5", progress=False)
+        mining.mine_negatives(
+            str(files["dir"] / "z.jsonl"),
+            files["corpus"],
+            queries=mining.TrainingQuerySource(queries=files["queries"], qrels=str(qrels)),
+            progress=False,
+        )
+    summary = mining.mine_negatives(
+        str(files["dir"] / "z.jsonl"),
+        files["corpus"],
+        queries=mining.TrainingQuerySource(queries=files["queries"], qrels=str(qrels), on_missing="skip"),
+        picking=mining.NegativePicking(depth="1-5"),
+        progress=False,
+    )
     assert summary["skipped"] == {mining.POSITIVE_MISSING: 1, mining.NOT_JUDGED: 3}
 
     # A BEIR folder: corpus, queries and the split's qrels from one place.
     beir = write_beir(files["dir"] / "beir", "train")
-    mining.mine_negatives(str(files["dir"] / "beir.jsonl"), str(beir), queries_path=str(beir), split="train",
-                          depth="3-12", negatives=5, progress=False)
-    mining.mine_negatives(str(files["dir"] / "tsv.jsonl"), files["corpus"], queries_path=files["queries"],
-                          qrels_path=files["qrels"], depth="3-12", negatives=5, progress=False)
+    mining.mine_negatives(
+        str(files["dir"] / "beir.jsonl"),
+        str(beir),
+        queries=mining.TrainingQuerySource(queries=str(beir), split="train"),
+        picking=mining.NegativePicking(depth="3-12", negatives=5),
+        progress=False,
+    )
+    mining.mine_negatives(
+        str(files["dir"] / "tsv.jsonl"),
+        files["corpus"],
+        queries=mining.TrainingQuerySource(queries=files["queries"], qrels=files["qrels"]),
+        picking=mining.NegativePicking(depth="3-12", negatives=5),
+        progress=False,
+    )
     assert read_output(files["dir"] / "beir.jsonl") == read_output(files["dir"] / "tsv.jsonl")
     # Mining reads a BEIR folder's train split unless told otherwise (never its test queries by default).
     (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq4\tdoc-31\t1\n", encoding="utf-8")
-    mining.mine_negatives(str(files["dir"] / "default.jsonl"), str(beir), queries_path=str(beir), depth="3-12",
-                          negatives=5, progress=False)
+    mining.mine_negatives(
+        str(files["dir"] / "default.jsonl"),
+        str(beir),
+        queries=mining.TrainingQuerySource(queries=str(beir)),
+        picking=mining.NegativePicking(depth="3-12", negatives=5),
+        progress=False,
+    )
     assert read_output(files["dir"] / "default.jsonl") == read_output(files["dir"] / "beir.jsonl")
     # An output inside the BEIR folder is not taken for a changed input when resuming.
     for mined_now in (5, 0):
-        assert mining.mine_negatives(str(beir / "mined.jsonl"), str(beir), queries_path=str(beir), split="train",
-                                     depth="3-12", negatives=5, progress=False)["mined_now"] == mined_now
+        assert (
+            mining.mine_negatives(
+                str(beir / "mined.jsonl"),
+                str(beir),
+                queries=mining.TrainingQuerySource(queries=str(beir), split="train"),
+                picking=mining.NegativePicking(depth="3-12", negatives=5),
+                progress=False,
+            )["mined_now"]
+            == mined_now
+        )
 
 
 def test_cli(files, capsys):
@@ -353,12 +446,23 @@ def test_cli(files, capsys):
     summary = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert summary["queries_written"] == 5 and summary["output"] == str(out)
     library = files["dir"] / "library.jsonl"
-    mining.mine_negatives(str(library), files["corpus"], queries_path=files["queries"], qrels_path=files["qrels"],
-                          depth="3-12", negatives=5, progress=False)
+    mining.mine_negatives(
+        str(library),
+        files["corpus"],
+        queries=mining.TrainingQuerySource(queries=files["queries"], qrels=files["qrels"]),
+        picking=mining.NegativePicking(depth="3-12", negatives=5),
+        progress=False,
+    )
     assert out.read_bytes() == library.read_bytes()
     assert main(["mine-negatives", "--corpus", files["corpus"], "--queries", files["queries"], "--output",
                  str(files["dir"] / "none.jsonl")]) == 2
     assert "give one retriever: --bm25 or --model" in capsys.readouterr().err
+    # The library's errors name its arguments; the command line says them as its flags.
+    with pytest.raises(RankgenError, match="`judge` 'teacher' needs a `teacher`"):
+        mining.FalseNegativeFilter(relative_margin=0.1, judge="teacher")
+    assert main(["mine-negatives", "--bm25", "--corpus", files["corpus"], "--queries", files["queries"], "--output",
+                 str(files["dir"] / "none.jsonl"), "--relative_margin", "0.1", "--judge", "teacher"]) == 2
+    assert "--judge 'teacher' needs a --teacher (a cross encoder" in capsys.readouterr().err
 
 
 def test_dense_negatives_are_the_dense_search_ranks_in_range(files, model_dir):
@@ -372,10 +476,14 @@ def test_dense_negatives_are_the_dense_search_ranks_in_range(files, model_dir):
         want[result["query_id"]] = [d for d in result["ids"][4:15] if d not in positives][:6]
     for name, index_dir in (("with_index", str(index)), ("encoded", None)):
         out = files["dir"] / f"{name}.jsonl"
-        summary = mining.mine_negatives(str(out), files["corpus"], queries_path=files["queries"],
-                                        qrels_path=files["qrels"], retriever="dense", model_dir=model_dir,
-                                        index_dir=index_dir, depth="5-15", negatives=6, batch_size=16,
-                                        progress=False)
+        summary = mining.mine_negatives(
+            str(out),
+            files["corpus"],
+            queries=mining.TrainingQuerySource(queries=files["queries"], qrels=files["qrels"]),
+            retriever=mining.MiningRetriever(model=model_dir, index=index_dir, batch_size=16),
+            picking=mining.NegativePicking(depth="5-15", negatives=6),
+            progress=False,
+        )
         assert summary["queries_written"] == 5
         assert {q: [p.id for p in t.negatives] for q, t in read_output(out).items()} == want
     # An index of another corpus is refused.
@@ -383,15 +491,24 @@ def test_dense_negatives_are_the_dense_search_ranks_in_range(files, model_dir):
     write_jsonl(other, [{"_id": "elsewhere", "text": "the rain fell"}] + corpus_records())
     index_corpus(model_dir, str(other), str(files["dir"] / "other_index"), batch_size=16, progress=False)
     with pytest.raises(RankgenError, match="1 indexed passages are not in the corpus .*'elsewhere', row 0"):
-        mining.mine_negatives(str(files["dir"] / "x.jsonl"), files["corpus"], queries_path=files["queries"],
-                              qrels_path=files["qrels"], retriever="dense", model_dir=model_dir,
-                              index_dir=str(files["dir"] / "other_index"), progress=False)
+        mining.mine_negatives(
+            str(files["dir"] / "x.jsonl"),
+            files["corpus"],
+            queries=mining.TrainingQuerySource(queries=files["queries"], qrels=files["qrels"]),
+            retriever=mining.MiningRetriever(model=model_dir, index=str(files["dir"] / "other_index")),
+            progress=False,
+        )
 
 
 def test_summary_counts_match_the_file(files):
     out = files["dir"] / "count.jsonl"
-    summary = mining.mine_negatives(str(out), files["corpus"], queries_path=files["queries"],
-                                    qrels_path=files["qrels"], depth="1-30", negatives=7, progress=False)
+    summary = mining.mine_negatives(
+        str(out),
+        files["corpus"],
+        queries=mining.TrainingQuerySource(queries=files["queries"], qrels=files["qrels"]),
+        picking=mining.NegativePicking(depth="1-30", negatives=7),
+        progress=False,
+    )
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert summary["queries_written"] == len(lines)
     assert summary["negatives_written"] == sum(len(r["negative_passages"]) for r in lines)
@@ -442,7 +559,7 @@ def test_false_negative_filter_on_a_case_computed_by_hand():
         "relative_margin", None, "relative_margin"]
     assert not mining.FalseNegativeFilter().active
     for bad in (-0.1, float("nan"), True):
-        with pytest.raises(RankgenError, match="absolute_margin must be a finite number >= 0"):
+        with pytest.raises(RankgenError, match="`absolute_margin` must be a finite number >= 0"):
             mining.FalseNegativeFilter(absolute_margin=bad)
 
 
@@ -451,11 +568,16 @@ def test_bm25_filter_drops_what_scores_above_the_positive_and_counts_it(files):
     qrels = files["dir"] / "fifth.txt"
     qrels.write_text("".join(f"{q} 0 {sorted(bm25s_ranking(t), key=lambda x: (-x[1], x[0]))[4][0]} 1\n"
                              for q, t in QUERIES.items()), encoding="utf-8")
-    args = dict(corpus_path=files["corpus"], queries_path=files["queries"], qrels_path=str(qrels),
-                depth="1-30", negatives=30, progress=False)
-    plain = read_output(files["dir"] / "plain.jsonl") if mining.mine_negatives(
-        str(files["dir"] / "plain.jsonl"), **args) else None
-    summary = mining.mine_negatives(str(files["dir"] / "filtered.jsonl"), absolute_margin=0.0, **args)
+    args = dict(corpus_path=files["corpus"], queries=mining.TrainingQuerySource(queries=files["queries"], qrels=str(qrels)),
+                picking=mining.NegativePicking(depth="1-30", negatives=30), progress=False)
+    plain = (
+        read_output(files["dir"] / "plain.jsonl")
+        if mining.mine_negatives(str(files["dir"] / "plain.jsonl"), **args)
+        else None
+    )
+    summary = mining.mine_negatives(
+        str(files["dir"] / "filtered.jsonl"), false_negatives=mining.FalseNegativeFilter(absolute_margin=0.0), **args
+    )
     filtered = read_output(files["dir"] / "filtered.jsonl")
     records = {json.loads(l)["query_id"]: json.loads(l) for l in (files["dir"] / "filtered.jsonl").read_text()
                .splitlines()}
@@ -480,10 +602,14 @@ def test_bm25_filter_drops_what_scores_above_the_positive_and_counts_it(files):
 
 def test_teacher_judge_uses_the_teachers_scores_and_writes_them(files):
     """A teacher given as a run of scores: the filter reads its scores, not BM25's; the passages carry them."""
-    args = dict(corpus_path=files["corpus"], queries_path=files["queries"], qrels_path=files["qrels"],
-                depth="1-30", negatives=30, progress=False)
-    plain = read_output(files["dir"] / "plain.jsonl") if mining.mine_negatives(
-        str(files["dir"] / "plain.jsonl"), **args) else None
+    args = dict(corpus_path=files["corpus"],
+                queries=mining.TrainingQuerySource(queries=files["queries"], qrels=files["qrels"]),
+                picking=mining.NegativePicking(depth="1-30", negatives=30), progress=False)
+    plain = (
+        read_output(files["dir"] / "plain.jsonl")
+        if mining.mine_negatives(str(files["dir"] / "plain.jsonl"), **args)
+        else None
+    )
     teacher_scores = {}
     lines = []
     rng = np.random.RandomState(3)
@@ -497,7 +623,11 @@ def test_teacher_judge_uses_the_teachers_scores_and_writes_them(files):
     run = files["dir"] / "teacher.trec"
     run.write_text("".join(lines), encoding="utf-8")
     out = files["dir"] / "judged.jsonl"
-    summary = mining.mine_negatives(str(out), relative_margin=0.25, judge="teacher", teacher=str(run), **args)
+    summary = mining.mine_negatives(
+        str(out),
+        false_negatives=mining.FalseNegativeFilter(relative_margin=0.25, judge="teacher", teacher=str(run)),
+        **args,
+    )
     judged = read_output(out)
     dropped = 0
     for qid, query in plain.items():
@@ -507,7 +637,15 @@ def test_teacher_judge_uses_the_teachers_scores_and_writes_them(files):
         assert [p.score for p in judged[qid].negatives] == pytest.approx([teacher_scores[(qid, d)] for d in kept])
         assert all(p.score == 4.0 for p in judged[qid].positives)
     assert summary["false_negative_filter"]["dropped"] == {"absolute_margin": 0, "relative_margin": dropped}
-    with pytest.raises(RankgenError, match="needs a teacher"):
-        mining.mine_negatives(str(files["dir"] / "x.jsonl"), relative_margin=0.1, judge="teacher", **args)
-    with pytest.raises(RankgenError, match="give --absolute_margin or --relative_margin"):
-        mining.mine_negatives(str(files["dir"] / "x.jsonl"), judge="teacher", teacher=str(run), **args)
+    with pytest.raises(RankgenError, match="needs a `teacher`"):
+        mining.mine_negatives(
+            str(files["dir"] / "x.jsonl"),
+            false_negatives=mining.FalseNegativeFilter(relative_margin=0.1, judge="teacher"),
+            **args,
+        )
+    with pytest.raises(RankgenError, match="give `absolute_margin` or `relative_margin`"):
+        mining.mine_negatives(
+            str(files["dir"] / "x.jsonl"),
+            false_negatives=mining.FalseNegativeFilter(judge="teacher", teacher=str(run)),
+            **args,
+        )

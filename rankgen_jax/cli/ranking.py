@@ -379,15 +379,16 @@ def _run_mine_negatives(args) -> dict:
     if args.bm25 == (args.model is not None):
         raise RankgenError("give one retriever: --bm25 or --model")
     summary = mining.mine_negatives(
-        args.output, args.corpus, train_file=args.train_file, queries_path=args.queries, qrels_path=args.qrels,
-        split=args.split, retriever="bm25" if args.bm25 else "dense", model_dir=args.model, index_dir=args.index,
-        depth=args.depth, negatives=args.negatives, pick=args.pick, seed=args.seed, drop_judged=args.drop_judged,
-        positive_level=args.positive_level, on_missing=args.on_missing,
-        title_join=_title_join(args), bm25_k1=args.bm25_k1, bm25_b=args.bm25_b,
-        bm25_stopwords=None if args.bm25_keep_stopwords else bm25.DEFAULT_STOPWORDS, batch_size=args.batch_size,
-        query_batch=args.query_batch, overwrite=args.overwrite, progress=not args.no_progress,
-        conventions=convention_args(args), absolute_margin=args.absolute_margin,
-        relative_margin=args.relative_margin, judge=args.judge, teacher=args.teacher)
+        args.output, args.corpus,
+        mining.TrainingQuerySource(args.train_file, args.queries, args.qrels, args.split, args.positive_level,
+                                   args.on_missing),
+        mining.MiningRetriever(args.model, args.index, args.bm25_k1, args.bm25_b,
+                               None if args.bm25_keep_stopwords else bm25.DEFAULT_STOPWORDS, args.batch_size,
+                               convention_args(args)),
+        mining.NegativePicking(args.depth, args.negatives, args.pick, args.seed, args.drop_judged),
+        mining.FalseNegativeFilter(args.absolute_margin, args.relative_margin, args.judge, args.teacher),
+        title_join=_title_join(args), query_batch=args.query_batch, overwrite=args.overwrite,
+        progress=not args.no_progress)
     print(json.dumps(summary))
     return summary
 

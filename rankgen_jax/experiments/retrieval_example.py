@@ -21,7 +21,7 @@ from rankgen_jax.pretrained import MINILM
 from rankgen_jax.experiments.stages import StageRun, aligned_table, is_done, mark_done, starting_checkpoint
 from rankgen_jax.resources import BUNDLED_CORPUS
 from rankgen_jax.retrieval.dense_index import index_corpus, search_queries
-from rankgen_jax.retrieval.mining import mine_negatives
+from rankgen_jax.retrieval.mining import NegativePicking, TrainingQuerySource, mine_negatives
 from rankgen_jax.train.config import LossConfig, TrainerConfig
 from rankgen_jax.train.loop import train
 from rankgen_jax.train.optimizers import OptimizerConfig
@@ -118,8 +118,8 @@ def run_retrieval_example(workdir: str, config: RetrievalExampleConfig = Retriev
         mined[split] = root / f"bm25_negatives_{split}.jsonl"
         if f"mining_{split}" not in results:
             results[f"mining_{split}"] = job.stage(f"mine_{split}", lambda out, s: mine_negatives(
-                out, str(beir), queries_path=str(beir), qrels_path=str(beir), split=s, retriever="bm25",
-                depth=config.mining_depth, negatives=config.mined_negatives, progress=False), str(mined[split]), split)
+                out, str(beir), TrainingQuerySource(queries=str(beir), qrels=str(beir), split=s),
+                picking=NegativePicking(config.mining_depth, config.mined_negatives), progress=False), str(mined[split]), split)
     hard = DataConfig(RetrievalData(**reading, train_file=str(mined["train"]), eval_file=str(mined["test"]),
                                     qrels=str(beir), hard_negatives=config.hard_negatives), **shared)
     job.stage("train_hard_negatives", _train, root / "train_hard_negatives", init, config, hard)

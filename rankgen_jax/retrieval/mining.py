@@ -76,7 +76,6 @@ from rankgen_jax.retrieval.bm25 import (DEFAULT_BM25_B, DEFAULT_BM25_K1, DEFAULT
                                        ranked_order)
 from rankgen_jax.retrieval.dense_index import build_faiss_index, encode_all, load_index, search_index
 
-RETRIEVERS = ("bm25", "dense")
 PICKS = ("first", "sample")
 DROP_JUDGED = ("relevant", "all")
 ON_MISSING = ("error", "skip")
@@ -310,17 +309,35 @@ class FalseNegativeFilter:
     judge: absolute_margin m drops the candidate when s + m > p; then
     relative_margin r drops it when s > p - |p| r (|p|, so a negative p does
     not raise the bar). None turns a rule off; the margins must be >= 0.
+
+    judge: whose scores the margins compare, the retriever's own or the
+    teacher's (a cross encoder's folder, a file of scores, or a loaded
+    teacher, retrieval/teacher.py), whose scores the written passages then
+    carry.
     """
 
     absolute_margin: float | None = None
     relative_margin: float | None = None
+    judge: str = "retriever"
+    teacher: Any = None
 
     def __post_init__(self):
         for name in ("absolute_margin", "relative_margin"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not math.isfinite(value) or value < 0):
-                raise RankgenError(f"{name} must be a finite number >= 0 or None, got {value!r}")
+                raise RankgenError(f"`{name}` must be a finite number >= 0 or None, got {value!r}", names=(name,))
+        if self.judge not in JUDGES:
+            raise RankgenError(f"unknown `judge` {self.judge!r}: expected one of {JUDGES}", names=("judge",))
+        if self.judge == "teacher" and self.teacher is None:
+            raise RankgenError("`judge` 'teacher' needs a `teacher` (a cross encoder or a file of scores)",
+                               names=("judge", "teacher"))
+        if self.teacher is not None and not self.active:
+            raise RankgenError("a `teacher` judges the false-negative filter: give `absolute_margin` or "
+                               "`relative_margin`", names=("teacher", "absolute_margin", "relative_margin"))
+        if self.teacher is not None and self.judge != "teacher":
+            raise RankgenError("a `teacher` is given but the `judge` is the retriever (judge 'teacher')",
+                               names=("teacher", "judge"))
 
     @property
     def active(self) -> bool:
@@ -354,36 +371,62 @@ def _judge_scores(judge: str, ranker, teacher, batch: list[TrainingQuery], candi
     return [(p, np.array([score for _, score in c], np.float64)) for p, c in zip(positive_scores, candidates)]
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainingQuerySource:
+    """The training queries and their positives: a Tevatron training file (its negatives are replaced), or queries
+    (a file or BEIR folder) with qrels (positives: passages judged at least positive_level; a BEIR folder's own
+    qrels at `split` when qrels is None)."""
+
+    train_file: str | None = None
+    queries: str | None = None
+    qrels: str | None = None
+    split: str | None = None
+    positive_level: int = 1
+    on_missing: str = "error"  # a positive or qrels passage missing from the corpus: "error" or "skip" (counted)
+
+
+@dataclasses.dataclass(frozen=True)
+class MiningRetriever:
+    """Who ranks the corpus: BM25 (no model; bm25s with Pyserini's k1 and b, English stopwords dropped unless
+    bm25_stopwords is None) or a dual encoder (`model`, with its `index` folder or an exact index encoded here,
+    `batch_size` texts per encoder call, reading text by `conventions`)."""
+
+    model: str | None = None
+    index: str | None = None
+    bm25_k1: float = DEFAULT_BM25_K1
+    bm25_b: float = DEFAULT_BM25_B
+    bm25_stopwords: str | None = DEFAULT_STOPWORDS
+    batch_size: int = 64
+    conventions: dict | None = None
+
+    @property
+    def kind(self) -> str:
+        return "bm25" if self.model is None else "dense"
+
+
+@dataclasses.dataclass(frozen=True)
+class NegativePicking:
+    """Which candidates become negatives: ranks in `depth`, less the positives (and with drop_judged what the qrels
+    judge), then `negatives` of them, the first ones or a seeded sample (`pick`)."""
+
+    depth: str = DEFAULT_DEPTH
+    negatives: int = DEFAULT_NEGATIVES
+    pick: str = "first"
+    seed: int = 0
+    drop_judged: str | None = None
+
+
 def mine_negatives(
     out_path: str,
     corpus_path: str,
-    train_file: str | None = None,
-    queries_path: str | None = None,
-    qrels_path: str | None = None,
-    split: str | None = None,
-    retriever: str = "bm25",
-    model_dir: str | None = None,
-    index_dir: str | None = None,
-    depth: str = DEFAULT_DEPTH,
-    negatives: int = DEFAULT_NEGATIVES,
-    pick: str = "first",
-    seed: int = 0,
-    drop_judged: str | None = None,
-    positive_level: int = 1,
-    on_missing: str = "error",
+    queries: TrainingQuerySource,
+    retriever: MiningRetriever = MiningRetriever(),
+    picking: NegativePicking = NegativePicking(),
+    false_negatives: FalseNegativeFilter = FalseNegativeFilter(),
     title_join: str | None = DEFAULT_TITLE_JOIN,
-    bm25_k1: float = DEFAULT_BM25_K1,
-    bm25_b: float = DEFAULT_BM25_B,
-    bm25_stopwords: str | None = DEFAULT_STOPWORDS,
-    batch_size: int = 64,
     query_batch: int = DEFAULT_QUERY_BATCH,
     overwrite: bool = False,
     progress: bool = True,
-    conventions: dict | None = None,
-    absolute_margin: float | None = None,
-    relative_margin: float | None = None,
-    judge: str = "retriever",
-    teacher: Any = None,
 ) -> dict[str, Any]:
     """Mine hard negatives for each training query into a Tevatron JSON-lines file; returns the summary.
 
@@ -393,59 +436,53 @@ def mine_negatives(
     than asked, queries skipped and their reasons, how many queries this call
     mined, and with a filter what it dropped.
     """
-    fn_filter = FalseNegativeFilter(absolute_margin, relative_margin)
-    if judge not in JUDGES:
-        raise RankgenError(f"unknown judge {judge!r}: expected one of {JUDGES}")
-    if judge == "teacher" and teacher is None:
-        raise RankgenError("judge 'teacher' needs a teacher (--teacher: a cross encoder or a file of scores)")
-    if teacher is not None and not fn_filter.active:
-        raise RankgenError("a teacher judges the false-negative filter: give --absolute_margin or --relative_margin")
-    if teacher is not None and judge != "teacher":
-        raise RankgenError("a teacher is given but the judge is the retriever (--judge teacher)")
+    source, fn_filter = queries, false_negatives
+    teacher, judge = fn_filter.teacher, fn_filter.judge
     if isinstance(teacher, str):
         from rankgen_jax.retrieval.teacher import load_teacher
 
-        teacher = load_teacher(teacher, batch_size=batch_size, conventions=conventions)
-    if retriever not in RETRIEVERS:
-        raise RankgenError(f"unknown retriever {retriever!r}: expected one of {RETRIEVERS}")
-    if retriever == "dense" and model_dir is None:
-        raise RankgenError("dense mining needs a model (--model)")
-    if retriever == "bm25" and (model_dir is not None or index_dir is not None):
-        raise RankgenError("BM25 mining takes no model or index")
-    if pick not in PICKS:
-        raise RankgenError(f"unknown pick {pick!r}: expected one of {PICKS}")
-    if drop_judged is not None and drop_judged not in DROP_JUDGED:
-        raise RankgenError(f"drop_judged must be None or one of {DROP_JUDGED}, got {drop_judged!r}")
-    if drop_judged is not None and qrels_path is None and not (queries_path and is_beir_folder(queries_path)):
-        raise RankgenError("drop_judged needs qrels (--qrels)")
-    for name, value in (("negatives", negatives), ("query_batch", query_batch), ("batch_size", batch_size)):
+        teacher = load_teacher(teacher, batch_size=retriever.batch_size, conventions=retriever.conventions)
+    if retriever.kind == "bm25" and retriever.index is not None:
+        raise RankgenError("BM25 mining takes no `index` (it is a dense `model`'s)", names=("index", "model"))
+    if picking.pick not in PICKS:
+        raise RankgenError(f"unknown `pick` {picking.pick!r}: expected one of {PICKS}", names=("pick",))
+    if picking.drop_judged is not None and picking.drop_judged not in DROP_JUDGED:
+        raise RankgenError(f"`drop_judged` must be None or one of {DROP_JUDGED}, got {picking.drop_judged!r}",
+                           names=("drop_judged",))
+    if picking.drop_judged is not None and source.qrels is None and not (source.queries
+                                                                         and is_beir_folder(source.queries)):
+        raise RankgenError("`drop_judged` needs `qrels`", names=("drop_judged", "qrels"))
+    for name, value in (("negatives", picking.negatives), ("query_batch", query_batch),
+                        ("batch_size", retriever.batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise RankgenError(f"{name} must be a positive integer, got {value!r}")
-    if bm25_stopwords not in (DEFAULT_STOPWORDS, None):
+            raise RankgenError(f"`{name}` must be a positive integer, got {value!r}", names=(name,))
+    if retriever.bm25_stopwords not in (DEFAULT_STOPWORDS, None):
         raise RankgenError(f"bm25_stopwords must be {DEFAULT_STOPWORDS!r} (bm25s's English list) or None")
-    ranges = parse_depth(depth)
+    ranges = parse_depth(picking.depth)
     out = Path(out_path)
-    for given in (corpus_path, train_file, queries_path, qrels_path):
+    for given in (corpus_path, source.train_file, source.queries, source.qrels):
         if given is not None and Path(given).resolve() == out.resolve():
             raise RankgenError(f"{out_path}: the output would overwrite an input")
     if out.is_dir():
         raise RankgenError(f"{out_path}: is a folder; the output is a JSON-lines file")
     settings = {
-        "retriever": retriever, "model": str(Path(model_dir).resolve()) if model_dir else None,
-        "index": resumable.input_stamp(index_dir), "corpus": resumable.input_stamp(corpus_path),
-        "train_file": resumable.input_stamp(train_file), "queries": resumable.input_stamp(queries_path),
-        "qrels": resumable.input_stamp(qrels_path), "split": split,
-        "depth": [list(r) for r in ranges], "negatives": negatives, "pick": pick, "seed": seed,
-        "drop_judged": drop_judged, "positive_level": positive_level, "on_missing": on_missing,
-        "title_join": title_join,
-        "bm25": {"k1": bm25_k1, "b": bm25_b, "stopwords": bm25_stopwords} if retriever == "bm25" else None,
-        "conventions": {k: v for k, v in (conventions or {}).items() if v is not None} or None,
-        "filter": {"absolute_margin": absolute_margin, "relative_margin": relative_margin, "judge": judge,
-                   "teacher": None if teacher is None else teacher.stamp} if fn_filter.active else None,
+        "retriever": retriever.kind, "model": str(Path(retriever.model).resolve()) if retriever.model else None,
+        "index": resumable.input_stamp(retriever.index), "corpus": resumable.input_stamp(corpus_path),
+        "train_file": resumable.input_stamp(source.train_file), "queries": resumable.input_stamp(source.queries),
+        "qrels": resumable.input_stamp(source.qrels), "split": source.split,
+        "depth": [list(r) for r in ranges], "negatives": picking.negatives, "pick": picking.pick,
+        "seed": picking.seed, "drop_judged": picking.drop_judged, "positive_level": source.positive_level,
+        "on_missing": source.on_missing, "title_join": title_join,
+        "bm25": ({"k1": retriever.bm25_k1, "b": retriever.bm25_b, "stopwords": retriever.bm25_stopwords}
+                 if retriever.kind == "bm25" else None),
+        "conventions": {k: v for k, v in (retriever.conventions or {}).items() if v is not None} or None,
+        "filter": {"absolute_margin": fn_filter.absolute_margin, "relative_margin": fn_filter.relative_margin,
+                   "judge": judge, "teacher": None if teacher is None else teacher.stamp}
+        if fn_filter.active else None,
     }
     corpus = read_passages(corpus_path)
-    queries, qrels, load_skips = load_training_queries(corpus, train_file, queries_path, qrels_path, split,
-                                                       positive_level, on_missing)
+    queries, qrels, load_skips = load_training_queries(corpus, source.train_file, source.queries, source.qrels,
+                                                       source.split, source.positive_level, source.on_missing)
     out.parent.mkdir(parents=True, exist_ok=True)
     counts = {"written": 0, "negatives": 0, "short": 0, "skipped": {}, "judged": 0,
               "dropped": {"absolute_margin": 0, "relative_margin": 0}, "queries_with_drops": 0, "most_dropped": 0}
@@ -454,10 +491,12 @@ def mine_negatives(
     if start < len(queries):
         last_rank = ranges[-1][1]
         texts = corpus.joined(title_join)
-        if retriever == "bm25":
-            ranker = Bm25Retriever(texts, corpus.ids, bm25_k1, bm25_b, bm25_stopwords, progress)
+        if retriever.kind == "bm25":
+            ranker = Bm25Retriever(texts, corpus.ids, retriever.bm25_k1, retriever.bm25_b, retriever.bm25_stopwords,
+                                   progress)
         else:
-            ranker = DenseRetriever(model_dir, corpus, index_dir, title_join, batch_size, progress, conventions)
+            ranker = DenseRetriever(retriever.model, corpus, retriever.index, title_join, retriever.batch_size,
+                                    progress, retriever.conventions)
         del texts
         with tqdm(total=len(queries), initial=start, unit="query", desc="mine-negatives", file=sys.stderr,
                   dynamic_ncols=True, disable=not progress) as bar:
@@ -467,7 +506,7 @@ def mine_negatives(
                 found = []
                 for query, ranked in zip(batch, rankings):
                     judged = qrels.labels.get(query.query_id) if qrels is not None else None
-                    candidates, reason = query_candidates(query, ranked, corpus, ranges, judged, drop_judged)
+                    candidates, reason = query_candidates(query, ranked, corpus, ranges, judged, picking.drop_judged)
                     if candidates is None:
                         record["skipped"][reason] = record["skipped"].get(reason, 0) + 1
                     else:
@@ -498,7 +537,8 @@ def mine_negatives(
                         if not candidates:
                             record["skipped"][ALL_FILTERED] = record["skipped"].get(ALL_FILTERED, 0) + 1
                             continue
-                    rows = _pick([row for row, _ in candidates], negatives, pick, seed, query.query_id)
+                    rows = _pick([row for row, _ in candidates], picking.negatives, picking.pick, picking.seed,
+                                 query.query_id)
                     mined = [dataclasses.replace(corpus.passage(corpus.ids[row]),
                                                  score=None if score_of is None else score_of[row]) for row in rows]
                     written = dataclasses.replace(query, negatives=tuple(mined))
@@ -506,7 +546,7 @@ def mine_negatives(
                                  .encode("utf-8"))
                     record["written"] += 1
                     record["negatives"] += len(mined)
-                    record["short"] += len(mined) < negatives
+                    record["short"] += len(mined) < picking.negatives
                 resumable.save_batch(out, record, lines, batch_start + len(batch), batch[-1].query_id)
                 bar.update(len(batch))
     if not out.exists():
@@ -519,7 +559,7 @@ def mine_negatives(
                "skipped": skipped, "mined_now": len(queries) - start}
     if fn_filter.active:
         summary["false_negative_filter"] = {
-            "judge": judge, "absolute_margin": absolute_margin, "relative_margin": relative_margin,
+            "judge": judge, "absolute_margin": fn_filter.absolute_margin, "relative_margin": fn_filter.relative_margin,
             "candidates_judged": record["judged"], "dropped": dict(record["dropped"]),
             "dropped_total": sum(record["dropped"].values()), "queries_with_drops": record["queries_with_drops"],
             "most_dropped_in_one_query": record["most_dropped"]}
