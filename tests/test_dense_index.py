@@ -14,9 +14,9 @@ from rankgen_jax.data.retrieval_files import read_run
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.inference.encoder import load_model
 from rankgen_jax.retrieval import dense_index
-from rankgen_jax.retrieval.dense_index import (build_faiss_index, check_shards, default_nlist, index_corpus,
-                                               index_folders, index_settings, load_index, scan_corpus, search_index,
-                                               search_queries, search_shards)
+from rankgen_jax.retrieval.dense_index import (IndexSpec, TextEncoding, build_faiss_index, check_shards, default_nlist,
+                                               index_corpus, index_folders, index_settings, load_index, scan_corpus,
+                                               search_index, search_queries, search_shards)
 
 PASSAGES = [
     "the rain fell on the moor",
@@ -103,7 +103,9 @@ def test_index_corpus_and_search_queries_equal_brute_force(tmp_path, model_dir, 
         f.write("{not json\n")  # skipped and counted
     queries = write_jsonl(tmp_path / "queries.jsonl", [{"id": f"q{i}", "text": t} for i, t in enumerate(QUERIES)])
     out = tmp_path / "index"
-    config = index_corpus(model_dir, str(corpus), str(out), batch_size=8, progress=False)
+    config = index_corpus(
+        model_dir, str(corpus), str(out), encoding=TextEncoding("suffix", batch_size=8), progress=False
+    )
     assert f"{corpus}: skipped 1 lines: 1 malformed JSON (line {len(PASSAGES) + 1})" in capsys.readouterr().err
     assert sorted(p.name for p in out.iterdir()) == ["ids.json", "index.faiss", "index_config.json", "vectors.npy"]
     assert json.loads((out / "ids.json").read_text()) == [f"p{i}" for i in range(len(PASSAGES))]
@@ -112,8 +114,15 @@ def test_index_corpus_and_search_queries_equal_brute_force(tmp_path, model_dir, 
     assert config["max_length"] is None
 
     k = 4
-    results = search_queries(model_dir, str(out), queries, k, out_path=str(tmp_path / "hits.jsonl"),
-                             batch_size=8, progress=False)
+    results = search_queries(
+        model_dir,
+        str(out),
+        queries,
+        k,
+        encoding=TextEncoding("prefix", batch_size=8),
+        out_path=str(tmp_path / "hits.jsonl"),
+        progress=False,
+    )
     model = load_model(model_dir)
     assert config["dim"] == model.dim
     want_scores, want_rows = brute_force(model.encode(QUERIES, "prefix", batch_size=8),
@@ -131,25 +140,52 @@ def test_index_corpus_and_search_queries_equal_brute_force(tmp_path, model_dir, 
     tsv.write_text("".join(f"{i}\t{t}\n" for i, t in enumerate(PASSAGES)), encoding="utf-8")
     queries_tsv = tmp_path / "queries.dev.tsv"
     queries_tsv.write_text("".join(f"{1000 + i}\t{t}\n" for i, t in enumerate(QUERIES)), encoding="utf-8")
-    index_corpus(model_dir, str(tsv), str(tmp_path / "tsv_index"), batch_size=8, progress=False)
+    index_corpus(
+        model_dir, str(tsv), str(tmp_path / "tsv_index"), encoding=TextEncoding("suffix", batch_size=8), progress=False
+    )
     assert json.loads((tmp_path / "tsv_index" / "ids.json").read_text()) == [str(i) for i in range(len(PASSAGES))]
-    trec = search_queries(model_dir, str(tmp_path / "tsv_index"), str(queries_tsv), k,
-                          out_path=str(tmp_path / "run.trec"), batch_size=8, progress=False, out_format="trec")
+    trec = search_queries(
+        model_dir,
+        str(tmp_path / "tsv_index"),
+        str(queries_tsv),
+        k,
+        encoding=TextEncoding("prefix", batch_size=8),
+        out_path=str(tmp_path / "run.trec"),
+        out_format="trec",
+        progress=False,
+    )
     assert [r["ids"] for r in trec] == [[str(j) for j in row] for row in want_rows.tolist()]
     lines = (tmp_path / "run.trec").read_text().splitlines()
     assert len(lines) == len(QUERIES) * k and lines[0].split()[:4] == ["1000", "Q0", str(want_rows[0, 0]), "1"]
     assert read_run(tmp_path / "run.trec") == {r["query_id"]: dict(zip(r["ids"], r["scores"])) for r in trec}
 
     # An IVF index with a single list (11 passages) searches everything: same results.
-    ivf = index_corpus(model_dir, str(corpus), str(tmp_path / "ivf"), index_type="ivf", batch_size=8, progress=False)
+    ivf = index_corpus(
+        model_dir,
+        str(corpus),
+        str(tmp_path / "ivf"),
+        index=IndexSpec(index_type="ivf"),
+        encoding=TextEncoding("suffix", batch_size=8),
+        progress=False,
+    )
     assert ivf["index_type"] == "ivf" and ivf["nlist"] == 1 and ivf["nprobe"] == 1
-    again = search_queries(model_dir, str(tmp_path / "ivf"), queries, k, batch_size=8, progress=False)
+    again = search_queries(
+        model_dir, str(tmp_path / "ivf"), queries, k, encoding=TextEncoding("prefix", batch_size=8), progress=False
+    )
     assert [r["ids"] for r in again] == [r["ids"] for r in results]
 
     # A non-empty output folder is refused unless overwrite.
     with pytest.raises(RankgenError, match="folder is not empty"):
-        index_corpus(model_dir, str(corpus), str(out), batch_size=8, progress=False)
-    index_corpus(model_dir, str(corpus), str(out), index_type="hnsw", batch_size=8, overwrite=True, progress=False)
+        index_corpus(model_dir, str(corpus), str(out), encoding=TextEncoding("suffix", batch_size=8), progress=False)
+    index_corpus(
+        model_dir,
+        str(corpus),
+        str(out),
+        index=IndexSpec(index_type="hnsw"),
+        encoding=TextEncoding("suffix", batch_size=8),
+        overwrite=True,
+        progress=False,
+    )
     assert load_index(str(out)).config["index_type"] == "hnsw"
 
 
@@ -294,7 +330,9 @@ def test_sharded_index_equals_unsharded(tmp_path, model_dir, capsys):
     ids = [r["_id"] for r in records]
 
     whole = tmp_path / "whole"
-    config = index_corpus(model_dir, str(corpus), str(whole), batch_size=4, progress=False)
+    config = index_corpus(
+        model_dir, str(corpus), str(whole), encoding=TextEncoding("suffix", batch_size=4), progress=False
+    )
     assert config["num_shards"] == 1 and config["shard_index"] == 0 and config["corpus_count"] == len(ids)
     # Streaming equals encoding everything in memory: the same vectors, loaded with plain numpy.
     model = load_model(model_dir)
@@ -303,7 +341,9 @@ def test_sharded_index_equals_unsharded(tmp_path, model_dir, capsys):
     assert json.loads((whole / "ids.json").read_text()) == ids
 
     k = 7
-    want = search_queries(model_dir, str(whole), queries, k, batch_size=8, progress=False)
+    want = search_queries(
+        model_dir, str(whole), queries, k, encoding=TextEncoding("prefix", batch_size=8), progress=False
+    )
     want_scores, want_rows = brute_force(model.encode(QUERIES, "prefix", batch_size=8), in_memory, k)
     assert [r["ids"] for r in want] == [[ids[j] for j in row] for row in want_rows.tolist()]
     for num_shards in (2, 3):
@@ -337,11 +377,19 @@ def test_sharded_index_equals_unsharded(tmp_path, model_dir, capsys):
                                                                                        config["corpus_digest"])
             np.testing.assert_allclose(np.load(root / f"s{s}" / "vectors.npy"), in_memory[s::num_shards],
                                        rtol=1e-5, atol=1e-5)
-        got = search_queries(model_dir, str(root), queries, k, batch_size=8, progress=False)
+        got = search_queries(
+            model_dir, str(root), queries, k, encoding=TextEncoding("prefix", batch_size=8), progress=False
+        )
         assert [r["ids"] for r in got] == [r["ids"] for r in want]
         np.testing.assert_allclose([r["scores"] for r in got], [r["scores"] for r in want], rtol=0, atol=1e-6)
-        listed = search_queries(model_dir, [str(root / f"s{s}") for s in range(num_shards)], queries, k,
-                                batch_size=8, progress=False)
+        listed = search_queries(
+            model_dir,
+            [str(root / f"s{s}") for s in range(num_shards)],
+            queries,
+            k,
+            encoding=TextEncoding("prefix", batch_size=8),
+            progress=False,
+        )
         assert listed == got
         if num_shards == 2:
             for flag in ("--encode_side", "--encode_kind"):
@@ -360,16 +408,37 @@ def test_sharded_index_equals_unsharded(tmp_path, model_dir, capsys):
                                rtol=1e-5, atol=1e-5)
 
     # A factory string, trained on a seeded sample of stated size, recorded; all lists probed it is exact.
-    factory = index_corpus(model_dir, str(corpus), str(tmp_path / "ivf"), index_factory="IVF2,Flat", nprobe=2,
-                           train_sample=20, train_seed=3, batch_size=4, progress=False)
-    assert {key: factory[key] for key in ("index_type", "index_factory", "nlist", "nprobe", "train_sample", "train_seed")} \
-        == {"index_type": "factory", "index_factory": "IVF2,Flat", "nlist": 2, "nprobe": 2, "train_sample": 20,
-            "train_seed": 3}
+    factory = index_corpus(
+        model_dir,
+        str(corpus),
+        str(tmp_path / "ivf"),
+        index=IndexSpec(nprobe=2, index_factory="IVF2,Flat", train_sample=20, train_seed=3),
+        encoding=TextEncoding("suffix", batch_size=4),
+        progress=False,
+    )
+    assert {
+        key: factory[key] for key in ("index_type", "index_factory", "nlist", "nprobe", "train_sample", "train_seed")
+    } == {
+        "index_type": "factory",
+        "index_factory": "IVF2,Flat",
+        "nlist": 2,
+        "nprobe": 2,
+        "train_sample": 20,
+        "train_seed": 3,
+    }
     assert isinstance(load_index(str(tmp_path / "ivf")).index, faiss.IndexIVFFlat)
-    again = search_queries(model_dir, str(tmp_path / "ivf"), queries, k, batch_size=8, progress=False)
+    again = search_queries(
+        model_dir, str(tmp_path / "ivf"), queries, k, encoding=TextEncoding("prefix", batch_size=8), progress=False
+    )
     assert [r["ids"] for r in again] == [r["ids"] for r in want]
-    assert index_corpus(model_dir, str(corpus), str(tmp_path / "ivf_all"), index_type="ivf", batch_size=4,
-                        progress=False)["train_sample"] == len(ids)
+    assert index_corpus(
+        model_dir,
+        str(corpus),
+        str(tmp_path / "ivf_all"),
+        index=IndexSpec(index_type="ivf"),
+        encoding=TextEncoding("suffix", batch_size=4),
+        progress=False,
+    )["train_sample"] == len(ids)
 
     # Bad requests fail before encoding; shards of two different corpora are refused.
     with pytest.raises(RankgenError, match="shard_index 3 is not below num_shards 3"):
@@ -377,11 +446,20 @@ def test_sharded_index_equals_unsharded(tmp_path, model_dir, capsys):
     with pytest.raises(RankgenError, match="shard 31 of 40 would be empty: the corpus has only 31 passages"):
         index_corpus(model_dir, str(corpus), str(tmp_path / "bad"), num_shards=40, shard_index=31)
     with pytest.raises(RankgenError, match="FAISS refuses it"):
-        index_corpus(model_dir, str(corpus), str(tmp_path / "bad"), index_factory="NotAnIndex", progress=False)
+        index_corpus(
+            model_dir, str(corpus), str(tmp_path / "bad"), index=IndexSpec(index_factory="NotAnIndex"), progress=False
+        )
     assert not (tmp_path / "bad").exists()
     smaller = write_jsonl(tmp_path / "smaller.jsonl", records[:-1])
-    index_corpus(model_dir, smaller, str(tmp_path / "mixed" / "s1"), num_shards=2, shard_index=1, batch_size=4,
-                 progress=False)
+    index_corpus(
+        model_dir,
+        smaller,
+        str(tmp_path / "mixed" / "s1"),
+        encoding=TextEncoding("suffix", batch_size=4),
+        num_shards=2,
+        shard_index=1,
+        progress=False,
+    )
     shutil.copytree(tmp_path / "shards2" / "s0", tmp_path / "mixed" / "s0")
     with pytest.raises(RankgenError, match="their corpus_count differs"):
         search_queries(model_dir, str(tmp_path / "mixed"), queries, k, progress=False)

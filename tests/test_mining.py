@@ -16,7 +16,7 @@ from rankgen_jax.cli.main import main
 from rankgen_jax.data.retrieval_files import join_title, read_training_queries
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.retrieval import bm25, mining, resumable
-from rankgen_jax.retrieval.dense_index import index_corpus, search_queries
+from rankgen_jax.retrieval.dense_index import TextEncoding, index_corpus, search_queries
 
 WORDS = ("rain moor house letter candle storm harbour keeper stairs fire snow river bridge garden window night "
          "morning winter summer horse road village church bell ship sea wind cloud field stone").split()
@@ -467,8 +467,10 @@ def test_cli(files, capsys):
 
 def test_dense_negatives_are_the_dense_search_ranks_in_range(files, model_dir):
     index = files["dir"] / "index"
-    index_corpus(model_dir, files["corpus"], str(index), batch_size=16, progress=False)
-    results = search_queries(model_dir, str(index), files["queries"], 15, batch_size=16, progress=False)
+    index_corpus(model_dir, files["corpus"], str(index), encoding=TextEncoding("suffix", batch_size=16), progress=False)
+    results = search_queries(
+        model_dir, str(index), files["queries"], 15, encoding=TextEncoding("prefix", batch_size=16), progress=False
+    )
     want = {}
     for result in results:
         positives = {d for q, d, r in QRELS if q == result["query_id"] and r >= 1}
@@ -489,7 +491,13 @@ def test_dense_negatives_are_the_dense_search_ranks_in_range(files, model_dir):
     # An index of another corpus is refused.
     other = files["dir"] / "other.jsonl"
     write_jsonl(other, [{"_id": "elsewhere", "text": "the rain fell"}] + corpus_records())
-    index_corpus(model_dir, str(other), str(files["dir"] / "other_index"), batch_size=16, progress=False)
+    index_corpus(
+        model_dir,
+        str(other),
+        str(files["dir"] / "other_index"),
+        encoding=TextEncoding("suffix", batch_size=16),
+        progress=False,
+    )
     with pytest.raises(RankgenError, match="1 indexed passages are not in the corpus .*'elsewhere', row 0"):
         mining.mine_negatives(
             str(files["dir"] / "x.jsonl"),
@@ -568,8 +576,12 @@ def test_bm25_filter_drops_what_scores_above_the_positive_and_counts_it(files):
     qrels = files["dir"] / "fifth.txt"
     qrels.write_text("".join(f"{q} 0 {sorted(bm25s_ranking(t), key=lambda x: (-x[1], x[0]))[4][0]} 1\n"
                              for q, t in QUERIES.items()), encoding="utf-8")
-    args = dict(corpus_path=files["corpus"], queries=mining.TrainingQuerySource(queries=files["queries"], qrels=str(qrels)),
-                picking=mining.NegativePicking(depth="1-30", negatives=30), progress=False)
+    args = dict(
+        corpus_path=files["corpus"],
+        queries=mining.TrainingQuerySource(queries=files["queries"], qrels=str(qrels)),
+        picking=mining.NegativePicking(depth="1-30", negatives=30),
+        progress=False,
+    )
     plain = (
         read_output(files["dir"] / "plain.jsonl")
         if mining.mine_negatives(str(files["dir"] / "plain.jsonl"), **args)

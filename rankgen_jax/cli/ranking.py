@@ -13,10 +13,13 @@ from rankgen_jax.eval.retrieval_metrics import DEFAULT_MEASURES, MISSING_QUERIES
 from rankgen_jax.inference.api import TRUNCATION_MODES, run_encode
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.retrieval import bm25, mining
-from rankgen_jax.retrieval.dense_index import DEFAULT_TRAIN_SAMPLE, INDEX_TYPES, index_corpus, search_queries
+from rankgen_jax.retrieval.dense_index import (DEFAULT_TRAIN_SAMPLE, INDEX_TYPES, IndexSpec, TextEncoding, index_corpus,
+                                              search_queries)
 
-CORPUS_HELP = ("passages: TSV `id<TAB>text` (MS MARCO collection.tsv), JSON lines {\"id\", \"text\"} (also BEIR's "
-               "{\"_id\", \"title\", \"text\"} and Tevatron's {\"docid\", ...}), or a BEIR folder; ids are kept as written")
+CORPUS_HELP = (
+    'passages: TSV `id<TAB>text` (MS MARCO collection.tsv), JSON lines {"id", "text"} (also BEIR\'s '
+    '{"_id", "title", "text"} and Tevatron\'s {"docid", ...}), or a BEIR folder; ids are kept as written'
+)
 
 # Flags that override a model's recorded input conventions (data/conventions.py), named as its fields.
 CONVENTION_FLAGS = ("prefix_marker", "suffix_marker", "prefix_length", "suffix_length", "prefix_keep", "suffix_keep",
@@ -166,12 +169,13 @@ def add_index(subparsers) -> None:
 
 
 def _run_index(args) -> None:
-    config = index_corpus(args.model, args.corpus, args.out, index_type=args.index_type,
-                          batch_size=args.batch_size, encode_side=args.encode_side, max_length=args.max_length, overwrite=args.overwrite,
-                          title_join=_title_join(args), conventions=convention_args(args),
-                          num_shards=args.num_shards, shard_index=args.shard_index, index_factory=args.index_factory,
-                          train_sample=args.train_sample, train_seed=args.train_seed, nprobe=args.nprobe,
-                          progress=not args.no_progress)
+    config = index_corpus(
+        args.model, args.corpus, args.out,
+        IndexSpec(index_type=args.index_type, nprobe=args.nprobe, index_factory=args.index_factory,
+                  train_sample=args.train_sample, train_seed=args.train_seed),
+        TextEncoding(args.encode_side, args.batch_size, args.max_length, convention_args(args)),
+        title_join=_title_join(args), num_shards=args.num_shards, shard_index=args.shard_index,
+        overwrite=args.overwrite, progress=not args.no_progress)
     what = config.get("index_factory") or config["index_type"]
     shard = f"shard {args.shard_index} of {args.num_shards} " if args.num_shards > 1 else ""
     print(f"wrote the {what} index of {shard}{args.corpus} ({config['count']} passages) to {args.out}")
@@ -204,9 +208,9 @@ def add_search(subparsers) -> None:
 
 
 def _run_search(args) -> None:
-    results = search_queries(args.model, args.index, args.queries, args.k, out_path=args.output,
-                             encode_side=args.encode_side, split=args.split, out_format=args.format,
-                             run_tag=args.run_tag, conventions=convention_args(args),
+    results = search_queries(args.model, args.index, args.queries, args.k,
+                             TextEncoding(args.encode_side, conventions=convention_args(args)), split=args.split,
+                             out_path=args.output, out_format=args.format, run_tag=args.run_tag,
                              progress=not args.no_progress)
     if not args.output:
         for line in run_lines(results, args.format, args.run_tag):
@@ -222,9 +226,12 @@ def add_bm25(subparsers) -> None:
         "MS MARCO or search's JSON lines, each query's passages in trec_eval's order. Evaluate it with "
         "`rankgen-jax evaluate`.")
     p.add_argument("--corpus", required=True, help=CORPUS_HELP)
-    p.add_argument("--queries", required=True,
-                   help="queries: TSV `qid<TAB>text`, JSON lines {\"id\", \"text\"} (or BEIR's / Tevatron's), or a BEIR "
-                   "folder with --split")
+    p.add_argument(
+        "--queries",
+        required=True,
+        help='queries: TSV `qid<TAB>text`, JSON lines {"id", "text"} (or BEIR\'s / Tevatron\'s), or a BEIR '
+        "folder with --split",
+    )
     p.add_argument("--split", help="a BEIR folder's qrels split whose queries to rank (required with a BEIR folder)")
     p.add_argument("--k", type=int, default=100, help="passages per query (default 100)")
     p.add_argument("--output", required=True, help="run file to write")
@@ -398,10 +405,11 @@ SCORE_CANDIDATES_DESCRIPTION = (
     "teacher \"score\" (Tevatron's distillation field): KL, MarginMSE, ListMLE on the teacher's order "
     "(RetrievalData.list_labels='teacher') and CL-DRD train from it. Input: a Tevatron training file (e.g. from "
     "mine-negatives), or a run (TREC, MS MARCO or search's JSON lines) with --queries, --corpus and --qrels: each "
-    "query's first --depth passages are its candidates (each keeps its \"rank\"), those the qrels judge relevant "
+    'query\'s first --depth passages are its candidates (each keeps its "rank"), those the qrels judge relevant '
     "its positives (relevant ones the run missed are added). The teacher: a cross encoder, a bi-encoder (scored "
     "by its own similarity) or a file of scores; a pair a score file lacks is left out and counted. Resumable (OUTPUT.progress.json); --num_shards / "
-    "--shard_index split the queries over processes or hosts. The last stdout line is a JSON summary.")
+    "--shard_index split the queries over processes or hosts. The last stdout line is a JSON summary."
+)
 
 
 def add_score_candidates(subparsers) -> None:

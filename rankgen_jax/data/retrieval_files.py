@@ -388,12 +388,12 @@ def beir_splits(folder: str | Path) -> list[str]:
     return sorted(p.stem for p in qrels.glob("*.tsv")) if qrels.is_dir() else []
 
 
-def require_split(queries_path: str | Path, split: str | None, flag: str = "split") -> None:
+def require_split(queries_path: str | Path, split: str | None) -> None:
     """A BEIR folder's queries are read only at a split named on purpose: a default one (test) could as well be the
     split a user trains on, or mines for, by mistake."""
     if split is None and Path(queries_path).is_dir():
-        raise RankgenError(f"{queries_path} is a BEIR folder: name the split whose queries to read with {flag} "
-                           f"(its splits: {', '.join(beir_splits(queries_path)) or 'none'})")
+        raise RankgenError(f"{queries_path} is a BEIR folder: name the split whose queries to read with `split` "
+                           f"(its splits: {', '.join(beir_splits(queries_path)) or 'none'})", names=("split",))
 
 
 def read_queries(path: str | Path, split: str | None = None, quiet: bool = False) -> TextFile:

@@ -79,7 +79,7 @@ from rankgen_jax.data.source_configs import DataConfig, ListsData
 from rankgen_jax.errors import RankgenError, check_field_types
 from rankgen_jax.eval.retrieval_metrics import evaluate_files
 from rankgen_jax.experiments.stages import DONE_MARKER, StageRun, is_done, log, mark_done, starting_checkpoint
-from rankgen_jax.retrieval.dense_index import CONFIG_FILE, index_corpus, search_queries
+from rankgen_jax.retrieval.dense_index import CONFIG_FILE, IndexSpec, TextEncoding, index_corpus, search_queries
 from rankgen_jax.retrieval import teacher as teachers
 from rankgen_jax.train.config import LossConfig, TrainerConfig
 from rankgen_jax.train.loop import train
@@ -411,9 +411,19 @@ class Job:
         out = self.index_shard(t, i)
         if (out / CONFIG_FILE).is_file():
             return
-        index_corpus(str(self.student(t)), self.cfg.corpus, str(out), batch_size=self.cfg.encode_batch_size,
-                     overwrite=True, num_shards=self.cfg.num_shards, shard_index=i, title_join=self.cfg.title_join,
-                     index_factory=self.cfg.index_factory or None, conventions=self.reading_conventions())
+        index_corpus(
+            str(self.student(t)),
+            self.cfg.corpus,
+            str(out),
+            index=IndexSpec(index_factory=self.cfg.index_factory or None),
+            encoding=TextEncoding(
+                "suffix", batch_size=self.cfg.encode_batch_size, conventions=self.reading_conventions()
+            ),
+            title_join=self.cfg.title_join,
+            num_shards=self.cfg.num_shards,
+            shard_index=i,
+            overwrite=True,
+        )
 
     def index_done(self, t: int) -> list[Path]:
         return [self.index_shard(t, i) / CONFIG_FILE for i in range(self.cfg.num_shards)]
@@ -423,9 +433,16 @@ class Job:
         out = self.retrieved(t, i)
         if out.is_file():
             return
-        search_queries(str(self.student(t - 1)), str(self.iteration(t - 1) / "index"), str(self.queries_shard(i)),
-                       self.cfg.depth, out_path=str(out), batch_size=self.cfg.encode_batch_size,
-                       conventions=self.reading_conventions())
+        search_queries(
+            str(self.student(t - 1)),
+            str(self.iteration(t - 1) / "index"),
+            str(self.queries_shard(i)),
+            self.cfg.depth,
+            encoding=TextEncoding(
+                "prefix", batch_size=self.cfg.encode_batch_size, conventions=self.reading_conventions()
+            ),
+            out_path=str(out),
+        )
 
     def score(self, t: int, i: int, teacher) -> dict:
         """Shard i's candidates scored by the teacher (resumable), then marked done."""
@@ -507,7 +524,20 @@ class Job:
             return info
         conventions = self.reading_conventions()
         markers = conventions["prefix_marker"], conventions["suffix_marker"]
-        data = DataConfig(ListsData(train_file=str(lists), eval_file=str(lists), continuation_length=cfg.passage_length, list_size=cfg.curriculum[t - 1].list_size, prefix_keep=cfg.query_keep, prefix_marker=markers[0], suffix_marker=markers[1]), batch_size=cfg.batch_size, prefix_length=cfg.query_length, seed=cfg.seed + t)
+        data = DataConfig(
+            ListsData(
+                train_file=str(lists),
+                eval_file=str(lists),
+                continuation_length=cfg.passage_length,
+                list_size=cfg.curriculum[t - 1].list_size,
+                prefix_keep=cfg.query_keep,
+                prefix_marker=markers[0],
+                suffix_marker=markers[1],
+            ),
+            batch_size=cfg.batch_size,
+            prefix_length=cfg.query_length,
+            seed=cfg.seed + t,
+        )
         warmup = min(cfg.warmup_steps, steps - 1)
         optimizer = OptimizerConfig(name="adamw", learning_rate=cfg.learning_rates[t - 1], schedule="linear",
                                     warmup_steps=warmup, total_steps=steps, weight_decay=cfg.weight_decay,
@@ -555,8 +585,17 @@ def evaluate_retriever(model: str, index: Path, query_set: QuerySet, out_dir: Pa
     if out.is_file():
         return json.loads(out.read_text(encoding="utf-8"))
     run = out.with_suffix(".trec")
-    search_queries(model, str(index), query_set.queries, cfg.eval_depth, out_path=str(run), split=query_set.split,
-                   out_format="trec", run_tag=run_tag, batch_size=cfg.encode_batch_size, conventions=conventions)
+    search_queries(
+        model,
+        str(index),
+        query_set.queries,
+        cfg.eval_depth,
+        encoding=TextEncoding("prefix", batch_size=cfg.encode_batch_size, conventions=conventions),
+        split=query_set.split,
+        out_path=str(run),
+        out_format="trec",
+        run_tag=run_tag,
+    )
     return measure_run(run, query_set, cfg.measures, out)
 
 

@@ -43,7 +43,7 @@ from rankgen_jax.experiments.pipeline import DKMR2_RETRIEVER1, PipelineConfig, r
 from rankgen_jax.experiments.retrieval_example import bundled_books
 from rankgen_jax.experiments.stages import StageRun, is_done, log, mark_done, starting_checkpoint
 from rankgen_jax.pretrained import MINILM
-from rankgen_jax.retrieval.dense_index import index_corpus
+from rankgen_jax.retrieval.dense_index import TextEncoding, index_corpus
 from rankgen_jax.retrieval.mining import Bm25Retriever
 from rankgen_jax.retrieval.teacher import ENSEMBLE_SEPARATOR, EnsembleTeacher, load_teacher, standardized
 from rankgen_jax.train.config import LossConfig, TrainerConfig
@@ -130,7 +130,23 @@ def _train_teacher(root: Path, init: Path, books: list[Document], beir_summary: 
         path.write_text(doc.text, encoding="utf-8")
     # The dev book is the run's held-out document (never trained on); it has no test book in it.
     holdout = tuple(d.id for d in kept if book_slug(d.id) in beir_summary["dev_books"])
-    data = DataConfig(ExamplesData(corpus=str(folder), continuation_length=cl_cfg.passage_length, prefix_keep=cl_cfg.query_keep, with_negative=False, holdout_ids=holdout, prefix_words=cfg.prefix_words, min_continuation_words=cfg.min_continuation_words, max_continuation_words=cfg.max_continuation_words, prefix_marker="", suffix_marker=""), batch_size=cfg.teacher_batch_size, prefix_length=cl_cfg.query_length, seed=cl_cfg.seed)
+    data = DataConfig(
+        ExamplesData(
+            corpus=str(folder),
+            continuation_length=cl_cfg.passage_length,
+            prefix_keep=cl_cfg.query_keep,
+            with_negative=False,
+            holdout_ids=holdout,
+            prefix_words=cfg.prefix_words,
+            min_continuation_words=cfg.min_continuation_words,
+            max_continuation_words=cfg.max_continuation_words,
+            prefix_marker="",
+            suffix_marker="",
+        ),
+        batch_size=cfg.teacher_batch_size,
+        prefix_length=cl_cfg.query_length,
+        seed=cl_cfg.seed,
+    )
     trainer = TrainerConfig(num_steps=cfg.teacher_steps, log_every=10, eval_every=0,
                             checkpoint_every=min(100, cfg.teacher_steps), init_checkpoint=str(init),
                             async_checkpoints=False, seed=cl_cfg.seed)
@@ -214,7 +230,20 @@ def _standard_distillation(root: Path, cl_root: Path, cl_cfg: ClDrdConfig, cfg: 
                                  cfg.standard_lists, cl_cfg.seed, cl_cfg.title_join)
         lists = write_jsonl(root / "standard" / "train_lists.jsonl", records)
         conventions = job.reading_conventions()
-        data = DataConfig(ListsData(train_file=str(lists), eval_file=str(lists), continuation_length=cl_cfg.passage_length, list_size=size, prefix_keep=cl_cfg.query_keep, prefix_marker=conventions["prefix_marker"], suffix_marker=conventions["suffix_marker"]), batch_size=cl_cfg.batch_size, prefix_length=cl_cfg.query_length, seed=cl_cfg.seed + 1)
+        data = DataConfig(
+            ListsData(
+                train_file=str(lists),
+                eval_file=str(lists),
+                continuation_length=cl_cfg.passage_length,
+                list_size=size,
+                prefix_keep=cl_cfg.query_keep,
+                prefix_marker=conventions["prefix_marker"],
+                suffix_marker=conventions["suffix_marker"],
+            ),
+            batch_size=cl_cfg.batch_size,
+            prefix_length=cl_cfg.query_length,
+            seed=cl_cfg.seed + 1,
+        )
         optimizer = OptimizerConfig(name="adamw", learning_rate=cfg.standard_learning_rate, schedule="linear",
                                     warmup_steps=min(cl_cfg.warmup_steps, steps - 1), total_steps=steps,
                                     weight_decay=cl_cfg.weight_decay, clip_grad_norm=cl_cfg.clip_grad_norm)
@@ -227,8 +256,15 @@ def _standard_distillation(root: Path, cl_root: Path, cl_cfg: ClDrdConfig, cfg: 
         mark_done(workdir)
     index = root / "standard" / "index"
     if not (index / "index_config.json").is_file():
-        index_corpus(str(workdir), cl_cfg.corpus, str(index), batch_size=cl_cfg.encode_batch_size, overwrite=True,
-                     title_join=cl_cfg.title_join, conventions=job.reading_conventions(), progress=False)
+        index_corpus(
+            str(workdir),
+            cl_cfg.corpus,
+            str(index),
+            encoding=TextEncoding("suffix", batch_size=cl_cfg.encode_batch_size, conventions=job.reading_conventions()),
+            title_join=cl_cfg.title_join,
+            overwrite=True,
+            progress=False,
+        )
     return {q.name: evaluate_retriever(str(workdir), index, q, root / "standard" / "eval", cl_cfg,
                                        job.reading_conventions(), "standard_kl")
             for q in _query_sets(Path(cl_cfg.corpus)).values()}
@@ -377,4 +413,3 @@ def run_distillation_demo(workdir: str, cfg: DistillationDemoConfig | None = Non
             _log(f"target {name}: {target['difference']:+.4f} ± {target['se']:.4f} -> "
                  f"{'met' if target['met'] else 'missed'}")
     return results
-

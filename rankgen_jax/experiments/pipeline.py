@@ -62,7 +62,7 @@ from rankgen_jax.inference.encoder import load_model
 from rankgen_jax.data.curriculum import CurriculumStage, curriculum_groups
 from rankgen_jax.models.configs import HeadConfig, ModelConfig
 from rankgen_jax.data.retrieval_files import Passage
-from rankgen_jax.retrieval.dense_index import index_corpus, search_queries
+from rankgen_jax.retrieval.dense_index import TextEncoding, index_corpus, search_queries
 from rankgen_jax.retrieval.teacher import load_teacher
 from rankgen_jax.retrieval.sparse import TfidfIndex, keyword_overlap_search
 from rankgen_jax.train.config import LossConfig, TrainerConfig
@@ -254,7 +254,19 @@ def _train_stage(cfg: PipelineConfig, workdir: Path, init: str, model_config: Mo
 
 def _list_data(cfg: PipelineConfig, vocab: str, train_file: Path, eval_file: Path, batch_size: int,
                list_size: int = 0) -> DataConfig:
-    return DataConfig(ListsData(vocab=vocab, train_file=str(train_file), eval_file=str(eval_file), continuation_length=cfg.candidate_length, list_size=list_size, prefix_keep="end"), batch_size=batch_size, prefix_length=cfg.query_length, seed=cfg.seed)
+    return DataConfig(
+        ListsData(
+            vocab=vocab,
+            train_file=str(train_file),
+            eval_file=str(eval_file),
+            continuation_length=cfg.candidate_length,
+            list_size=list_size,
+            prefix_keep="end",
+        ),
+        batch_size=batch_size,
+        prefix_length=cfg.query_length,
+        seed=cfg.seed,
+    )
 
 
 def _texts(corpus: list[dict]) -> dict[str, str]:
@@ -293,7 +305,20 @@ def train_retriever0(cfg: PipelineConfig, root: Path, init: Path) -> None:
                    for q, pool in zip(queries, hard_negative_pools(cfg, queries, corpus))]
         files[split] = write_jsonl(root / "data" / f"retriever0_{split}.jsonl", records)
         counts[split] = len(records)
-    data = DataConfig(RetrievalData(vocab=require_vocab_path(init), train_file=str(files["train"]), eval_file=str(files["eval"]), continuation_length=cfg.candidate_length, hard_negatives=1, positive_choice="first", prefix_keep="end"), batch_size=cfg.retriever_batch_size, prefix_length=cfg.query_length, seed=cfg.seed)
+    data = DataConfig(
+        RetrievalData(
+            vocab=require_vocab_path(init),
+            train_file=str(files["train"]),
+            eval_file=str(files["eval"]),
+            continuation_length=cfg.candidate_length,
+            hard_negatives=1,
+            positive_choice="first",
+            prefix_keep="end",
+        ),
+        batch_size=cfg.retriever_batch_size,
+        prefix_length=cfg.query_length,
+        seed=cfg.seed,
+    )
     loss = LossConfig(name="in_batch_softmax", logit_scale=cfg.retriever0_logit_scale)
     two_towers = cfg.retriever_towers == "two_towers_cls"
     steps = stage_steps(cfg, counts["train"], cfg.retriever_batch_size, cfg.retriever_epochs)
@@ -307,15 +332,25 @@ def build_pools(cfg: PipelineConfig, root: Path) -> None:
     texts = _texts(corpus)
     index_dir = root / "indexes" / "retriever0"
     if not (index_dir / "index.faiss").is_file():
-        index_corpus(str(root / "retriever0"), str(root / "data" / "corpus.jsonl"), str(index_dir),
-                     max_length=cfg.candidate_length, overwrite=True)
+        index_corpus(
+            str(root / "retriever0"),
+            str(root / "data" / "corpus.jsonl"),
+            str(index_dir),
+            encoding=TextEncoding("suffix", max_length=cfg.candidate_length),
+            overwrite=True,
+        )
     for split in ("train", "eval"):
         queries = read_jsonl(root / "data" / f"{split}_queries.jsonl")
         query_file = write_jsonl(root / "data" / f"{split}_query_texts.jsonl",
                                   [{"id": q["qid"], "text": q["query"]} for q in queries])
         depth = cfg.pool_size if split == "train" else max(cfg.rerank_depth, 10)
-        results = search_queries(str(root / "retriever0"), str(index_dir), str(query_file), depth,
-                                 max_length=cfg.query_length)
+        results = search_queries(
+            str(root / "retriever0"),
+            str(index_dir),
+            str(query_file),
+            depth,
+            encoding=TextEncoding("prefix", max_length=cfg.query_length),
+        )
         pools = []
         for q, result in tqdm(list(zip(queries, results)), desc=f"{cfg.metric} of {split} pools", mininterval=5):
             ids = list(result["ids"])
@@ -354,7 +389,9 @@ def train_rankers(cfg: PipelineConfig, root: Path, init: Path) -> None:
         train_part, eval_part = _split_lists(lists, cfg.ranker_batch_size)
         train_file = write_jsonl(root / "data" / f"{name}_train.jsonl", train_part)
         eval_file = write_jsonl(root / "data" / f"{name}_eval.jsonl", eval_part)
-        data = _list_data(cfg, require_vocab_path(init), train_file, eval_file, cfg.ranker_batch_size, cfg.ranker_list_size)
+        data = _list_data(
+            cfg, require_vocab_path(init), train_file, eval_file, cfg.ranker_batch_size, cfg.ranker_list_size
+        )
         # BLEU is 0..100: ListMLE only uses its order, so no rescaling is needed.
         _train_stage(cfg, root / name, str(init), ranker_config, data, LossConfig(name=loss_name),
                      cfg.ranker_learning_rate, stage_steps(cfg, len(train_part), cfg.ranker_batch_size,
@@ -468,11 +505,21 @@ def evaluate_retriever(cfg: PipelineConfig, root: Path, model: str, name: str) -
     """Search the whole corpus with the held-out queries."""
     index_dir = root / "indexes" / name
     if not (index_dir / "index.faiss").is_file():
-        index_corpus(model, str(root / "data" / "corpus.jsonl"), str(index_dir), max_length=cfg.candidate_length,
-                     overwrite=True)
+        index_corpus(
+            model,
+            str(root / "data" / "corpus.jsonl"),
+            str(index_dir),
+            encoding=TextEncoding("suffix", max_length=cfg.candidate_length),
+            overwrite=True,
+        )
     queries = read_jsonl(root / "data" / "eval_queries.jsonl")
-    results = search_queries(model, str(index_dir), str(root / "data" / "eval_query_texts.jsonl"), 10,
-                             max_length=cfg.query_length)
+    results = search_queries(
+        model,
+        str(index_dir),
+        str(root / "data" / "eval_query_texts.jsonl"),
+        10,
+        encoding=TextEncoding("prefix", max_length=cfg.query_length),
+    )
     texts = _texts(read_jsonl(root / "data" / "corpus.jsonl"))
     return _ranking_metrics(queries, [list(r["ids"]) for r in results], texts)
 

@@ -20,7 +20,7 @@ from rankgen_jax.eval.retrieval_metrics import evaluate_files
 from rankgen_jax.pretrained import MINILM
 from rankgen_jax.experiments.stages import StageRun, aligned_table, is_done, mark_done, starting_checkpoint
 from rankgen_jax.resources import BUNDLED_CORPUS
-from rankgen_jax.retrieval.dense_index import index_corpus, search_queries
+from rankgen_jax.retrieval.dense_index import TextEncoding, index_corpus, search_queries
 from rankgen_jax.retrieval.mining import NegativePicking, TrainingQuerySource, mine_negatives
 from rankgen_jax.train.config import LossConfig, TrainerConfig
 from rankgen_jax.train.loop import train
@@ -70,11 +70,28 @@ def _index_search_evaluate(model: str, beir: Path, root: Path, config: Retrieval
     for shard in range(NUM_SHARDS):
         out = index_root / f"shard{shard}"
         if not (out / "index_config.json").is_file():
-            index_corpus(model, str(beir), str(out), batch_size=config.encode_batch_size, overwrite=True,
-                         progress=False, num_shards=NUM_SHARDS, shard_index=shard)
+            index_corpus(
+                model,
+                str(beir),
+                str(out),
+                encoding=TextEncoding("suffix", batch_size=config.encode_batch_size),
+                num_shards=NUM_SHARDS,
+                shard_index=shard,
+                overwrite=True,
+                progress=False,
+            )
     run = root / "test.trec"
-    search_queries(model, str(index_root), str(beir), config.k, out_path=str(run), split="test", out_format="trec",
-                   batch_size=config.encode_batch_size, progress=False)
+    search_queries(
+        model,
+        str(index_root),
+        str(beir),
+        config.k,
+        encoding=TextEncoding("prefix", batch_size=config.encode_batch_size),
+        split="test",
+        out_path=str(run),
+        out_format="trec",
+        progress=False,
+    )
     return {**evaluate_files(str(run), str(beir), list(MEASURES), split="test"), "run": str(run)}
 
 
@@ -117,9 +134,18 @@ def run_retrieval_example(workdir: str, config: RetrievalExampleConfig = Retriev
     for split in ("train", "test"):
         mined[split] = root / f"bm25_negatives_{split}.jsonl"
         if f"mining_{split}" not in results:
-            results[f"mining_{split}"] = job.stage(f"mine_{split}", lambda out, s: mine_negatives(
-                out, str(beir), TrainingQuerySource(queries=str(beir), qrels=str(beir), split=s),
-                picking=NegativePicking(config.mining_depth, config.mined_negatives), progress=False), str(mined[split]), split)
+            results[f"mining_{split}"] = job.stage(
+                f"mine_{split}",
+                lambda out, s: mine_negatives(
+                    out,
+                    str(beir),
+                    TrainingQuerySource(queries=str(beir), qrels=str(beir), split=s),
+                    picking=NegativePicking(config.mining_depth, config.mined_negatives),
+                    progress=False,
+                ),
+                str(mined[split]),
+                split,
+            )
     hard = DataConfig(RetrievalData(**reading, train_file=str(mined["train"]), eval_file=str(mined["test"]),
                                     qrels=str(beir), hard_negatives=config.hard_negatives), **shared)
     job.stage("train_hard_negatives", _train, root / "train_hard_negatives", init, config, hard)

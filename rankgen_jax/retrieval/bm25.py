@@ -104,7 +104,7 @@ def bm25_search(corpus_path: str, queries_path: str, k: int, out_path: str | Non
     for given in (corpus_path, queries_path):
         if out_path is not None and Path(given).resolve() == Path(out_path).resolve():
             raise RankgenError(f"{out_path}: the output would overwrite an input")
-    require_split(queries_path, split, "--split")
+    require_split(queries_path, split)
     queries = read_queries(queries_path, split=split)
     corpus = read_passages(corpus_path)
     retriever = Bm25Retriever(corpus.joined(title_join), corpus.ids, k1, b, stopwords, progress)

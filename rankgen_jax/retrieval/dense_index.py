@@ -129,7 +129,8 @@ def _ivf_of(index):
 
 @dataclasses.dataclass(frozen=True)
 class IndexSpec:
-    """Which FAISS index to build: an index type and its settings, or a factory string (see new_faiss_index)."""
+    """Which FAISS index to build: an index type and its settings, or a factory string (see new_faiss_index); one
+    that needs training trains on train_sample rows (all by default) drawn with train_seed."""
 
     index_type: str | None = None
     nlist: int | None = None
@@ -137,6 +138,20 @@ class IndexSpec:
     nprobe: int | None = None
     ef_search: int = DEFAULT_EF_SEARCH
     index_factory: str | None = None
+    train_sample: int | None = None
+    train_seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class TextEncoding:
+    """How texts go through a dual encoder: the tower (`encode_side`: "prefix" for queries, "suffix" for
+    passages), texts per encoder call, a token limit (None: the model's input conventions), and input conventions
+    on top of the model's own (see inference.encoder.load_model)."""
+
+    encode_side: str
+    batch_size: int = 64
+    max_length: int | None = None
+    conventions: dict | None = None
 
 
 def new_faiss_index(dim: int, num_vectors: int, spec: IndexSpec = IndexSpec(), train_rows: int | None = None):
@@ -154,7 +169,8 @@ def new_faiss_index(dim: int, num_vectors: int, spec: IndexSpec = IndexSpec(), t
     """
     import faiss  # optional (the retrieval extra); each function that needs it imports it
 
-    index_type, nlist, hnsw_m, nprobe, ef_search, index_factory = dataclasses.astuple(spec)
+    index_type, nlist, hnsw_m, nprobe, ef_search, index_factory = (spec.index_type, spec.nlist, spec.hnsw_m,
+                                                                   spec.nprobe, spec.ef_search, spec.index_factory)
     train_rows = num_vectors if train_rows is None else train_rows
     if nprobe is not None and (isinstance(nprobe, bool) or nprobe < 1):
         raise RankgenError(f"nprobe must be a positive integer, got {nprobe!r}")
@@ -278,16 +294,16 @@ def default_train_sample(num_vectors: int, ivf_lists: int = 0) -> int:
 
 
 def build_faiss_index_from_file(vectors_path: str | Path, spec: IndexSpec = IndexSpec(),
-                                train_sample: int | None = None, train_seed: int = 0,
                                 chunk_rows: int = ADD_CHUNK_ROWS) -> tuple[Any, dict[str, Any]]:
     """(index, settings) over the rows of a .npy [N, D] file, read chunk_rows at a time.
 
-    An index that needs training trains on train_sample rows (default:
+    An index that needs training trains on spec.train_sample rows (default:
     default_train_sample) drawn without replacement with numpy's
-    default_rng(train_seed), in row order; all rows when train_sample >= N.
+    default_rng(spec.train_seed), in row order; all rows when train_sample >= N.
     settings: index_settings plus train_sample (rows trained on, None when the
     index needs no training) and train_seed.
     """
+    train_sample, train_seed = spec.train_sample, spec.train_seed
     if train_sample is not None and (isinstance(train_sample, bool) or not isinstance(train_sample, int)
                                      or train_sample < 1):
         raise RankgenError(f"train_sample must be a positive integer, got {train_sample!r}")
@@ -514,37 +530,28 @@ def index_corpus(
     model_dir: str,
     corpus_path: str,
     out_dir: str,
-    index_type: str | None = None,
-    batch_size: int = 64,
-    encode_side: str = "suffix",
-    max_length: int | None = None,
-    overwrite: bool = False,
-    nlist: int | None = None,
-    hnsw_m: int = DEFAULT_HNSW_M,
-    nprobe: int | None = None,
-    ef_search: int = DEFAULT_EF_SEARCH,
-    progress: bool = True,
+    index: IndexSpec = IndexSpec(),
+    encoding: TextEncoding = TextEncoding("suffix"),
     title_join: str | None = DEFAULT_TITLE_JOIN,
-    conventions: dict | None = None,
     num_shards: int = 1,
     shard_index: int = 0,
-    index_factory: str | None = None,
-    train_sample: int | None = None,
-    train_seed: int = 0,
+    overwrite: bool = False,
+    progress: bool = True,
 ) -> dict[str, Any]:
     """Encode a corpus file (or a BEIR folder's corpus), or one shard of it, with a dual encoder and write an index
     folder; returns its index_config.
 
     Passages go through the document tower ("suffix") by default, as RankGen
-    continuations do, read with the model's input conventions (`conventions`
-    on top, see load_model; one stderr line names them); a title joins its
-    text as retrieval_files.join_title does with title_join (None: titles
-    dropped). The corpus is streamed (see the module docstring): shard
+    continuations do, read with the model's input conventions (the encoding's
+    `conventions` on top, see load_model; one stderr line names them); a title
+    joins its text as retrieval_files.join_title does with title_join (None:
+    titles dropped). The corpus is streamed (see the module docstring): shard
     shard_index of num_shards takes the passages at positions p % num_shards
-    == shard_index. index_type ("flat" by default, "ivf", "hnsw") or index_factory (a
-    FAISS factory string) picks the index; one that needs training trains on
-    train_sample rows drawn with train_seed (build_faiss_index_from_file). A
-    non-empty out_dir is refused unless overwrite.
+    == shard_index. index.index_type ("flat" by default, "ivf", "hnsw") or
+    index.index_factory (a FAISS factory string) picks the index; one that
+    needs training trains on index.train_sample rows drawn with
+    index.train_seed (build_faiss_index_from_file). A non-empty out_dir is
+    refused unless overwrite.
     """
     # Imports jax: not at the top, so that the CLI imports this module before it sets XLA's flags.
     from rankgen_jax.inference.encoder import load_model
@@ -553,36 +560,38 @@ def index_corpus(
     import faiss
 
     _check_shard(num_shards, shard_index)
-    spec = IndexSpec(index_type, nlist, hnsw_m, nprobe, ef_search, index_factory)
-    if index_factory is None and index_type is not None and index_type not in INDEX_TYPES:
-        raise RankgenError(f"unknown index type {index_type!r}: expected one of {INDEX_TYPES}")
+    spec = index
+    if spec.index_factory is None and spec.index_type is not None and spec.index_type not in INDEX_TYPES:
+        raise RankgenError(f"unknown `index_type` {spec.index_type!r}: expected one of {INDEX_TYPES}",
+                           names=("index_type",))
+    encode_side, batch_size, max_length = encoding.encode_side, encoding.batch_size, encoding.max_length
     _check_encode_args(encode_side, batch_size)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise RankgenError(f"{out_dir}: exists and is not a folder")
     # Checked before the (slow) encoding, so a wrong folder fails at once.
     if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise RankgenError(f"{out_dir}: folder is not empty; choose another or pass overwrite (--overwrite)")
+        raise RankgenError(f"{out_dir}: folder is not empty; choose another or pass `overwrite`", names=("overwrite",))
     # Duplicate ids are refused here, before encoding: search results would be ambiguous.
     scan = scan_corpus(corpus_path)
     if shard_index >= scan.count:
         raise RankgenError(f"{corpus_path}: shard {shard_index} of {num_shards} would be empty: the corpus has only "
                            f"{scan.count} passages")
-    model = load_model(model_dir, conventions=conventions)
+    model = load_model(model_dir, conventions=encoding.conventions)
     _require_one_vector(model, model_dir)
     print(model.conventions_note(), file=sys.stderr)
-    if index_factory is not None:
+    if spec.index_factory is not None:
         # Checked for the model's dimension before the (slow) encoding: FAISS refuses e.g. PQ48 on 64 dimensions.
         rows = len(shard_positions(shard_index, num_shards, scan.count))
-        new_faiss_index(model.dim, rows, spec, train_rows=min(rows, train_sample or rows))
+        new_faiss_index(model.dim, rows, spec, train_rows=min(rows, spec.train_sample or rows))
     out.mkdir(parents=True, exist_ok=True)
     # The config goes first and comes back last: a run that dies mid-write
     # leaves a folder load_index refuses, never an old config over new files.
     (out / CONFIG_FILE).unlink(missing_ok=True)
     count = encode_shard(model, scan, out, shard_index, num_shards, encode_side, max_length, batch_size, title_join,
                          progress)
-    index, settings = build_faiss_index_from_file(out / VECTORS_FILE, spec, train_sample, train_seed)
-    faiss.write_index(index, str(out / INDEX_FILE))
+    built, settings = build_faiss_index_from_file(out / VECTORS_FILE, spec)
+    faiss.write_index(built, str(out / INDEX_FILE))
     config = {
         "format_version": FORMAT_VERSION,
         "model": str(Path(model_dir).resolve()),
@@ -789,22 +798,19 @@ def search_queries(
     index_dir: str | Sequence[str],
     queries_path: str,
     k: int,
-    out_path: str | None = None,
-    encode_side: str = "prefix",
-    batch_size: int = 64,
-    max_length: int | None = None,
-    progress: bool = True,
+    encoding: TextEncoding = TextEncoding("prefix"),
     split: str | None = None,
+    out_path: str | None = None,
     out_format: str = "jsonl",
     run_tag: str = DEFAULT_RUN_TAG,
-    conventions: dict | None = None,
+    progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Top-k passages for each query of a file: [{"query_id", "query", "ids", "scores"}], best first.
 
     index_dir: an index folder, the shard folders of one corpus, or a folder
     holding them (index_folders); shards are checked (check_shards) and merged
     (search_shards). Queries go through the query tower ("prefix") by default,
-    read with the model's input conventions (`conventions` on top; one stderr
+    read with the model's input conventions (the encoding's `conventions` on top; one stderr
     line names them). The queries of a BEIR folder are those its split's qrels
     judge; the split must be named (retrieval_files.require_split). With out_path, the results are also written there
     in out_format: "jsonl" (these records), "trec" or "msmarco" (run files;
@@ -813,6 +819,7 @@ def search_queries(
     # Imports jax: not at the top, so that the CLI imports this module before it sets XLA's flags.
     from rankgen_jax.inference.encoder import load_model
 
+    encode_side, batch_size, max_length = encoding.encode_side, encoding.batch_size, encoding.max_length
     _check_encode_args(encode_side, batch_size)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise RankgenError(f"k must be a positive integer, got {k!r}")
@@ -820,13 +827,13 @@ def search_queries(
         raise RankgenError(f"{out_path}: the output would overwrite the queries file")
     if out_format not in RUN_FORMATS:
         raise RankgenError(f"unknown output format {out_format!r}: expected one of {RUN_FORMATS}")
-    require_split(queries_path, split, "--split")
+    require_split(queries_path, split)
     shards = check_shards(index_folders(index_dir))
     where = shards[0][0] if len(shards) == 1 else f"the {len(shards)} shards in {', '.join(f for f, _ in shards)}"
     built = shards[0][1]
     query_file = read_queries(queries_path, split=split)
     query_ids, queries = query_file.ids, query_file.joined(DEFAULT_TITLE_JOIN)
-    model = load_model(model_dir, conventions=conventions)
+    model = load_model(model_dir, conventions=encoding.conventions)
     _require_one_vector(model, model_dir)
     print(model.conventions_note(), file=sys.stderr)
     built_conventions = built.get("input_conventions")
