@@ -175,9 +175,10 @@ def _records(path):
 
 def test_score_candidates_of_a_run_with_a_cross_encoder(collection, cross_encoder, tmp_path):
     out = tmp_path / "scored.jsonl"
-    summary = teachers.score_candidates(str(out), teachers.load_teacher(cross_encoder, 16, 24),
-                                        run_path=str(collection / "run.trec"), queries_path=str(collection),
-                                        corpus_path=str(collection), depth=5, progress=False)
+    candidates = teachers.CandidateSource(run_file=str(collection / "run.trec"), queries=str(collection),
+                                          corpus=str(collection), depth=5)
+    summary = teachers.score_candidates(str(out), teachers.load_teacher(cross_encoder, 16, 24), candidates,
+                                        progress=False)
     records = _records(out)
     assert summary["queries_written"] == 4 == len(records)
     run_lines = [line.split() for line in (collection / "run.trec").read_text().splitlines()]
@@ -207,8 +208,8 @@ def test_score_file_teacher_resume_and_shards(collection, tmp_path, monkeypatch,
     score_of = {(f"q{q}", f"p{p}"): round(0.5 * q - 0.25 * p, 2) for q in range(4) for p in range(12)}
     del score_of[missing]
     (tmp_path / "teacher.trec").write_text("".join(f"{q} Q0 {d} 1 {s} teacher\n" for (q, d), s in score_of.items()))
-    args = dict(run_path=str(collection / "run.trec"), queries_path=str(collection), corpus_path=str(collection),
-                depth=6, query_batch=1, progress=False)
+    args = dict(candidates=teachers.CandidateSource(run_file=str(collection / "run.trec"), queries=str(collection),
+                                                    corpus=str(collection), depth=6), query_batch=1, progress=False)
     teacher = teachers.load_teacher(str(tmp_path / "teacher.trec"))
     whole = tmp_path / "whole.jsonl"
     summary = teachers.score_candidates(str(whole), teacher, **args)
@@ -249,8 +250,8 @@ def test_score_file_teacher_resume_and_shards(collection, tmp_path, monkeypatch,
                  "--no_progress"]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["queries_written"] == 4
     assert cli_out.read_bytes() == whole.read_bytes()
-    with pytest.raises(RankgenError, match="give a Tevatron training file or a run"):
-        teachers.score_candidates(str(tmp_path / "x.jsonl"), teacher, progress=False)
+    with pytest.raises(RankgenError, match="give a Tevatron training file \\(`train_file`\\) or a run"):
+        teachers.score_candidates(str(tmp_path / "x.jsonl"), teacher, teachers.CandidateSource(), progress=False)
 
 
 def test_file_scores_are_sentence_transformers_labels(tmp_path, one_torch_thread):
@@ -302,8 +303,9 @@ def test_a_bi_encoder_teacher_scores_by_sentence_transformers_own_similarity(col
     for name, corpus in (("looked_up", str(collection)), ("encoded", None)):
         outs[name] = tmp_path / f"{name}.jsonl"
         teacher = teachers.load_teacher(folder, batch_size=4, corpus=corpus)
-        teachers.score_candidates(str(outs[name]), teacher, run_path=str(collection / "run.trec"),
-                                  queries_path=str(collection), corpus_path=str(collection), depth=5, progress=False)
+        candidates = teachers.CandidateSource(run_file=str(collection / "run.trec"), queries=str(collection),
+                                              corpus=str(collection), depth=5)
+        teachers.score_candidates(str(outs[name]), teacher, candidates, progress=False)
     for record in _records(outs["looked_up"]):
         passages = record["positive_passages"] + record["negative_passages"]
         want = model.similarity(torch.from_numpy(model.encode_query([queries[record["query_id"]]])),

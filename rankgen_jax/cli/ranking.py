@@ -443,14 +443,14 @@ def add_score_candidates(subparsers) -> None:
 
 
 def _run_score_candidates(args) -> dict:
-    from rankgen_jax.retrieval.teacher import load_teacher, score_candidates
+    from rankgen_jax.retrieval.teacher import CandidateSource, load_teacher, score_candidates
 
     teacher = load_teacher(args.teacher, args.query_length, args.candidate_length, args.batch_size,
                            corpus=args.corpus, title_join=_title_join(args))
-    summary = score_candidates(args.output, teacher, train_file=args.train_file, run_path=args.run_file,
-                               queries_path=args.queries, corpus_path=args.corpus, qrels_path=args.qrels,
-                               split=args.split, depth=args.depth, positive_level=args.positive_level,
-                               title_join=_title_join(args), num_shards=args.num_shards, shard_index=args.shard_index,
-                               query_batch=args.query_batch, overwrite=args.overwrite, progress=not args.no_progress)
+    candidates = CandidateSource(args.train_file, args.run_file, args.queries, args.corpus, args.qrels, args.split,
+                                 args.depth, args.positive_level)
+    summary = score_candidates(args.output, teacher, candidates, title_join=_title_join(args),
+                               num_shards=args.num_shards, shard_index=args.shard_index, query_batch=args.query_batch,
+                               overwrite=args.overwrite, progress=not args.no_progress)
     print(json.dumps(summary))
     return summary

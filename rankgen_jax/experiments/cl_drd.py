@@ -451,10 +451,11 @@ class Job:
         if done.is_file():
             return json.loads(done.read_text(encoding="utf-8"))
         started = time.time()
-        summary = teachers.score_candidates(
-            str(out), teacher, run_path=str(self.retrieved(t, i)), queries_path=str(self.data / "train_queries.jsonl"),
-            corpus_path=self.cfg.corpus, qrels_path=str(self.data / "train_qrels.tsv"), depth=self.cfg.depth,
-            positive_level=self.cfg.positive_level, title_join=self.cfg.title_join, query_batch=self.cfg.query_batch)
+        candidates = teachers.CandidateSource(
+            run_file=str(self.retrieved(t, i)), queries=str(self.data / "train_queries.jsonl"), corpus=self.cfg.corpus,
+            qrels=str(self.data / "train_qrels.tsv"), depth=self.cfg.depth, positive_level=self.cfg.positive_level)
+        summary = teachers.score_candidates(str(out), teacher, candidates, title_join=self.cfg.title_join,
+                                            query_batch=self.cfg.query_batch)
         summary["seconds"] = time.time() - started
         done.write_text(json.dumps(summary) + "\n", encoding="utf-8")
         return summary

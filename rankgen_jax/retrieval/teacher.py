@@ -331,17 +331,26 @@ def shard_of(items: list, shard_index: int, num_shards: int) -> list:
     return items[shard_index::num_shards]
 
 
+@dataclasses.dataclass(frozen=True)
+class CandidateSource:
+    """What a teacher scores: a Tevatron training file's passages, or a run's first `depth` passages per query, with
+    the run's queries and corpus, and qrels (a BEIR queries folder's own when None) whose passages judged at least
+    positive_level are the positives."""
+
+    train_file: str | None = None
+    run_file: str | None = None
+    queries: str | None = None
+    corpus: str | None = None
+    qrels: str | None = None
+    split: str | None = None
+    depth: int = 200
+    positive_level: int = 1
+
+
 def score_candidates(
     out_path: str,
     teacher: Any,
-    train_file: str | None = None,
-    run_path: str | None = None,
-    queries_path: str | None = None,
-    corpus_path: str | None = None,
-    qrels_path: str | None = None,
-    split: str | None = None,
-    depth: int = 200,
-    positive_level: int = 1,
+    candidates: CandidateSource,
     title_join: str | None = DEFAULT_TITLE_JOIN,
     num_shards: int = 1,
     shard_index: int = 0,
@@ -356,10 +365,15 @@ def score_candidates(
     scored, passages without a teacher score (file teachers), queries skipped
     by reason, and how many queries this call scored.
     """
+    train_file, run_path, queries_path, corpus_path, qrels_path = (candidates.train_file, candidates.run_file,
+                                                                   candidates.queries, candidates.corpus,
+                                                                   candidates.qrels)
+    split, depth, positive_level = candidates.split, candidates.depth, candidates.positive_level
     if (train_file is None) == (run_path is None):
-        raise RankgenError("give a Tevatron training file or a run (with its queries, corpus and qrels) to score")
+        raise RankgenError("give a Tevatron training file (`train_file`) or a run (`run_file`, with its queries, "
+                           "corpus and qrels) to score", names=("train_file", "run_file"))
     if run_path is not None and (queries_path is None or corpus_path is None):
-        raise RankgenError("scoring a run needs its queries (--queries) and corpus (--corpus)")
+        raise RankgenError("scoring a run needs its `queries` and `corpus`", names=("queries", "corpus"))
     if isinstance(query_batch, bool) or not isinstance(query_batch, int) or query_batch < 1:
         raise RankgenError(f"query_batch must be a positive integer, got {query_batch!r}")
     if isinstance(teacher, str):
@@ -370,7 +384,7 @@ def score_candidates(
             raise RankgenError(f"{out_path}: the output would overwrite an input")
     if run_path is not None and qrels_path is None:
         if not is_beir_folder(queries_path):
-            raise RankgenError("scoring a run needs qrels (--qrels) to tell its positives")
+            raise RankgenError("scoring a run needs `qrels` to tell its positives", names=("qrels",))
         qrels_path = queries_path
     settings = {"teacher": teacher.stamp, "train_file": resumable.input_stamp(train_file),
                 "run": resumable.input_stamp(run_path), "queries": resumable.input_stamp(queries_path),
