@@ -119,8 +119,8 @@ def test_bm25_ranking_equals_bm25s_and_the_formula():
     # A shorter depth is the same ranking's head; k1 and b reach bm25s.
     (head,) = retriever.rank([QUERIES["q0"]], 5)
     assert head == retriever.rank([QUERIES["q0"]], len(IDS))[0][:5]
-    other = bm25.Bm25Retriever([join_title(r["title"], r["text"]) for r in records], IDS, k1=1.5, b=0.75,
-                                 progress=False)
+    other = bm25.Bm25Retriever([join_title(r["title"], r["text"]) for r in records], IDS,
+                               bm25.Bm25Params(k1=1.5, b=0.75), progress=False)
     (ranked,) = other.rank([QUERIES["q1"]], len(IDS))
     assert by_score([(IDS[r], s) for r, s in ranked]) == by_score(bm25s_ranking(QUERIES["q1"], 1.5, 0.75))
     # A query of stopwords and unknown words ranks nothing.

@@ -246,10 +246,10 @@ def add_bm25(subparsers) -> None:
 
 
 def _run_bm25(args) -> None:
-    results = bm25.bm25_search(args.corpus, args.queries, args.k, out_path=args.output, split=args.split,
-                               out_format=args.format, run_tag=args.run_tag, k1=args.k1, b=args.b,
-                               stopwords=None if args.keep_stopwords else bm25.DEFAULT_STOPWORDS,
-                               title_join=_title_join(args), progress=not args.no_progress)
+    params = bm25.Bm25Params(args.k1, args.b, None if args.keep_stopwords else bm25.DEFAULT_STOPWORDS)
+    results = bm25.bm25_search(args.corpus, args.queries, args.k, args.split, params, title_join=_title_join(args),
+                               out_path=args.output, out_format=args.format, run_tag=args.run_tag,
+                               progress=not args.no_progress)
     print(f"wrote the BM25 run of {len(results)} queries over {args.corpus} to {args.output}")
 
 
@@ -389,9 +389,10 @@ def _run_mine_negatives(args) -> dict:
         args.output, args.corpus,
         mining.TrainingQuerySource(args.train_file, args.queries, args.qrels, args.split, args.positive_level,
                                    args.on_missing),
-        mining.MiningRetriever(args.model, args.index, args.bm25_k1, args.bm25_b,
-                               None if args.bm25_keep_stopwords else bm25.DEFAULT_STOPWORDS, args.batch_size,
-                               convention_args(args)),
+        mining.MiningRetriever(args.model, args.index,
+                               bm25.Bm25Params(args.bm25_k1, args.bm25_b,
+                                               None if args.bm25_keep_stopwords else bm25.DEFAULT_STOPWORDS),
+                               args.batch_size, convention_args(args)),
         mining.NegativePicking(args.depth, args.negatives, args.pick, args.seed, args.drop_judged),
         mining.FalseNegativeFilter(args.absolute_margin, args.relative_margin, args.judge, args.teacher),
         title_join=_title_join(args), query_batch=args.query_batch, overwrite=args.overwrite,

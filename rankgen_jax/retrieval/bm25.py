@@ -14,6 +14,7 @@ passage holding no query term scores 0 and is not ranked, as in Lucene.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -37,11 +38,23 @@ def ranked_order(rows: Iterable[int], scores: np.ndarray, ids: list[str], depth:
                   reverse=True)[:depth]
 
 
+@dataclasses.dataclass(frozen=True)
+class Bm25Params:
+    """BM25's k1 and b (Pyserini's defaults), and the stopword list bm25s drops ("en"; None keeps every token)."""
+
+    k1: float = DEFAULT_BM25_K1
+    b: float = DEFAULT_BM25_B
+    stopwords: str | None = DEFAULT_STOPWORDS
+
+    def __post_init__(self):
+        if self.stopwords not in (DEFAULT_STOPWORDS, None):
+            raise RankgenError(f"stopwords must be {DEFAULT_STOPWORDS!r} (bm25s's English list) or None")
+
+
 class Bm25Retriever:
     """bm25s over the corpus texts; rank() gives each query's passages with a query term, best first."""
 
-    def __init__(self, texts: list[str], ids: list[str], k1: float = DEFAULT_BM25_K1, b: float = DEFAULT_BM25_B,
-                 stopwords: str | None = DEFAULT_STOPWORDS, progress: bool = True):
+    def __init__(self, texts: list[str], ids: list[str], params: Bm25Params = Bm25Params(), progress: bool = True):
         # Optional (the retrieval extra), and bm25s runs a jax op when imported (its top-k backend), which
         # must come after the CLI sets XLA's flags.
         import bm25s
@@ -50,9 +63,9 @@ class Bm25Retriever:
         logging.getLogger("bm25s").setLevel(logging.WARNING)
         self._bm25s = bm25s
         self.ids = ids
-        self.stopwords = stopwords
-        self.retriever = bm25s.BM25(k1=k1, b=b, method="lucene")
-        self.retriever.index(bm25s.tokenize(texts, stopwords=stopwords, show_progress=progress),
+        self.stopwords = params.stopwords
+        self.retriever = bm25s.BM25(k1=params.k1, b=params.b, method="lucene")
+        self.retriever.index(bm25s.tokenize(texts, stopwords=params.stopwords, show_progress=progress),
                              show_progress=progress)
 
     def query_tokens(self, query: str) -> list[str]:
@@ -82,10 +95,9 @@ class Bm25Retriever:
         return out
 
 
-def bm25_search(corpus_path: str, queries_path: str, k: int, out_path: str | None = None, split: str | None = None,
-                out_format: str = "trec", run_tag: str = "bm25", k1: float = DEFAULT_BM25_K1, b: float = DEFAULT_BM25_B,
-                stopwords: str | None = DEFAULT_STOPWORDS, title_join: str | None = DEFAULT_TITLE_JOIN,
-                progress: bool = True) -> list[dict[str, Any]]:
+def bm25_search(corpus_path: str, queries_path: str, k: int, split: str | None = None, params: Bm25Params = Bm25Params(),
+                title_join: str | None = DEFAULT_TITLE_JOIN, out_path: str | None = None, out_format: str = "trec",
+                run_tag: str = "bm25", progress: bool = True) -> list[dict[str, Any]]:
     """Each query's top-k passages by BM25: [{"query_id", "query", "ids", "scores"}], as `search` returns them.
 
     Passages are the corpus's (titles joined with title_join, None drops them);
@@ -99,15 +111,13 @@ def bm25_search(corpus_path: str, queries_path: str, k: int, out_path: str | Non
         raise RankgenError(f"k must be a positive integer, got {k!r}")
     if out_format not in RUN_FORMATS:
         raise RankgenError(f"unknown output format {out_format!r}: expected one of {RUN_FORMATS}")
-    if stopwords not in (DEFAULT_STOPWORDS, None):
-        raise RankgenError(f"stopwords must be {DEFAULT_STOPWORDS!r} (bm25s's English list) or None")
     for given in (corpus_path, queries_path):
         if out_path is not None and Path(given).resolve() == Path(out_path).resolve():
             raise RankgenError(f"{out_path}: the output would overwrite an input")
     require_split(queries_path, split)
     queries = read_queries(queries_path, split=split)
     corpus = read_passages(corpus_path)
-    retriever = Bm25Retriever(corpus.joined(title_join), corpus.ids, k1, b, stopwords, progress)
+    retriever = Bm25Retriever(corpus.joined(title_join), corpus.ids, params, progress)
     texts = queries.joined(DEFAULT_TITLE_JOIN)
     results = []
     for query_id, query in tqdm(list(zip(queries.ids, texts)), unit="query", desc="bm25", file=sys.stderr,

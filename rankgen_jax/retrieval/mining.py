@@ -72,8 +72,7 @@ from rankgen_jax.data.retrieval_files import (DEFAULT_TITLE_JOIN, TRAINING_SPLIT
                                               read_passages, read_qrels, read_queries, training_query_record)
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.retrieval import resumable
-from rankgen_jax.retrieval.bm25 import (DEFAULT_BM25_B, DEFAULT_BM25_K1, DEFAULT_STOPWORDS, Bm25Retriever,
-                                       ranked_order)
+from rankgen_jax.retrieval.bm25 import Bm25Params, Bm25Retriever, ranked_order
 from rankgen_jax.retrieval.dense_index import build_faiss_index, encode_all, load_index, search_index
 
 PICKS = ("first", "sample")
@@ -387,15 +386,12 @@ class TrainingQuerySource:
 
 @dataclasses.dataclass(frozen=True)
 class MiningRetriever:
-    """Who ranks the corpus: BM25 (no model; bm25s with Pyserini's k1 and b, English stopwords dropped unless
-    bm25_stopwords is None) or a dual encoder (`model`, with its `index` folder or an exact index encoded here,
-    `batch_size` texts per encoder call, reading text by `conventions`)."""
+    """Who ranks the corpus: BM25 (no model; `bm25`'s settings) or a dual encoder (`model`, with its `index` folder
+    or an exact index encoded here, `batch_size` texts per encoder call, reading text by `conventions`)."""
 
     model: str | None = None
     index: str | None = None
-    bm25_k1: float = DEFAULT_BM25_K1
-    bm25_b: float = DEFAULT_BM25_B
-    bm25_stopwords: str | None = DEFAULT_STOPWORDS
+    bm25: Bm25Params = Bm25Params()
     batch_size: int = 64
     conventions: dict | None = None
 
@@ -456,8 +452,6 @@ def mine_negatives(
                         ("batch_size", retriever.batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise RankgenError(f"`{name}` must be a positive integer, got {value!r}", names=(name,))
-    if retriever.bm25_stopwords not in (DEFAULT_STOPWORDS, None):
-        raise RankgenError(f"bm25_stopwords must be {DEFAULT_STOPWORDS!r} (bm25s's English list) or None")
     ranges = parse_depth(picking.depth)
     out = Path(out_path)
     for given in (corpus_path, source.train_file, source.queries, source.qrels):
@@ -473,8 +467,7 @@ def mine_negatives(
         "depth": [list(r) for r in ranges], "negatives": picking.negatives, "pick": picking.pick,
         "seed": picking.seed, "drop_judged": picking.drop_judged, "positive_level": source.positive_level,
         "on_missing": source.on_missing, "title_join": title_join,
-        "bm25": ({"k1": retriever.bm25_k1, "b": retriever.bm25_b, "stopwords": retriever.bm25_stopwords}
-                 if retriever.kind == "bm25" else None),
+        "bm25": dataclasses.asdict(retriever.bm25) if retriever.kind == "bm25" else None,
         "conventions": {k: v for k, v in (retriever.conventions or {}).items() if v is not None} or None,
         "filter": {"absolute_margin": fn_filter.absolute_margin, "relative_margin": fn_filter.relative_margin,
                    "judge": judge, "teacher": None if teacher is None else teacher.stamp}
@@ -492,8 +485,7 @@ def mine_negatives(
         last_rank = ranges[-1][1]
         texts = corpus.joined(title_join)
         if retriever.kind == "bm25":
-            ranker = Bm25Retriever(texts, corpus.ids, retriever.bm25_k1, retriever.bm25_b, retriever.bm25_stopwords,
-                                   progress)
+            ranker = Bm25Retriever(texts, corpus.ids, retriever.bm25, progress)
         else:
             ranker = DenseRetriever(retriever.model, corpus, retriever.index, title_join, retriever.batch_size,
                                     progress, retriever.conventions)
