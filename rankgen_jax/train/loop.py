@@ -26,7 +26,7 @@ import queue
 import sys
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import flax.linen as nn
 import gin
@@ -39,7 +39,7 @@ from tqdm import tqdm
 from rankgen_jax.checkpoints import native
 from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.data.source_configs import TEXT_SOURCES, DataConfig
-from rankgen_jax.data.sources import make_sources, missing_eval_data, training_conventions
+from rankgen_jax.data.sources import BatchSource, make_sources, missing_eval_data, training_conventions
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.losses import registry as losses
 from rankgen_jax.models.batch_layout import BatchLayout
@@ -159,8 +159,8 @@ def train(
             # How the data read text is how the model reads it; a run from before this record gets it on resume.
             native.save_input_conventions(folder, training_conventions(data, layout))
         put = functools.partial(put_batch, sharding=setup.batch_sharding, batch_size=data.batch_size)
-        return _loop(trainer, folder, state, start, data_start, train_source, eval_source, put,
-                     setup.train_step, setup.eval_step, manager, optimizer, stopping.StopVote(mesh))
+        feed = _BatchFeed(train_source, eval_source, put, data_start)
+        return _loop(trainer, optimizer, folder, manager, setup, state, start, feed, stopping.StopVote(mesh))
 
 
 def training_provenance(trainer: TrainerConfig) -> dict:
@@ -192,9 +192,22 @@ def _check_vocab_fits(data: DataConfig, source, model_config: ModelConfig) -> No
         )
 
 
-def _loop(trainer, workdir, state, start, data_start, train_source, eval_source, put, step_fn, eval_fn, manager,
-          optimizer: OptimizerConfig, vote: stopping.StopVote):
+@dataclasses.dataclass(frozen=True)
+class _BatchFeed:
+    """The run's batches: its sources, how a batch goes onto the mesh (`put`), and the train source's index at the
+    first step this process trains."""
+
+    train_source: BatchSource
+    eval_source: BatchSource | None
+    put: Callable
+    data_start: int
+
+
+def _loop(trainer, optimizer: OptimizerConfig, workdir, manager, setup, state, start, feed: _BatchFeed,
+          vote: stopping.StopVote):
     """Steps start..num_steps: log, evaluate and save on their schedules; stop early on SIGTERM or the time budget."""
+    train_source, eval_source, put, data_start = feed.train_source, feed.eval_source, feed.put, feed.data_start
+    step_fn, eval_fn = setup.train_step, setup.eval_step
     # Rows of steps after `start` that an earlier process wrote are of steps this one trains again: set aside.
     writer = MetricWriter(workdir.root, enabled=jax.process_index() == 0, restart_step=start + 1 if start else 0)
     writer.write_text(start, "gin_config", gin.config_str())
