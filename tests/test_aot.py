@@ -119,7 +119,7 @@ def test_paper_configs_parse(gin_file, topology, batch_size, mesh):
     # As `train` parses it: the recipe's data bind the seqio tasks' options, which the library alone does not know.
     parse_gin([gin_file], [], experiment_configurables)
     data, trainer = DataConfig(), TrainerConfig()
-    assert (data.batch_size, data.prefix_length, data.continuation_length, data.with_negative) == (
+    assert (data.batch_size, data.prefix_length, data.source.continuation_length, data.source.with_negative) == (
         batch_size, 512, 128, True)
     assert trainer.num_steps == 100_000 and trainer.mesh_model == mesh["model"]
 
