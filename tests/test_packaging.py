@@ -280,8 +280,8 @@ parse_gin(["rankgen_t5_tiny_books.gin"], ["TrainerConfig.num_steps = 2"])
 config = DataConfig()
 works = load_works("data/perspectives/works.json")
 print(json.dumps({
-    "files": [str(p) for p in (resources.GIN_CONFIGS_DIR, resources.BUNDLED_CORPUS, DEMO_VOCAB, config.corpus)],
-    "included": gin.query_parameter("t5_config.size"), "ids": load_text_encoder(config.tokenizer_path()).tokenize("Emma"),
+    "files": [str(p) for p in (resources.GIN_CONFIGS_DIR, resources.BUNDLED_CORPUS, DEMO_VOCAB, config.source.corpus)],
+    "included": gin.query_parameter("t5_config.size"), "ids": load_text_encoder(config.source.tokenizer_path()).tokenize("Emma"),
     "works": len(works), "grid": sorted(read_grid("ablations/grid_demo_cpu.json")),
     "module": resources.__file__}))
 """

@@ -51,9 +51,9 @@ def test_recipe_gins_resolve_to_the_papers_data(gin_file, size, batch_size, step
     _parse([gin_file], PATHS)
     data = DataConfig()
     # Not the books' token windows: the seqio task of (p, c, g) triples (§2.2).
-    assert data.source == "seqio" and data.with_negative
-    assert (data.prefix_length, data.continuation_length, data.batch_size) == (512, 128, batch_size)
-    spec = task_spec(data.task)
+    assert data.source.kind == "seqio" and data.source.with_negative
+    assert (data.prefix_length, data.source.continuation_length, data.batch_size) == (512, 128, batch_size)
+    spec = task_spec(data.source.task)
     assert spec.negatives == "both" and spec.reads_generative and not spec.reads_documents
     assert spec.example_config == PAPER_EXAMPLES
     # One document per batch (§2.2: "all minibatch elements are sampled from the same document").
