@@ -58,7 +58,7 @@ def run_case(case: dict, lm_dir: str, model_dir: str, prefixes: int, threads: in
     """Time one case in this process; returns its row of the table."""
     import torch
 
-    from rankgen_jax.lm.generation import RankGenReranker, generate
+    from rankgen_jax.lm.generation import RankGenReranker, SearchSettings, generate
     from rankgen_jax.inference.encoder import load_model
     from rankgen_jax.lm.scoring import load_causal_lm
     from rankgen_jax.testing import botchan_prefixes
@@ -67,16 +67,16 @@ def run_case(case: dict, lm_dir: str, model_dir: str, prefixes: int, threads: in
     lm = load_causal_lm(lm_dir, device)
     reranker = RankGenReranker(load_model(model_dir)) if case["strategy"] != "nucleus" else None
     texts = botchan_prefixes(prefixes, words=40)
-    settings = dict(reranker=reranker, beam_size=case["beam_size"], num_samples=case["num_samples"],
+    settings = dict(beam_size=case["beam_size"], num_samples=case["num_samples"],
                     rerank_length=case["rerank_length"], max_new_tokens=115, max_batch_rows=64)
     began = time.perf_counter()
-    generate(lm, texts, case["strategy"], seed=0, **settings)
+    generate(lm, texts, case["strategy"], SearchSettings(seed=0, **settings), reranker=reranker)
     first_pass = time.perf_counter() - began
     if reranker is not None:
         compile_candidate_shapes(reranker.model)
         shapes_before = len(reranker.model.compiled_shapes)
     began = time.perf_counter()
-    results = generate(lm, texts, case["strategy"], seed=1, **settings)
+    results = generate(lm, texts, case["strategy"], SearchSettings(seed=1, **settings), reranker=reranker)
     wall = time.perf_counter() - began
     generating = sum(r.seconds_generate for r in results)
     reranking = sum(r.seconds_rerank for r in results)

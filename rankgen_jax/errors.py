@@ -74,24 +74,31 @@ def _type_ok(value, annotation) -> bool:
     return isinstance(value, cls)
 
 
+def _quoted(what: str) -> tuple[str, ...]:
+    """The argument name `what` quotes in backticks (`input_path`), for RankgenError.names."""
+    return (what[1:-1],) if len(what) > 2 and what[0] == what[-1] == "`" else ()
+
+
 def require_input_file(path, what: str = "input") -> None:
-    """A RankgenError unless path is an existing file; a folder is named as one."""
+    """A RankgenError unless path is an existing file; a folder is named as one. `what` names the path (an argument
+    in backticks: `input_path`)."""
     if os.path.isdir(path):
-        raise RankgenError(f"{what} {path}: is a folder; expected a file")
+        raise RankgenError(f"{what} {path}: is a folder; expected a file", names=_quoted(what))
     if not os.path.isfile(path):
-        raise RankgenError(f"{what} {path}: no such file")
+        raise RankgenError(f"{what} {path}: no such file", names=_quoted(what))
 
 
 def require_output_file(path, what: str = "output", create_folder: bool = False) -> None:
     """A RankgenError unless path can be written as a file: not a folder, in a folder that exists (or, with
     create_folder, is created)."""
+    names = _quoted(what)
     if os.path.isdir(path):
-        raise RankgenError(f"{what} {path}: is a folder; expected a file name")
+        raise RankgenError(f"{what} {path}: is a folder; expected a file name", names=names)
     folder = os.path.dirname(os.path.abspath(path))
     if create_folder:
         try:
             os.makedirs(folder, exist_ok=True)
         except OSError as e:
-            raise RankgenError(f"{what} {path}: cannot create folder {folder} ({e.strerror})") from None
+            raise RankgenError(f"{what} {path}: cannot create folder {folder} ({e.strerror})", names=names) from None
     elif not os.path.isdir(folder):
-        raise RankgenError(f"{what} {path}: folder {folder} does not exist")
+        raise RankgenError(f"{what} {path}: folder {folder} does not exist", names=names)

@@ -370,7 +370,7 @@ def test_paths_given_where_files_belong_get_errors(tmp_path, capsys):
     (lm / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     (lm / "pytorch_model.bin").write_bytes(b"\x80\x04not really a pickle")
     line = one_error_line(*run_cli(capsys, "score", "--method", "lm_loglik", "--lm", lm, "--input", good))
-    assert line == (f"error: --lm {lm}: has only pytorch_model.bin (pickle), which is not read for safety; re-save it "
+    assert line == (f"error: causal LM {lm}: has only pytorch_model.bin (pickle), which is not read for safety; re-save it "
                     "with safetensors: model.save_pretrained(out_dir, safe_serialization=True)")
 
 
@@ -380,10 +380,10 @@ def test_the_command_line_says_library_names_as_its_flags():
     message = ("`workdir` /r: is a checkpoint; set `TrainerConfig.init_checkpoint`=/r and use a new `workdir` "
                "(`batch_size` is no flag here; the `checkpoint` file)")
     names = ("workdir", "TrainerConfig.init_checkpoint", "batch_size")
-    flags = {"--workdir", "--gin_file", "--checkpoint"}
-    assert in_flags(message, names, flags, gin=True) == (
+    flag_of = {"workdir": "--workdir", "gin_file": "--gin_file", "checkpoint": "--checkpoint"}
+    assert in_flags(message, names, flag_of, gin=True) == (
         "--workdir /r: is a checkpoint; set --gin.TrainerConfig.init_checkpoint=/r and use a new --workdir "
         "(batch_size is no flag here; the `checkpoint` file)")
-    assert in_flags(message, names, set(), gin=False) == (
+    assert in_flags(message, names, {}, gin=False) == (
         "workdir /r: is a checkpoint; set TrainerConfig.init_checkpoint=/r and use a new workdir "
         "(batch_size is no flag here; the `checkpoint` file)")

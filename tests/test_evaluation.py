@@ -124,7 +124,7 @@ def test_score_file_with_model(tmp_path, model_dir):
         np.testing.assert_allclose(w["scores"], s, rtol=1e-5, atol=1e-6)
     assert result["accuracy"] == pytest.approx(accuracy(want[:5], [r["label"] for r in records[:5]]))
     assert result["mrr"] == pytest.approx(mrr(want[:5], [r["label"] for r in records[:5]]))
-    with pytest.raises(RankgenError, match="needs a model"):
+    with pytest.raises(RankgenError, match="needs a `model`"):
         score_file(None, str(tmp_path / "in.jsonl"))
     with pytest.raises(RankgenError, match="no such file"):
         score_file(model, str(tmp_path / "missing.jsonl"))
@@ -150,7 +150,7 @@ def test_score_cli_last_line_is_json(tmp_path, model_dir, capsys):
     assert 0 <= summary["accuracy"] <= 1 and 0 <= summary["pairwise_accuracy"] <= 1
     assert len((tmp_path / "o.jsonl").read_text().splitlines()) == 4
 
-    with pytest.raises(RankgenError, match="--model is required"):
+    with pytest.raises(RankgenError, match="the --method model needs --model"):
         run_command(["score", "--input", path])
 
 

@@ -10,8 +10,8 @@ import pytest
 
 from rankgen_jax.cli.main import run_command
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.lm.generation import (Decoding, PerplexityReranker, RankGenReranker, generate, pick_tokens,
-                                    unigram_reranker)
+from rankgen_jax.lm.generation import (Decoding, PerplexityReranker, RankGenReranker, SearchSettings, generate,
+                                    pick_tokens, unigram_reranker)
 from rankgen_jax.eval.generation_metrics import (generation_metrics, last_token_features, mauve_score,
                                             repeated_tokens, repetition)
 from rankgen_jax.testing import botchan_prefixes, build_tiny_gpt2, build_tiny_rankgen
@@ -142,7 +142,7 @@ def test_rows_of_one_context_share_its_prefill(lm, monkeypatch):
 
 
 def test_decoding_settings_are_checked():
-    with pytest.raises(RankgenError, match="--top_p"):
+    with pytest.raises(RankgenError, match="`top_p` must be in"):
         Decoding(top_p=0.0).check()
     with pytest.raises(RankgenError, match="unknown sampling"):
         Decoding("beam").check()
@@ -155,7 +155,7 @@ def test_decoding_settings_are_checked():
 def test_beam_search_returns_b_beams_scored_on_the_whole_text(lm):
     reranker = Recording(unigram_reranker)
     prefixes = botchan_prefixes(2)
-    results = generate(lm, prefixes, "beam", reranker=reranker, seed=3, **SMALL)
+    results = generate(lm, prefixes, "beam", SearchSettings(seed=3, **SMALL), reranker=reranker)
     for result in results:
         assert len(result.beams) == 2
         for beam in result.beams:
@@ -177,44 +177,61 @@ def test_beam_search_returns_b_beams_scored_on_the_whole_text(lm):
 
 def test_budget_is_per_prefix(lm):
     short, long = "Once.", botchan_prefixes(3)[2]
-    together = generate(lm, [short, long], "beam", reranker=unigram_reranker, seed=5, **SMALL)
-    alone = generate(lm, [long], "beam", reranker=unigram_reranker, seed=5, prefix_indices=[1], **SMALL)
+    together = generate(lm, [short, long], "beam", SearchSettings(seed=5, **SMALL), reranker=unigram_reranker)
+    alone = generate(lm, [long], "beam", SearchSettings(seed=5, **SMALL), reranker=unigram_reranker, prefix_indices=[1])
     # The long prefix gets the same beams whether or not another prefix shares the call.
     assert beams_of(together)[1] == beams_of(alone)[0]
     for g in together:
         assert all(b["new_tokens"] == 12 or b["eos"] for b in g.beams)
     # Plain sampling: each prefix gets up to the whole budget, whatever the other one does.
-    plain = generate(lm, [short, long], "ancestral", max_new_tokens=9, seed=5)
+    plain = generate(lm, [short, long], "ancestral", SearchSettings(max_new_tokens=9, seed=5))
     assert all(g.new_tokens == 9 or g.beams[0]["eos"] for g in plain)
-    assert generate(lm, [long], "ancestral", max_new_tokens=9, seed=5, prefix_indices=[1])[0].text == plain[1].text
+    assert (
+        generate(lm, [long], "ancestral", SearchSettings(max_new_tokens=9, seed=5), prefix_indices=[1])[0].text
+        == plain[1].text
+    )
 
 
 def test_n1_b1_lmax_equals_plain_sampling(lm):
     prefixes = botchan_prefixes(3)
-    plain = generate(lm, prefixes, "nucleus", max_new_tokens=15, seed=7)
-    beam = generate(lm, prefixes, "beam", reranker=unigram_reranker, beam_size=1, num_samples=1, rerank_length=15,
-                    max_new_tokens=15, seed=7)
-    rerank = generate(lm, prefixes, "rerank", reranker=unigram_reranker, num_samples=1, max_new_tokens=15, seed=7)
+    plain = generate(lm, prefixes, "nucleus", SearchSettings(max_new_tokens=15, seed=7))
+    beam = generate(
+        lm,
+        prefixes,
+        "beam",
+        SearchSettings(beam_size=1, num_samples=1, rerank_length=15, max_new_tokens=15, seed=7),
+        reranker=unigram_reranker,
+    )
+    rerank = generate(
+        lm, prefixes, "rerank", SearchSettings(num_samples=1, max_new_tokens=15, seed=7), reranker=unigram_reranker
+    )
     assert [g.text for g in plain] == [g.text for g in beam] == [g.text for g in rerank]
     assert [g.new_tokens for g in plain] == [g.new_tokens for g in beam]
-    other = generate(lm, prefixes, "nucleus", max_new_tokens=15, seed=8)
+    other = generate(lm, prefixes, "nucleus", SearchSettings(max_new_tokens=15, seed=8))
     assert [g.text for g in other] != [g.text for g in plain]
     assert plain[0].beams[0]["score"] == 0.0 and plain[0].seconds_rerank == 0.0
 
 
 def test_memory_cap_changes_nothing_but_speed(lm):
     prefixes = botchan_prefixes(3)
-    runs = [generate(lm, prefixes, "beam", reranker=unigram_reranker, seed=11, max_batch_rows=cap, **SMALL)
-            for cap in (1, 4, 64)]
+    runs = [
+        generate(lm, prefixes, "beam", SearchSettings(seed=11, max_batch_rows=cap, **SMALL), reranker=unigram_reranker)
+        for cap in (1, 4, 64)
+    ]
     assert beams_of(runs[0]) == beams_of(runs[1]) == beams_of(runs[2])
-    typical = [generate(lm, prefixes, "typical", max_new_tokens=10, seed=2, max_batch_rows=cap) for cap in (1, 64)]
+    typical = [
+        generate(lm, prefixes, "typical", SearchSettings(max_new_tokens=10, seed=2, max_batch_rows=cap))
+        for cap in (1, 64)
+    ]
     assert [g.text for g in typical[0]] == [g.text for g in typical[1]]
 
 
 def test_rankgen_reranker_picks_the_best_candidate(lm, rankgen_model):
     reranker = Recording(RankGenReranker(rankgen_model))
     prefixes = botchan_prefixes(2)
-    results = generate(lm, prefixes, "rerank", reranker=reranker, num_samples=5, max_new_tokens=10, seed=1)
+    results = generate(
+        lm, prefixes, "rerank", SearchSettings(num_samples=5, max_new_tokens=10, seed=1), reranker=reranker
+    )
     assert len(reranker.calls) == 2
     for (prefix, candidates, scores), result in zip(reranker.calls, results):
         # Scores computed separately with the model's own score ("pre " / "suffi " markers, dot product).
@@ -233,7 +250,9 @@ def test_lm_and_unigram_rerankers_pick_their_best(lm):
     for inner, reference in ((PerplexityReranker(lm), lambda c: lm_loglik_scores(lm, prefix, c)),
                              (unigram_reranker, lambda c: unigram_overlap_scores(prefix, c))):
         reranker = Recording(inner)
-        result = generate(lm, [prefix], "rerank", reranker=reranker, num_samples=4, max_new_tokens=8, seed=4)[0]
+        result = generate(
+            lm, [prefix], "rerank", SearchSettings(num_samples=4, max_new_tokens=8, seed=4), reranker=reranker
+        )[0]
         (_, candidates, scores), = reranker.calls
         np.testing.assert_allclose(scores, reference(candidates), rtol=1e-6)
         # Ties keep sampling order, so the first of the best wins.
@@ -246,22 +265,22 @@ def test_paper_protocol_is_the_default(lm):
 
     from rankgen_jax.cli.main import build_parser
 
-    defaults = {k: v.default for k, v in inspect.signature(generate).parameters.items()}
-    assert (defaults["beam_size"], defaults["rerank_length"], defaults["max_new_tokens"]) == (2, 20, 128)
-    assert defaults["num_samples"] is None and defaults["cut"] == "sentence" and Decoding().top_p == 0.9
+    defaults = inspect.signature(generate).parameters["settings"].default
+    assert (defaults.beam_size, defaults.rerank_length, defaults.max_new_tokens) == (2, 20, 128)
+    assert defaults.num_samples is None and defaults.cut == "sentence" and defaults.decoding.top_p == 0.9
     args = build_parser().parse_args(["generate", "--lm", "x", "--input", "y", "--output", "z"])
     assert (args.beam_size, args.num_samples, args.rerank_length, args.max_new_tokens, args.cut, args.top_p) == (
         2, None, 20, 128, "sentence", 0.9)
     # num_samples unset: 20 over-generated samples for rerank, 10 per beam for beam search.
     prefix = botchan_prefixes(1)
     rerank = Recording(unigram_reranker)
-    generate(lm, prefix, "rerank", reranker=rerank, max_new_tokens=4, seed=1)
+    generate(lm, prefix, "rerank", SearchSettings(max_new_tokens=4, seed=1), reranker=rerank)
     assert [len(c) for _, c, _ in rerank.calls] == [20]
     beam = Recording(unigram_reranker)
-    result = generate(lm, prefix, "beam", reranker=beam, max_new_tokens=4, rerank_length=2, seed=1)[0]
+    result = generate(lm, prefix, "beam", SearchSettings(max_new_tokens=4, rerank_length=2, seed=1), reranker=beam)[0]
     assert len(beam.calls[0][1]) == 20 and len(result.beams) == 2  # B x N samples a round
     # One sample with the default budget: 128 new tokens unless it ended at EOS.
-    plain = generate(lm, prefix, "ancestral", seed=3)[0]
+    plain = generate(lm, prefix, "ancestral", SearchSettings(seed=3))[0]
     assert plain.new_tokens == 128 or plain.beams[0]["eos"]
 
 
@@ -278,9 +297,16 @@ def test_cut_at_the_last_sentence_end_as_the_released_code():
 
 def test_generations_are_cut_at_a_sentence_end(lm):
     prefixes = botchan_prefixes(4)
-    whole = generate(lm, prefixes, "rerank", reranker=unigram_reranker, num_samples=3, max_new_tokens=40, seed=2,
-                     cut="none")
-    cut = generate(lm, prefixes, "rerank", reranker=unigram_reranker, num_samples=3, max_new_tokens=40, seed=2)
+    whole = generate(
+        lm,
+        prefixes,
+        "rerank",
+        SearchSettings(num_samples=3, max_new_tokens=40, seed=2, cut="none"),
+        reranker=unigram_reranker,
+    )
+    cut = generate(
+        lm, prefixes, "rerank", SearchSettings(num_samples=3, max_new_tokens=40, seed=2), reranker=unigram_reranker
+    )
     from rankgen_jax.data.sentences import cut_at_last_sentence_end
 
     for w, c in zip(whole, cut):
@@ -288,26 +314,26 @@ def test_generations_are_cut_at_a_sentence_end(lm):
         assert all(b["text"] == cut_at_last_sentence_end(b["text"]) for b in c.beams)
         assert c.new_tokens <= 40
     assert any(cut_at_last_sentence_end(w.text) != w.text for w in whole)  # the cut changes something here
-    with pytest.raises(RankgenError, match="unknown cut"):
-        generate(lm, prefixes, "nucleus", cut="words")
+    with pytest.raises(RankgenError, match="unknown `cut`"):
+        generate(lm, prefixes, "nucleus", SearchSettings(cut="words"))
 
 
 def test_baseline_strategies(lm):
     prefixes = botchan_prefixes(2)
-    greedy = [generate(lm, prefixes, "greedy", max_new_tokens=6, seed=s) for s in (0, 1)]
+    greedy = [generate(lm, prefixes, "greedy", SearchSettings(max_new_tokens=6, seed=s)) for s in (0, 1)]
     assert [g.text for g in greedy[0]] == [g.text for g in greedy[1]]  # no randomness
     for strategy in ("ancestral", "top_k", "typical"):
-        runs = [generate(lm, prefixes, strategy, max_new_tokens=6, seed=s) for s in (0, 1)]
+        runs = [generate(lm, prefixes, strategy, SearchSettings(max_new_tokens=6, seed=s)) for s in (0, 1)]
         assert all(0 < g.new_tokens <= 6 for g in runs[0])
         assert [g.text for g in runs[0]] != [g.text for g in runs[1]], strategy
-    with pytest.raises(RankgenError, match="needs a re-ranker"):
+    with pytest.raises(RankgenError, match="needs a `reranker`"):
         generate(lm, prefixes, "beam")
     with pytest.raises(RankgenError, match="greedy"):
-        generate(lm, prefixes, "rerank", reranker=unigram_reranker, decoding=Decoding("greedy"))
-    with pytest.raises(RankgenError, match="--beam_size"):
-        generate(lm, prefixes, "beam", reranker=unigram_reranker, beam_size=0)
+        generate(lm, prefixes, "rerank", SearchSettings(decoding=Decoding("greedy")), reranker=unigram_reranker)
+    with pytest.raises(RankgenError, match="`beam_size` must be at least 1"):
+        generate(lm, prefixes, "beam", SearchSettings(beam_size=0), reranker=unigram_reranker)
     with pytest.raises(RankgenError, match="no room for a prompt"):
-        generate(lm, prefixes, "nucleus", max_new_tokens=256)
+        generate(lm, prefixes, "nucleus", SearchSettings(max_new_tokens=256))
 
 
 # ---------------------------------------------------------------------------
@@ -433,7 +459,9 @@ def test_released_generator_face_is_generate(lm_dir, rankgen_dir):
              dict(num_samples=3)),
             (lambda: generator.generate_single(contexts, max_length=12), "nucleus", {})):
         texts, scores = call()
-        want = generate(generator.lm, contexts, strategy, reranker=reranker, max_new_tokens=12, seed=3, **settings)
+        want = generate(
+            generator.lm, contexts, strategy, SearchSettings(max_new_tokens=12, seed=3, **settings), reranker=reranker
+        )
         assert texts == [[b["text"] for b in w.beams] for w in want]
         assert [s.tolist() for s in scores] == [[b["score"] for b in w.beams] for w in want]
     assert len(texts) == 2 and all(len(t) == 1 for t in texts)

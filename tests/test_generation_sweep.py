@@ -48,7 +48,7 @@ def lm_dir(tmp_path_factory, one_torch_thread):
 
 def test_tiny_grid_reports_mauve_over_seeds_and_time_and_resumes(lm_dir, tmp_path):
     pytest.importorskip("mauve")
-    from rankgen_jax.eval.generation_metrics import mauve_report
+    from rankgen_jax.eval.generation_metrics import MauveSettings, mauve_report
     from rankgen_jax.lm.scoring import load_causal_lm
 
     texts = botchan_prefixes(24)
@@ -70,7 +70,7 @@ def test_tiny_grid_reports_mauve_over_seeds_and_time_and_resumes(lm_dir, tmp_pat
         runs = [[json.loads(line) for line in (tmp_path / "run" / name / f"seed{s}.jsonl").read_text().splitlines()]
                 for s in (0, 1)]
         assert [len(r) for r in runs] == [10, 10]  # the grid's first 10 prefixes
-        want = mauve_report(runs, "continuation", load_causal_lm(lm_dir))
+        want = mauve_report(runs, MauveSettings(lm_dir, "continuation"), load_causal_lm(lm_dir))
         assert row["mauve"] == pytest.approx(want["mauve"]) and row["mauve_std"] == pytest.approx(want["mauve_std"])
     assert rows["Lmax_B1_N1"]["rerank_share"] == 0.0 and rows["L4_B2_N2"]["rerank_share"] > 0
     table = (tmp_path / "run" / "generation_grid.md").read_text()

@@ -9,7 +9,7 @@ import pytest
 from rankgen_jax import pretrained
 from rankgen_jax.data.vocab import REPO_ROOT
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.lm.generative_negatives import generate_negatives
+from rankgen_jax.lm.generative_negatives import NegativeSampling, generate_negatives
 from rankgen_jax.lm.scoring import load_lm_and_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -107,7 +107,9 @@ def test_generative_negatives_from_a_gguf_file(tiny_gemma, tmp_path):
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     out = tmp_path / "out.jsonl"
-    stats = generate_negatives(str(path), str(source), str(out), batch_size=2, max_new_tokens=24, progress=False)
+    stats = generate_negatives(
+        str(path), str(source), str(out), NegativeSampling(batch_size=2, max_new_tokens=24), progress=False
+    )
     assert stats["done"] == 4
     written = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert all(0 < o["generative_negative_words"] <= 16 for o in written)

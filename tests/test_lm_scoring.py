@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from rankgen_jax.cli.main import build_parser
+from rankgen_jax.cli.main import build_parser, run_command
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.eval.ranking import score_file
 from rankgen_jax.lm.scoring import lm_loglik_scores, load_causal_lm, pmi_scores, score_lists, token_logprobs
@@ -131,8 +131,7 @@ def test_score_command_lm_methods(lm, lm_dir, tmp_path, capsys):
         want = score_lists(lm, [r["prefix"] for r in records], [r["candidates"] for r in records], method)
         for w, s in zip(written, want):
             np.testing.assert_allclose(w, s, atol=1e-5)
-    with pytest.raises(RankgenError, match="--lm is required"):
-        args = parser.parse_args(["score", "--method", "pmi", "--input", path])
-        args.run(args)
+    with pytest.raises(RankgenError, match="the --method pmi needs --lm"):
+        run_command(["score", "--method", "pmi", "--input", path])
     with pytest.raises(RankgenError, match="needs a causal LM"):
         score_file(None, path, method="lm_loglik")

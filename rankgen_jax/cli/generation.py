@@ -3,10 +3,13 @@ and its metrics."""
 
 from __future__ import annotations
 
-from rankgen_jax.eval.generation_metrics import MAUVE_MAX_LENGTH, MAUVE_SEED, REP_WINDOW, run_generation_metrics
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.eval.generation_metrics import (MAUVE_MAX_LENGTH, MAUVE_SEED, REP_WINDOW, MauveSettings,
+                                                 run_generation_metrics)
 from rankgen_jax.lm.generation import (BEAM_SAMPLES, BEAM_SIZE, CUTS, MAX_NEW_TOKENS, RERANK_LENGTH, RERANK_SAMPLES,
-                                      RERANKERS, SAMPLERS, STRATEGIES, Decoding, generate_file)
-from rankgen_jax.lm.generative_negatives import generate_negatives, merge_negatives
+                                      RERANKERS, SAMPLERS, STRATEGIES, Decoding, RerankerSpec,
+                                      SearchSettings, generate_file)
+from rankgen_jax.lm.generative_negatives import NegativeSampling, generate_negatives, merge_negatives
 
 
 def add_generate_negatives(subparsers) -> None:
@@ -21,19 +24,27 @@ def add_generate_negatives(subparsers) -> None:
         "(shard I samples the batches k with k mod N = I, each under seed + k, into its own --out), then "
         "merge-negatives; the merged file equals one unsharded run's.",
     )
-    p.add_argument("--lm", required=True, help="causal LM: a local HuggingFace folder (model + tokenizer), a GGUF file, or gemma3-270m (Gemma 3 270M, fetched into the cache)")
+    p.add_argument(
+        "--lm",
+        required=True,
+        help="causal LM: a local HuggingFace folder (model + tokenizer), a GGUF file, or gemma3-270m (Gemma 3 270M, fetched into the cache)",
+    )
     p.add_argument("--input", required=True, help="JSONL file with a \"prefix\" string per line")
     p.add_argument("--out", required=True, help="JSONL file to write (appended to when it exists: resume)")
     p.add_argument("--batch_size", type=int, default=8, help="prompts per generate call (default 8)")
     p.add_argument("--top_p", type=float, default=0.9, help="nucleus sampling p (default 0.9, as RankGen)")
-    p.add_argument("--min_words", type=int, default=10, help="shortest continuation; shorter ones are resampled (default 10)")
+    p.add_argument(
+        "--min_words", type=int, default=10, help="shortest continuation; shorter ones are resampled (default 10)"
+    )
     p.add_argument("--max_words", type=int, default=128, help="longest continuation in words (default 128)")
     p.add_argument("--length_match", choices=("gold", "range"), default="gold",
                    help="gold (default): cut each sample at the sentence end nearest its record's \"continuation\" "
                    "word count, so negatives and golds share one length distribution (records without one are "
                    "skipped and counted); range: at the last sentence end within --min_words..--max_words")
     p.add_argument("--max_new_tokens", type=int, default=192, help="tokens sampled per prompt (default 192)")
-    p.add_argument("--max_prompt_tokens", type=int, help="keep the last N prompt tokens (default: context size - max_new_tokens)")
+    p.add_argument(
+        "--max_prompt_tokens", type=int, help="keep the last N prompt tokens (default: context size - max_new_tokens)"
+    )
     p.add_argument("--seed", type=int, default=0, help="batch k samples under seed + k (default 0)")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
     p.add_argument("--num_shards", type=int, default=1,
@@ -44,13 +55,10 @@ def add_generate_negatives(subparsers) -> None:
 
 
 def _run_generate_negatives(args) -> dict:
-    shard = dict(num_shards=args.num_shards, shard_index=args.shard_index)
-    return generate_negatives(
-        args.lm, args.input, args.out, batch_size=args.batch_size, top_p=args.top_p, min_words=args.min_words,
-        max_words=args.max_words, max_new_tokens=args.max_new_tokens, seed=args.seed, device=args.device,
-        max_prompt_tokens=args.max_prompt_tokens, progress=not args.no_progress, length_match=args.length_match,
-        **shard,
-    )
+    sampling = NegativeSampling(args.batch_size, args.top_p, args.min_words, args.max_words, args.max_new_tokens,
+                                args.max_prompt_tokens, args.seed, args.length_match)
+    return generate_negatives(args.lm, args.input, args.out, sampling, device=args.device, num_shards=args.num_shards,
+                              shard_index=args.shard_index, progress=not args.no_progress)
 
 
 def add_merge_negatives(subparsers) -> None:
@@ -65,7 +73,7 @@ def add_merge_negatives(subparsers) -> None:
     p.add_argument("--input", required=True, help="the JSONL file the shards were made from")
     p.add_argument("--shards", required=True, nargs="+", help="the N shard files, in any order")
     p.add_argument("--out", required=True, help="JSONL file to write (replaced; nothing written on an error)")
-    p.set_defaults(run=_run_merge_negatives)
+    p.set_defaults(run=_run_merge_negatives, flag_of={"shard_paths": "--shards"})
 
 
 def _run_merge_negatives(args) -> dict:
@@ -84,7 +92,11 @@ def add_generate(subparsers) -> None:
         "rerank, B=2 beams of N=10 samples re-ranked every L=20 tokens for beam. Lines without a "
         "non-empty string prefix are skipped and counted.",
     )
-    p.add_argument("--lm", required=True, help="causal LM: a local HuggingFace folder (model + tokenizer), a GGUF file, or gemma3-270m (Gemma 3 270M, fetched into the cache)")
+    p.add_argument(
+        "--lm",
+        required=True,
+        help="causal LM: a local HuggingFace folder (model + tokenizer), a GGUF file, or gemma3-270m (Gemma 3 270M, fetched into the cache)",
+    )
     p.add_argument("--model", help="RankGen dual encoder (checkpoint, workdir or HF folder) for --reranker rankgen")
     p.add_argument("--input", required=True, help='JSONL file with a "prefix" string per line')
     p.add_argument("--output", required=True, help="JSONL file to write (replaced)")
@@ -118,14 +130,13 @@ def add_generate(subparsers) -> None:
 
 
 def _run_generate(args) -> dict:
-    return generate_file(
-        args.lm, args.input, args.output, args.strategy, reranker=args.reranker, model_path=args.model,
+    settings = SearchSettings(
         beam_size=args.beam_size, num_samples=args.num_samples, rerank_length=args.rerank_length,
         max_new_tokens=args.max_new_tokens, decoding=Decoding(args.sampling, args.top_p, args.top_k, args.typical_p),
-        seed=args.seed, max_batch_rows=args.max_batch_rows, prefix_batch=args.prefix_batch,
-        max_prompt_tokens=args.max_prompt_tokens, rankgen_batch_size=args.rankgen_batch_size, device=args.device,
-        cut=args.cut, progress=not args.no_progress,
-    )
+        max_prompt_tokens=args.max_prompt_tokens, cut=args.cut, seed=args.seed, max_batch_rows=args.max_batch_rows)
+    reranker = RerankerSpec(args.reranker, args.model, args.rankgen_batch_size)
+    return generate_file(args.lm, args.input, args.output, args.strategy, settings, reranker=reranker,
+                         prefix_batch=args.prefix_batch, device=args.device, progress=not args.no_progress)
 
 
 def add_generation_metrics(subparsers) -> None:
@@ -162,16 +173,25 @@ def add_generation_metrics(subparsers) -> None:
                    help="compare the texts whole instead of cut after their last sentence end (the paper's)")
     p.add_argument("--device", default="cpu", help="torch device of the MAUVE feature model (default cpu)")
     p.add_argument("--output", help="also write the metrics to this JSON file")
-    p.set_defaults(run=_run_generation_metrics)
+    p.set_defaults(run=_run_generation_metrics, flag_of={"model": "--mauve_model", "max_length": "--mauve_max_length"})
 
 
 def _run_generation_metrics(args) -> dict:
     return run_generation_metrics(
         args.input, tokenizer=args.tokenizer, rep_window=args.rep_window, with_prefix=not args.rep_no_prefix,
-        reference_field=args.reference_field, mauve_model=args.mauve_model, mauve_max_length=args.mauve_max_length,
-        mauve_with_prefix=not args.mauve_no_prefix, mauve_seeds=args.mauve_seeds, mauve_cut=not args.mauve_no_cut,
-        device=args.device, output_path=args.output,
+        mauve=_mauve_settings(args, max_length=args.mauve_max_length, with_prefix=not args.mauve_no_prefix,
+                              cut=not args.mauve_no_cut),
+        mauve_seeds=args.mauve_seeds, device=args.device, output_path=args.output,
     )
+
+
+def _mauve_settings(args, **settings) -> MauveSettings | None:
+    """MAUVE's settings when --mauve_model is given; --reference_field alone would be read by nothing."""
+    if not args.mauve_model:
+        if args.reference_field:
+            raise RankgenError("--reference_field is what MAUVE compares with: give --mauve_model too")
+        return None
+    return MauveSettings(args.mauve_model, args.reference_field, **settings)
 
 
 def add_generation_sweep(subparsers) -> None:
@@ -185,7 +205,9 @@ def add_generation_sweep(subparsers) -> None:
         "WORKDIR/generation_grid.md. gin_configs/generation/grid_paper_a3.json is the paper's grid; a rerun "
         "resumes (finished seeds are kept).",
     )
-    p.add_argument("--grid", required=True, help="grid JSON (e.g. generation/grid_paper_a3.json, generation/grid_cpu.json)")
+    p.add_argument(
+        "--grid", required=True, help="grid JSON (e.g. generation/grid_paper_a3.json, generation/grid_cpu.json)"
+    )
     p.add_argument("--lm", required=True, help="the causal LM that generates: a local HuggingFace folder, a GGUF file, "
                    "or gemma3-270m")
     p.add_argument("--input", required=True, help='JSONL file with a "prefix" (and the reference field) per line')
@@ -200,14 +222,13 @@ def add_generation_sweep(subparsers) -> None:
     p.add_argument("--max_batch_rows", type=int, default=64, help="sequences the LM samples at once (default 64)")
     p.add_argument("--rankgen_batch_size", type=int, default=64, help="texts per RankGen encoder call (default 64)")
     p.add_argument("--no_progress", action="store_true", help="no progress bars")
-    p.set_defaults(run=_run_generation_sweep)
+    p.set_defaults(run=_run_generation_sweep, flag_of={"model": "--mauve_model"})
 
 
 def _run_generation_sweep(args) -> dict:
     from rankgen_jax.experiments.generation_sweep import run_generation_sweep
 
-    return run_generation_sweep(args.grid, args.lm, args.input, args.workdir, model_path=args.model,
-                                reranker=args.reranker, reference_field=args.reference_field,
-                                mauve_model=args.mauve_model, device=args.device, prefix_batch=args.prefix_batch,
-                                max_batch_rows=args.max_batch_rows, rankgen_batch_size=args.rankgen_batch_size,
-                                progress=not args.no_progress)
+    return run_generation_sweep(args.grid, args.lm, args.input, args.workdir,
+                                reranker=RerankerSpec(args.reranker, args.model, args.rankgen_batch_size),
+                                mauve=_mauve_settings(args), device=args.device, prefix_batch=args.prefix_batch,
+                                max_batch_rows=args.max_batch_rows, progress=not args.no_progress)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from rankgen_jax.cli import checkpoints, data, generation, ranking, training
 from rankgen_jax.errors import RankgenError
@@ -116,21 +116,25 @@ def run_command(argv: list[str]) -> Any:
     try:
         return args.run(args)
     except RankgenError as e:
-        flags = {s for action in parser.commands[args.command]._actions for s in action.option_strings}
         if not e.names:
             raise
-        raise RankgenError(in_flags(str(e), e.names, flags, gin=args.command in GIN_COMMANDS)) from e
+        flags = [s for action in parser.commands[args.command]._actions for s in action.option_strings
+                 if s.startswith("--")]
+        # A library's path argument is its flag without the suffix: input_path is --input, model_path --model.
+        flag_of = {f"{s[2:]}_path": s for s in flags} | {s[2:]: s for s in flags} | getattr(args, "flag_of", {})
+        raise RankgenError(in_flags(str(e), e.names, flag_of, gin=args.command in GIN_COMMANDS)) from e
 
 
-def in_flags(message: str, names: Sequence[str], flags: set[str], gin: bool) -> str:
+def in_flags(message: str, names: Sequence[str], flag_of: Mapping[str, str], gin: bool) -> str:
     """A library error as the command line says it: each of `names` the message quotes in backticks (RankgenError's
-    names) becomes --name where the subcommand has that flag, --gin.Config.field where it takes gin bindings, else
-    the plain name. Other backticked words are left as they are."""
+    names) becomes its flag in `flag_of` (the subcommand's --name, --x for x_path, or the flag a subcommand's
+    `flag_of` default gives an argument its flags name otherwise), --gin.Config.field where the subcommand takes gin
+    bindings, else the plain name. Other backticked words are left as they are."""
     for name in names:
         if "." in name and gin:
             shown = f"--gin.{name}"
         else:
-            shown = f"--{name}" if f"--{name}" in flags else name
+            shown = flag_of.get(name, name)
         message = message.replace(f"`{name}`", shown)
     return message
 

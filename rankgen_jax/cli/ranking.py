@@ -8,7 +8,7 @@ import json
 from rankgen_jax.cli.renamed import add_renamed_flag
 from rankgen_jax.data.conventions import ENCODE_SIDES
 from rankgen_jax.data.retrieval_files import DEFAULT_RUN_TAG, DEFAULT_TITLE_JOIN, RUN_FORMATS, TRAINING_SPLIT, run_lines
-from rankgen_jax.eval.ranking import METHODS, run_score
+from rankgen_jax.eval.ranking import METHODS, LmScoring, run_score
 from rankgen_jax.eval.retrieval_metrics import DEFAULT_MEASURES, MISSING_QUERIES, evaluate_files
 from rankgen_jax.inference.api import TRUNCATION_MODES, run_encode
 from rankgen_jax.errors import RankgenError
@@ -83,8 +83,8 @@ def add_score(subparsers) -> None:
 
 def _run_score(args) -> dict:
     return run_score(args.input, args.output, method=args.method, model_path=args.model, batch_size=args.batch_size,
-                     lm_path=args.lm, lm_reduce=args.lm_reduce, lm_batch_size=args.lm_batch_size,
-                     device=args.device, progress=not args.no_progress, conventions=convention_args(args))
+                     lm_path=args.lm, lm_scoring=LmScoring(args.lm_reduce, args.lm_batch_size), device=args.device,
+                     progress=not args.no_progress, conventions=convention_args(args))
 
 
 def add_suffix_negatives(subparsers) -> None:

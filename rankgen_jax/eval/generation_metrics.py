@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -139,7 +140,8 @@ def hf_tokens(tokenizer_dir: str) -> Callable[[str], list[int]]:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise RankgenError(f"--tokenizer {tokenizer_dir}: not a usable HF tokenizer folder: {first}") from None
+        raise RankgenError(f"`tokenizer` {tokenizer_dir}: not a usable HF tokenizer folder: {first}",
+                           names=("tokenizer",)) from None
     return lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -239,18 +241,18 @@ def mauve_runs(runs: Sequence[tuple[Sequence[str], Sequence[str]]], feature_lm, 
     return out
 
 
-def mauve_report(runs: Sequence[Sequence[dict]], reference_field: str, feature_lm,
-                 seeds: Sequence[int] = (MAUVE_SEED,), max_length: int = MAUVE_MAX_LENGTH, *, cut: bool = True,
-                 with_prefix: bool = True, names: Sequence[str] | None = None, progress: bool = False) -> dict:
+def mauve_report(runs: Sequence[Sequence[dict]], mauve: MauveSettings, feature_lm,
+                 seeds: Sequence[int] = (MAUVE_SEED,), *, names: Sequence[str] | None = None,
+                 progress: bool = False) -> dict:
     """MAUVE over runs of generation records (one per generation seed) and k-means seeds, as the paper reports it:
     {"mauve": mean, "mauve_std", "mauve_runs": [{"input", "seed", "mauve"}], "mauve_generation_words",
     "mauve_reference_words"} (the words of the texts MAUVE read after the prefix)."""
-    texts = [paper_mauve_texts(records, reference_field, cut, with_prefix) for records in runs]
-    scores = mauve_runs(texts, feature_lm, seeds, max_length, progress=progress)
+    texts = [paper_mauve_texts(records, mauve.reference_field, mauve.cut, mauve.with_prefix) for records in runs]
+    scores = mauve_runs(texts, feature_lm, seeds, mauve.max_length, progress=progress)
     names = list(names) if names is not None else [str(k) for k in range(len(runs))]
     mean, std = mean_and_std([s["mauve"] for s in scores])
     # MAUVE compares at equal lengths only.
-    alone = [paper_mauve_texts(records, reference_field, cut, with_prefix=False) for records in runs]
+    alone = [paper_mauve_texts(records, mauve.reference_field, mauve.cut, with_prefix=False) for records in runs]
     return {"mauve": mean, "mauve_std": std,
             "mauve_runs": [{"input": names[s["run"]], "seed": s["seed"], "mauve": s["mauve"]} for s in scores],
             "mauve_generation_words": float(np.mean([len(g.split()) for _, gens in alone for g in gens])),
@@ -260,7 +262,7 @@ def mauve_report(runs: Sequence[Sequence[dict]], reference_field: str, feature_l
 def read_generations(path: str, reference_field: str | None = None) -> tuple[list[dict], int]:
     """Records with string "prefix" and "generation" (and the reference field, when asked); bad lines counted."""
     if not Path(path).is_file():
-        raise RankgenError(f"--input {path} does not exist or is not a file")
+        raise RankgenError(f"input {path} does not exist or is not a file")
     fields = ("prefix", "generation") + ((reference_field,) if reference_field else ())
 
     def check(record: dict) -> str | None:
@@ -294,42 +296,57 @@ def generation_metrics(records: Sequence[dict], tokenize: Callable[[str], list] 
     return result
 
 
+@dataclass(frozen=True)
+class MauveSettings:
+    """MAUVE against each record's `reference_field`, with the features of the causal LM `model` (a folder, a GGUF
+    file or gemma3-270m; the paper: gpt2-large): the paper's prefix + " " + text on both sides (the texts alone
+    without `with_prefix`), each cut at its last sentence end (uncut without `cut`), `max_length` tokens read."""
+
+    model: str
+    reference_field: str
+    max_length: int = MAUVE_MAX_LENGTH
+    with_prefix: bool = True
+    cut: bool = True
+
+    def check(self) -> None:
+        """Raise RankgenError naming the first bad setting, and unless mauve-text is installed."""
+        if not self.reference_field:
+            raise RankgenError("MAUVE needs a `reference_field` (the human continuations to compare with)",
+                               names=("reference_field",))
+        length = self.max_length
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise RankgenError(f"MAUVE's `max_length` must be a positive integer, got {length!r}",
+                               names=("max_length",))
+        require_mauve()
+
+
 def run_generation_metrics(input_path: str | Sequence[str], *, tokenizer: str | None = None,
-                           rep_window: int = REP_WINDOW, with_prefix: bool = True,
-                           reference_field: str | None = None, mauve_model: str | None = None,
-                           mauve_max_length: int = MAUVE_MAX_LENGTH, mauve_with_prefix: bool = True,
-                           mauve_seeds: Sequence[int] = (MAUVE_SEED,), mauve_cut: bool = True,
-                           device: str = "cpu", output_path: str | None = None) -> dict:
+                           rep_window: int = REP_WINDOW, with_prefix: bool = True, mauve: MauveSettings | None = None,
+                           mauve_seeds: Sequence[int] = (MAUVE_SEED,), device: str = "cpu",
+                           output_path: str | None = None) -> dict:
     """What `rankgen-jax generation-metrics` does: the metrics of `generate` output files, printed as JSON.
 
     input_path: one file, or several (one per generation seed: MAUVE's runs);
     the other metrics are over all their records together.
     tokenizer: an HF tokenizer folder for rep_pooled (default: whitespace
     words); with_prefix: rep_pooled's window looks back into the prefix.
-    MAUVE against each record's reference_field when mauve_model (an HF
-    causal LM folder, run on the torch device) is given: the paper's
-    (prefix + " " + text on both sides, each text cut at its last sentence
-    end), or the texts alone when mauve_with_prefix is False, uncut when
-    mauve_cut is False; one run per input file and seed of `mauve_seeds`,
-    reported as `mauve` (the mean), `mauve_std` and `mauve_runs`.
+    With `mauve`, MAUVE (its feature LM run on the torch device): one run per input file and seed of
+    `mauve_seeds`, reported as `mauve` (the mean), `mauve_std` and `mauve_runs`.
     """
     paths = [input_path] if isinstance(input_path, str) else list(input_path)
     if not paths:
-        raise RankgenError("--input needs at least one file")
+        raise RankgenError("`input_path` needs at least one file", names=("input_path",))
     _check_window(rep_window)
-    if mauve_model:
-        if not reference_field:
-            raise RankgenError("--mauve_model needs --reference_field (the human continuations to compare with)")
-        if isinstance(mauve_max_length, bool) or not isinstance(mauve_max_length, int) or mauve_max_length < 1:
-            raise RankgenError(f"--mauve_max_length must be a positive integer, got {mauve_max_length!r}")
+    if mauve is not None:
         if not mauve_seeds:
-            raise RankgenError("--mauve_seeds needs at least one seed")
-        require_mauve()  # fail before loading the feature model
+            raise RankgenError("`mauve_seeds` needs at least one seed", names=("mauve_seeds",))
+        mauve.check()  # fail before loading the feature model
+    reference_field = mauve.reference_field if mauve is not None else None
     runs, bad = [], 0
     for path in paths:
         records, skipped = read_generations(path, reference_field)
         if not records:
-            raise RankgenError(f"--input {path}: no line with string \"prefix\" and \"generation\" fields")
+            raise RankgenError(f"input {path}: no line with string \"prefix\" and \"generation\" fields")
         runs.append(records)
         bad += skipped
         if skipped:
@@ -338,10 +355,9 @@ def run_generation_metrics(input_path: str | Sequence[str], *, tokenizer: str | 
     tokenize = hf_tokens(tokenizer) if tokenizer else word_tokens
     result = generation_metrics([r for records in runs for r in records], tokenize, rep_window,
                                 with_prefix=with_prefix)
-    if mauve_model:
-        feature_lm = load_causal_lm(mauve_model, device)
-        result.update(mauve_report(runs, reference_field, feature_lm, mauve_seeds, mauve_max_length, cut=mauve_cut,
-                                   with_prefix=mauve_with_prefix, names=paths, progress=True))
+    if mauve is not None:
+        feature_lm = load_causal_lm(mauve.model, device)
+        result.update(mauve_report(runs, mauve, feature_lm, mauve_seeds, names=paths, progress=True))
     result["bad_lines"] = bad
     if output_path:
         Path(output_path).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -163,6 +164,20 @@ def _chunks(records: Iterator[dict[str, Any]], size: int = CHUNK_LINES) -> Itera
         yield chunk
 
 
+@dataclass(frozen=True)
+class LmScoring:
+    """How the LM methods score a candidate: its token log-probabilities' `reduce` ("mean" per token, or "sum"),
+    `batch_size` sequences per forward pass."""
+
+    reduce: str = "mean"
+    batch_size: int = 16
+
+    def check(self) -> None:
+        """Raise RankgenError naming the first bad setting."""
+        if self.batch_size < 1:
+            raise RankgenError(f"the LM's `lm_batch_size` must be >= 1, got {self.batch_size}", names=("lm_batch_size",))
+
+
 def score_file(
     model: LoadedModel | None,
     input_path: str,
@@ -170,16 +185,14 @@ def score_file(
     method: str = "model",
     batch_size: int = 64,
     lm: CausalLM | None = None,
-    lm_reduce: str = "mean",
-    lm_batch_size: int = 16,
+    lm_scoring: LmScoring = LmScoring(),
     progress: bool = False,
 ) -> dict[str, Any]:
     """Score every well-formed line of a JSONL file; metrics over the labelled ones.
 
     Writes each well-formed line with an added `"scores": [float, ...]` to
     output_path (when given); malformed lines are left out there and counted.
-    The LM methods need `lm` (lm.scoring.load_causal_lm); lm_reduce is
-    "mean" (per token, the default) or "sum".
+    The LM methods need `lm` (lm.scoring.load_causal_lm), which scores as `lm_scoring` says.
     Returns {"n": labelled lines, "accuracy", "mrr" (None when n is 0),
     "pairwise_accuracy" (the paper's pairwise average over the labelled lines
     with at least two candidates; None when there is none), "scored": lines
@@ -189,14 +202,14 @@ def score_file(
     if method not in METHODS:
         raise RankgenError(f"unknown scoring method {method!r}: expected one of {METHODS}")
     if method == "model" and model is None:
-        raise RankgenError("scoring method 'model' needs a model (--model DIR), "
-                           "or use --method token_overlap or unigram")
+        raise RankgenError("scoring method 'model' needs a `model`, or use the `method` token_overlap or unigram",
+                           names=("model", "method"))
     if method in LM_METHODS and lm is None:
-        raise RankgenError(f"scoring method {method!r} needs a causal LM (--lm DIR)")
-    require_input_file(input_path, "--input")
+        raise RankgenError(f"scoring method {method!r} needs a causal LM (`lm`)", names=("lm",))
+    require_input_file(input_path, "`input_path`")
     source = Path(input_path)
     if output_path is not None:
-        require_output_file(output_path, "--output")
+        require_output_file(output_path, "`output_path`")
         if Path(output_path).resolve() == source.resolve():
             raise RankgenError(f"{output_path}: the output would overwrite the input file")
     skipped = SkippedLines()
@@ -211,7 +224,8 @@ def score_file(
             if method == "model":
                 chunk_scores = model.score(prefixes, candidates, batch_size=batch_size)
             elif method in LM_METHODS:
-                chunk_scores = score_lists(lm, prefixes, candidates, method, lm_reduce, lm_batch_size)
+                chunk_scores = score_lists(lm, prefixes, candidates, method, lm_scoring.reduce,
+                                            lm_scoring.batch_size)
             else:
                 scorer = LEXICAL_SCORERS[method]
                 chunk_scores = [scorer(p, c) for p, c in zip(prefixes, candidates)]
@@ -248,7 +262,7 @@ def score_file(
 
 def run_score(input_path: str, output_path: str | None = None, *, method: str = "model",
               model_path: str | None = None, batch_size: int = 64, lm_path: str | None = None,
-              lm_reduce: str = "mean", lm_batch_size: int = 16, device: str = "cpu", progress: bool = True,
+              lm_scoring: LmScoring = LmScoring(), device: str = "cpu", progress: bool = True,
               conventions: dict | None = None) -> dict:
     """What `rankgen-jax score` does: load the model or LM a method needs, score_file, print a summary.
 
@@ -259,32 +273,31 @@ def run_score(input_path: str, output_path: str | None = None, *, method: str = 
     error (and leaves no output behind).
     """
     if batch_size < 1:
-        raise RankgenError(f"--batch_size must be >= 1, got {batch_size}")
-    if lm_batch_size < 1:
-        raise RankgenError(f"--lm_batch_size must be >= 1, got {lm_batch_size}")
+        raise RankgenError(f"`batch_size` must be >= 1, got {batch_size}", names=("batch_size",))
+    lm_scoring.check()
     # Before loading a model or a possibly large LM.
-    require_input_file(input_path, "--input")
+    require_input_file(input_path, "`input_path`")
     if output_path is not None:
-        require_output_file(output_path, "--output")
+        require_output_file(output_path, "`output_path`")
     model = lm = None
     if method == "model":
         if not model_path:
-            raise RankgenError("--model is required with --method model")
+            raise RankgenError("the `method` model needs `model_path`", names=("method", "model_path"))
         # Imports jax: not at the top, so that the CLI imports this module before it sets XLA's flags.
         from rankgen_jax.inference.encoder import load_model
 
         model = load_model(model_path, conventions=conventions)
         print(model.conventions_note(), file=sys.stderr)
     elif model_path:
-        print(f"note: --model is not used with --method {method}", file=sys.stderr)
+        print(f"note: the model {model_path} is not used by the scoring method {method}", file=sys.stderr)
     if method in LM_METHODS:
         if not lm_path:
-            raise RankgenError(f"--lm is required with --method {method}")
+            raise RankgenError(f"the `method` {method} needs `lm_path`", names=("method", "lm_path"))
         lm = load_causal_lm(lm_path, device)
     elif lm_path:
-        print(f"note: --lm is not used with --method {method}", file=sys.stderr)
+        print(f"note: the LM {lm_path} is not used by the scoring method {method}", file=sys.stderr)
     result = score_file(model, input_path, output_path, method=method, batch_size=batch_size, lm=lm,
-                        lm_reduce=lm_reduce, lm_batch_size=lm_batch_size,
+                        lm_scoring=lm_scoring,
                         progress=progress and method not in LEXICAL_SCORERS)
     if result["skipped"]:
         print(f"note: skipped {result['skipped']} line(s) of {input_path}: {result['skipped_reasons']}",

@@ -35,9 +35,9 @@ from typing import Sequence
 import numpy as np
 
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.eval.generation_metrics import MAUVE_SEED, generation_metrics, mauve_report
-from rankgen_jax.lm.generation import (MAX_NEW_TOKENS, RERANKERS, Decoding, make_reranker, read_prefix_records,
-                                       write_generations)
+from rankgen_jax.eval.generation_metrics import MAUVE_SEED, MauveSettings, generation_metrics, mauve_report
+from rankgen_jax.lm.generation import (MAX_NEW_TOKENS, Decoding, RerankerSpec, SearchSettings, make_reranker,
+                                       read_prefix_records, write_generations)
 from rankgen_jax.lm.scoring import load_causal_lm
 from rankgen_jax.train.gin_parsing import read_grid_file
 
@@ -119,33 +119,32 @@ def _finished(path: Path, count: int) -> bool:
         return sum(1 for line in f if line.strip()) == count
 
 
-def run_generation_sweep(grid_path: str, lm_path: str, input_path: str, workdir: str, *, model_path: str | None = None,
-                         reranker: str = "rankgen", reference_field: str | None = None,
-                         mauve_model: str | None = None, device: str = "cpu", prefix_batch: int = 8,
-                         max_batch_rows: int = 64, rankgen_batch_size: int = 64, progress: bool = True) -> dict:
-    """Generate every configuration of the grid with every seed, then its metrics and the table (see above)."""
+def run_generation_sweep(grid_path: str, lm_path: str, input_path: str, workdir: str, *,
+                         reranker: RerankerSpec = RerankerSpec(), mauve: MauveSettings | None = None,
+                         device: str = "cpu", prefix_batch: int = 8, max_batch_rows: int = 64,
+                         progress: bool = True) -> dict:
+    """Generate every configuration of the grid with every seed, then its metrics and the table (see above);
+    MAUVE with `mauve` (at the grid's k-means seeds)."""
     grid = read_generation_grid(grid_path)
-    if reranker not in RERANKERS:
-        raise RankgenError(f"unknown re-ranker {reranker!r}: expected one of {RERANKERS}")
-    if reranker == "rankgen" and not model_path:
-        raise RankgenError("--reranker rankgen needs --model DIR (a RankGen dual encoder)")
-    if mauve_model and not reference_field:
-        raise RankgenError("--mauve_model needs --reference_field (the human continuations to compare with)")
+    reranker.check()
+    if mauve is not None:
+        mauve.check()
+    reference_field = mauve.reference_field if mauve is not None else None
     records, bad = read_prefix_records(input_path)
     if grid["prefixes"]:
         records = records[: grid["prefixes"]]
     if reference_field and any(not isinstance(r.get(reference_field), str) for r in records):
-        raise RankgenError(f"--input {input_path}: every record needs a string {reference_field!r} for MAUVE")
+        raise RankgenError(f"input {input_path}: every record needs a string {reference_field!r} for MAUVE")
     if not records:
-        raise RankgenError(f"--input {input_path}: no record with a prefix")
+        raise RankgenError(f"input {input_path}: no record with a prefix")
     root = Path(workdir)
     configs = grid_configs(grid)
     print(f"generation-sweep: {len(configs)} configurations x {len(grid['seeds'])} seeds on {len(records)} "
           f"prefixes ({bad} bad lines skipped) -> {root}", file=sys.stderr)
     lm = load_causal_lm(lm_path, device)
-    scorer = make_reranker(reranker, lm, model_path, rankgen_batch_size)
+    scorer = make_reranker(reranker, lm)
     # The generating LM doubles as MAUVE's feature model when named for both (one load, not two).
-    feature_lm = (lm if mauve_model == lm_path else load_causal_lm(mauve_model, device)) if mauve_model else None
+    feature_lm = None if mauve is None else lm if mauve.model == lm_path else load_causal_lm(mauve.model, device)
     decoding = Decoding("nucleus", top_p=grid["top_p"])
     rows = {}
     for config in configs:
@@ -159,14 +158,15 @@ def run_generation_sweep(grid_path: str, lm_path: str, input_path: str, workdir:
                 print(f"[generation-sweep] {config.name} seed {seed}", file=sys.stderr, flush=True)
                 # One sample has nothing to re-rank: plain nucleus sampling (the same text as beam with B = N = 1).
                 plain = config.beam_size == config.num_samples == 1
-                write_generations(lm, records, partial, "nucleus" if plain else "beam", None if plain else reranker,
-                                  scorer, decoding=decoding, beam_size=config.beam_size, num_samples=config.num_samples,
-                                  rerank_length=config.rerank_length or grid["max_new_tokens"],
-                                  max_new_tokens=grid["max_new_tokens"], seed=seed, prefix_batch=prefix_batch,
-                                  max_batch_rows=max_batch_rows, progress=progress)
+                settings = SearchSettings(config.beam_size, config.num_samples,
+                                          config.rerank_length or grid["max_new_tokens"], grid["max_new_tokens"],
+                                          decoding, seed=seed, max_batch_rows=max_batch_rows)
+                write_generations(lm, records, partial, "nucleus" if plain else "beam", settings, reranker=scorer,
+                                  reranker_name=None if plain else reranker.name, prefix_batch=prefix_batch,
+                                  progress=progress)
                 partial.replace(path)
             runs.append([json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()])
-        row = config_metrics(config, runs, [str(folder / f"seed{s}.jsonl") for s in grid["seeds"]], reference_field,
+        row = config_metrics(config, runs, [str(folder / f"seed{s}.jsonl") for s in grid["seeds"]], mauve,
                              feature_lm, grid["mauve_seeds"])
         (folder / "metrics.json").write_text(json.dumps(row, indent=2) + "\n", encoding="utf-8")
         rows[config.name] = row
@@ -179,7 +179,7 @@ def run_generation_sweep(grid_path: str, lm_path: str, input_path: str, workdir:
 
 
 def config_metrics(config: GenerationConfig, runs: Sequence[Sequence[dict]], names: Sequence[str],
-                   reference_field: str | None, feature_lm, mauve_seeds: Sequence[int]) -> dict:
+                   mauve: MauveSettings | None, feature_lm, mauve_seeds: Sequence[int]) -> dict:
     """One configuration's row: its settings, MAUVE over the seeds' runs (with a feature LM), rep, words, time."""
     pooled = [r for records in runs for r in records]
     metrics = generation_metrics(pooled)
@@ -190,7 +190,7 @@ def config_metrics(config: GenerationConfig, runs: Sequence[Sequence[dict]], nam
            "mean_new_tokens": metrics.get("mean_new_tokens"), "seconds_per_generation": float(np.mean(seconds)),
            "rerank_share": metrics.get("rerank_share", 0.0)}
     if feature_lm is not None:
-        row.update(mauve_report(runs, reference_field, feature_lm, mauve_seeds, names=names))
+        row.update(mauve_report(runs, mauve, feature_lm, mauve_seeds, names=names))
     return row
 
 

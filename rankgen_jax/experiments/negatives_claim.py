@@ -36,7 +36,7 @@ from rankgen_jax.errors import RankgenError
 from rankgen_jax.eval.suffix_comparison import accuracy_and_se, paired_gain, top1_wins
 from rankgen_jax.experiments.demo import held_out_suffix_sets, score_at_prefix_lengths
 from rankgen_jax.experiments.stages import is_done, log, mark_done, read_results, starting_checkpoint, write_results
-from rankgen_jax.lm.generative_negatives import generate_negatives
+from rankgen_jax.lm.generative_negatives import NegativeSampling, generate_negatives
 from rankgen_jax.pretrained import GEMMA
 from rankgen_jax.retrieval.sparse import unigram_overlap_scores
 from rankgen_jax.train.config import TrainerConfig
@@ -148,14 +148,14 @@ def run_negatives_claim(workdir: str) -> dict:
         write_jsonl(root / "eval_items.jsonl", items)
         write_jsonl(root / "eval_prefixes.jsonl", ({"id": it["id"], "doc_id": it["doc_id"], "prefix": it["prefix"],
                                                      "continuation": it["candidates"][0]} for it in items))
-    lm_settings = dict(batch_size=cfg.lm_batch_size, max_new_tokens=cfg.lm_max_new_tokens,
-                       max_prompt_tokens=cfg.lm_prompt_tokens, seed=cfg.seed, length_match="gold",
-                       device=cfg.lm_device)
+    sampling = NegativeSampling(batch_size=cfg.lm_batch_size, max_new_tokens=cfg.lm_max_new_tokens,
+                                max_prompt_tokens=cfg.lm_prompt_tokens, seed=cfg.seed, length_match="gold")
     for source, out in (("train_prefixes", "train_triples"), ("eval_prefixes", "eval_generated")):
         if f"negatives_{out}" not in results:
             log("negatives-claim", f"sampling {out} with {cfg.lm}")
             results[f"negatives_{out}"] = generate_negatives(cfg.lm, str(root / f"{source}.jsonl"),
-                                                             str(root / f"{out}.jsonl"), **lm_settings)
+                                                             str(root / f"{out}.jsonl"), sampling,
+                                                             device=cfg.lm_device)
             write_results(root, results)
 
     init = starting_checkpoint(cfg.init_checkpoint, cfg.init_from_hf, root)

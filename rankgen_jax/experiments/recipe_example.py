@@ -102,14 +102,16 @@ def _split(root: Path) -> dict:
 
 
 def _negatives(root: Path, config: RecipeExampleConfig) -> dict:
-    from rankgen_jax.lm.generative_negatives import generate_negatives
+    from rankgen_jax.lm.generative_negatives import NegativeSampling, generate_negatives
 
     out = {}
     for split, folder, name in (("train", "split", "negatives.jsonl"),
                                 ("validation", "split_validation", "negatives_validation.jsonl")):
         stats = generate_negatives(str(root / "lm"), str(root / folder / "prefixes.jsonl"), str(root / name),
-                                   batch_size=config.negatives_batch_size, max_new_tokens=config.max_new_tokens,
-                                   max_prompt_tokens=config.max_prompt_tokens, seed=config.seed, progress=False)
+                                   NegativeSampling(batch_size=config.negatives_batch_size,
+                                                    max_new_tokens=config.max_new_tokens,
+                                                    max_prompt_tokens=config.max_prompt_tokens, seed=config.seed),
+                                   progress=False)
         records = [json.loads(line) for line in (root / name).read_text(encoding="utf-8").splitlines()]
         stats["gold_words"] = float(np.mean([len(r["continuation"].split()) for r in records]))
         stats["negative_words"] = float(np.mean([r["generative_negative_words"] for r in records]))

@@ -48,7 +48,7 @@ RETURN_TENSORS = ("np", "pt")
 
 def _positive(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise RankgenError(f"{what} must be a positive integer, got {value!r}")
+        raise RankgenError(f"`{what}` must be a positive integer, got {value!r}", names=(what,))
     return int(value)
 
 
@@ -273,7 +273,7 @@ def read_texts(path: str | os.PathLike, side: str) -> tuple[list[str], list[int]
     a skipped line, so rows can be traced back to their lines.
     """
     check_encode_side(side)
-    require_input_file(path, "--input")
+    require_input_file(path, "input")
     source = Path(path)
     # Split on "\n" only, so line numbers match what editors and `wc -l` show.
     lines = source.read_bytes().split(b"\n")
@@ -347,11 +347,11 @@ def run_encode(model_path: str | os.PathLike, input_path: str, side: str, output
     """
     # Cheap checks first, before the model is loaded.
     if batch_size is not None:
-        _positive(batch_size, "--batch_size")
+        _positive(batch_size, "batch_size")
     if max_length is not None:
-        _positive(max_length, "--max_length")
-    require_input_file(input_path, "--input")
-    require_output_file(output_path, "--output", create_folder=True)
+        _positive(max_length, "max_length")
+    require_input_file(input_path, "`input_path`")
+    require_output_file(output_path, "`output_path`", create_folder=True)
     encoder = RankGenEncoder(model_path, truncation=truncation, batch_size=batch_size, conventions=conventions)
     print(encoder.model.conventions_note(), file=sys.stderr)
     result = encode_file(encoder, input_path, side, output_path, max_length=max_length)

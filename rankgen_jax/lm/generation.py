@@ -64,7 +64,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -112,11 +112,41 @@ class Decoding:
         if self.sampler not in SAMPLERS:
             raise RankgenError(f"unknown sampling {self.sampler!r}: expected one of {SAMPLERS}")
         if not 0.0 < self.top_p <= 1.0:
-            raise RankgenError(f"--top_p must be in (0, 1], got {self.top_p}")
+            raise RankgenError(f"`top_p` must be in (0, 1], got {self.top_p}", names=("top_p",))
         if self.top_k < 1:
-            raise RankgenError(f"--top_k must be at least 1, got {self.top_k}")
+            raise RankgenError(f"`top_k` must be at least 1, got {self.top_k}", names=("top_k",))
         if not 0.0 < self.typical_p <= 1.0:
-            raise RankgenError(f"--typical_p must be in (0, 1], got {self.typical_p}")
+            raise RankgenError(f"`typical_p` must be in (0, 1], got {self.typical_p}", names=("typical_p",))
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """How generate() and search() decode; the defaults are the paper's protocol.
+
+    num_samples None: the paper's number for the strategy (20 for rerank, 10 per beam); rerank_length None:
+    candidates are ranked only once finished. max_batch_rows caps the sequences the LM samples at once (the memory
+    knob) and never changes the result; `seed` keys every sampled row (see the module docstring).
+    """
+
+    beam_size: int = BEAM_SIZE
+    num_samples: int | None = None
+    rerank_length: int | None = RERANK_LENGTH
+    max_new_tokens: int = MAX_NEW_TOKENS
+    decoding: Decoding = Decoding()
+    max_prompt_tokens: int | None = None
+    cut: str = "sentence"
+    seed: int = 0
+    max_batch_rows: int = 64
+
+    def check(self) -> None:
+        """Raise RankgenError naming the first bad setting."""
+        for name in ("beam_size", "num_samples", "rerank_length", "max_new_tokens", "max_batch_rows"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise RankgenError(f"`{name}` must be at least 1, got {value}", names=(name,))
+        if self.cut not in CUTS:
+            raise RankgenError(f"unknown `cut` {self.cut!r}: expected one of {CUTS}", names=("cut",))
+        self.decoding.check()
 
 
 # Candidates the nucleus is first looked for among: a trained LM's p = 0.9 head is a few dozen tokens, while
@@ -223,7 +253,7 @@ def sample_rows(lm: CausalLM, rows: Sequence[SampleRow], decoding: Decoding, max
     import torch  # heavy and optional (the torch extra): only where an LM runs
 
     if max_batch_rows < 1:
-        raise RankgenError(f"--max_batch_rows must be at least 1, got {max_batch_rows}")
+        raise RankgenError(f"`max_batch_rows` must be at least 1, got {max_batch_rows}", names=("max_batch_rows",))
     order = sorted(range(len(rows)), key=lambda r: -len(rows[r].context))
     tokens: list[list[int]] = [[] for _ in rows]
     seconds = [0.0] * len(rows)
@@ -397,8 +427,9 @@ def prompt_ids(lm: CausalLM, prefix: str, max_new_tokens: int, max_prompt_tokens
         limit = lm.max_positions - max_new_tokens
     if limit is not None:
         if limit < 1:
-            raise RankgenError(f"no room for a prompt: --max_new_tokens {max_new_tokens} fills the LM's "
-                               f"{lm.max_positions}-token context; lower it or set --max_prompt_tokens")
+            raise RankgenError(f"no room for a prompt: `max_new_tokens` {max_new_tokens} fills the LM's "
+                               f"{lm.max_positions}-token context; lower it or set `max_prompt_tokens`",
+                               names=("max_new_tokens", "max_prompt_tokens"))
         ids = ids[-limit:]
     return ids
 
@@ -411,37 +442,26 @@ def _rank_key(beam: _Beam) -> float:
 def search(
     lm: CausalLM,
     prefixes: Sequence[str],
+    settings: SearchSettings = SearchSettings(),
     *,
-    beam_size: int = BEAM_SIZE,
-    num_samples: int = BEAM_SAMPLES,
-    rerank_length: int | None = RERANK_LENGTH,
-    max_new_tokens: int = MAX_NEW_TOKENS,
-    decoding: Decoding = Decoding(),
     reranker: Reranker | None = None,
-    seed: int = 0,
-    max_batch_rows: int = 64,
     prefix_indices: Sequence[int] | None = None,
-    max_prompt_tokens: int | None = None,
-    cut: str = "sentence",
 ) -> list[Generation]:
-    """RankGen beam search over a group of prefixes (see the module docstring); rerank_length None = max_new_tokens.
+    """RankGen beam search over a group of prefixes (see the module docstring); num_samples None is the paper's 10.
 
     Without a re-ranker every candidate scores 0 and the first ones are kept
     (used by the plain sampling strategies, where B = N = 1).
     """
-    for name, value in (("beam_size", beam_size), ("num_samples", num_samples), ("max_new_tokens", max_new_tokens)):
-        if value < 1:
-            raise RankgenError(f"--{name} must be at least 1, got {value}")
-    if rerank_length is not None and rerank_length < 1:
-        raise RankgenError(f"--rerank_length must be at least 1, got {rerank_length}")
-    if cut not in CUTS:
-        raise RankgenError(f"unknown cut {cut!r}: expected one of {CUTS}")
-    decoding.check()
+    settings.check()
+    beam_size, max_new_tokens, rerank_length, cut = (settings.beam_size, settings.max_new_tokens,
+                                                     settings.rerank_length, settings.cut)
+    num_samples = BEAM_SAMPLES if settings.num_samples is None else settings.num_samples
     keys = list(range(len(prefixes))) if prefix_indices is None else list(prefix_indices)
     if len(keys) != len(prefixes):
-        raise RankgenError(f"search: {len(prefixes)} prefixes but {len(keys)} prefix indices")
+        raise RankgenError(f"search: {len(prefixes)} prefixes but {len(keys)} `prefix_indices`",
+                           names=("prefix_indices",))
     step = max_new_tokens if rerank_length is None else min(rerank_length, max_new_tokens)
-    prompts = [prompt_ids(lm, p, max_new_tokens, max_prompt_tokens) for p in prefixes]
+    prompts = [prompt_ids(lm, p, max_new_tokens, settings.max_prompt_tokens) for p in prefixes]
     beams = [[_Beam([], False) for _ in range(beam_size)] for _ in prefixes]
     seconds_generate = [0.0] * len(prefixes)
     seconds_rerank = [0.0] * len(prefixes)
@@ -454,11 +474,13 @@ def search(
                     continue
                 steps = min(step, max_new_tokens - len(beam.ids))
                 for j in range(num_samples):
-                    rows.append(SampleRow(prompts[i] + beam.ids, steps, row_seed(seed, keys[i], round_index, b, j), i))
+                    rows.append(
+                        SampleRow(prompts[i] + beam.ids, steps, row_seed(settings.seed, keys[i], round_index, b, j), i)
+                    )
                     parents.append(beam)
         if not rows:
             break
-        new_ids, row_seconds = sample_rows(lm, rows, decoding, max_batch_rows)
+        new_ids, row_seconds = sample_rows(lm, rows, settings.decoding, settings.max_batch_rows)
         # Finished beams compete again with the new candidates (their scores are kept).
         candidates = [[beam for beam in prefix_beams if beam.finished] for prefix_beams in beams]
         for row, parent, ids, spent in zip(rows, parents, new_ids, row_seconds):
@@ -522,45 +544,33 @@ def generate(
     lm: CausalLM,
     prefixes: Sequence[str],
     strategy: str = "beam",
+    settings: SearchSettings = SearchSettings(),
     *,
     reranker: Reranker | None = None,
-    beam_size: int = BEAM_SIZE,
-    num_samples: int | None = None,
-    rerank_length: int = RERANK_LENGTH,
-    max_new_tokens: int = MAX_NEW_TOKENS,
-    decoding: Decoding = Decoding(),
-    seed: int = 0,
-    max_batch_rows: int = 64,
     prefix_indices: Sequence[int] | None = None,
-    max_prompt_tokens: int | None = None,
-    cut: str = "sentence",
 ) -> list[Generation]:
-    """Continue every prefix with `strategy` (see STRATEGIES); `decoding` is the token sampler of rerank / beam.
+    """Continue every prefix with `strategy` (see STRATEGIES); `settings.decoding` is the token sampler of rerank / beam.
 
     num_samples None is the paper's: 20 for rerank, 10 per beam for beam.
     The plain strategies ignore beam_size, num_samples, rerank_length and
     reranker, and take their sampler from the strategy name (its
-    top_p / top_k / typical_p from `decoding`).
+    top_p / top_k / typical_p from `settings.decoding`).
     """
     if strategy not in STRATEGIES:
-        raise RankgenError(f"unknown strategy {strategy!r}: expected one of {STRATEGIES}")
-    common = dict(max_new_tokens=max_new_tokens, seed=seed, max_batch_rows=max_batch_rows,
-                  prefix_indices=prefix_indices, max_prompt_tokens=max_prompt_tokens, cut=cut)
+        raise RankgenError(f"unknown `strategy` {strategy!r}: expected one of {STRATEGIES}", names=("strategy",))
+    decoding = settings.decoding
     if strategy in SAMPLERS:
         plain = Decoding(strategy, decoding.top_p, decoding.top_k, decoding.typical_p)
-        return search(lm, prefixes, beam_size=1, num_samples=1, rerank_length=None, decoding=plain, reranker=None,
-                      **common)
+        return search(lm, prefixes, replace(settings, beam_size=1, num_samples=1, rerank_length=None, decoding=plain),
+                      prefix_indices=prefix_indices)
     if reranker is None:
-        raise RankgenError(f"strategy {strategy!r} needs a re-ranker (--reranker)")
+        raise RankgenError(f"strategy {strategy!r} needs a `reranker`", names=("reranker",))
     if decoding.sampler == "greedy":
         raise RankgenError(f"strategy {strategy!r} needs a random sampler: greedy would give N identical samples")
     if strategy == "rerank":
-        samples = RERANK_SAMPLES if num_samples is None else num_samples
-        return search(lm, prefixes, beam_size=1, num_samples=samples, rerank_length=None, decoding=decoding,
-                      reranker=reranker, **common)
-    samples = BEAM_SAMPLES if num_samples is None else num_samples
-    return search(lm, prefixes, beam_size=beam_size, num_samples=samples, rerank_length=rerank_length,
-                  decoding=decoding, reranker=reranker, **common)
+        samples = RERANK_SAMPLES if settings.num_samples is None else settings.num_samples
+        settings = replace(settings, beam_size=1, num_samples=samples, rerank_length=None)
+    return search(lm, prefixes, settings, reranker=reranker, prefix_indices=prefix_indices)
 
 
 # ---------------------------------------------------------------------------
@@ -599,8 +609,9 @@ class RankGenGenerator:
         if temperature != 1.0:
             raise RankgenError(f"RankGenGenerator: temperature={temperature} is not supported (the sampler draws at "
                                "temperature 1.0, as the RankGen paper's runs do)")
-        results = generate(self.lm, list(contexts), strategy, reranker=self.reranker, max_new_tokens=max_length,
-                           decoding=Decoding("nucleus", top_p), seed=self.seed, **settings)
+        settings = SearchSettings(max_new_tokens=max_length, decoding=Decoding("nucleus", top_p), seed=self.seed,
+                                  **settings)
+        results = generate(self.lm, list(contexts), strategy, settings, reranker=self.reranker)
         return ([[b["text"] for b in r.beams] for r in results],
                 [np.array([np.nan if b["score"] is None else b["score"] for b in r.beams]) for r in results])
 
@@ -634,24 +645,39 @@ def check_prefix_record(record: dict) -> str | None:
 def read_prefix_records(path: str) -> tuple[list[dict], int]:
     """The objects of a JSONL file that have a non-empty string "prefix", and the number of other (bad) lines."""
     if not Path(path).is_file():
-        raise RankgenError(f"--input {path} does not exist or is not a file")
+        raise RankgenError(f"input {path} does not exist or is not a file")
     records, skipped = collect_jsonl(path, check_prefix_record)
     return records, skipped.count
 
 
-def make_reranker(name: str, lm: CausalLM, model_path: str | None, batch_size: int = 64):
-    """The named re-ranker; "rankgen" loads the dual encoder at model_path."""
-    if name == "rankgen":
-        if not model_path:
-            raise RankgenError("--reranker rankgen needs --model DIR (a RankGen dual encoder)")
+@dataclass(frozen=True)
+class RerankerSpec:
+    """Which re-ranker rerank / beam use (one of RERANKERS); "rankgen" loads the dual encoder at model_path and
+    encodes batch_size texts per call."""
+
+    name: str = "rankgen"
+    model_path: str | None = None
+    batch_size: int = 64
+
+    def check(self) -> None:
+        """Raise RankgenError before any model is loaded."""
+        if self.name not in RERANKERS:
+            raise RankgenError(f"unknown re-ranker {self.name!r}: expected one of {RERANKERS}", names=("reranker",))
+        if self.name == "rankgen" and not self.model_path:
+            raise RankgenError("the rankgen re-ranker needs `model_path` (a RankGen dual encoder)",
+                               names=("model_path",))
+
+
+def make_reranker(spec: RerankerSpec, lm: CausalLM):
+    """The re-ranker `spec` names, its model loaded."""
+    spec.check()
+    if spec.name == "rankgen":
         from rankgen_jax.inference.encoder import load_model  # starts jax: after the CLI has set XLA's flags
 
-        return RankGenReranker(load_model(model_path), batch_size=batch_size)
-    if name == "perplexity":
+        return RankGenReranker(load_model(spec.model_path), batch_size=spec.batch_size)
+    if spec.name == "perplexity":
         return PerplexityReranker(lm)
-    if name == "unigram":
-        return unigram_reranker
-    raise RankgenError(f"unknown re-ranker {name!r}: expected one of {RERANKERS}")
+    return unigram_reranker
 
 
 def generate_file(
@@ -659,44 +685,38 @@ def generate_file(
     input_path: str,
     output_path: str,
     strategy: str = "beam",
+    settings: SearchSettings = SearchSettings(),
     *,
-    reranker: str = "rankgen",
-    model_path: str | None = None,
-    decoding: Decoding = Decoding(),
+    reranker: RerankerSpec = RerankerSpec(),
     prefix_batch: int = 8,
-    rankgen_batch_size: int = 64,
     device: str = "cpu",
     progress: bool = True,
-    **search_settings,
 ) -> dict:
     """What `rankgen-jax generate` does: continue every prefix of a JSONL file into output_path; returns summary stats.
 
-    reranker names the re-ranker of rerank / beam (one of RERANKERS); "rankgen"
-    loads the dual encoder at model_path. The LM at lm_path runs on the torch
-    device. search_settings are generate()'s other keyword arguments
-    (beam_size, num_samples, rerank_length, max_new_tokens, seed,
-    max_batch_rows, max_prompt_tokens, cut), with its defaults.
+    `reranker` is the re-ranker of rerank / beam (unused by the plain strategies). The LM at lm_path runs on the
+    torch device.
     """
     if prefix_batch < 1:
-        raise RankgenError(f"--prefix_batch must be at least 1, got {prefix_batch}")
+        raise RankgenError(f"`prefix_batch` must be at least 1, got {prefix_batch}", names=("prefix_batch",))
     output = Path(output_path)
     if not output.parent.is_dir():
-        raise RankgenError(f"--output folder {output.parent} does not exist")
+        raise RankgenError(f"output folder {output.parent} does not exist")
     if output.exists() and output.resolve() == Path(input_path).resolve():
-        raise RankgenError("--output must differ from --input")
-    decoding.check()
-    reranker_name = reranker if strategy in ("rerank", "beam") else None
+        raise RankgenError(f"output {output_path} is the input file; write the generations elsewhere")
+    settings.check()
+    reranks = strategy in ("rerank", "beam")
     # Check everything cheap before loading models, which can take minutes.
-    if reranker_name == "rankgen" and not model_path:
-        raise RankgenError("--reranker rankgen needs --model DIR (a RankGen dual encoder)")
-    if model_path and reranker_name != "rankgen":
-        print(f"note: --model is not used with --strategy {strategy}"
-              + (f" --reranker {reranker_name}" if reranker_name else ""), file=sys.stderr)
+    if reranks:
+        reranker.check()
+    elif reranker.model_path:
+        print(f"note: the RankGen model {reranker.model_path} is not used with strategy {strategy}", file=sys.stderr)
     records, bad = read_prefix_records(input_path)
     lm = load_causal_lm(lm_path, device)
-    scorer = make_reranker(reranker_name, lm, model_path, rankgen_batch_size) if reranker_name else None
-    stats = write_generations(lm, records, output, strategy, reranker_name, scorer, decoding=decoding,
-                              prefix_batch=prefix_batch, progress=progress, **search_settings)
+    scorer = make_reranker(reranker, lm) if reranks else None
+    stats = write_generations(lm, records, output, strategy, settings, reranker=scorer,
+                              reranker_name=reranker.name if reranks else None, prefix_batch=prefix_batch,
+                              progress=progress)
     stats["bad_lines"] = bad
     print(f"generate: {len(records)} prefixes with {strategy}, {bad} bad lines skipped; "
           f"{stats['seconds_generate']:.1f}s generating, {stats['seconds_rerank']:.1f}s re-ranking "
@@ -705,13 +725,13 @@ def generate_file(
 
 
 def write_generations(lm: CausalLM, records: Sequence[dict], output: Path, strategy: str,
-                      reranker_name: str | None, scorer: Reranker | None, *, prefix_batch: int = 8,
-                      progress: bool = True, **settings) -> dict:
+                      settings: SearchSettings, *, reranker: Reranker | None = None, reranker_name: str | None = None,
+                      prefix_batch: int = 8, progress: bool = True) -> dict:
     """Continue every record's prefix with loaded models and write the records with their generations.
 
     Each record is written back with "generation", "strategy", the re-ranker's
-    name and the final "beams" (rerank / beam), the seconds and "new_tokens";
-    `settings` are generate()'s keyword arguments. Returns the totals.
+    name (`reranker_name`) and the final "beams" (rerank / beam), the seconds and "new_tokens".
+    Returns the totals.
     """
     totals = {"seconds_generate": 0.0, "seconds_rerank": 0.0, "new_tokens": 0}
     bar = tqdm(total=len(records), unit="prefix", desc=f"generate ({strategy})", dynamic_ncols=True,
@@ -720,8 +740,8 @@ def write_generations(lm: CausalLM, records: Sequence[dict], output: Path, strat
         with open(output, "w", encoding="utf-8") as out:
             for start in range(0, len(records), prefix_batch):
                 group = records[start : start + prefix_batch]
-                results = generate(lm, [r["prefix"] for r in group], strategy, reranker=scorer,
-                                   prefix_indices=range(start, start + len(group)), **settings)
+                results = generate(lm, [r["prefix"] for r in group], strategy, settings, reranker=reranker,
+                                   prefix_indices=range(start, start + len(group)))
                 lines = []
                 for record, result in zip(group, results):
                     row = {**record, "generation": result.text, "strategy": strategy}

@@ -224,7 +224,9 @@ def _read_done(output: Path) -> _Done:
     with open(output, "rb") as f:
         for n, raw in enumerate(f, start=1):
             if broken is not None:
-                raise RankgenError(f"output {output} line {broken} is not a generated record; use a new --out")
+                raise RankgenError(
+                    f"output {output} line {broken} is not a generated record; write to a new output file"
+                )
             if n == 1 and (header := _parse_header(raw)) is not None:
                 if not raw.endswith(b"\n"):
                     break  # a header cut before its newline: written again
@@ -324,7 +326,7 @@ def _iter_shard_records(input_path: Path, done: _Done, stats: _InputStats, *, ba
             if existing != _digest(obj["prefix"]):
                 raise RankgenError(
                     f"output record for input line {n} has a different prefix: the output was made "
-                    "from another input; use a new --out"
+                    "from another input; write to a new output file"
                 )
             stats.skipped_existing += 1
             on_skip()
@@ -457,33 +459,59 @@ def _check_output_header(output: Path, done: _Done, header: dict | None) -> None
         if done.header is not None:
             raise RankgenError(
                 f"output {output} is shard {done.header.get('shard_index')} of {done.header.get('num_shards')} "
-                "(written with --num_shards); resume it with the same --num_shards / --shard_index, or combine "
-                "the shards with merge-negatives"
-            )
+                "(written with `num_shards`); resume it with the same `num_shards` / `shard_index`, or combine "
+                "the shards with merge-negatives", names=("num_shards", "shard_index"))
         return
     if done.header is None:
         if done.count:
             raise RankgenError(f"output {output} holds records but no shard header (an unsharded run's output); "
-                               "use a new --out for each shard")
+                               "write each shard to a new output file")
         return
     where = (done.header.get("shard_index"), done.header.get("num_shards"))
     if where != (header["shard_index"], header["num_shards"]):
         raise RankgenError(f"output {output} is shard {where[0]} of {where[1]}, not shard {header['shard_index']} "
-                           f"of {header['num_shards']}; use a new --out")
+                           f"of {header['num_shards']}; write to a new output file")
     difference = _settings_difference(done.header.get("settings") or {}, header["settings"])
     if difference:
         raise RankgenError(f"output {output} was made with other settings ({difference}; the file's first); "
-                           "rerun with its settings or use a new --out")
+                           "rerun with its settings or write to a new output file")
 
 
-def generate_negatives(lm_dir: str, input_path: str, output_path: str, *, batch_size: int = 8, top_p: float = 0.9,
-                       min_words: int = 10, max_words: int = 128, max_new_tokens: int = 192, seed: int = 0,
-                       device: str = "cpu", max_prompt_tokens: int | None = None, num_shards: int = 1,
-                       shard_index: int = 0, progress: bool = True, length_match: str = "gold") -> dict:
-    """Add a sampled `"generative_negative"` to every record of a prefix JSONL file (resumable).
+@dataclass(frozen=True)
+class NegativeSampling:
+    """How generate_negatives samples: nucleus `top_p`, at most `max_new_tokens` new tokens after the last
+    `max_prompt_tokens` of the prefix (None: the LM's context less the budget), cut to the gold's length
+    (`length_match="gold"`, clamped to min_words..max_words; see the module docstring) or anywhere in
+    min_words..max_words (`"range"`); `batch_size` prefixes a batch, seeded from `seed` and the batch's index."""
 
-    `length_match="gold"` cuts each sample to its record's gold `"continuation"` length (clamped to
-    min_words..max_words; see the module docstring), `"range"` anywhere in min_words..max_words.
+    batch_size: int = 8
+    top_p: float = 0.9
+    min_words: int = 10
+    max_words: int = 128
+    max_new_tokens: int = 192
+    max_prompt_tokens: int | None = None
+    seed: int = 0
+    length_match: str = "gold"
+
+    def check(self) -> None:
+        """Raise RankgenError naming the first bad setting."""
+        if self.length_match not in LENGTH_MATCHES:
+            raise RankgenError(f"`length_match` must be one of {', '.join(LENGTH_MATCHES)}, got {self.length_match!r}",
+                               names=("length_match",))
+        for name in ("batch_size", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise RankgenError(f"`{name}` must be at least 1, got {getattr(self, name)}", names=(name,))
+        if not 0.0 < self.top_p <= 1.0:
+            raise RankgenError(f"`top_p` must be in (0, 1], got {self.top_p}", names=("top_p",))
+        if not 1 <= self.min_words <= self.max_words:
+            raise RankgenError(f"need 1 <= `min_words` <= `max_words`, got {self.min_words} and {self.max_words}",
+                               names=("min_words", "max_words"))
+
+
+def generate_negatives(lm_dir: str, input_path: str, output_path: str, sampling: NegativeSampling = NegativeSampling(),
+                       *, device: str = "cpu", num_shards: int = 1, shard_index: int = 0,
+                       progress: bool = True) -> dict:
+    """Add a sampled `"generative_negative"` to every record of a prefix JSONL file (resumable), as `sampling` says.
 
     With `num_shards` N > 1 only shard `shard_index`'s batches are sampled and
     the output is a shard file (see the module docstring); `merge_negatives`
@@ -494,32 +522,31 @@ def generate_negatives(lm_dir: str, input_path: str, output_path: str, *, batch_
     prefix, repeated id, no gold to match), `no_gold` (of those, records without a gold continuation),
     `short` (still under `min_words`, or under the gold's length by more than the tolerance, after the
     retries; kept), `mid_sentence` (gold lengths: still without a sentence end near the gold's length after
-    the retries, so cut at it mid-sentence; kept), `seconds`, `tokens_per_second` (generated tokens, retries and resampled done rows
-    included).
+    the retries, so cut at it mid-sentence; kept), `seconds`, `tokens_per_second` (generated tokens, retries and
+    resampled done rows included).
     """
-    if length_match not in LENGTH_MATCHES:
-        raise RankgenError(f"--length_match must be one of {', '.join(LENGTH_MATCHES)}, got {length_match!r}")
-    if batch_size < 1:
-        raise RankgenError(f"--batch_size must be at least 1, got {batch_size}")
-    if not 0.0 < top_p <= 1.0:
-        raise RankgenError(f"--top_p must be in (0, 1], got {top_p}")
-    if not 1 <= min_words <= max_words:
-        raise RankgenError(f"need 1 <= --min_words <= --max_words, got {min_words} and {max_words}")
-    if max_new_tokens < 1:
-        raise RankgenError(f"--max_new_tokens must be at least 1, got {max_new_tokens}")
+    sampling.check()
     if num_shards < 1:
-        raise RankgenError(f"--num_shards must be at least 1, got {num_shards}")
+        raise RankgenError(f"`num_shards` must be at least 1, got {num_shards}", names=("num_shards",))
     if not 0 <= shard_index < num_shards:
-        raise RankgenError(f"--shard_index must be in [0, {num_shards}) for --num_shards {num_shards}, "
-                           f"got {shard_index}")
+        raise RankgenError(f"`shard_index` must be in [0, {num_shards}) for `num_shards` {num_shards}, "
+                           f"got {shard_index}", names=("shard_index", "num_shards"))
+    batch_size, top_p, min_words, max_words = (
+        sampling.batch_size,
+        sampling.top_p,
+        sampling.min_words,
+        sampling.max_words,
+    )
+    max_new_tokens, max_prompt_tokens, seed = sampling.max_new_tokens, sampling.max_prompt_tokens, sampling.seed
+    length_match = sampling.length_match
     source, output = Path(input_path), Path(output_path)
     if not source.is_file():
         raise RankgenError(f"input {input_path} does not exist or is not a file")
     if not output.parent.is_dir():
         raise RankgenError(f"output folder {output.parent} does not exist")
     if output.exists() and output.resolve() == source.resolve():
-        raise RankgenError("--out must differ from --input")
-    # Check (and repair) the output before loading the model, so a bad --out fails fast.
+        raise RankgenError(f"output {output_path} is the input file; write the negatives elsewhere")
+    # Check (and repair) the output before loading the model, so a bad output fails fast.
     done = _read_done(output)
     if num_shards == 1:
         _check_output_header(output, done, None)
@@ -531,9 +558,8 @@ def generate_negatives(lm_dir: str, input_path: str, output_path: str, *, batch_
         max_prompt_tokens = limit - max_new_tokens if limit is not None else None
     if max_prompt_tokens is not None and max_prompt_tokens < 1:
         raise RankgenError(
-            f"no room for a prompt: max_new_tokens {max_new_tokens} fills the model's context; "
-            "lower --max_new_tokens or set --max_prompt_tokens"
-        )
+            f"no room for a prompt: `max_new_tokens` {max_new_tokens} fills the model's context; "
+            "lower it or set `max_prompt_tokens`", names=("max_new_tokens", "max_prompt_tokens"))
     header = None
     if num_shards > 1:
         settings = dict(batch_size=batch_size, top_p=top_p, seed=seed, min_words=min_words, max_words=max_words,
@@ -592,7 +618,8 @@ def generate_negatives(lm_dir: str, input_path: str, output_path: str, *, batch_
     seconds = time.perf_counter() - start
     if stats.no_gold and not generated and not stats.skipped_existing:
         raise RankgenError(f"{input_path}: no record has a gold \"continuation\" to match the length of "
-                           f"({stats.no_gold} without one); --length_match range samples prefix-only records")
+                           f"({stats.no_gold} without one); `length_match` range samples prefix-only records",
+                           names=("length_match",))
     result = {
         "done": generated,
         "skipped_existing": stats.skipped_existing,
@@ -605,7 +632,7 @@ def generate_negatives(lm_dir: str, input_path: str, output_path: str, *, batch_
         "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
     }
     shard = f" (shard {shard_index} of {num_shards})" if num_shards > 1 else ""
-    no_gold = (f" ({stats.no_gold} without a gold \"continuation\" to match: --length_match range samples "
+    no_gold = (f" ({stats.no_gold} without a gold \"continuation\" to match: length_match range samples "
                "without one)") if stats.no_gold else ""
     shortest = (f"< {min_words} words" if length_match == "range"
                 else f"under their gold's length; {mid_sentence} cut mid-sentence")
@@ -683,12 +710,12 @@ def merge_negatives(input_path: str, shard_paths: list[str], output_path: str) -
     if not source.is_file():
         raise RankgenError(f"input {input_path} does not exist or is not a file")
     if not shard_paths:
-        raise RankgenError("merge-negatives needs the shard files (--shards)")
+        raise RankgenError("merging needs the `shard_paths`", names=("shard_paths",))
     if not output.parent.is_dir():
         raise RankgenError(f"output folder {output.parent} does not exist")
     given = [Path(p) for p in shard_paths]
     if output.exists() and any(output.resolve() == p.resolve() for p in [source, *given] if p.exists()):
-        raise RankgenError("--out must differ from --input and from every shard file")
+        raise RankgenError(f"output {output_path} is the input or a shard file; write the merge elsewhere")
     shards: list[_ShardFile] = []
     try:
         for path in given:

@@ -83,7 +83,7 @@ class CausalLM:
         for token_id in (self.tokenizer.bos_token_id, self.tokenizer.eos_token_id):
             if token_id is not None:
                 return token_id
-        raise RankgenError(f"--lm {self.source}: the tokenizer has neither a bos nor an eos token to start from")
+        raise RankgenError(f"causal LM {self.source}: the tokenizer has neither a bos nor an eos token to start from")
 
     def prefix_ids(self, text: str) -> list[int]:
         """Token ids of a prefix, with the tokenizer's own special tokens (e.g. a BOS)."""
@@ -129,31 +129,31 @@ def load_lm_and_tokenizer(lm_dir: str, device: str):
     if path.is_file() and path.suffix == ".gguf":
         where, options = str(path.parent), {"gguf_file": path.name}
     elif not path.is_dir():
-        raise RankgenError(f"--lm {lm_dir} is not a folder or a .gguf file (expected a HuggingFace causal LM folder, "
+        raise RankgenError(f"causal LM {lm_dir} is not a folder or a .gguf file (expected a HuggingFace causal LM folder, "
                            f"a GGUF file, or {GEMMA!r})")
     elif not (path / "config.json").is_file():
-        raise RankgenError(f"--lm {lm_dir} has no config.json: not a HuggingFace model folder")
+        raise RankgenError(f"causal LM {lm_dir} has no config.json: not a HuggingFace model folder")
     else:
         try:  # weights as safetensors only: unpickling a pytorch_model.bin can run code
             safetensors_files(lm_dir)
         except RankgenError as e:
-            raise RankgenError(f"--lm {e}") from None
+            raise RankgenError(f"causal LM {e}") from None
         where, options = lm_dir, {"use_safetensors": True}
     try:
         config = AutoConfig.from_pretrained(where, local_files_only=True, **options)
         model = AutoModelForCausalLM.from_pretrained(where, local_files_only=True, **options)
     except (OSError, ValueError, KeyError, ImportError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise RankgenError(f"--lm {lm_dir} is not a causal LM transformers can load: {first}") from None
+        raise RankgenError(f"causal LM {lm_dir} is not a causal LM transformers can load: {first}") from None
     options.pop("use_safetensors", None)
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True, **options)
     except (OSError, ValueError, KeyError, TypeError, ImportError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise RankgenError(f"--lm {lm_dir} has no usable tokenizer: {first}") from None
+        raise RankgenError(f"causal LM {lm_dir} has no usable tokenizer: {first}") from None
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
-            raise RankgenError(f"--lm {lm_dir}: the tokenizer has neither a pad nor an eos token")
+            raise RankgenError(f"causal LM {lm_dir}: the tokenizer has neither a pad nor an eos token")
         # Batched sampling needs a pad id; padded positions are masked, so eos is a safe stand-in.
         tokenizer.pad_token = tokenizer.eos_token
     # Decoder-only models continue from the last position, so pad on the left;
@@ -163,7 +163,7 @@ def load_lm_and_tokenizer(lm_dir: str, device: str):
     try:
         model.to(torch.device(device))
     except (RuntimeError, AssertionError) as e:
-        raise RankgenError(f"--device {device}: {str(e).strip().splitlines()[0]}") from None
+        raise RankgenError(f"`device` {device}: {str(e).strip().splitlines()[0]}", names=("device",)) from None
     model.eval()
     return config, model, tokenizer
 
