@@ -96,7 +96,7 @@ def test_hf_import_export_is_bit_exact(tmp_path, capsys, hf_t5_folder):
     assert (tmp_path / "hf" / "spiece.model").read_bytes() == (hf_t5_folder / "spiece.model").read_bytes()
     # A bare encoder has no head to write in the RankGen format.
     code, _, err = run_cli(capsys, "export-hf", "--checkpoint", tmp_path / "ckpt", "--out", tmp_path / "rg")
-    assert_one_line_error(code, err, "t5-encoder")
+    assert_one_line_error(code, err, "export it with --format t5-encoder")
 
 
 T5_TINY = t5_config("tiny", vocab_size=64)

@@ -209,7 +209,7 @@ def test_overwrite(tmp_path, tiny_bert):
     dual = ModelConfig(encoder=model_config.encoder, head=HeadConfig("first", 8, False))
     kernel = np.ones((32, 8), np.float32)
     hf_bert.save_bert_folder(dual, {**params, "projection_layer": {"kernel": kernel}}, str(tmp_path / "out"))
-    with pytest.raises(RankgenError, match="--overwrite"):
+    with pytest.raises(RankgenError, match="pass `overwrite`"):
         hf_bert.save_bert_folder(model_config, params, str(tmp_path / "out"))
     (tmp_path / "out" / "notes.txt").write_text("mine")
     hf_bert.save_bert_folder(model_config, params, str(tmp_path / "out"), overwrite=True)

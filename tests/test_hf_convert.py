@@ -512,7 +512,7 @@ def test_error_out_dir_not_empty(tmp_path):
     out.mkdir()
     (out / "notes.txt").write_text("keep me")
     (out / "model.safetensors.index.json").write_text("{}")  # stale index from an older export
-    with raises_one_line("exists and is not empty.*--overwrite"):
+    with raises_one_line("exists and is not empty.*`overwrite`"):
         hf.save_hf_folder(ModelConfig(cfg, RANKGEN_HEAD), params, str(out))
     hf.save_hf_folder(ModelConfig(cfg, RANKGEN_HEAD), params, str(out), overwrite=True)
     assert (out / "notes.txt").read_text() == "keep me"

@@ -72,7 +72,7 @@ def test_bad_baselines(tmp_path):
 
 
 def test_report_dir_needs_local_runs():
-    with pytest.raises(RankgenError, match="--report_dir needs the runs' results here"):
+    with pytest.raises(RankgenError, match="`report_dir` needs the runs' results here"):
         run_sweep(str(ABLATIONS / "grid_demo_cpu.json"), "gs://bucket/sweep", tpu_name="v3", report_dir="out")
 
 

@@ -41,7 +41,8 @@ def _refuse_non_empty(out: str, overwrite: bool) -> None:
     if path.exists() and not path.is_dir():
         raise RankgenError(f"{out}: exists and is not a folder")
     if path.is_dir() and any(path.iterdir()) and not overwrite:
-        raise RankgenError(f"{out}: folder is not empty (pass --overwrite to replace its contents)")
+        raise RankgenError(f"{out}: folder is not empty (pass `overwrite` to replace its contents)",
+                           names=("overwrite",))
 
 
 def read_source(
@@ -336,8 +337,8 @@ def _export_one(checkpoint: str, model_config: ModelConfig, params: dict, out: s
                                         conventions)
     if fmt == "rankgen" and model_config.head is None:
         raise RankgenError(
-            f"{checkpoint}: holds a bare encoder without a head; export it with --format t5-encoder"
-        )
+            f"{checkpoint}: holds a bare encoder without a head; export it with `fmt` t5-encoder",
+            names=("fmt",))
     return hf_t5.save_hf_folder(model_config, params, out, fmt=fmt, spiece_model=native.spiece_path(checkpoint),
                                 overwrite=overwrite, conventions=conventions)
 

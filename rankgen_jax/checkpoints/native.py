@@ -52,7 +52,8 @@ def ensure_writable_dir(path: str | os.PathLike, overwrite: bool) -> epath.Path:
         raise RankgenError(f"{out}: exists and is not a folder")
     if out.exists() and any(out.iterdir()):
         if not overwrite:
-            raise RankgenError(f"{out}: folder is not empty (pass --overwrite to replace its contents)")
+            raise RankgenError(f"{out}: folder is not empty (pass `overwrite` to replace its contents)",
+                               names=("overwrite",))
         out.rmtree()
     out.mkdir(parents=True, exist_ok=True)
     return out

@@ -63,7 +63,7 @@ def add_export(subparsers) -> None:
     p.add_argument("--format", choices=["rankgen", "t5-encoder"], default="rankgen", help="default: rankgen")
     p.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
     p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out")
-    p.set_defaults(run=_run_export)
+    p.set_defaults(run=_run_export, flag_of={"fmt": "--format"})
 
 
 def _run_export(args) -> None:

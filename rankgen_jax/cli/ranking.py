@@ -204,7 +204,7 @@ def add_search(subparsers) -> None:
                      help="the encoding side of the queries (default: prefix)")
     p.add_argument("--no_progress", action="store_true", help="no progress bar")
     add_convention_flags(p)
-    p.set_defaults(run=_run_search)
+    p.set_defaults(run=_run_search, flag_of={"out_format": "--format"})
 
 
 def _run_search(args) -> None:
@@ -242,7 +242,7 @@ def add_bm25(subparsers) -> None:
     p.add_argument("--keep_stopwords", action="store_true", help="keep English stopwords in BM25's tokens")
     _add_title_flags(p, "what joins a passage's title to its text (default: a space)", "rank passages without titles")
     p.add_argument("--no_progress", action="store_true", help="no progress bar")
-    p.set_defaults(run=_run_bm25)
+    p.set_defaults(run=_run_bm25, flag_of={"out_format": "--format"})
 
 
 def _run_bm25(args) -> None:

@@ -672,7 +672,7 @@ def _run_records(path: Path) -> Iterator[tuple[int, tuple[str, list[str], list[f
 def _checked_run_id(value: str, what: str) -> str:
     if not value or any(c.isspace() for c in value):
         raise RankgenError(f"{what} {value!r} is empty or holds whitespace: a TREC or MS MARCO run cannot hold it "
-                           "(write --format jsonl)")
+                           "(write the `out_format` jsonl)", names=("out_format",))
     return value
 
 

@@ -152,7 +152,7 @@ def mine_hard_negatives(model_path: str, documents: str | Sequence[str], output_
     """What `rankgen-jax suffix-negatives` does: items of every document with mined negatives, to JSON lines."""
     output = Path(output_path)
     if not output.parent.is_dir():
-        raise RankgenError(f"--out folder {output.parent} does not exist")
+        raise RankgenError(f"output folder {output.parent} does not exist")
     docs, stats = require_documents(documents)
     from rankgen_jax.inference.encoder import load_model  # starts jax: after the CLI has set XLA's flags
 

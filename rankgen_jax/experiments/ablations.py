@@ -87,7 +87,7 @@ def suffix_scores_file(model: str) -> str:
 def _run_items(workdir: Path, model: str) -> tuple[list[tuple], dict[str, np.ndarray]]:
     path = RunFolder.at(workdir).file(suffix_scores_file(model))
     if not path.is_file():
-        raise RankgenError(f"{workdir}: no {path.name} (not a finished --job run with suffix_eval_examples > 0?)")
+        raise RankgenError(f"{workdir}: no {path.name} (not a finished run of the main job with suffix_eval_examples > 0?)")
     keys, scores = read_scored_items(path)
     return keys, per_item_accuracy(scores)
 

@@ -124,7 +124,8 @@ def run_sweep(grid_path: str, workdir: str, tpu_name: str = "", tpu_args: list[s
     """
     grid = read_grid(grid_path)
     if report_dir and tpu_name:
-        raise RankgenError("--report_dir needs the runs' results here; with --tpu_name they run elsewhere")
+        raise RankgenError("`report_dir` needs the runs' results here; with a `tpu_name` they run elsewhere",
+                           names=("report_dir", "tpu_name"))
     root = Path(workdir)
     runs = expand_grid(grid)
     print(f"{len(runs)} runs from {grid_path}", file=sys.stderr)

@@ -680,7 +680,7 @@ def _open_shard(path: Path) -> _ShardFile:
     if header is None:
         f.close()
         raise RankgenError(f"shard file {path} has no shard header on its first line: not written by "
-                           "generate-negatives --num_shards N --shard_index I")
+                           "generate_negatives with `num_shards` > 1", names=("num_shards",))
     settings, num_shards, index = header.get("settings"), header.get("num_shards"), header.get("shard_index")
 
     def whole(value, low):  # an int (not a bool) of at least `low`

@@ -70,7 +70,7 @@ def start_or_resume(out: Path, settings: dict, counts: dict, overwrite: bool, co
     if not path.is_file():
         if out.exists():
             raise RankgenError(f"{out}: exists and has no {path.name} (not a run of {command} to resume); choose "
-                               "another output or pass overwrite (--overwrite)")
+                               "another output or pass `overwrite`", names=("overwrite",))
         return fresh
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
@@ -82,7 +82,7 @@ def start_or_resume(out: Path, settings: dict, counts: dict, overwrite: bool, co
         changed = sorted(k for k in settings.keys() | record["settings"].keys()
                          if settings.get(k) != record["settings"].get(k))
         raise RankgenError(f"{out}: was started with other settings or inputs ({', '.join(changed)} differ); "
-                           "rerun with those, or pass overwrite (--overwrite) to start over")
+                           "rerun with those, or pass `overwrite` to start over", names=("overwrite",))
     size = out.stat().st_size if out.is_file() else 0
     if size < record["bytes"]:
         raise RankgenError(f"{out}: holds {size} bytes but {path.name} records {record['bytes']} written; "

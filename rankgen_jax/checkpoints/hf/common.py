@@ -217,7 +217,8 @@ def prepare_out_dir(out_dir: str, overwrite: bool, stale_files: tuple[str, ...],
         raise RankgenError(f"{out_dir}: exists and is not a folder")
     if os.path.isdir(out_dir) and os.listdir(out_dir):
         if not overwrite:
-            raise RankgenError(f"{out_dir}: exists and is not empty (pass --overwrite to replace its contents)")
+            raise RankgenError(f"{out_dir}: exists and is not empty (pass `overwrite` to replace its contents)",
+                               names=("overwrite",))
         for name in os.listdir(out_dir):
             full = os.path.join(out_dir, name)
             if name in stale_files or (name.startswith("model-") and name.endswith(".safetensors")):

@@ -102,7 +102,7 @@ class CachePlan:
 
 def _check_plan(plan: CachePlan) -> None:
     if not plan.tasks:
-        raise RankgenError("cache-tasks: no task named (--tasks T1,T2)")
+        raise RankgenError("cache-tasks: no task named (`tasks`)", names=("tasks",))
     unknown = [name for name in plan.tasks if not is_rankgen_task(name)]
     if unknown:
         known = sorted(name for name in seqio.TaskRegistry.names() if is_rankgen_task(name))
