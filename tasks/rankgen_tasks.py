@@ -42,8 +42,8 @@ import os
 import gin
 
 from rankgen_jax.data.examples import ExampleConfig
-from rankgen_jax.data.seqio.tasks import (NEGATIVE_CHOICES, reads_documents, reads_generative, register_mixture,
-                                          register_rankgen_task)
+from rankgen_jax.data.seqio.tasks import (NEGATIVE_CHOICES, TaskGrouping, TaskValidation, reads_documents,
+                                          reads_generative, register_mixture, register_rankgen_task)
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.resources import BUNDLED_CORPUS, DEMO_VOCAB
 
@@ -173,11 +173,12 @@ def register_all() -> list[str]:
     """Register every RankGen task and mixture (replacing earlier registrations); returns their names."""
     names = []
     vocab = _option("vocab")  # one deferred vocabulary object shared by all tasks, so mixtures see one vocabulary
+    grouping = TaskGrouping(_option("group_size"), _option("mix_documents"), _option("shuffle_block_documents"),
+                            _option("pool_leftovers"))
     register_rankgen_task(
         "rankgen_demo", lambda: rankgen_data_paths()["documents"]["demo"], vocab, negatives="inbook",
-        example_config=_option("example_config"), holdout_documents=_option("holdout_documents"),
-        group_size=_option("group_size"), mix_documents=_option("mix_documents"),
-        shuffle_block_documents=_option("shuffle_block_documents"), pool_leftovers=_option("pool_leftovers"),
+        example_config=_option("example_config"), grouping=grouping,
+        validation=TaskValidation(_option("holdout_documents")),
     )
     names.append("rankgen_demo")
     for domain in DOMAINS:
@@ -192,15 +193,12 @@ def register_all() -> list[str]:
                 generative_negatives_jsonl=(
                     _required(name, domain, "generative_jsonl") if reads_generative(negatives) else None
                 ),
-                holdout_documents=_option("holdout_documents"),
-                group_size=_option("group_size"),
-                mix_documents=_option("mix_documents"),
-                validation_documents=_optional(domain, "validation") if reads_documents(negatives) else None,
-                validation_generative_negatives_jsonl=(
-                    _optional(domain, "validation_generative_jsonl") if reads_generative(negatives) else None
+                grouping=grouping,
+                validation=TaskValidation(
+                    _option("holdout_documents"),
+                    _optional(domain, "validation") if reads_documents(negatives) else None,
+                    _optional(domain, "validation_generative_jsonl") if reads_generative(negatives) else None,
                 ),
-                shuffle_block_documents=_option("shuffle_block_documents"),
-                pool_leftovers=_option("pool_leftovers"),
             )
             names.append(name)
     for mixture, negatives in (("rankgen_all", "both"), ("rankgen_all_inbook", "inbook")):

@@ -1,5 +1,6 @@
 """RankGen data as seqio tasks: features, order, splits, sharding, vocabularies, negatives, bad input."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -43,10 +44,16 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def _register(name, corpus, **kwargs):
+    """Register a test task: grouping and validation settings given flat, as keyword arguments."""
     kwargs.setdefault("example_config", CONFIG)
     kwargs.setdefault("group_size", GROUP)
+    grouping = st.TaskGrouping(**{f.name: kwargs.pop(f.name) for f in dataclasses.fields(st.TaskGrouping)
+                                  if f.name in kwargs})
+    validation = {"holdout_documents": "holdout_documents", "validation_documents": "documents",
+                  "validation_generative_negatives_jsonl": "generative_negatives_jsonl"}
+    validation = st.TaskValidation(**{field: kwargs.pop(key) for key, field in validation.items() if key in kwargs})
     return st.register_rankgen_task(name, kwargs.pop("documents", str(corpus)), kwargs.pop("vocab", str(DEMO_VOCAB)),
-                                    **kwargs)
+                                    grouping=grouping, validation=validation, **kwargs)
 
 
 def _epoch(task, split="train", seed=0, lengths=None):

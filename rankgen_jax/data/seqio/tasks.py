@@ -105,6 +105,31 @@ class RankGenTaskSpec:
 _TASK_ARGS: dict[str, dict[str, Any]] = {}
 
 
+@dataclasses.dataclass(frozen=True)
+class TaskGrouping:
+    """How a task's examples become groups: `group_size` consecutive examples from one document (make the
+    trainer's batch a multiple of it), or from any (`mix_documents`); documents shuffled in blocks of
+    `shuffle_block_documents`; with `pool_leftovers`, a document's examples beyond its last whole group join the
+    task's other leftovers in mixed groups (so documents shorter than a group still train) instead of being
+    dropped. Any field may be a zero-argument callable, resolved whenever the task is read."""
+
+    group_size: int | Callable = 32
+    mix_documents: bool | Callable = False
+    shuffle_block_documents: int | Callable = 256
+    pool_leftovers: bool | Callable = True
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskValidation:
+    """Where a task's validation split comes from: `documents` (and, for generative negatives, the
+    `generative_negatives_jsonl` records) when given, else the last `holdout_documents` of the training documents.
+    Any field may be a zero-argument callable."""
+
+    holdout_documents: int | Callable = 1
+    documents: str | Sequence[str] | Callable | None = None
+    generative_negatives_jsonl: str | Callable | None = None
+
+
 def reads_documents(negatives: str) -> bool:
     """Whether a task with these negatives cuts examples from documents."""
     return negatives in ("inbook", "both_alternating")
@@ -714,33 +739,25 @@ def register_rankgen_task(
     negatives: str = "inbook",
     example_config: ExampleConfig | Callable = ExampleConfig(),
     generative_negatives_jsonl: str | Callable | None = None,
-    holdout_documents: int | Callable = 1,
     markers: tuple[str, str] = ("pre ", "suffi "),
-    group_size: int | Callable = 32,
-    mix_documents: bool | Callable = False,
-    validation_documents: str | Sequence[str] | Callable | None = None,
-    validation_generative_negatives_jsonl: str | Callable | None = None,
-    shuffle_block_documents: int | Callable = 256,
-    pool_leftovers: bool | Callable = True,
+    grouping: TaskGrouping = TaskGrouping(),
+    validation: TaskValidation = TaskValidation(),
 ) -> seqio.Task:
     """Register (or re-register, replacing) a RankGen triples task; see the module docstring.
 
     documents: folder(s)/file(s) for `documents.read_documents` (None for "generative").
     vocab_path: spiece.model, tokenizer.json, or a folder with one (the model's own tokenizer).
-    group_size: consecutive examples from one document; make the trainer's batch a multiple of it.
-    pool_leftovers: a document's examples beyond its last whole group join the task's other leftovers in
-      mixed groups (so documents shorter than a group still train) instead of being dropped.
     Deferred arguments (zero-argument callables) are resolved whenever the task is read.
     """
     if negatives not in NEGATIVE_CHOICES:
         raise RankgenError(f"negatives must be one of {NEGATIVE_CHOICES}, got {negatives!r}")
     _TASK_ARGS[name] = dict(
         negatives=negatives, documents=documents, vocab_path=vocab_path, example_config=example_config,
-        generative_negatives_jsonl=generative_negatives_jsonl, holdout_documents=holdout_documents,
-        markers=tuple(markers), group_size=group_size, mix_documents=mix_documents,
-        validation_documents=validation_documents,
-        validation_generative_negatives_jsonl=validation_generative_negatives_jsonl,
-        shuffle_block_documents=shuffle_block_documents, pool_leftovers=pool_leftovers,
+        generative_negatives_jsonl=generative_negatives_jsonl, holdout_documents=validation.holdout_documents,
+        markers=tuple(markers), group_size=grouping.group_size, mix_documents=grouping.mix_documents,
+        validation_documents=validation.documents,
+        validation_generative_negatives_jsonl=validation.generative_negatives_jsonl,
+        shuffle_block_documents=grouping.shuffle_block_documents, pool_leftovers=grouping.pool_leftovers,
     )
     vocabulary = DeferredVocabulary(vocab_path) if callable(vocab_path) else make_vocabulary(vocab_path)
     output_features = {key: seqio.Feature(vocabulary, add_eos=False, dtype=tf.int32) for key in ID_FEATURES}
