@@ -51,6 +51,7 @@ def test_training_records_how_each_source_reads_text():
 def test_markers_and_kept_end_are_the_data_configs_choice():
     """RankGen's markers unless the data config chooses others; recorded with the model, and what the batches hold."""
     from rankgen_jax.data.lists import ListBatches
+    from rankgen_jax.data.text import TokenWindows
     from rankgen_jax.data.sources import make_sources
     from rankgen_jax.data.text import encode_truncated, load_text_encoder
     from rankgen_jax.resources import DEMO_VOCAB
@@ -63,7 +64,7 @@ def test_markers_and_kept_end_are_the_data_configs_choice():
         "passage: "
     text = load_text_encoder(DEMO_VOCAB)
     records = [{"query": f"query {i}", "candidates": [f"first {i}", f"second {i}"]} for i in range(4)]
-    batch = ListBatches(records, text, 4, dual, 16, 8, markers=("query: ", "")).batch(0)
+    batch = ListBatches(records, TokenWindows(text, 16, 8, markers=("query: ", "")), 4, dual).batch(0)
     rows = lambda ids: {tuple(int(t) for t in r if t != text.pad_id) for r in ids.reshape(-1, ids.shape[-1])}  # noqa
     assert rows(batch["query_ids"]) <= {tuple(encode_truncated(text, "query: ", r["query"], 16)) for r in records}
     assert rows(batch["candidate_ids"]) <= {tuple(encode_truncated(text, "", c, 8)) for r in records

@@ -10,7 +10,7 @@ from rankgen_jax.data.example_source import ExampleTriples, build_examples
 from rankgen_jax.data.examples import ExampleConfig
 from rankgen_jax.data.source_configs import DataConfig, ExamplesData
 from rankgen_jax.data.sources import make_sources
-from rankgen_jax.data.text import encode_truncated, load_text_encoder
+from rankgen_jax.data.text import TokenWindows, encode_truncated, load_text_encoder
 from rankgen_jax.data.vocab import BUNDLED_CORPUS
 
 from rankgen_jax.resources import DEMO_VOCAB
@@ -34,8 +34,8 @@ def test_example_triples_batches_are_same_document_and_deterministic():
     docs = sorted(docs, key=lambda d: d.id)[:2]
     examples, _ = build_examples(docs, ExampleConfig(prefix_words=64, max_continuation_words=48, seed=3))
     text = load_text_encoder(DEMO_VOCAB)
-    source = ExampleTriples(examples, text, batch_size=8, prefix_length=48, continuation_length=40, seed=5)
-    again = ExampleTriples(examples, text, batch_size=8, prefix_length=48, continuation_length=40, seed=5)
+    source = ExampleTriples(examples, TokenWindows(text, 48, 40), batch_size=8, seed=5)
+    again = ExampleTriples(examples, TokenWindows(text, 48, 40), batch_size=8, seed=5)
     for index in (0, 3, source.batches_per_epoch + 1):  # also into the second epoch
         a, b = source.batch(index), again.batch(index)
         assert {k: v.shape for k, v in a.items()} == {"query_ids": (8, 48), "positive_ids": (8, 40), "negative_ids": (8, 40)}
@@ -70,7 +70,7 @@ def test_recut_epochs_pair_the_text_afresh_and_resume_by_index():
         return found[: len(found) // 2] if epoch == 2 else found  # epoch 2 short: its batches start over
 
     def triples(**kw):
-        return ExampleTriples(examples, text, batch_size=8, prefix_length=48, continuation_length=40, seed=5, **kw)
+        return ExampleTriples(examples, TokenWindows(text, 48, 40), batch_size=8, seed=5, **kw)
 
     plain, source, fresh = triples(), triples(recut=recut), triples(recut=recut)
     n = source.batches_per_epoch

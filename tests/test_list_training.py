@@ -18,7 +18,7 @@ from rankgen_jax.data.sources import make_sources
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.losses import registry as losses
 from rankgen_jax.models.factory import build_model, init_params
-from rankgen_jax.data.text import encode_pair_truncated, load_text_encoder
+from rankgen_jax.data.text import TokenWindows, encode_pair_truncated, load_text_encoder
 from rankgen_jax.models import batch_layout
 from rankgen_jax.models.batch_layout import CANDIDATE_LISTS, TRIPLES, BatchLayout
 from rankgen_jax.train.step import StepOptions
@@ -58,7 +58,7 @@ def t5_text():
 
 def test_list_batches_layouts(t5_text):
     records = list_records(12, 5)
-    dual = ListBatches(records, t5_text, 4, DUAL_LISTS, 16, 8, list_size=5, seed=3)
+    dual = ListBatches(records, TokenWindows(t5_text, 16, 8), 4, DUAL_LISTS, list_size=5, seed=3)
     batch = dual.batch(2)
     assert batch["query_ids"].shape == (4, 16) and batch["candidate_ids"].shape == (4, 5, 8)
     assert batch["candidate_mask"].shape == batch["labels"].shape == batch["teacher_scores"].shape == (4, 5)
@@ -73,10 +73,10 @@ def test_list_batches_layouts(t5_text):
         n = len(record["candidates"])
         assert batch["candidate_mask"][row].tolist() == [1] * n + [0] * (5 - n)
         assert batch["labels"][row, :n].tolist() == record["labels"]
-    in_batch = ListBatches(records, t5_text, 4, DUAL_TRIPLES, 16, 8, list_size=3)
+    in_batch = ListBatches(records, TokenWindows(t5_text, 16, 8), 4, DUAL_TRIPLES, list_size=3)
     b = in_batch.batch(0)
     assert b["positive_ids"].shape == (4, 8) and b["negative_ids"].shape == (4, 2, 8)
-    cross = ListBatches(records, t5_text, 4, CROSS_LISTS, 16, 8, list_size=5)
+    cross = ListBatches(records, TokenWindows(t5_text, 16, 8), 4, CROSS_LISTS, list_size=5)
     c = cross.batch(0)
     assert c["pair_ids"].shape == (4, 5, 24) and "pair_type_ids" not in c  # T5: no token types
 
@@ -89,7 +89,7 @@ def test_sources_build_the_arrays_their_layout_declares(t5_text):
     """The batch-layout table is what the sources build: its ids arrays, at its lengths; each read by a tower."""
     records = list_records(12, 4)
     for layout in (DUAL_LISTS, DUAL_TRIPLES, CROSS_LISTS):
-        batch = _ids(ListBatches(records, t5_text, 4, layout, 16, 8, list_size=4).batch(0))
+        batch = _ids(ListBatches(records, TokenWindows(t5_text, 16, 8), 4, layout, list_size=4).batch(0))
         assert {k: v.shape[-1] for k, v in batch.items()} == layout.lengths(16, 8)
         assert {a.key for a in layout.arrays} <= {t.ids_key for t in layout.towers}
     data = DataConfig(RandomData(continuation_length=6, vocab_size=128), batch_size=4, prefix_length=12)
@@ -122,7 +122,7 @@ def test_bert_pairs_have_token_types():
     full_ids, full_types = text.encode_pair("four five six", "seven eight nine")
     # The query keeps its end, the candidate its start; same specials and types as the tokenizer's own pairs.
     assert ids == full_ids and types == full_types
-    batch = ListBatches(list_records(8, 3), text, 4, CROSS_LISTS, 16, 8, list_size=3).batch(0)
+    batch = ListBatches(list_records(8, 3), TokenWindows(text, 16, 8), 4, CROSS_LISTS, list_size=3).batch(0)
     assert batch["pair_type_ids"].shape == batch["pair_ids"].shape and batch["pair_type_ids"].max() == 1
 
 
@@ -277,7 +277,7 @@ def test_trainer_trains_a_ranker_from_list_files(tmp_path):
     scores = ranker.score_pairs([records[0]["query"]], [records[0]["candidates"]], 16, 8)
     assert scores[0].shape == (len(records[0]["candidates"]),) and np.all(np.isfinite(scores[0]))
     # score_pairs equals the model applied to the batch layout the trainer used.
-    batch = ListBatches(records[:1], ranker.text, 1, CROSS_LISTS, 16, 8, list_size=4).batch(0)
+    batch = ListBatches(records[:1], TokenWindows(ranker.text, 16, 8), 1, CROSS_LISTS, list_size=4).batch(0)
     direct = build_model(ranker.config).apply({"params": ranker.params}, jnp.asarray(batch["pair_ids"]))
     n = len(records[0]["candidates"])
     np.testing.assert_allclose(scores[0], np.asarray(direct)[0, :n], atol=1e-5)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rankgen_jax.data import retrieval_source
-from rankgen_jax.data.example_source import PREFIX_MARKER, SUFFIX_MARKER
+from rankgen_jax.data.text import PREFIX_MARKER, SUFFIX_MARKER
 from rankgen_jax.resources import DEMO_VOCAB
 from rankgen_jax.data.source_configs import DataConfig, RetrievalData
 from rankgen_jax.data.sources import make_sources, missing_eval_data, training_conventions

@@ -23,9 +23,7 @@ import numpy as np
 from rankgen_jax.data.documents import Document
 from rankgen_jax.data.examples import Example, ExampleConfig, dropped_examples, make_examples, same_document_batches
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.data.text import TextEncoder, encode_truncated, pad_batch
-
-PREFIX_MARKER, SUFFIX_MARKER = "pre ", "suffi "
+from rankgen_jax.data.text import TokenWindows, encode_truncated, pad_batch
 
 
 def build_examples(documents: Sequence[Document], config: ExampleConfig) -> tuple[list[Example], int]:
@@ -41,18 +39,21 @@ def build_examples(documents: Sequence[Document], config: ExampleConfig) -> tupl
 class ExampleTriples:
     """Same-document batches of (prefix, gold continuation, first InBook negative) token ids."""
 
-    def __init__(self, examples: Sequence[Example], text: TextEncoder, batch_size: int, prefix_length: int,
-                 continuation_length: int, seed: int, mix_documents: bool = False, with_negative: bool = True,
-                 prefix_keep: str = "end", recut: Callable[[int], Sequence[Example]] | None = None,
-                 pool_leftovers: bool = False, markers: tuple[str, str] = (PREFIX_MARKER, SUFFIX_MARKER)):
+    def __init__(self, examples: Sequence[Example], windows: TokenWindows, batch_size: int, seed: int,
+                 mix_documents: bool = False, with_negative: bool = True,
+                 recut: Callable[[int], Sequence[Example]] | None = None, pool_leftovers: bool = False):
+        """windows: prefixes are its queries, continuations and negatives its candidates."""
         if not examples:
             raise RankgenError("no examples to train on (documents too short for the configured prefix length?)")
         self.batch_size = batch_size
         self.seed, self.mix_documents, self.with_negative = seed, mix_documents, with_negative
         self.pool_leftovers = pool_leftovers
-        self.lengths = {"query_ids": prefix_length, "positive_ids": continuation_length, "negative_ids": continuation_length}
-        self.text, self.prefix_keep, self.recut, self.markers = text, prefix_keep, recut, markers
-        self.pad_id = text.pad_id
+        continuation_length = windows.candidate_length
+        self.lengths = {"query_ids": windows.query_length, "positive_ids": continuation_length,
+                        "negative_ids": continuation_length}
+        self.text, self.prefix_keep, self.recut, self.markers = (windows.text, windows.query_keep, recut,
+                                                                 windows.markers)
+        self.pad_id = windows.text.pad_id
         self.examples = list(examples)
         self.ids = self._tokenised(self.examples)
         self.batches_per_epoch = len(self._batches(0, self.examples))

@@ -30,8 +30,7 @@ from typing import Sequence
 
 import numpy as np
 
-from rankgen_jax.data.example_source import PREFIX_MARKER, SUFFIX_MARKER
-from rankgen_jax.data.text import TextEncoder, encode_pair_truncated, encode_truncated, pad_batch
+from rankgen_jax.data.text import TextEncoder, TokenWindows, encode_pair_truncated, encode_truncated, pad_batch
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.batch_layout import TRIPLES, BatchLayout
 
@@ -100,12 +99,12 @@ class ListEncoder:
     put before queries and candidates for separate towers (RankGen's by default).
     """
 
-    def __init__(self, text: TextEncoder, layout: BatchLayout, query_length: int, candidate_length: int,
-                 list_size: int, float_keys: Sequence[str] = (), seed: int = 0, query_keep: str = "end",
-                 markers: tuple[str, str] = (PREFIX_MARKER, SUFFIX_MARKER)):
-        self.text, self.layout, self.list_size, self.float_keys, self.seed = text, layout, list_size, list(float_keys), seed
-        self.query_length, self.candidate_length, self.query_keep = query_length, candidate_length, query_keep
-        self.markers = markers  # separate towers only: a joint pair has none
+    def __init__(self, windows: TokenWindows, layout: BatchLayout, list_size: int, float_keys: Sequence[str] = (),
+                 seed: int = 0):
+        self.text, self.layout, self.list_size, self.float_keys, self.seed = (windows.text, layout, list_size,
+                                                                              list(float_keys), seed)
+        self.query_length, self.candidate_length = windows.query_length, windows.candidate_length
+        self.query_keep, self.markers = windows.query_keep, windows.markers
 
     def _candidate_ids(self, candidates: Sequence[str]) -> np.ndarray:
         ids = [encode_truncated(self.text, self.markers[1], c, self.candidate_length) for c in candidates]
@@ -150,16 +149,14 @@ class ListEncoder:
 class ListBatches:
     """Candidate-list records as batches of the layout's arrays (ListEncoder), in seeded epochs."""
 
-    def __init__(self, records: list[dict], text: TextEncoder, batch_size: int, layout: BatchLayout, query_length: int,
-                 candidate_length: int, list_size: int = 0, seed: int = 0, query_keep: str = "end",
-                 where: str = "lists", markers: tuple[str, str] = (PREFIX_MARKER, SUFFIX_MARKER)):
-        self.text, self.layout = text, layout
+    def __init__(self, records: list[dict], windows: TokenWindows, batch_size: int, layout: BatchLayout,
+                 list_size: int = 0, seed: int = 0, where: str = "lists"):
+        self.text, self.layout = windows.text, layout
         self.list_size = list_size or max(len(r["candidates"]) for r in records)
         if layout.form == TRIPLES and self.list_size < 1:
             raise RankgenError(f"{where}: triples need at least the positive candidate")
         float_keys = [k for k in LIST_FLOAT_KEYS if all(k in r for r in records)]
-        self.encoder = ListEncoder(text, layout, query_length, candidate_length, self.list_size, float_keys, seed,
-                                   query_keep, markers)
+        self.encoder = ListEncoder(windows, layout, self.list_size, float_keys, seed)
         self.batches = RecordBatches(records, batch_size, seed, where)
         self.batch_size, self.seed = batch_size, seed
 

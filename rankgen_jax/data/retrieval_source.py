@@ -48,12 +48,11 @@ from typing import Sequence
 import numpy as np
 
 from rankgen_jax.data import jsonl
-from rankgen_jax.data.example_source import PREFIX_MARKER, SUFFIX_MARKER
 from rankgen_jax.data.lists import ListEncoder, RecordBatches
 from rankgen_jax.data.retrieval_files import (DEFAULT_TITLE_JOIN, Passage, Qrels, TextFile, TrainingQuery,
                                               check_qrels, read_numbered_training_queries, read_passages, read_qrels,
                                               read_queries, read_run, trec_eval_order)
-from rankgen_jax.data.text import TextEncoder
+from rankgen_jax.data.text import TokenWindows
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.batch_layout import TRIPLES, BatchLayout
 
@@ -209,16 +208,15 @@ def qrels_queries(files: QrelsFiles, rules: SamplingRules, passages: TextFile | 
 class RetrievalBatches:
     """Batches of (query, one positive, K hard negatives), or candidate lists of them, from a QueryPool."""
 
-    def __init__(self, pool: QueryPool, text: TextEncoder, batch_size: int, layout: BatchLayout, query_length: int,
-                 candidate_length: int, rules: SamplingRules, list_size: int = 0, seed: int = 0,
-                 query_keep: str = "end", markers: tuple[str, str] = (PREFIX_MARKER, SUFFIX_MARKER)):
+    def __init__(self, pool: QueryPool, windows: TokenWindows, batch_size: int, layout: BatchLayout,
+                 rules: SamplingRules, list_size: int = 0, seed: int = 0):
         if not pool.queries:
             raise RankgenError(f"{pool.where}: no usable training query ({pool.skipped.describe() or 'none read'})")
         pool.check_scores()
         if rules.list_labels == "teacher" and not pool.scored:
             raise RankgenError(f"{pool.where}: RetrievalData.list_labels='teacher' needs teacher scores on the passages "
                                "(Tevatron's \"score\" field; `rankgen-jax score-candidates` writes them)")
-        self.pool, self.rules, self.layout, self.text = pool, rules, layout, text
+        self.pool, self.rules, self.layout, self.text = pool, rules, layout, windows.text
         self.triples = layout.form == TRIPLES
         k = rules.hard_negatives
         if self.triples:
@@ -233,8 +231,7 @@ class RetrievalBatches:
                                    f"hard_negatives={k} negatives")
         self.list_size = size
         float_keys = () if self.triples else ("labels", "teacher_scores") if pool.scored else ("labels",)
-        self.encoder = ListEncoder(text, layout, query_length, candidate_length, size, float_keys, seed, query_keep,
-                                   markers)
+        self.encoder = ListEncoder(windows, layout, size, float_keys, seed)
         self.batches = RecordBatches(pool.queries, batch_size, seed, pool.where)
         self.batch_size, self.seed = batch_size, seed
 

@@ -28,12 +28,12 @@ import numpy as np
 from rankgen_jax.data import lists, retrieval_source
 from rankgen_jax.data.conventions import InputConventions
 from rankgen_jax.data.documents import Document, ReadStats, require_documents
-from rankgen_jax.data.example_source import PREFIX_MARKER, SUFFIX_MARKER, ExampleTriples, build_examples
+from rankgen_jax.data.example_source import ExampleTriples, build_examples
 from rankgen_jax.data.examples import INCOMPLETE_GENERATIVE, Example, ExampleConfig, generative_example
 from rankgen_jax.data.jsonl import SkippedLines, iter_jsonl, read_jsonl
 from rankgen_jax.data.retrieval_files import beir_splits, is_beir_folder, read_passages, read_qrels
 from rankgen_jax.data.source_configs import BooksData, DataConfig, ExamplesData
-from rankgen_jax.data.text import load_text_encoder, pad_batch
+from rankgen_jax.data.text import PREFIX_MARKER, SUFFIX_MARKER, TokenWindows, load_text_encoder, pad_batch
 from rankgen_jax.data.vocab import EOS_ID
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.batch_layout import TRIPLES, BatchLayout
@@ -247,10 +247,10 @@ def _record_sources(config: DataConfig, layout: BatchLayout) -> tuple[BatchSourc
                                              where=path))
         else:
             records = read_jsonl(path, lists.check_list_record)
-            sources.append(lists.ListBatches(
-                records, text, config.batch_size, layout, config.prefix_length, src.continuation_length,
-                src.list_size, seed, query_keep=src.prefix_keep, where=path,
-                markers=src.markers(source_markers(config, layout))))
+            windows = TokenWindows(text, config.prefix_length, src.continuation_length, src.prefix_keep,
+                                   src.markers(source_markers(config, layout)))
+            sources.append(lists.ListBatches(records, windows, config.batch_size, layout, src.list_size, seed,
+                                             where=path))
     return sources[0], sources[1]
 
 
@@ -300,9 +300,10 @@ def _retrieval_sources(config: DataConfig, layout: BatchLayout) -> tuple[BatchSo
             sources.append(None)
             continue
         print(pool.summary(), file=sys.stderr, flush=True)
-        sources.append(retrieval_source.RetrievalBatches(
-            pool, text, config.batch_size, layout, config.prefix_length, src.continuation_length, rules,
-            src.list_size, seed, query_keep=src.prefix_keep, markers=src.markers(source_markers(config, layout))))
+        windows = TokenWindows(text, config.prefix_length, src.continuation_length, src.prefix_keep,
+                               src.markers(source_markers(config, layout)))
+        sources.append(retrieval_source.RetrievalBatches(pool, windows, config.batch_size, layout, rules,
+                                                         src.list_size, seed))
     return sources[0], sources[1]
 
 
@@ -428,10 +429,10 @@ def _example_sources(config: DataConfig) -> tuple[BatchSource, BatchSource]:
             examples, too_short = build_examples(part, example_config)
             if too_short:
                 print(f"note: {too_short} documents too short for an example", flush=True)
-        sources.append(ExampleTriples(examples, text, config.batch_size, config.prefix_length,
-                                      src.continuation_length, config.seed, mix_documents=mix,
-                                      with_negative=src.with_negative, prefix_keep=src.prefix_keep,
-                                      markers=src.markers((PREFIX_MARKER, SUFFIX_MARKER)),
+        windows = TokenWindows(text, config.prefix_length, src.continuation_length, src.prefix_keep,
+                               src.markers((PREFIX_MARKER, SUFFIX_MARKER)))
+        sources.append(ExampleTriples(examples, windows, config.batch_size, config.seed, mix_documents=mix,
+                                      with_negative=src.with_negative,
                                       recut=recut if src.recut_examples and part is train_docs else None,
                                       pool_leftovers=src.pool_leftovers and part is train_docs))
     print(f"{stats.summary()}; {len(sources[0].examples)} training and {len(sources[1].examples)} held-out examples; "

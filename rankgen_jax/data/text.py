@@ -11,6 +11,7 @@ markers ("pre ", "suffi ") are plain text and work with both.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
 
@@ -30,6 +31,23 @@ class TextEncoder(Protocol):
     def add_special(self, ids: Sequence[int]) -> list[int]: ...
 
     def encode_pair(self, first: str, second: str) -> tuple[list[int], list[int]]: ...
+
+
+# RankGen's markers before a prefix and a continuation (the released models read them).
+PREFIX_MARKER, SUFFIX_MARKER = "pre ", "suffi "
+
+
+@dataclass(frozen=True)
+class TokenWindows:
+    """How a training source turns texts into token ids with `text`: a query is its marker and at most
+    `query_length` ids, keeping the text's `query_keep` end; a candidate its marker and at most `candidate_length`
+    ids. markers: (query's, candidate's), read by separate towers only (a joint pair has none)."""
+
+    text: TextEncoder
+    query_length: int
+    candidate_length: int
+    query_keep: str = "end"
+    markers: tuple[str, str] = (PREFIX_MARKER, SUFFIX_MARKER)
 
 
 def encode(encoder: TextEncoder, text: str) -> list[int]:
