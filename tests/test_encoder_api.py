@@ -84,8 +84,8 @@ def test_released_folder_matches_pytorch(folders, torch_reference, name):
 
 
 def test_clean_truncation_keeps_eos(folders):
-    released = RankGenEncoder(folders["ckpt"], devices=ONE_DEVICE, max_length_suffix=24)
-    clean = RankGenEncoder(folders["ckpt"], truncation="clean", devices=ONE_DEVICE, max_length_suffix=24)
+    released = RankGenEncoder(folders["ckpt"], devices=ONE_DEVICE, conventions={"suffix_length": 24})
+    clean = RankGenEncoder(folders["ckpt"], truncation="clean", devices=ONE_DEVICE, conventions={"suffix_length": 24})
     ids_released, ids_clean = released.input_ids(TEXTS, "suffix"), clean.input_ids(TEXTS, "suffix")
     for text, a, b in zip(TEXTS, ids_released, ids_clean):
         if len(released.model.tokenize([text], "suffix")[0]) <= 24:

@@ -247,3 +247,56 @@ def test_setup_py_defers_to_pyproject():
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-2:] == ["rankgen-jax", "0.1.0"]
+
+
+def _library_trees():
+    for name, path in MODULES.items():
+        if name.startswith("rankgen_jax.") and _is_library(name):
+            yield path, ast.parse(path.read_text(encoding="utf-8"))
+
+
+def _wide_functions(tree: ast.AST, limit: int = 10) -> list[tuple[int, str, int]]:
+    """(line, name, parameters) of each function taking more than `limit` (self / cls and *args / **kw count)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+            count = len(names) - (names[:1] in (["self"], ["cls"])) + (a.vararg is not None) + (a.kwarg is not None)
+            if count > limit:
+                found.append((node.lineno, node.name, count))
+    return found
+
+
+def test_no_library_function_takes_more_than_ten_parameters():
+    """Library calls take option objects, not command lines' worth of parameters."""
+    wide = [f"{path.relative_to(REPO)}:{line} {name} ({count})" for path, tree in _library_trees()
+            for line, name, count in _wide_functions(tree)]
+    assert wide == []
+    control = ast.parse("def f(a, b, c, d, e, f, g, h, i, j, *, k): pass\ndef g(self, a, b, c, d, e, f, g, h, i, j): pass")
+    assert [name for _, name, _ in _wide_functions(control)] == ["f"]
+
+
+# A flag may appear inside a whole command the message suggests running (`rankgen-jax cache-tasks --tasks T`).
+_COMMAND = re.compile(r"`(rankgen-jax|pip install)[^`]*`|pip install [^)]*")
+
+
+def _flag_errors(tree: ast.AST) -> list[int]:
+    """Lines of RankgenError(...) calls whose message names a --flag outside a suggested command."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "RankgenError":
+            parts = [c.value for c in ast.walk(node) if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+            if re.search(r"(^|[\s(`'\"])--[a-z]", _COMMAND.sub("", "".join(parts))):
+                found.append(node.lineno)
+    return found
+
+
+def test_no_library_error_names_a_flag():
+    """The library's errors name its own arguments (in backticks, with RankgenError.names); the CLI shows its flags."""
+    flagged = [f"{path.relative_to(REPO)}:{line}" for path, tree in _library_trees() for line in _flag_errors(tree)]
+    assert flagged == []
+    control = ast.parse('RankgenError(f"--top_p must be in (0, 1]")\n'
+                        'RankgenError("build it with `rankgen-jax cache-tasks --tasks T`")\n'
+                        'RankgenError(f"`top_p` must be in (0, 1]", names=("top_p",))')
+    assert _flag_errors(control) == [1]

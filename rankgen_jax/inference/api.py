@@ -60,19 +60,16 @@ class RankGenEncoder:
         path: str | os.PathLike,
         truncation: str | None = None,
         batch_size: int | None = None,
-        max_length_prefix: int | None = None,
-        max_length_suffix: int | None = None,
         devices: Sequence[Any] | None = None,
         memory_budget_bytes: int | None = None,
-        prefix_keep: str | None = None,
         conventions: dict | None = None,
         max_batch_size: int | None = None,
         model_size: str | None = None,
     ):
         """Load `path`; batch_size None sizes batches from memory; devices default to all local devices.
 
-        truncation, max_length_prefix / max_length_suffix, prefix_keep and
-        conventions ({InputConventions field: value}) override the model's
+        truncation and conventions ({InputConventions field: value}, e.g.
+        {"prefix_length": 256, "prefix_keep": "end"}) override the model's
         input conventions; None keeps the recorded ones (`.conventions`).
         max_batch_size and model_size are the released RankGenEncoder's names:
         the first is batch_size, the second ("base", "large", "xl") is checked
@@ -90,12 +87,7 @@ class RankGenEncoder:
         self.batch_size = None if batch_size is None else _positive(batch_size, "batch_size")
         self.memory_budget_bytes = (None if memory_budget_bytes is None
                                     else _positive(memory_budget_bytes, "memory_budget_bytes"))
-        explicit = {"truncation": truncation, "prefix_keep": prefix_keep,
-                    "prefix_length": None if max_length_prefix is None else _positive(max_length_prefix,
-                                                                                     "max_length_prefix"),
-                    "suffix_length": None if max_length_suffix is None else _positive(max_length_suffix,
-                                                                                     "max_length_suffix")}
-        overrides = {**(conventions or {}), **{k: v for k, v in explicit.items() if v is not None}}
+        overrides = {**(conventions or {}), **({"truncation": truncation} if truncation is not None else {})}
 
         # Here, not at the top: they start jax, and the CLI imports this module before it sets XLA's flags.
         import jax

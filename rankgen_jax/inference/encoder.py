@@ -38,7 +38,7 @@ from jax.sharding import Mesh
 from rankgen_jax.checkpoints import native
 from rankgen_jax.checkpoints.convert import folder_conventions, no_record_origin, read_source
 from rankgen_jax.data.conventions import (CONVENTIONS_FILE, CONVENTIONS_SIDE, InputConventions, check_encode_side,
-                                          default_conventions, renamed_side)
+                                          default_conventions)
 from rankgen_jax.models.configs import BertConfig, ModelConfig
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.factory import build_model, check_params_match, to_model_layout
@@ -310,7 +310,7 @@ class LoadedModel:
         self, texts: Sequence[str], side: str | None = None, max_length: int | None = None, batch_size: int | None = 64,
         keep: str | None = None, truncation: str | None = None, mesh: Mesh | None = None,
         memory_budget_bytes: int | None = None, on_batch: Callable[[int], None] | None = None,
-        bucket_step: int | None = None, *, kind: str | None = None,
+        bucket_step: int | None = None,
     ) -> np.ndarray:
         """Vectors [N, D] (float32) of `texts`, in input order ([N, P, D] with P perspective heads).
 
@@ -319,7 +319,6 @@ class LoadedModel:
           without a marker). max_length, truncation and keep default to the model's
           input conventions (released RankGen: "pre " / "suffi ", 512 / 128
           tokens); max_length is capped by a BERT-family encoder's position table.
-          `kind=` is side's old name (deprecated).
         truncation: "clean" cuts long texts but keeps their final special token;
           "released" cuts them at the limit like the released RankGen code
           (their EOS is lost). See input_ids.
@@ -341,7 +340,7 @@ class LoadedModel:
         """
         if isinstance(texts, str):
             raise RankgenError("encode takes a list of texts, not a single string")
-        side = renamed_side(side, kind, "encode") or "raw"
+        side = side or "raw"
         if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
             raise RankgenError(f"batch_size must be >= 1 or None (from memory), got {batch_size}")
         check_encode_side(side)
