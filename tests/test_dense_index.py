@@ -133,6 +133,18 @@ def test_index_corpus_and_search_queries_equal_brute_force(tmp_path, model_dir, 
     np.testing.assert_allclose([r["scores"] for r in results], want_scores, rtol=1e-4, atol=1e-5)
     written = [json.loads(line) for line in (tmp_path / "hits.jsonl").read_text().splitlines()]
     assert written == results
+    # A loaded model searches as its folder does; the conventions given apply to a copy, not the caller's model.
+    before = model.conventions
+    loaded = search_queries(model, str(out), queries, k, encoding=TextEncoding("prefix", batch_size=8,
+                                                                               conventions={"prefix_length": 4}),
+                            progress=False)
+    assert model.conventions == before and before.prefix_length != 4
+    short = search_queries(model_dir, str(out), queries, k, encoding=TextEncoding("prefix", batch_size=8,
+                                                                                  conventions={"prefix_length": 4}),
+                           progress=False)
+    assert [r["ids"] for r in loaded] == [r["ids"] for r in short] != [r["ids"] for r in results]
+    assert [r["ids"] for r in search_queries(model, str(out), queries, k, progress=False)] == [
+        r["ids"] for r in results]
 
     # An MS MARCO collection and queries (TSV): the ids are the pids as written ("0" stays "0"), the
     # texts lose their "pid\t" prefix, so the vectors and hits are those of the JSONL corpus.

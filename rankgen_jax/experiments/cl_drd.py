@@ -64,6 +64,7 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import gin
 import numpy as np
@@ -84,6 +85,9 @@ from rankgen_jax.retrieval import teacher as teachers
 from rankgen_jax.train.config import LossConfig, TrainerConfig
 from rankgen_jax.train.loop import train
 from rankgen_jax.train.optimizers import OptimizerConfig
+
+if TYPE_CHECKING:
+    from rankgen_jax.inference.encoder import LoadedModel  # imports jax: for annotations only
 
 PAPER_STAGES = tuple((s.k, s.k_prime, s.n_hard, s.n_rest) for s in CL_DRD_STAGES)
 TOO_FEW_CANDIDATES = "fewer candidates with a teacher score than the stage's groups need"
@@ -266,6 +270,7 @@ class Job:
         self.root = Path(workdir)
         self.data = self.root / "data"
         self._conventions: dict | None = None
+        self._loaded: dict[int, LoadedModel] = {}  # iteration -> its student, loaded once per process
 
     # --- paths -------------------------------------------------------------------------------
 
@@ -275,6 +280,17 @@ class Job:
     def student(self, t: int) -> RunFolder:
         """Iteration t's student: a training run's folder (t = 0: a link to the starting checkpoint)."""
         return RunFolder.at(self.root / "student0" if t == 0 else self.iteration(t) / "student")
+
+    def loaded_student(self, t: int) -> LoadedModel:
+        """Iteration t's trained student as a loaded model, read from its folder once: its index shards, the
+        next iteration's retrieval and its evaluation all use it. Only iterations t - 1 and t stay in memory."""
+        # Imports jax: only a running job gets here.
+        from rankgen_jax.inference.encoder import load_model
+
+        if t not in self._loaded:
+            self._loaded = {k: v for k, v in self._loaded.items() if k >= t - 1}
+            self._loaded[t] = load_model(str(self.student(t)))
+        return self._loaded[t]
 
     def index_shard(self, t: int, i: int) -> Path:
         return self.iteration(t) / "index" / f"shard{i}"
@@ -412,7 +428,7 @@ class Job:
         if (out / CONFIG_FILE).is_file():
             return
         index_corpus(
-            str(self.student(t)),
+            self.loaded_student(t),
             self.cfg.corpus,
             str(out),
             index=IndexSpec(index_factory=self.cfg.index_factory or None),
@@ -434,7 +450,7 @@ class Job:
         if out.is_file():
             return
         search_queries(
-            str(self.student(t - 1)),
+            self.loaded_student(t - 1),
             str(self.iteration(t - 1) / "index"),
             str(self.queries_shard(i)),
             self.cfg.depth,
@@ -556,10 +572,7 @@ class Job:
         return {**info, "train_seconds_this_run": time.time() - started, "final_loss": metrics.get("loss")}
 
     def _student_markers(self, t: int) -> tuple[str, str]:
-        # Imports jax: only a running job gets here.
-        from rankgen_jax.inference.encoder import load_model
-
-        conventions = load_model(str(self.student(t))).conventions
+        conventions = self.loaded_student(t).conventions
         return conventions.prefix_marker, conventions.suffix_marker
 
     # --- evaluation --------------------------------------------------------------------------
@@ -574,11 +587,11 @@ class Job:
         return out
 
     def _evaluate_on(self, t: int, query_set: QuerySet) -> dict:
-        return evaluate_retriever(str(self.student(t)), self.iteration(t) / "index", query_set,
+        return evaluate_retriever(self.loaded_student(t), self.iteration(t) / "index", query_set,
                                   self.iteration(t) / "eval", self.cfg, self.reading_conventions(), f"cl_drd_iter{t}")
 
 
-def evaluate_retriever(model: str, index: Path, query_set: QuerySet, out_dir: Path, cfg: ClDrdConfig,
+def evaluate_retriever(model: str | LoadedModel, index: Path, query_set: QuerySet, out_dir: Path, cfg: ClDrdConfig,
                        conventions: dict, run_tag: str) -> dict:
     """A dual encoder's TREC run of the query set from its index (out_dir/<name>.trec) and trec_eval's measures
     with standard errors (out_dir/<name>.json, written whole; read back when there)."""

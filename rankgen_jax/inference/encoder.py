@@ -528,6 +528,16 @@ def _read_two_tower_hf(path: Path) -> tuple[ModelConfig, dict, TextEncoder]:
     return config, {"query_tower": query_params, "document_tower": document_params}, text
 
 
+def as_loaded_model(model: str | os.PathLike | LoadedModel, conventions: dict | None = None) -> LoadedModel:
+    """A dual encoder: loaded from its folder when given a path (load_model), or the loaded one, its parameters
+    shared, with `conventions` on top of its own (on a copy: the caller's model keeps its conventions)."""
+    if isinstance(model, LoadedModel):
+        copy = dataclasses.replace(model)
+        copy.override_conventions(**(conventions or {}))
+        return copy
+    return load_model(str(model), conventions=conventions)
+
+
 def load_model(path: str, kind: str = "dual_encoder", conventions: dict | None = None,
                step: int | None = None) -> LoadedModel:
     """A dual encoder (or, with kind="cross_encoder", a ranker) from a checkpoint folder /

@@ -45,7 +45,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 from tqdm import tqdm
@@ -56,6 +56,11 @@ from rankgen_jax.data.retrieval_files import (DEFAULT_RUN_TAG, DEFAULT_TITLE_JOI
                                               join_title, passages_file, read_queries, report_read, require_split,
                                               write_run)
 from rankgen_jax.errors import RankgenError
+
+if TYPE_CHECKING:
+    # For annotations only: inference.encoder imports jax, and the CLI imports this module before it sets XLA's
+    # flags.
+    from rankgen_jax.inference.encoder import LoadedModel
 
 INDEX_TYPES = ("flat", "ivf", "hnsw")
 INDEX_FILE = "index.faiss"
@@ -392,10 +397,10 @@ def encode_all(model, texts: list[str], side: str, max_length: int | None, batch
     return vectors_NxD
 
 
-def _require_one_vector(model, model_dir: str) -> None:
+def _require_one_vector(model: LoadedModel) -> None:
     """An index holds one vector per passage; a model with perspective heads gives several."""
     if len(model.vector_shape) != 1:
-        raise RankgenError(f"{model_dir}: a model with {model.vector_shape[0]} perspective heads gives "
+        raise RankgenError(f"{model.source}: a model with {model.vector_shape[0]} perspective heads gives "
                            f"{model.vector_shape[0]} vectors per text; a FAISS index holds one per passage")
 
 
@@ -527,7 +532,7 @@ def encode_shard(model, scan: CorpusScan, out: Path, shard_index: int, num_shard
 
 
 def index_corpus(
-    model_dir: str,
+    model: str | LoadedModel,
     corpus_path: str,
     out_dir: str,
     index: IndexSpec = IndexSpec(),
@@ -538,8 +543,8 @@ def index_corpus(
     overwrite: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Encode a corpus file (or a BEIR folder's corpus), or one shard of it, with a dual encoder and write an index
-    folder; returns its index_config.
+    """Encode a corpus file (or a BEIR folder's corpus), or one shard of it, with a dual encoder (a model folder, or a
+    loaded model) and write an index folder; returns its index_config.
 
     Passages go through the document tower ("suffix") by default, as RankGen
     continuations do, read with the model's input conventions (the encoding's
@@ -554,7 +559,7 @@ def index_corpus(
     refused unless overwrite.
     """
     # Imports jax: not at the top, so that the CLI imports this module before it sets XLA's flags.
-    from rankgen_jax.inference.encoder import load_model
+    from rankgen_jax.inference.encoder import as_loaded_model
 
     # Imported before the (slow) encoding, so a missing retrieval extra fails at once.
     import faiss
@@ -577,8 +582,8 @@ def index_corpus(
     if shard_index >= scan.count:
         raise RankgenError(f"{corpus_path}: shard {shard_index} of {num_shards} would be empty: the corpus has only "
                            f"{scan.count} passages")
-    model = load_model(model_dir, conventions=encoding.conventions)
-    _require_one_vector(model, model_dir)
+    model = as_loaded_model(model, encoding.conventions)
+    _require_one_vector(model)
     print(model.conventions_note(), file=sys.stderr)
     if spec.index_factory is not None:
         # Checked for the model's dimension before the (slow) encoding: FAISS refuses e.g. PQ48 on 64 dimensions.
@@ -594,7 +599,7 @@ def index_corpus(
     faiss.write_index(built, str(out / INDEX_FILE))
     config = {
         "format_version": FORMAT_VERSION,
-        "model": str(Path(model_dir).resolve()),
+        "model": str(Path(model.source).resolve()),
         "corpus": str(Path(scan.path).resolve()),
         "metric": "inner_product",
         "dim": int(model.dim),
@@ -794,7 +799,7 @@ def search_shards(shards: Sequence[tuple[str, dict[str, Any]]], queries_QxD: Any
 
 
 def search_queries(
-    model_dir: str,
+    model: str | LoadedModel,
     index_dir: str | Sequence[str],
     queries_path: str,
     k: int,
@@ -805,7 +810,8 @@ def search_queries(
     run_tag: str = DEFAULT_RUN_TAG,
     progress: bool = True,
 ) -> list[dict[str, Any]]:
-    """Top-k passages for each query of a file: [{"query_id", "query", "ids", "scores"}], best first.
+    """Top-k passages for each query of a file: [{"query_id", "query", "ids", "scores"}], best first, by a dual
+    encoder (a model folder, or a loaded model).
 
     index_dir: an index folder, the shard folders of one corpus, or a folder
     holding them (index_folders); shards are checked (check_shards) and merged
@@ -817,7 +823,7 @@ def search_queries(
     retrieval_files.run_lines).
     """
     # Imports jax: not at the top, so that the CLI imports this module before it sets XLA's flags.
-    from rankgen_jax.inference.encoder import load_model
+    from rankgen_jax.inference.encoder import as_loaded_model
 
     encode_side, batch_size, max_length = encoding.encode_side, encoding.batch_size, encoding.max_length
     _check_encode_args(encode_side, batch_size)
@@ -833,20 +839,20 @@ def search_queries(
     built = shards[0][1]
     query_file = read_queries(queries_path, split=split)
     query_ids, queries = query_file.ids, query_file.joined(DEFAULT_TITLE_JOIN)
-    model = load_model(model_dir, conventions=encoding.conventions)
-    _require_one_vector(model, model_dir)
+    model = as_loaded_model(model, encoding.conventions)
+    _require_one_vector(model)
     print(model.conventions_note(), file=sys.stderr)
     built_conventions = built.get("input_conventions")
     if built_conventions is not None and built_conventions != model.conventions.to_dict():
         print(f"note: {where} was built with other input conventions ({built_conventions}); the queries are read "
               "with those above", file=sys.stderr)
     if model.dim != built["dim"]:
-        raise RankgenError(f"{model_dir}: the model gives {model.dim}-dimensional vectors but the index in "
+        raise RankgenError(f"{model.source}: the model gives {model.dim}-dimensional vectors but the index in "
                            f"{where} holds {built['dim']}-dimensional ones (built with {built.get('model')})")
     built_with = built.get("model")
-    if built_with and Path(built_with) != Path(model_dir).resolve():
+    if built_with and Path(built_with) != Path(model.source).resolve():
         # Same size vectors from another model are silently meaningless; say so, but allow moved folders.
-        print(f"note: {where} was built with {built_with}, searching with {model_dir}", file=sys.stderr)
+        print(f"note: {where} was built with {built_with}, searching with {model.source}", file=sys.stderr)
     vectors_QxD = encode_all(model, queries, encode_side, max_length, batch_size, progress, "queries")
     results = [{"query_id": query_id, "query": query, "ids": ids, "scores": scores}
                for query_id, query, (ids, scores) in zip(query_ids, queries, search_shards(shards, vectors_QxD, k))]
