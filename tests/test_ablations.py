@@ -9,7 +9,8 @@ from rankgen_jax.data.jsonl import write_jsonl
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.experiments.ablations import (ZERO_SHOT_ROW, accuracy_se, compare_runs, paired_difference,
                                                per_item_accuracy, write_report)
-from rankgen_jax.experiments.demo import suffix_identification, suffix_scores_file
+from rankgen_jax.experiments.demo import suffix_identification
+from rankgen_jax.experiments.demo_folder import DemoFolder
 
 
 def test_standard_errors_match_numpy():
@@ -55,7 +56,7 @@ def _scored_run(path, correct_2way, correct_all, model="fine_tuned", items=None)
         scores = [1.0, 2.0 if not two else 0.0, 3.0 if not every else 0.5]
         prefix = items[i] if items else f"prefix {i}"
         records.append({"prefix": prefix, "candidates": [f"gold {i}", f"neg a {i}", f"neg b {i}"], "scores": scores})
-    write_jsonl(path / suffix_scores_file(model), records)
+    write_jsonl(DemoFolder(path).scores(model), records)
     (path / "results.json").write_text(json.dumps({"train": {"steps": 7.0}}))
 
 

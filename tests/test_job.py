@@ -11,7 +11,7 @@ import pytest
 from rankgen_jax.checkpoints import native
 from rankgen_jax.cli.main import main
 from rankgen_jax.data.conventions import InputConventions
-from rankgen_jax.experiments.demo import COMPARISON_TABLE_FILE, SUFFIX_ITEMS_FILE, suffix_scores_file
+from rankgen_jax.experiments.demo_folder import DemoFolder
 
 # Prefixes of about 48 words, cut to 24 tokens keeping their END: most prefixes are over-long, so which end
 # is kept changes the scores.
@@ -61,8 +61,8 @@ def test_the_export_scores_as_the_training_run_evaluated(job, capsys):
     trained = InputConventions(prefix_length=PREFIX_TOKENS, suffix_length=32, prefix_keep="end", truncation="clean")
     assert native.load_input_conventions(root / "train") == trained
     assert InputConventions.from_json((root / "hf" / "input_conventions.json").read_text(), "export") == trained
-    items = root / SUFFIX_ITEMS_FILE
-    evaluated = _scores(root / suffix_scores_file("fine_tuned"))
+    items = DemoFolder(root).items
+    evaluated = _scores(DemoFolder(root).scores("fine_tuned"))
     assert len(evaluated) == 12
     # The items have prefixes longer than the limit, so the kept end matters.
     out = root / "scored.jsonl"
@@ -166,17 +166,17 @@ def test_job_compares_per_genre_with_the_best_prefix_length(job_from_start):
     results = json.loads((root / "results.json").read_text())
     report = results["by_genre"]
     assert {k: v["n"] for k, v in report.items()} == {"plays": 6, "speeches": 6}
-    items = [json.loads(line) for line in (root / SUFFIX_ITEMS_FILE).read_text().splitlines()]
+    items = [json.loads(line) for line in DemoFolder(root).items.read_text().splitlines()]
     genres = np.array([it["genre"] for it in items])
     assert {it["doc_id"] for it in items} <= {h.strip("'") for h in HELD_OUT}
     # The starting model at the training length is the job's zero-shot reading.
-    for got, want in zip(_scores(root / suffix_scores_file(f"zero_shot_{PREFIX_TOKENS}")),
-                         _scores(root / suffix_scores_file("zero_shot"))):
+    for got, want in zip(_scores(DemoFolder(root).scores(f"zero_shot_{PREFIX_TOKENS}")),
+                         _scores(DemoFolder(root).scores("zero_shot"))):
         np.testing.assert_array_equal(got, want)
     # Recomputed from the score files: accuracies per length, the best, the fine-tuned one.
     for name, candidates in (("vs 1", 2), ("vs 4", 5)):
-        tuned = _wins(root / suffix_scores_file("fine_tuned"), candidates)
-        base = {length: _wins(root / suffix_scores_file(f"zero_shot_{length}"), candidates)
+        tuned = _wins(DemoFolder(root).scores("fine_tuned"), candidates)
+        base = {length: _wins(DemoFolder(root).scores(f"zero_shot_{length}"), candidates)
                 for length in (12, PREFIX_TOKENS)}
         for genre in ("plays", "speeches"):
             row = report[genre][name]
@@ -186,7 +186,7 @@ def test_job_compares_per_genre_with_the_best_prefix_length(job_from_start):
             assert row["best_zero_shot"]["accuracy"] == pytest.approx(max(w[rows].mean() for w in base.values()))
             assert row["fine_tuned"]["accuracy"] == pytest.approx(tuned[rows].mean())
             assert row["gain"] == pytest.approx(tuned[rows].mean() - base[row["best_length"]][rows].mean())
-    table = (root / COMPARISON_TABLE_FILE).read_text()
+    table = DemoFolder(root).comparison_table.read_text()
     assert table == results["by_genre_table"] and table.count("\n") == 2 + 2 * 2
     assert f"| best zero-shot | fine-tuned @{PREFIX_TOKENS} |" in table and "| speeches | 6 | vs 4 |" in table
     assert "per genre: fine-tuned against the starting model's best prefix length" in out
@@ -203,7 +203,7 @@ def test_demo_curve_compares_every_saved_step(job_from_start, capsys):
     minutes = [p["minutes"] for p in points]
     assert all(m > 0 for m in minutes) and minutes == sorted(minutes)
     # The last step is the job's fine-tuned model: the same scores and per-genre report as the job's own evaluation.
-    for got, want in zip(_scores(root / "curve" / "scores_step3.jsonl"), _scores(root / suffix_scores_file("fine_tuned"))):
+    for got, want in zip(_scores(root / "curve" / "scores_step3.jsonl"), _scores(DemoFolder(root).scores("fine_tuned"))):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     results = json.loads((root / "results.json").read_text())
     for genre, entry in results["by_genre"].items():

@@ -29,6 +29,7 @@ from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.data.jsonl import read_jsonl
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.eval.ranking import top1
+from rankgen_jax.experiments.demo_folder import DemoFolder
 
 # A difference is reported as larger than the noise beyond this many standard errors (about a 95% interval).
 NOISE_SE = 2.0
@@ -77,15 +78,8 @@ def read_scored_items(path: Path) -> tuple[list[tuple], list[list[float]]]:
     return [(r["prefix"], tuple(r["candidates"])) for r in records], [r["scores"] for r in records]
 
 
-def suffix_scores_file(model: str) -> str:
-    # experiments.demo names the file; imported here because it imports jax, which the CLI starts later.
-    from rankgen_jax.experiments.demo import suffix_scores_file as name_of
-
-    return name_of(model)
-
-
 def _run_items(workdir: Path, model: str) -> tuple[list[tuple], dict[str, np.ndarray]]:
-    path = RunFolder.at(workdir).file(suffix_scores_file(model))
+    path = DemoFolder(workdir).scores(model)
     if not path.is_file():
         raise RankgenError(f"{workdir}: no {path.name} (not a finished run of the main job with suffix_eval_examples > 0?)")
     keys, scores = read_scored_items(path)
@@ -115,7 +109,7 @@ def compare_runs(runs: Sequence[dict], baseline: str) -> dict:
     rows = []
     entries = [(r["name"], Path(r["workdir"]), "fine_tuned", r.get("changed", {})) for r in runs]
     zero_shot_dir = next((Path(r["workdir"]) for r in runs
-                          if (Path(r["workdir"]) / suffix_scores_file("zero_shot")).is_file()), None)
+                          if DemoFolder(r["workdir"]).scores("zero_shot").is_file()), None)
     if zero_shot_dir is not None:
         entries.append((ZERO_SHOT_ROW, zero_shot_dir, "zero_shot", {}))
     for name, workdir, model, changed in entries:

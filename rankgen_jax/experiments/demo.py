@@ -23,6 +23,7 @@ from rankgen_jax.data.sources import corpus_split, example_config_of, training_c
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.eval.ranking import accuracy, mrr, pairwise_accuracy
 from rankgen_jax.eval.suffix_comparison import compare_by_genre, comparison_table
+from rankgen_jax.experiments.demo_folder import DemoFolder
 from rankgen_jax.experiments.stages import log, read_results, starting_checkpoint, write_results
 from rankgen_jax.inference.encoder import load_model
 from rankgen_jax.retrieval.sparse import token_overlap_scores, unigram_overlap_scores
@@ -89,18 +90,6 @@ def suffix_identification(score_lists: list[np.ndarray]) -> dict:
     return {"n": len(score_lists), "accuracy_2way": accuracy(two_way, gold),
             f"accuracy_{way}way": accuracy(score_lists, gold), f"mrr_{way}way": mrr(score_lists, gold),
             "accuracy_pairwise": pairwise_accuracy(score_lists, gold)}
-
-
-# The held-out items (gold candidate first: label 0), and each model's scores of them, as `score` reads and writes.
-SUFFIX_ITEMS_FILE = "suffix_eval_items.jsonl"
-
-
-def suffix_scores_file(name: str) -> str:
-    return f"suffix_eval_scores_{name}.jsonl"
-
-
-# The per-genre comparison of the fine-tuned model with the starting model's best prefix length, as Markdown.
-COMPARISON_TABLE_FILE = "suffix_eval_by_genre.md"
 
 
 def read_scores(path: Path) -> list[np.ndarray]:
@@ -204,7 +193,8 @@ def plot_run(workdir: Path, results: dict) -> Path:
 def run_job(workdir: str) -> dict:
     """Import (optional), zero-shot eval, train, fine-tuned eval, plot, export; returns the results."""
     job, trainer, data = JobConfig(), TrainerConfig(), DataConfig()
-    root = Path(workdir)
+    folder = DemoFolder(workdir)
+    root = folder.root
     if root.exists() and not root.is_dir():
         raise RankgenError(f"`workdir` {workdir}: is a file; the job's workdir is a folder (created when missing)",
                            names=("workdir",))
@@ -219,8 +209,8 @@ def run_job(workdir: str) -> dict:
     items = []
     if job.suffix_eval_examples:
         items = held_out_suffix_sets(data, job.suffix_eval_examples, job.suffix_eval_negatives)
-        write_jsonl(root / SUFFIX_ITEMS_FILE, ({**it, "label": 0} for it in items))
-        print(f"[job] {len(items)} held-out suffix identification items ({root / SUFFIX_ITEMS_FILE})", flush=True)
+        write_jsonl(folder.items, ({**it, "label": 0} for it in items))
+        print(f"[job] {len(items)} held-out suffix identification items ({folder.items})", flush=True)
         results.setdefault("unigram", evaluate_unigram(items))
         results.setdefault("token_overlap", evaluate_token_overlap(items))
         if trainer.init_checkpoint and job.zero_shot and "zero_shot" not in results:
@@ -230,14 +220,14 @@ def run_job(workdir: str) -> dict:
             # then also at other prefix lengths, for its best reading.
             lengths = sorted(set(job.zero_shot_prefix_lengths) | {data.prefix_length})
             by_length = score_at_prefix_lengths(trainer.init_checkpoint, items, training_conventions(data), lengths)
-            write_scores(root / suffix_scores_file("zero_shot"), items, by_length[data.prefix_length])
+            write_scores(folder.scores("zero_shot"), items, by_length[data.prefix_length])
             for length in job.zero_shot_prefix_lengths:
-                write_scores(root / suffix_scores_file(f"zero_shot_{length}"), items, by_length[length])
+                write_scores(folder.scores(f"zero_shot_{length}"), items, by_length[length])
             results["zero_shot"] = suffix_identification(by_length[data.prefix_length])
         write_results(root, results)
 
     print("[job] training", flush=True)
-    results["train"] = train(str(root / "train"), trainer=trainer, data=data)
+    results["train"] = train(folder.train, trainer=trainer, data=data)
     if results["train"].get("preempted"):
         # A partly trained model is not the job's result: evaluate, plot and export once training has ended.
         write_results(root, results)
@@ -246,22 +236,21 @@ def run_job(workdir: str) -> dict:
         return {**results, "preempted": True}
     if items:
         print("[job] evaluating the fine-tuned model", flush=True)
-        results["fine_tuned"], tuned = evaluate_model(str(root / "train"), items,
-                                                      scores_out=root / suffix_scores_file("fine_tuned"))
-        base_files = {length: root / suffix_scores_file(f"zero_shot_{length}") for length in job.zero_shot_prefix_lengths}
+        results["fine_tuned"], tuned = evaluate_model(str(folder.train), items, scores_out=folder.scores("fine_tuned"))
+        base_files = {length: folder.scores(f"zero_shot_{length}") for length in job.zero_shot_prefix_lengths}
         # A job resumed from a results.json of an older version may lack the per-length scores.
         if "zero_shot" in results and base_files and all(f.is_file() for f in base_files.values()):
             base = {length: read_scores(f) for length, f in base_files.items()}
             results["by_genre"] = compare_by_genre([it["genre"] for it in items], tuned, base)
             results["by_genre_table"] = comparison_table(results["by_genre"], data.prefix_length)
-            (root / COMPARISON_TABLE_FILE).write_text(results["by_genre_table"], encoding="utf-8")
+            folder.comparison_table.write_text(results["by_genre_table"], encoding="utf-8")
     if job.plot:
-        results["plot"] = str(plot_run(root / "train", results))
+        results["plot"] = str(plot_run(folder.train, results))
     # Saved before the export, whose model card reports them.
     write_results(root, results)
     if job.export:
-        export_hf(str(root / "train"), str(root / "hf"), overwrite=True)
-        results["export"] = str(root / "hf")
+        export_hf(str(folder.train), str(folder.hf), overwrite=True)
+        results["export"] = str(folder.hf)
     results["job_seconds"] = time.time() - started
     write_results(root, results)
     _print_summary(results, root)

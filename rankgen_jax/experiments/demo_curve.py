@@ -18,29 +18,25 @@ scoring again), curve.json, curve.md and curve.png.
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.checkpoints import native
 from rankgen_jax.data.jsonl import read_jsonl
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.eval.suffix_comparison import compare_by_genre
-from rankgen_jax.experiments.demo import SUFFIX_ITEMS_FILE, evaluate_model, read_scores, suffix_scores_file
+from rankgen_jax.experiments.demo import evaluate_model, read_scores
+from rankgen_jax.experiments.demo_folder import DemoFolder
 from rankgen_jax.train.metric_writers import read_metrics
 
-CURVE_DIR = "curve"
-_ZERO_SHOT_FILE = re.compile(r"suffix_eval_scores_zero_shot_(\d+)\.jsonl$")
 
-
-def zero_shot_scores(root: Path) -> dict[int, list[np.ndarray]]:
+def zero_shot_scores(folder: DemoFolder) -> dict[int, list[np.ndarray]]:
     """Prefix length -> the starting model's scores of each item, from the job's files."""
-    found = {int(m.group(1)): path for path in root.iterdir() if (m := _ZERO_SHOT_FILE.search(path.name))}
+    found = folder.zero_shot_scores()
     if not found:
-        raise RankgenError(f"{root}: no {suffix_scores_file('zero_shot_<length>')} files: the curve compares with "
+        raise RankgenError(f"{folder}: no {folder.scores('zero_shot_<length>').name} files: the curve compares with "
                            "the starting model's readings, which a job writes when it starts from a pretrained "
                            "model (JobConfig.zero_shot) with zero_shot_prefix_lengths")
     return {length: read_scores(found[length]) for length in sorted(found)}
@@ -56,8 +52,8 @@ def elapsed_minutes(metrics_path: Path) -> dict[int, float]:
 def run_curve(workdir: str, steps: list[int] | None = None) -> dict:
     """Score the job's held-out items with each saved step (or `steps`) and compare per genre; returns and
     writes {"points": [{"step", "minutes", "clear", "rows", "by_genre"}], "first_all_clear": step or None}."""
-    root = Path(workdir)
-    items_path, train_dir = root / SUFFIX_ITEMS_FILE, root / "train"
+    folder = DemoFolder(workdir)
+    items_path, train_dir = folder.items, folder.train
     if not items_path.is_file():
         raise RankgenError(f"{items_path}: no held-out items; run the demo job (rankgen-jax train --job) first")
     if not native.is_checkpoint_dir(train_dir):
@@ -65,7 +61,7 @@ def run_curve(workdir: str, steps: list[int] | None = None) -> dict:
     items = [{k: v for k, v in it.items() if k != "label"} for it in read_jsonl(items_path)]
     # Items written by earlier versions name the genre "kind".
     genres = [it["genre"] if "genre" in it else it["kind"] for it in items]
-    base = zero_shot_scores(root)
+    base = zero_shot_scores(folder)
     saved = sorted(native.step_manager(train_dir).all_steps())
     if steps is None:
         steps = saved
@@ -73,8 +69,8 @@ def run_curve(workdir: str, steps: list[int] | None = None) -> dict:
     if missing:
         raise RankgenError(f"{train_dir}: no saved steps {missing} (saved: {saved}); keep more with "
                            "TrainerConfig.keep_checkpoints")
-    minutes = elapsed_minutes(RunFolder.at(train_dir).metrics)
-    out = root / CURVE_DIR
+    minutes = elapsed_minutes(train_dir.metrics)
+    out = folder.curve
     out.mkdir(exist_ok=True)
     points = []
     for step in sorted(steps):

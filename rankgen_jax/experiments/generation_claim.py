@@ -20,8 +20,10 @@ from pathlib import Path
 import gin
 
 from rankgen_jax.errors import RankgenError
+from rankgen_jax.eval.generation_metrics import MauveSettings
 from rankgen_jax.experiments.generation_sweep import run_generation_sweep
 from rankgen_jax.experiments.stages import log, starting_checkpoint
+from rankgen_jax.lm.generation import RerankerSpec
 from rankgen_jax.pretrained import GEMMA
 
 # The re-rankers: the ranker negatives-claim trained on both kinds of negatives, the model it started from, and
@@ -76,11 +78,11 @@ def run_generation_claim(workdir: str, progress: bool = True) -> dict:
     for name in cfg.rerankers:
         log("generation-claim", f"generation sweep re-ranked by {name}")
         began = time.time()
-        sweep = run_generation_sweep(cfg.grid, cfg.lm, str(prefixes), str(root / name), model_path=models[name],
-                                     reranker="perplexity" if name == "perplexity" else "rankgen",
-                                     reference_field="continuation", mauve_model=cfg.mauve_model,
-                                     prefix_batch=cfg.prefix_batch, max_batch_rows=cfg.max_batch_rows,
-                                     device=cfg.device, progress=progress)
+        reranker = RerankerSpec("perplexity" if name == "perplexity" else "rankgen", models[name])
+        mauve = MauveSettings(cfg.mauve_model, "continuation") if cfg.mauve_model else None
+        sweep = run_generation_sweep(cfg.grid, cfg.lm, str(prefixes), str(root / name), reranker=reranker,
+                                     mauve=mauve, device=cfg.device, prefix_batch=cfg.prefix_batch,
+                                     max_batch_rows=cfg.max_batch_rows, progress=progress)
         rows[name] = {"rows": sweep["rows"], "seconds": time.time() - began}
     results = {"rerankers": rows, "ranker": str(ranker), "prefixes": str(prefixes), "grid": cfg.grid,
                "seconds": time.time() - started}
