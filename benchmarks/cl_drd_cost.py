@@ -24,6 +24,7 @@ import argparse
 import json
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -171,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(rates, indent=1))
     print(markdown(rates, cost))
     if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump({"rates": rates, "cost": cost}, f, indent=1)
     return 0

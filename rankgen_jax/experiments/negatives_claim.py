@@ -162,8 +162,8 @@ def run_negatives_claim(workdir: str) -> dict:
     trainer = dataclasses.replace(trainer, init_checkpoint=str(init), num_steps=cfg.steps, max_minutes=0.0)
     triples = str(root / "train_triples.jsonl")
     datas = {"inbook": data,
-             "generative": dataclasses.replace(data, train_file=triples, same_document=False, with_negative=True),
-             "both": dataclasses.replace(data, train_file=triples, same_document=True, with_negative=True)}
+             "generative": data.with_source(train_file=triples, same_document=False, with_negative=True),
+             "both": data.with_source(train_file=triples, same_document=True, with_negative=True)}
     for name in RANKERS:
         folder = root / f"ranker_{name}"
         if not is_done(folder):
