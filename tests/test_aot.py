@@ -335,7 +335,10 @@ def test_fsdp_keeps_activations_sharded_over_batch_on_tpu(tmp_path):
 @pytest.mark.parametrize("gin_file, topology, batch_size, mesh", PAPER_CONFIGS)
 def test_paper_configs_fit_their_topologies(gin_file, topology, batch_size, mesh):
     # 1.5 to 3.5 minutes each on 2 CPU cores (the v3-256 one the longest).
-    parse_gin([gin_file], [])
+    from rankgen_jax.experiments.gin_runs import experiment_configurables
+
+    # As `compile` parses it (the recipe's data bind the seqio tasks' options), whichever test ran before.
+    parse_gin([gin_file], [], experiment_configurables)
     report = aot.compile_train_step(topology)
     assert report["mesh"] == mesh and report["batch"]["query_ids"] == [batch_size, 512]
     assert report["memory"]["fits"] and report["flops_per_device"] > 1e13
