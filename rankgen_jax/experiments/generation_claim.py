@@ -22,6 +22,7 @@ import gin
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.eval.generation_metrics import MauveSettings
 from rankgen_jax.experiments.generation_sweep import run_generation_sweep
+from rankgen_jax.experiments.negatives_claim import ClaimFolder
 from rankgen_jax.experiments.stages import log, starting_checkpoint
 from rankgen_jax.lm.generation import RerankerSpec
 from rankgen_jax.pretrained import GEMMA
@@ -62,8 +63,8 @@ class GenerationClaimConfig:
 def run_generation_claim(workdir: str, progress: bool = True) -> dict:
     """One generation sweep per re-ranker, then the combined table; returns results.json's content."""
     cfg = GenerationClaimConfig()
-    claim = Path(cfg.claim_dir)
-    prefixes, ranker = claim / "eval_prefixes.jsonl", claim / cfg.ranker
+    claim = ClaimFolder(cfg.claim_dir)
+    prefixes, ranker = claim.prefixes("eval"), claim.root / cfg.ranker
     for path, what in ((prefixes, "held-out prefixes"), (ranker, "trained ranker")):
         if not path.exists():
             raise RankgenError(f"{path}: no {what}; run `rankgen-jax negatives-claim --workdir {claim}` first "

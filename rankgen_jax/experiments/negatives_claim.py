@@ -27,6 +27,7 @@ from pathlib import Path
 import gin
 import numpy as np
 
+from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.data.jsonl import read_jsonl, write_jsonl
 from rankgen_jax.data.source_configs import DataConfig
 from rankgen_jax.data.sources import corpus_split, example_config_of, training_conventions
@@ -46,6 +47,43 @@ RANKERS = ("inbook", "generative", "both")
 # The two evaluations: gold against its InBook negatives, and gold against the LM's continuation.
 KINDS = ("inbook", "machine")
 TABLE_FILE = "negatives_table.md"
+
+
+class ClaimFolder:
+    """Where negatives-claim keeps each of its outputs under `workdir` (generation-claim reads two of them)."""
+
+    def __init__(self, workdir: str | Path):
+        self.root = Path(workdir)
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+    def prefixes(self, split: str) -> Path:
+        """The prefixes the LM continues: "train" (whole document groups) or "eval" (the held-out items')."""
+        return self.root / f"{split}_prefixes.jsonl"
+
+    @property
+    def eval_items(self) -> Path:
+        """The held-out items, gold first, then InBook negatives."""
+        return self.root / "eval_items.jsonl"
+
+    @property
+    def eval_generated(self) -> Path:
+        """The held-out prefixes with the LM's continuation (generate-negatives' output)."""
+        return self.root / "eval_generated.jsonl"
+
+    @property
+    def train_triples(self) -> Path:
+        """The training prefixes with gold and generated continuations: the (p, c, g) triples."""
+        return self.root / "train_triples.jsonl"
+
+    def ranker(self, name: str) -> RunFolder:
+        """The training run of the ranker trained on `name` negatives (one of RANKERS)."""
+        return RunFolder.at(self.root / f"ranker_{name}")
+
+    @property
+    def table(self) -> Path:
+        return self.root / TABLE_FILE
 
 
 @gin.configurable
@@ -117,9 +155,9 @@ def length_only_scores(candidates: list[str]) -> np.ndarray:
     return np.array([word_count(c) - (1e-9 if k == 0 else 0.0) for k, c in enumerate(candidates)])
 
 
-def _items_by_kind(root: Path) -> dict[str, list[dict]]:
-    items = read_jsonl(root / "eval_items.jsonl")
-    generated = {r["id"]: r["generative_negative"] for r in read_jsonl(root / "eval_generated.jsonl")}
+def _items_by_kind(folder: ClaimFolder) -> dict[str, list[dict]]:
+    items = read_jsonl(folder.eval_items)
+    generated = {r["id"]: r["generative_negative"] for r in read_jsonl(folder.eval_generated)}
     machine = [{"prefix": it["prefix"], "candidates": [it["candidates"][0], generated[it["id"]]]}
                for it in items if it["id"] in generated]
     return {"inbook": items, "machine": machine}
@@ -136,43 +174,44 @@ def run_negatives_claim(workdir: str) -> dict:
     if data.source.kind != "examples":
         raise RankgenError("the claim trains on RankGen examples (DataConfig.source = @ExamplesData()), not "
                            f"@{type(data.source).__name__}()")
-    root = Path(workdir)
+    folder = ClaimFolder(workdir)
+    root = folder.root
     root.mkdir(parents=True, exist_ok=True)
     results = read_results(root)
     started = time.time()
 
-    if not (root / "train_prefixes.jsonl").is_file():
-        write_jsonl(root / "train_prefixes.jsonl", training_prefixes(data, cfg.train_groups, cfg.seed))
-    if not (root / "eval_items.jsonl").is_file():
+    if not folder.prefixes("train").is_file():
+        write_jsonl(folder.prefixes("train"), training_prefixes(data, cfg.train_groups, cfg.seed))
+    if not folder.eval_items.is_file():
         items = held_out_items(data, cfg.eval_items, cfg.eval_negatives, cfg.seed)
-        write_jsonl(root / "eval_items.jsonl", items)
-        write_jsonl(root / "eval_prefixes.jsonl", ({"id": it["id"], "doc_id": it["doc_id"], "prefix": it["prefix"],
-                                                     "continuation": it["candidates"][0]} for it in items))
+        write_jsonl(folder.eval_items, items)
+        write_jsonl(folder.prefixes("eval"), ({"id": it["id"], "doc_id": it["doc_id"], "prefix": it["prefix"],
+                                              "continuation": it["candidates"][0]} for it in items))
     sampling = NegativeSampling(batch_size=cfg.lm_batch_size, max_new_tokens=cfg.lm_max_new_tokens,
                                 max_prompt_tokens=cfg.lm_prompt_tokens, seed=cfg.seed, length_match="gold")
-    for source, out in (("train_prefixes", "train_triples"), ("eval_prefixes", "eval_generated")):
+    for split, out, path in (("train", "train_triples", folder.train_triples),
+                             ("eval", "eval_generated", folder.eval_generated)):
         if f"negatives_{out}" not in results:
             log("negatives-claim", f"sampling {out} with {cfg.lm}")
-            results[f"negatives_{out}"] = generate_negatives(cfg.lm, str(root / f"{source}.jsonl"),
-                                                             str(root / f"{out}.jsonl"), sampling,
+            results[f"negatives_{out}"] = generate_negatives(cfg.lm, str(folder.prefixes(split)), str(path), sampling,
                                                              device=cfg.lm_device)
             write_results(root, results)
 
     init = starting_checkpoint(cfg.init_checkpoint, cfg.init_from_hf, root)
     trainer = dataclasses.replace(trainer, init_checkpoint=str(init), num_steps=cfg.steps, max_minutes=0.0)
-    triples = str(root / "train_triples.jsonl")
+    triples = str(folder.train_triples)
     datas = {"inbook": data,
              "generative": data.with_source(train_file=triples, same_document=False, with_negative=True),
              "both": data.with_source(train_file=triples, same_document=True, with_negative=True)}
     for name in RANKERS:
-        folder = root / f"ranker_{name}"
-        if not is_done(folder):
+        run = folder.ranker(name)
+        if not is_done(run):
             log("negatives-claim", f"training the {name} ranker, {cfg.steps} steps")
-            results[f"train_{name}"] = train(str(folder), trainer=trainer, data=datas[name])
-            mark_done(folder)
+            results[f"train_{name}"] = train(run, trainer=trainer, data=datas[name])
+            mark_done(run)
             write_results(root, results)
 
-    by_kind = _items_by_kind(root)
+    by_kind = _items_by_kind(folder)
     scores = results.setdefault("wins", {})
     conventions = training_conventions(data)
     for name in ("unigram", "length", "zero_shot", *RANKERS):
@@ -185,7 +224,7 @@ def run_negatives_claim(workdir: str) -> dict:
         elif name == "length":
             lists = [length_only_scores(it["candidates"]) for it in items]
         else:
-            path = str(init) if name == "zero_shot" else str(root / f"ranker_{name}")
+            path = str(init) if name == "zero_shot" else str(folder.ranker(name))
             lists = score_at_prefix_lengths(path, items, conventions if name == "zero_shot" else None, [None])[None]
         scores[name], start = {}, 0
         for kind in KINDS:
@@ -193,12 +232,12 @@ def run_negatives_claim(workdir: str) -> dict:
             start += len(by_kind[kind])
             scores[name][kind] = {"all": _wins(part), "vs1": _wins(part, 2)}
         write_results(root, results)
-    triples_read = read_jsonl(root / "train_triples.jsonl")
+    triples_read = read_jsonl(folder.train_triples)
     results["lengths"] = {"train_gold_words": float(np.mean([word_count(r["continuation"]) for r in triples_read])),
                           "train_generated_words": float(np.mean([word_count(r["generative_negative"])
                                                                   for r in triples_read]))}
     results["table"] = table_markdown(results)
-    (root / TABLE_FILE).write_text(results["table"], encoding="utf-8")
+    folder.table.write_text(results["table"], encoding="utf-8")
     results["seconds"] = results.get("seconds", 0.0) + time.time() - started
     write_results(root, results)
     print(results["table"], flush=True)
