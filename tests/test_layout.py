@@ -300,3 +300,44 @@ def test_no_library_error_names_a_flag():
                         'RankgenError("build it with `rankgen-jax cache-tasks --tasks T`")\n'
                         'RankgenError(f"`top_p` must be in (0, 1]", names=("top_p",))')
     assert _flag_errors(control) == [1]
+
+
+# The jobs, and the modules that once spread the run folder's layout over their functions.
+_FOLDER_USERS = ("rankgen_jax.experiments", "rankgen_jax.train.checkpointing", "rankgen_jax.train.run_record",
+                 "rankgen_jax.train.loop", "rankgen_jax.checkpoints.native")
+
+
+def _path_joins(tree: ast.AST) -> list[int]:
+    """Lines that join a name onto a path (`x / "name"`, `x / f"..."`) outside a folder object: a class named
+    ...Folder or built on one. A bundled resource (`BUNDLED_CORPUS / "austen"`) is not a folder a job writes."""
+    found = []
+
+    def visit(node: ast.AST, in_folder: bool) -> None:
+        if isinstance(node, ast.ClassDef):
+            in_folder = any(n.endswith("Folder") for n in [node.name, *(getattr(b, "id", "") for b in node.bases)])
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and not in_folder:
+            named = isinstance(node.right, ast.JoinedStr) or (isinstance(node.right, ast.Constant)
+                                                              and isinstance(node.right.value, str))
+            base = node.left
+            while isinstance(base, ast.BinOp) and isinstance(base.op, ast.Div):
+                base = base.left
+            resource = isinstance(base, ast.Name) and base.id.isupper()
+            if named and not resource:
+                found.append(node.lineno)
+        for child in ast.iter_child_nodes(node):
+            visit(child, in_folder)
+
+    visit(tree, False)
+    return found
+
+
+def test_jobs_ask_their_folder_for_every_path():
+    """A job's functions name no file of its workdir: its folder object (JobFolder, RunFolder) does."""
+    joins = [f"{path.relative_to(REPO)}:{line}" for name, path in MODULES.items()
+             if name.startswith(_FOLDER_USERS) for line in _path_joins(ast.parse(path.read_text(encoding="utf-8")))]
+    assert joins == []
+    control = ast.parse('def f(root):\n    return root / "data"\n'
+                        'class PipelineFolder(JobFolder):\n    def data(self):\n        return self.root / f"{1}"\n'
+                        'class Job(JobFolder):\n    def d(self):\n        return self.root / "data"\n'
+                        'BOOK = BUNDLED_CORPUS / "austen" / "persuasion.txt"\n')
+    assert _path_joins(control) == [2]

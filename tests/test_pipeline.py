@@ -155,7 +155,7 @@ def test_pipeline_config_errors(tmp_path):
 def test_retriever1_can_learn_from_any_teacher(tmp_path):
     """PipelineConfig.teacher replaces Ranker0 as Retriever1's teacher: here a file of scores, copied onto the
     pools; a pair it lacks has no score (NaN), never a made-up one."""
-    from rankgen_jax.experiments.pipeline import teacher_scores
+    from rankgen_jax.experiments.pipeline import PipelineFolder, teacher_scores
 
     (tmp_path / "data").mkdir()
     pools = [{"qid": "train0", "query": "q zero", "ids": ["p1", "p2"], "candidates": ["a", "b"]},
@@ -164,7 +164,7 @@ def test_retriever1_can_learn_from_any_teacher(tmp_path):
     (tmp_path / "data" / "corpus.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "text": t}) + "\n"
                                                             for i, t in ((1, "a"), (2, "b"), (3, "c"))))
     (tmp_path / "scores.trec").write_text("train0 Q0 p1 1 2.5 t\ntrain0 Q0 p2 2 1.5 t\ntrain1 Q0 p3 1 0.5 t\n")
-    out = teacher_scores(PipelineConfig(teacher=str(tmp_path / "scores.trec")), tmp_path)
+    out = teacher_scores(PipelineConfig(teacher=str(tmp_path / "scores.trec")), PipelineFolder(tmp_path))
     written = [json.loads(line) for line in out.read_text().splitlines()]
     assert written[0]["teacher_scores"] == [2.5, 1.5]
     assert np.isnan(written[1]["teacher_scores"][0]) and written[1]["teacher_scores"][1] == 0.5

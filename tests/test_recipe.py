@@ -12,6 +12,7 @@ from rankgen_jax.data.documents import read_documents  # noqa: E402
 from rankgen_jax.data.examples import ExampleConfig, make_examples  # noqa: E402
 from rankgen_jax.data.sentences import split_sentences  # noqa: E402
 from rankgen_jax.experiments.gin_runs import experiment_configurables  # noqa: E402
+from rankgen_jax.experiments.recipe_example import RecipeFolder  # noqa: E402
 from rankgen_jax.testing import BOTCHAN  # noqa: E402
 from rankgen_jax.train.gin_parsing import parse_gin  # noqa: E402
 
@@ -89,6 +90,8 @@ def test_split_data_cuts_the_lm_half_and_the_prefix_file_as_training_does(tmp_pa
     assert all(expected.values())
     lm_lines = (out / "lm_train.txt").read_text(encoding="utf-8").splitlines()
     prefixes = [json.loads(line) for line in (out / "prefixes.jsonl").read_text(encoding="utf-8").splitlines()]
+    # The recipe example finds split-data's prefix file where split-data writes it.
+    assert RecipeFolder(tmp_path).prefixes("train") == out / "prefixes.jsonl"
     lm_docs, negative_docs = summary["lm_half"]["documents"], summary["negatives_half"]["documents"]
     # Whole documents, each in one half, every training document in one.
     assert sorted(lm_docs + negative_docs) == sorted(expected) and not set(lm_docs) & set(negative_docs)

@@ -22,6 +22,7 @@ import huggingface_hub
 import yaml
 
 from rankgen_jax.checkpoints import native
+from rankgen_jax.checkpoints.run_folder import JOB_RESULTS_FILE
 from rankgen_jax.data.conventions import InputConventions
 from rankgen_jax.data.source_configs import MOVED_DATA_FIELDS
 from rankgen_jax.models.configs import ModelConfig
@@ -42,8 +43,6 @@ def read_front_matter(card: Path) -> dict:
 # Writing
 
 CARD_FILE = "README.md"
-# Where the jobs (experiments/demo.py and the others) keep results beside their train workdir.
-RESULTS_FILE = "results.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +77,7 @@ def training_facts(checkpoint: str, step: int | None = None) -> tuple[str | None
     gin_file = native.operative_config_for_step(folder, step)
     operative = gin_file.read_text(encoding="utf-8") if gin_file is not None else None
     results, results_path = None, ""
-    for candidate in (folder / RESULTS_FILE, folder.parent / RESULTS_FILE):
+    for candidate in (folder / JOB_RESULTS_FILE, folder.parent / JOB_RESULTS_FILE):
         if operative is not None and candidate.is_file():
             try:
                 results = json.loads(candidate.read_text(encoding="utf-8"))

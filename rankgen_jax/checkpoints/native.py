@@ -29,6 +29,7 @@ from etils import epath
 
 from rankgen_jax.checkpoints.run_folder import (  # noqa: F401 - as_path, is_remote, resolve: used through this module
     MODEL_CONFIG_FILE,
+    SPIECE_FILE,
     STEPS_DIR,
     VOCAB_DIR,
     RunFolder,
@@ -41,7 +42,7 @@ from rankgen_jax.models.configs import ModelConfig
 from rankgen_jax.errors import RankgenError
 
 # Files that make up a tokenizer; copied together so the folder is self-contained.
-TOKENIZER_FILES = ("spiece.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+TOKENIZER_FILES = (SPIECE_FILE, "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.txt", "vocab.json", "merges.txt")
 
 
@@ -118,7 +119,7 @@ def tokenizer_files(vocab: str | os.PathLike | Sequence[str] | None) -> list[str
     if p.is_dir():
         return [str(p / name) for name in TOKENIZER_FILES if (p / name).is_file()]
     if p.name == "tokenizer.json":
-        return [str(p.parent / name) for name in TOKENIZER_FILES if name != "spiece.model" and (p.parent / name).is_file()]
+        return [str(p.parent / name) for name in TOKENIZER_FILES if name != SPIECE_FILE and (p.parent / name).is_file()]
     return [str(p)]
 
 
@@ -133,7 +134,7 @@ def save_model_config(path: str | os.PathLike, model_config: ModelConfig, vocab=
     for file in files:
         # A spiece model keeps T5's conventional name whatever it was called.
         source = as_path(file)
-        name = source.name if source.name in TOKENIZER_FILES else "spiece.model"
+        name = source.name if source.name in TOKENIZER_FILES else SPIECE_FILE
         # Bytes rather than shutil.copyfile: source and folder may be on different filesystems (local -> gs://).
         (folder.vocab / name).write_bytes(source.read_bytes())
 
@@ -218,7 +219,7 @@ def require_vocab_path(path: str | os.PathLike) -> str:
 
 def spiece_path(path: str | os.PathLike) -> str | None:
     """The checkpoint's SentencePiece model, or None."""
-    candidate = RunFolder.at(path).vocab / "spiece.model"
+    candidate = RunFolder.at(path).spiece_model
     return str(candidate) if candidate.is_file() else None
 
 
@@ -259,7 +260,7 @@ def restore_params(path: str | os.PathLike, step: int | None = None) -> tuple[Mo
     elif step not in steps:
         raise RankgenError(f"{ckpt}: no step {step} (saved steps: {sorted(steps)})")
     items = {"params": ocp.args.StandardRestore()}
-    if (RunFolder.at(ckpt).step(step) / "data").is_dir():  # a trainer's step: the digest lives there
+    if RunFolder.at(ckpt).step_item(step, "data").is_dir():  # a trainer's step: the digest lives there
         items["data"] = ocp.args.JsonRestore()
     try:
         restored = manager.restore(step, args=ocp.args.Composite(**items))

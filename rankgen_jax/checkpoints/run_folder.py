@@ -14,6 +14,9 @@ folder, plus the records of its run):
                              operative config by the step it started from
     metrics.jsonl, tensorboard/, profile/
                              a training run's metrics, TensorBoard events and profiler traces
+    best/, best.json         the parameters of the step that measured best in training's retrieval
+                             evaluation (a checkpoint folder of its own), and that measure, value and step
+    retrieval_sets/<name>/   the nano retrieval sets the run measures (retrieval/nano.py)
 
 The folder may be local or a bucket URL (gs://bucket/run): paths are etils.epath's, as Orbax's
 are, since pathlib would turn "gs://b" into the local folder "gs:/b".
@@ -31,6 +34,8 @@ from rankgen_jax.data.conventions import CONVENTIONS_FILE
 MODEL_CONFIG_FILE = "model_config.json"
 PROVENANCE_FILE = "provenance.json"
 VOCAB_DIR = "vocab"
+# A SentencePiece vocabulary keeps T5's conventional name in the vocab folder, whatever it was called.
+SPIECE_FILE = "spiece.model"
 STEPS_DIR = "checkpoints"
 DAMAGED_SUFFIX = ".damaged"
 RUN_CONFIG_FILE = "run_config.json"
@@ -40,6 +45,12 @@ OPERATIVE_CONFIGS_DIR = "operative_configs"
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 PROFILE_DIR = "profile"
+BEST_DIR = "best"
+BEST_RECORD_FILE = "best.json"
+RETRIEVAL_SETS_DIR = "retrieval_sets"
+# The held-out results an experiment job keeps in its workdir, beside its training run (experiments/job_folder.py);
+# a model card reports them.
+JOB_RESULTS_FILE = "results.json"
 
 
 def as_path(path: str | os.PathLike) -> epath.Path:
@@ -100,12 +111,21 @@ class RunFolder:
         return self.root / VOCAB_DIR
 
     @property
+    def spiece_model(self) -> epath.Path:
+        """The vocab folder's SentencePiece model (SPIECE_FILE)."""
+        return self.vocab / SPIECE_FILE
+
+    @property
     def steps(self) -> epath.Path:
         """The Orbax steps' folder."""
         return self.root / STEPS_DIR
 
     def step(self, step: int) -> epath.Path:
         return self.steps / str(step)
+
+    def step_item(self, step: int, item: str) -> epath.Path:
+        """One item of a saved step ("params"; "data" for a trainer's), as Orbax's Composite lays it out."""
+        return self.step(step) / item
 
     def damaged_step(self, step: int, attempt: int = 0) -> epath.Path:
         """Where a damaged step's folder is set aside (Orbax lists no such name): `<step>.damaged[.<attempt>]`."""
@@ -153,6 +173,19 @@ class RunFolder:
     @property
     def profile(self) -> epath.Path:
         return self.root / PROFILE_DIR
+
+    @property
+    def best(self) -> RunFolder:
+        """The best step's parameters, as a checkpoint folder (train/retrieval_eval.py's keep_best)."""
+        return RunFolder(self.root / BEST_DIR)
+
+    @property
+    def best_record(self) -> epath.Path:
+        return self.root / BEST_RECORD_FILE
+
+    def retrieval_set(self, name: str) -> epath.Path:
+        """A nano retrieval set the run built and measures, by its name in the metrics."""
+        return self.root / RETRIEVAL_SETS_DIR / name
 
     def file(self, name: str) -> epath.Path:
         """Another file a job keeps in the folder (its results, plots), by name."""

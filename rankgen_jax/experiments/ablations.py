@@ -25,7 +25,6 @@ from typing import Sequence
 
 import numpy as np
 
-from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.data.jsonl import read_jsonl
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.eval.ranking import top1
@@ -87,7 +86,7 @@ def _run_items(workdir: Path, model: str) -> tuple[list[tuple], dict[str, np.nda
 
 
 def _steps(workdir: Path) -> int | None:
-    results = RunFolder.at(workdir).file("results.json")
+    results = DemoFolder(workdir).results_file
     if not results.is_file():
         return None
     steps = json.loads(results.read_text(encoding="utf-8")).get("train", {}).get("steps")
@@ -222,13 +221,23 @@ def plot_report(comparison: dict, path: str | Path) -> None:
     plt.close(fig)
 
 
+class ReportFolder:
+    """The report's files in the folder a caller names: ablations.md, .png (the plot) and .json."""
+
+    def __init__(self, out_dir: str | Path):
+        self.root = Path(out_dir)
+
+    def file(self, suffix: str) -> Path:
+        return self.root / f"ablations{suffix}"
+
+
 def write_report(runs: Sequence[dict], baseline: str, out_dir: str | Path, note: str = "") -> dict:
     """out_dir/ablations.{md,png,json} for the runs; returns the comparison (as the JSON holds it)."""
     comparison = compare_runs(runs, baseline)
     comparison["machine"] = machine_note()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "ablations.md").write_text(markdown_report(comparison, note or comparison["machine"]), encoding="utf-8")
-    plot_report(comparison, out / "ablations.png")
-    (out / "ablations.json").write_text(json.dumps(comparison, indent=2) + "\n", encoding="utf-8")
+    report = ReportFolder(out_dir)
+    report.root.mkdir(parents=True, exist_ok=True)
+    report.file(".md").write_text(markdown_report(comparison, note or comparison["machine"]), encoding="utf-8")
+    plot_report(comparison, report.file(".png"))
+    report.file(".json").write_text(json.dumps(comparison, indent=2) + "\n", encoding="utf-8")
     return comparison

@@ -79,6 +79,7 @@ from rankgen_jax.data.retrieval_files import (DEFAULT_TITLE_JOIN, Passage, is_be
 from rankgen_jax.data.source_configs import DataConfig, ListsData
 from rankgen_jax.errors import RankgenError, check_field_types
 from rankgen_jax.eval.retrieval_metrics import evaluate_files
+from rankgen_jax.experiments.job_folder import JobFolder
 from rankgen_jax.experiments.stages import DONE_MARKER, StageRun, is_done, log, mark_done, starting_checkpoint
 from rankgen_jax.retrieval.dense_index import CONFIG_FILE, IndexSpec, TextEncoding, index_corpus, search_queries
 from rankgen_jax.retrieval import teacher as teachers
@@ -262,17 +263,38 @@ HOLDOUT = "holdout"
 NO_RELEVANT_PASSAGE = "no passage the qrels judge relevant"
 
 
-class Job:
+class Job(JobFolder):
     """A CL-DRD workdir: where each iteration's artefacts go, and the stages that make them."""
 
     def __init__(self, workdir: str | Path, cfg: ClDrdConfig):
+        super().__init__(workdir)
         self.cfg = cfg
-        self.root = Path(workdir)
-        self.data = self.root / "data"
         self._conventions: dict | None = None
         self._loaded: dict[int, LoadedModel] = {}  # iteration -> its student, loaded once per process
 
     # --- paths -------------------------------------------------------------------------------
+
+    @property
+    def data(self) -> Path:
+        """The training (and selection) queries and qrels as the job reads them."""
+        return self.root / "data"
+
+    @property
+    def train_queries(self) -> Path:
+        return self.data / "train_queries.jsonl"
+
+    @property
+    def train_qrels(self) -> Path:
+        return self.data / "train_qrels.tsv"
+
+    @property
+    def stopped_marker(self) -> Path:
+        """Written when selection stopped the curriculum early (stop_when_no_gain): the shard workers stop too."""
+        return self.root / STOPPED_MARKER
+
+    @property
+    def table(self) -> Path:
+        return self.root / "cl_drd_table.md"
 
     def iteration(self, t: int) -> Path:
         return self.root / f"iter{t}"
@@ -292,8 +314,24 @@ class Job:
             self._loaded[t] = load_model(str(self.student(t)))
         return self._loaded[t]
 
+    def index_folder(self, t: int) -> Path:
+        """Iteration t's student's index of the corpus, in shards (index_shard)."""
+        return self.iteration(t) / "index"
+
     def index_shard(self, t: int, i: int) -> Path:
-        return self.iteration(t) / "index" / f"shard{i}"
+        return self.index_folder(t) / f"shard{i}"
+
+    def eval_measures(self, t: int, queries: str) -> Path:
+        """Iteration t's measures on a query set (evaluate_retriever; its TREC run beside, as .trec)."""
+        return self.iteration(t) / "eval" / f"{queries}.json"
+
+    def candidates_file(self, t: int) -> Path:
+        """Iteration t's teacher-scored candidate lists, the shards joined (candidates)."""
+        return self.iteration(t) / "candidates.jsonl"
+
+    def lists_files(self, t: int) -> tuple[Path, Path]:
+        """Iteration t's training lists and their summary (training_lists)."""
+        return self.iteration(t) / "train_lists.jsonl", self.iteration(t) / "train_lists.json"
 
     def select_files(self) -> tuple[Path, Path]:
         """The held-out training queries (select_holdout) and their qrels."""
@@ -357,8 +395,8 @@ class Job:
             pairs = [(q, t) for q, t in pairs if q not in held]
             judged = [j for j in judged if j[0] not in held]
             counts["select_holdout"] = len(held)
-        write_jsonl(self.data / "train_queries.jsonl", [{"id": q, "text": t} for q, t in pairs])
-        _write_qrels(self.data / "train_qrels.tsv", judged)
+        write_jsonl(self.train_queries, [{"id": q, "text": t} for q, t in pairs])
+        _write_qrels(self.train_qrels, judged)
         for i in range(cfg.num_shards):
             write_jsonl(self.queries_shard(i), [{"id": q, "text": t} for q, t in teachers.shard_of(
                 pairs, i, cfg.num_shards)])
@@ -418,7 +456,7 @@ class Job:
         return self._conventions
 
     def train_query_ids(self) -> list[str]:
-        return [r["id"] for r in read_jsonl(self.data / "train_queries.jsonl")]
+        return [r["id"] for r in read_jsonl(self.train_queries)]
 
     # --- sharded stages ----------------------------------------------------------------------
 
@@ -451,7 +489,7 @@ class Job:
             return
         search_queries(
             self.loaded_student(t - 1),
-            str(self.iteration(t - 1) / "index"),
+            str(self.index_folder(t - 1)),
             str(self.queries_shard(i)),
             self.cfg.depth,
             encoding=TextEncoding(
@@ -468,8 +506,8 @@ class Job:
             return json.loads(done.read_text(encoding="utf-8"))
         started = time.time()
         candidates = teachers.CandidateSource(
-            run_file=str(self.retrieved(t, i)), queries=str(self.data / "train_queries.jsonl"), corpus=self.cfg.corpus,
-            qrels=str(self.data / "train_qrels.tsv"), depth=self.cfg.depth, positive_level=self.cfg.positive_level)
+            run_file=str(self.retrieved(t, i)), queries=str(self.train_queries), corpus=self.cfg.corpus,
+            qrels=str(self.train_qrels), depth=self.cfg.depth, positive_level=self.cfg.positive_level)
         summary = teachers.score_candidates(str(out), teacher, candidates, title_join=self.cfg.title_join,
                                             query_batch=self.cfg.query_batch)
         summary["seconds"] = time.time() - started
@@ -489,7 +527,7 @@ class Job:
 
     def candidates(self, t: int) -> Path:
         """The teacher-scored candidate lists of iteration t, the shards joined in training-query order."""
-        out = self.iteration(t) / "candidates.jsonl"
+        out = self.candidates_file(t)
         if not out.is_file():
             teachers.merge_shards([self.scored(t, i) for i in range(self.cfg.num_shards)], out,
                                   self.train_query_ids())
@@ -497,8 +535,7 @@ class Job:
 
     def training_lists(self, t: int) -> tuple[Path, dict]:
         """Iteration t's CL-DRD lists (groups, labels, the student's ranks) from its candidates."""
-        out = self.iteration(t) / "train_lists.jsonl"
-        summary_file = self.iteration(t) / "train_lists.json"
+        out, summary_file = self.lists_files(t)
         if out.is_file() and summary_file.is_file():
             return out, json.loads(summary_file.read_text(encoding="utf-8"))
         stage = self.cfg.curriculum[t - 1]
@@ -587,15 +624,15 @@ class Job:
         return out
 
     def _evaluate_on(self, t: int, query_set: QuerySet) -> dict:
-        return evaluate_retriever(self.loaded_student(t), self.iteration(t) / "index", query_set,
-                                  self.iteration(t) / "eval", self.cfg, self.reading_conventions(), f"cl_drd_iter{t}")
+        return evaluate_retriever(self.loaded_student(t), self.index_folder(t), query_set,
+                                  self.eval_measures(t, query_set.name), self.cfg, self.reading_conventions(),
+                                  f"cl_drd_iter{t}")
 
 
-def evaluate_retriever(model: str | LoadedModel, index: Path, query_set: QuerySet, out_dir: Path, cfg: ClDrdConfig,
+def evaluate_retriever(model: str | LoadedModel, index: Path, query_set: QuerySet, out: Path, cfg: ClDrdConfig,
                        conventions: dict, run_tag: str) -> dict:
-    """A dual encoder's TREC run of the query set from its index (out_dir/<name>.trec) and trec_eval's measures
-    with standard errors (out_dir/<name>.json, written whole; read back when there)."""
-    out = out_dir / f"{query_set.name}.json"
+    """A dual encoder's TREC run of the query set from its index (`out` as .trec) and trec_eval's measures with
+    standard errors (`out`, a .json written whole; read back when there)."""
     if out.is_file():
         return json.loads(out.read_text(encoding="utf-8"))
     run = out.with_suffix(".trec")
@@ -702,7 +739,7 @@ def run_cl_drd(workdir: str, cfg: ClDrdConfig | None = None) -> dict:
     """Run (or resume) CL-DRD in workdir; returns results.json's contents (the per-iteration table too)."""
     cfg = cfg or ClDrdConfig()
     job = Job(workdir, cfg)
-    run = StageRun(workdir, "cl-drd")
+    run = StageRun(job, "cl-drd")
     results = run.results
     results["config"] = {k: v for k, v in dataclasses.asdict(cfg).items()}
     if not cfg.corpus:
@@ -722,7 +759,7 @@ def run_cl_drd(workdir: str, cfg: ClDrdConfig | None = None) -> dict:
         if not job.student(0).root.exists():
             Path(job.student(0)).symlink_to(start.resolve(), target_is_directory=True)
     else:
-        start = starting_checkpoint("", cfg.student, job.root, "ClDrdConfig.student")
+        start = starting_checkpoint("", cfg.student, job, "ClDrdConfig.student")
         if not job.student(0).root.exists():
             Path(job.student(0)).symlink_to(start.resolve().name, target_is_directory=True)
     if not cfg.teacher:
@@ -738,7 +775,7 @@ def run_cl_drd(workdir: str, cfg: ClDrdConfig | None = None) -> dict:
         key = str(t)
         row = iterations.setdefault(key, {"iteration": t})
         if t > 0:
-            if (job.root / STOPPED_MARKER).is_file():
+            if job.stopped_marker.is_file():
                 break
             row["stage"] = dataclasses.asdict(cfg.curriculum[t - 1])
             if not is_done(job.student(t)):
@@ -771,7 +808,7 @@ def run_cl_drd(workdir: str, cfg: ClDrdConfig | None = None) -> dict:
         if t > 0 and cfg.stop_when_no_gain and best_value is not None and value <= best_value:
             _log(f"iteration {t}: selection {cfg.select_metric} {value:.4f} is not above the best before it, "
                  f"{best_value:.4f}: stopping")
-            (job.root / STOPPED_MARKER).write_text(f"{t}\n")
+            job.stopped_marker.write_text(f"{t}\n")
             break
         best_value = value if best_value is None else max(best_value, value)
     chosen = choose_iteration(iterations, cfg.select_metric, selection is not None)
@@ -781,7 +818,7 @@ def run_cl_drd(workdir: str, cfg: ClDrdConfig | None = None) -> dict:
     _log(f"kept iteration {chosen['iteration']}: {chosen['why']}")
     if "warning" in chosen:
         _log(f"warning: {chosen['warning']}")
-    (job.root / "cl_drd_table.md").write_text(table_markdown(results, cfg), encoding="utf-8")
+    job.table.write_text(table_markdown(results, cfg), encoding="utf-8")
     return run.finish()
 
 
@@ -792,11 +829,11 @@ def run_shard_worker(workdir: str, shard_index: int, cfg: ClDrdConfig | None = N
     if not 0 <= shard_index < cfg.num_shards:
         raise RankgenError(f"shard_index {shard_index} is outside 0..{cfg.num_shards - 1}")
     job = Job(workdir, cfg)
-    stop = job.root / STOPPED_MARKER
+    stop = job.stopped_marker
     teacher = None
     for t in range(len(cfg.curriculum) + 1):
         student = job.student(t)
-        if not _wait_for([student.root if t == 0 else student.file(DONE_MARKER), job.data / "train_queries.jsonl"],
+        if not _wait_for([student.root if t == 0 else student.file(DONE_MARKER), job.train_queries],
                          f"the iteration-{t} student", stop):
             return
         job.index(t, shard_index)

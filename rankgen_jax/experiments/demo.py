@@ -24,7 +24,7 @@ from rankgen_jax.errors import RankgenError
 from rankgen_jax.eval.ranking import accuracy, mrr, pairwise_accuracy
 from rankgen_jax.eval.suffix_comparison import compare_by_genre, comparison_table
 from rankgen_jax.experiments.demo_folder import DemoFolder
-from rankgen_jax.experiments.stages import log, read_results, starting_checkpoint, write_results
+from rankgen_jax.experiments.stages import log, starting_checkpoint
 from rankgen_jax.inference.encoder import load_model
 from rankgen_jax.retrieval.sparse import token_overlap_scores, unigram_overlap_scores
 from rankgen_jax.train.config import TrainerConfig
@@ -200,10 +200,10 @@ def run_job(workdir: str) -> dict:
                            names=("workdir",))
     root.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    results = read_results(root)
+    results = folder.read_results()
 
     if job.init_from_hf:
-        init = starting_checkpoint("", job.init_from_hf, root)
+        init = starting_checkpoint("", job.init_from_hf, folder)
         trainer = dataclasses.replace(trainer, init_checkpoint=str(init))
 
     items = []
@@ -224,13 +224,13 @@ def run_job(workdir: str) -> dict:
             for length in job.zero_shot_prefix_lengths:
                 write_scores(folder.scores(f"zero_shot_{length}"), items, by_length[length])
             results["zero_shot"] = suffix_identification(by_length[data.prefix_length])
-        write_results(root, results)
+        folder.write_results(results)
 
     print("[job] training", flush=True)
     results["train"] = train(folder.train, trainer=trainer, data=data)
     if results["train"].get("preempted"):
         # A partly trained model is not the job's result: evaluate, plot and export once training has ended.
-        write_results(root, results)
+        folder.write_results(results)
         print(f"[job] stopped by SIGTERM at step {int(results['train']['steps'])} (saved): the same command "
               "resumes training, then evaluates, plots and exports", flush=True)
         return {**results, "preempted": True}
@@ -247,12 +247,12 @@ def run_job(workdir: str) -> dict:
     if job.plot:
         results["plot"] = str(plot_run(folder.train, results))
     # Saved before the export, whose model card reports them.
-    write_results(root, results)
+    folder.write_results(results)
     if job.export:
         export_hf(str(folder.train), str(folder.hf), overwrite=True)
         results["export"] = str(folder.hf)
     results["job_seconds"] = time.time() - started
-    write_results(root, results)
+    folder.write_results(results)
     _print_summary(results, root)
     return results
 

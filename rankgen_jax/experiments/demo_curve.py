@@ -70,11 +70,10 @@ def run_curve(workdir: str, steps: list[int] | None = None) -> dict:
         raise RankgenError(f"{train_dir}: no saved steps {missing} (saved: {saved}); keep more with "
                            "TrainerConfig.keep_checkpoints")
     minutes = elapsed_minutes(train_dir.metrics)
-    out = folder.curve
-    out.mkdir(exist_ok=True)
+    folder.curve.mkdir(exist_ok=True)
     points = []
     for step in sorted(steps):
-        scores_path = out / f"scores_step{step}.jsonl"
+        scores_path = folder.curve_scores(step)
         tuned = read_scores(scores_path) if scores_path.is_file() else None
         if tuned is None or len(tuned) != len(items):
             print(f"[curve] scoring {len(items)} items with step {step}", file=sys.stderr, flush=True)
@@ -85,10 +84,10 @@ def run_curve(workdir: str, steps: list[int] | None = None) -> dict:
                        "rows": len(rows), "by_genre": report})
     first = next((p["step"] for p in points if p["clear"] == p["rows"]), None)
     result = {"points": points, "first_all_clear": first}
-    (out / "curve.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    folder.curve_report(".json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     table = curve_table(result)
-    (out / "curve.md").write_text(table, encoding="utf-8")
-    plot_curve(result, out / "curve.png")
+    folder.curve_report(".md").write_text(table, encoding="utf-8")
+    plot_curve(result, folder.curve_report(".png"))
     print(table, flush=True)
     return result
 

@@ -7,11 +7,11 @@ files, runs without it.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 from rankgen_jax.checkpoints.run_folder import RunFolder
+from rankgen_jax.experiments.job_folder import JobFolder
 
 # The held-out items (gold candidate first: label 0), and each model's scores of them, as `score` reads and writes.
 SUFFIX_ITEMS_FILE = "suffix_eval_items.jsonl"
@@ -20,14 +20,8 @@ SCORES_PREFIX = "suffix_eval_scores_"
 COMPARISON_TABLE_FILE = "suffix_eval_by_genre.md"
 
 
-class DemoFolder:
+class DemoFolder(JobFolder):
     """Where the main job keeps each of its outputs under `workdir`."""
-
-    def __init__(self, workdir: str | os.PathLike):
-        self.root = Path(workdir)
-
-    def __str__(self) -> str:
-        return str(self.root)
 
     @property
     def items(self) -> Path:
@@ -44,7 +38,7 @@ class DemoFolder:
 
     @property
     def train(self) -> RunFolder:
-        return RunFolder.at(self.root / "train")
+        return self.model("train")
 
     @property
     def comparison_table(self) -> Path:
@@ -54,6 +48,14 @@ class DemoFolder:
     def curve(self) -> Path:
         """The curve's folder: scores per step, curve.{json,md,png}."""
         return self.root / "curve"
+
+    def curve_scores(self, step: int) -> Path:
+        """The fine-tuned model's scores of the items at a saved step."""
+        return self.curve / f"scores_step{step}.jsonl"
+
+    def curve_report(self, suffix: str) -> Path:
+        """The curve as ".json", ".md" or ".png"."""
+        return self.curve / f"curve{suffix}"
 
     @property
     def hf(self) -> Path:

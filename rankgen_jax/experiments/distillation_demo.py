@@ -31,6 +31,7 @@ import gin
 import numpy as np
 
 from rankgen_jax.checkpoints import native
+from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.data.beir_books import BooksCollectionConfig, book_slug, build_books_collection
 from rankgen_jax.data.documents import Document
 from rankgen_jax.data.jsonl import read_jsonl, write_jsonl
@@ -41,9 +42,10 @@ from rankgen_jax.experiments.cl_drd import (ClDrdConfig, Job, QuerySet, evaluate
                                             paired_difference, run_cl_drd)
 from rankgen_jax.experiments.pipeline import DKMR2_RETRIEVER1, PipelineConfig, run_pipeline
 from rankgen_jax.experiments.retrieval_example import bundled_books
+from rankgen_jax.experiments.job_folder import JobFolder
 from rankgen_jax.experiments.stages import StageRun, is_done, log, mark_done, starting_checkpoint
 from rankgen_jax.pretrained import MINILM
-from rankgen_jax.retrieval.dense_index import TextEncoding, index_corpus
+from rankgen_jax.retrieval.dense_index import TextEncoding, index_corpus, index_written
 from rankgen_jax.retrieval.mining import Bm25Retriever
 from rankgen_jax.retrieval.teacher import ENSEMBLE_SEPARATOR, EnsembleTeacher, load_teacher, standardized
 from rankgen_jax.train.config import LossConfig, TrainerConfig
@@ -92,6 +94,64 @@ class DistillationDemoConfig:
                                f"{self.standard_lists!r}")
 
 
+class DistillationFolder(JobFolder):
+    """Where the demonstration keeps each of its outputs under `workdir`: the BEIR collection, BM25's and the
+    teacher's runs, the teacher's training, CL-DRD's job, standard distillation's, DKMR^2's pipeline, the table."""
+
+    @property
+    def beir(self) -> Path:
+        return self.root / "beir"
+
+    def bm25_run(self, split: str) -> tuple[Path, Path]:
+        """BM25's TREC run on a split's queries, and its measures."""
+        return self.root / "bm25" / f"{split}.trec", self.root / "bm25" / f"{split}.json"
+
+    def teacher_run(self, label: str, split: str) -> tuple[Path, Path]:
+        """The teacher's (or an ensemble member's) TREC run over the whole corpus on a split's queries, and its
+        measures."""
+        folder = self.root / "teacher_rows" / label.replace("/", "_")
+        return folder / f"{split}.trec", folder / f"{split}.json"
+
+    @property
+    def teacher_books(self) -> Path:
+        """The books the trained teacher member trains on (the training and dev books)."""
+        return self.root / "teacher_books"
+
+    @property
+    def cl_drd(self) -> Path:
+        return self.root / "cl_drd"
+
+    @property
+    def standard_student(self) -> RunFolder:
+        """Standard distillation's training run."""
+        return RunFolder.at(self.root / "standard" / "student")
+
+    @property
+    def standard_lists(self) -> Path:
+        return self.root / "standard" / "train_lists.jsonl"
+
+    @property
+    def standard_index(self) -> Path:
+        return self.root / "standard" / "index"
+
+    def standard_measures(self, queries: str) -> Path:
+        """Standard distillation's measures on a query set (its TREC run beside, as .trec)."""
+        return self.root / "standard" / "eval" / f"{queries}.json"
+
+    @property
+    def dkmr2_books(self) -> Path:
+        """Every book as its own file, the corpus DKMR^2's pipeline reads."""
+        return self.root / "dkmr2_books"
+
+    @property
+    def dkmr2(self) -> Path:
+        return self.root / "dkmr2"
+
+    @property
+    def table(self) -> Path:
+        return self.root / TABLE_FILE
+
+
 def _log(message: str) -> None:
     log("distillation-demo", message)
 
@@ -100,39 +160,38 @@ def _query_sets(beir: Path) -> dict[str, QuerySet]:
     return {split: QuerySet(split, str(beir), str(beir), split) for split in SPLITS}
 
 
-def _bm25(beir: Path, root: Path, cfg: DistillationDemoConfig, measures) -> dict:
+def _bm25(folder: DistillationFolder, cfg: DistillationDemoConfig, measures) -> dict:
+    beir = folder.beir
     corpus = read_passages(str(beir))
     retriever = Bm25Retriever(corpus.joined(), corpus.ids, progress=False)
     out = {}
     for split, query_set in _query_sets(beir).items():
         queries = read_queries(str(beir), split=split)
         rankings = retriever.rank(queries.joined(), cfg.bm25_depth)
-        run = write_run(root / "bm25" / f"{split}.trec", [
+        run_file, measures_file = folder.bm25_run(split)
+        run = write_run(run_file, [
             {"query_id": q, "ids": [corpus.ids[r] for r, _ in ranked], "scores": [s for _, s in ranked]}
             for q, ranked in zip(queries.ids, rankings)], "trec", "bm25")
-        out[split] = measure_run(run, query_set, measures, root / "bm25" / f"{split}.json")
+        out[split] = measure_run(run, query_set, measures, measures_file)
     return out
 
 
-def _train_teacher(root: Path, init: Path, books: list[Document], beir_summary: dict, cfg: DistillationDemoConfig,
-                   cl_cfg: ClDrdConfig) -> str:
+def _train_teacher(folder: DistillationFolder, init: Path, books: list[Document], beir_summary: dict,
+                   cfg: DistillationDemoConfig, cl_cfg: ClDrdConfig) -> str:
     """MiniLM trained with RankGen's in-batch objective (InBook negatives) on every example of the training books,
     reading text as the student will (ClDrdConfig's lengths, no markers)."""
-    workdir = root / "teacher"
+    workdir = folder.model("teacher")
     if is_done(workdir):
         return str(workdir)
-    folder = root / "teacher_books"
+    books_folder = folder.teacher_books
     train_slugs = set(beir_summary["train_books"])
     kept = [d for d in books if book_slug(d.id) in train_slugs or book_slug(d.id) in beir_summary["dev_books"]]
-    for doc in kept:
-        path = folder / doc.id
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(doc.text, encoding="utf-8")
+    _write_books(kept, books_folder)
     # The dev book is the run's held-out document (never trained on); it has no test book in it.
     holdout = tuple(d.id for d in kept if book_slug(d.id) in beir_summary["dev_books"])
     data = DataConfig(
         ExamplesData(
-            corpus=str(folder),
+            corpus=str(books_folder),
             continuation_length=cl_cfg.passage_length,
             prefix_keep=cl_cfg.query_keep,
             with_negative=False,
@@ -152,11 +211,19 @@ def _train_teacher(root: Path, init: Path, books: list[Document], beir_summary: 
                             async_checkpoints=False, seed=cl_cfg.seed)
     optimizer = OptimizerConfig(name="adamw", learning_rate=cfg.teacher_learning_rate, warmup_steps=10,
                                 weight_decay=0.01)
-    train(str(workdir), trainer=trainer, data=data, loss=LossConfig(name="in_batch_softmax",
+    train(workdir, trainer=trainer, data=data, loss=LossConfig(name="in_batch_softmax",
                                                                      logit_scale=cfg.teacher_logit_scale),
           optimizer=optimizer)
     mark_done(workdir)
     return str(workdir)
+
+
+def _write_books(books: list[Document], folder: Path) -> None:
+    """Each book as a file under folder, by its corpus id (a corpus folder that require_documents reads)."""
+    for doc in books:
+        path = folder / doc.id
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(doc.text, encoding="utf-8")
 
 
 def teacher_spec(teacher: str, trained: str | None) -> str:
@@ -165,10 +232,11 @@ def teacher_spec(teacher: str, trained: str | None) -> str:
     return ENSEMBLE_SEPARATOR.join(trained if m == TRAINED else m for m in members)
 
 
-def _rank_corpus(spec: str, labels: list[str], beir: Path, out_dir: Path, cl_cfg: ClDrdConfig, measures) -> dict:
+def _rank_corpus(spec: str, labels: list[str], folder: DistillationFolder, cl_cfg: ClDrdConfig, measures) -> dict:
     """The teacher, and each member of an ensemble, scoring the whole corpus for every dev and test query: TREC runs
     and measures by row ({label: {split: measures}}, the teacher itself under "teacher"). Each member scores once;
     the ensemble's row combines those scores as EnsembleTeacher does."""
+    beir = folder.beir
     teacher = load_teacher(spec, cl_cfg.query_length, cl_cfg.passage_length, cl_cfg.teacher_batch_size,
                            corpus=str(beir))
     members = teacher.members if isinstance(teacher, EnsembleTeacher) else []
@@ -183,14 +251,14 @@ def _rank_corpus(spec: str, labels: list[str], beir: Path, out_dir: Path, cl_cfg
                               for i in range(len(queries.ids))] if members
                              else teacher.score(queries.ids, queries.joined(), candidates))
         for label, scores in scored.items():
-            folder = out_dir / label.replace("/", "_")
+            run_file, measures_file = folder.teacher_run(label, split)
             results = []
             for qid, row in zip(queries.ids, scores):
                 top = np.argsort(-np.asarray(row), kind="stable")[: cl_cfg.eval_depth]
                 results.append({"query_id": qid, "ids": [corpus.ids[j] for j in top],
                                 "scores": [float(row[j]) for j in top]})
-            run = write_run(folder / f"{split}.trec", results, "trec", label.replace(" ", "_"))
-            rows[label][split] = measure_run(run, query_set, measures, folder / f"{split}.json")
+            run = write_run(run_file, results, "trec", label.replace(" ", "_"))
+            rows[label][split] = measure_run(run, query_set, measures, measures_file)
     return rows
 
 
@@ -217,18 +285,18 @@ def standard_lists(candidates: list[dict], size: int, epochs: int, mode: str, se
     return records
 
 
-def _standard_distillation(root: Path, cl_root: Path, cl_cfg: ClDrdConfig, cfg: DistillationDemoConfig,
+def _standard_distillation(folder: DistillationFolder, cl_cfg: ClDrdConfig, cfg: DistillationDemoConfig,
                            steps: int) -> dict:
     """KL to the teacher's scores over the zero-shot student's top N (standard_lists), from the zero-shot
     student, for `steps` steps (as many as CL-DRD's); then indexed and evaluated as CL-DRD's iterations are."""
-    job = Job(cl_root, cl_cfg)
-    workdir = root / "standard" / "student"
+    job = Job(folder.cl_drd, cl_cfg)
+    workdir = folder.standard_student
     size = cl_cfg.curriculum[0].list_size
     if not is_done(workdir):
         epochs = max(1, -(-steps * cl_cfg.batch_size // len(job.train_query_ids())))
-        records = standard_lists(read_jsonl(cl_root / "iter1" / "candidates.jsonl"), size, epochs,
-                                 cfg.standard_lists, cl_cfg.seed, cl_cfg.title_join)
-        lists = write_jsonl(root / "standard" / "train_lists.jsonl", records)
+        records = standard_lists(read_jsonl(job.candidates_file(1)), size, epochs, cfg.standard_lists, cl_cfg.seed,
+                                 cl_cfg.title_join)
+        lists = write_jsonl(folder.standard_lists, records)
         conventions = job.reading_conventions()
         data = DataConfig(
             ListsData(
@@ -250,12 +318,12 @@ def _standard_distillation(root: Path, cl_root: Path, cl_cfg: ClDrdConfig, cfg: 
         trainer = TrainerConfig(num_steps=steps, log_every=max(1, min(50, steps // 10)), eval_every=0,
                                 checkpoint_every=min(cl_cfg.checkpoint_every, steps), keep_checkpoints=2,
                                 init_checkpoint=str(job.student(0)), seed=cl_cfg.seed + 1, async_checkpoints=False)
-        train(str(workdir), trainer=trainer, data=data, optimizer=optimizer,
+        train(workdir, trainer=trainer, data=data, optimizer=optimizer,
               loss=LossConfig(name="kl_distillation", temperature=cfg.standard_temperature,
                               logit_scale=cl_cfg.logit_scale))
         mark_done(workdir)
-    index = root / "standard" / "index"
-    if not (index / "index_config.json").is_file():
+    index = folder.standard_index
+    if not index_written(index):
         index_corpus(
             str(workdir),
             cl_cfg.corpus,
@@ -265,7 +333,7 @@ def _standard_distillation(root: Path, cl_root: Path, cl_cfg: ClDrdConfig, cfg: 
             overwrite=True,
             progress=False,
         )
-    return {q.name: evaluate_retriever(str(workdir), index, q, root / "standard" / "eval", cl_cfg,
+    return {q.name: evaluate_retriever(str(workdir), index, q, folder.standard_measures(q.name), cl_cfg,
                                        job.reading_conventions(), "standard_kl")
             for q in _query_sets(Path(cl_cfg.corpus)).values()}
 
@@ -353,10 +421,11 @@ def run_distillation_demo(workdir: str, cfg: DistillationDemoConfig | None = Non
     # Read before anything trains: a training run refuses gin bindings that nothing has read yet.
     cl_drd_config = cl_drd_config or ClDrdConfig()
     pipeline_config = pipeline_config or (PipelineConfig() if cfg.dkmr2 else None)
-    job = StageRun(workdir, "distillation-demo")
-    root, results = job.root, job.results
+    folder = DistillationFolder(workdir)
+    job = StageRun(folder, "distillation-demo")
+    results = job.results
     books = bundled_books() if books is None else books
-    beir = root / "beir"
+    beir = folder.beir
     if "collection" not in results:
         collection = BooksCollectionConfig(passages_per_book=cfg.passages_per_book, test_books=cfg.test_books,
                                            dev_books=cfg.dev_books, prefix_words=cfg.prefix_words,
@@ -366,46 +435,40 @@ def run_distillation_demo(workdir: str, cfg: DistillationDemoConfig | None = Non
         job.save()
     measures = tuple(cl_drd_config.measures)
     if "bm25" not in results:
-        results["bm25"] = job.stage("bm25", _bm25, beir, root, cfg, measures)
+        results["bm25"] = job.stage("bm25", _bm25, folder, cfg, measures)
         job.save()
     init = Path(cfg.student) if native.is_checkpoint_dir(cfg.student) else starting_checkpoint(
-        "", cfg.student, root, "DistillationDemoConfig.student")
+        "", cfg.student, folder, "DistillationDemoConfig.student")
     cl_cfg = dataclasses.replace(cl_drd_config, corpus=str(beir), student=str(init), eval_split="test",
                                  report_splits=(), select_split="dev")
     trained = None
     if TRAINED in [m.strip() for m in cfg.teacher.split(ENSEMBLE_SEPARATOR)]:
-        trained = job.stage("teacher_training", _train_teacher, root, init, books, results["collection"], cfg,
+        trained = job.stage("teacher_training", _train_teacher, folder, init, books, results["collection"], cfg,
                             cl_cfg)
     spec = teacher_spec(cfg.teacher, trained)
     results["teacher_spec"] = cfg.teacher
     cl_cfg = dataclasses.replace(cl_cfg, teacher=spec)
     if "teacher" not in results:
         labels = [m.strip() for m in cfg.teacher.split(ENSEMBLE_SEPARATOR)]
-        rows = job.stage("teacher", _rank_corpus, spec, labels, beir, root / "teacher_rows", cl_cfg, measures)
+        rows = job.stage("teacher", _rank_corpus, spec, labels, folder, cl_cfg, measures)
         results["teacher"] = rows.pop("teacher")
         results["teacher_members"] = rows
         job.save()
-    results["cl_drd"] = job.stage("cl_drd", run_cl_drd, str(root / "cl_drd"), cl_cfg)
+    results["cl_drd"] = job.stage("cl_drd", run_cl_drd, str(folder.cl_drd), cl_cfg)
     job.save()
     steps = sum(row.get("training", {}).get("steps", 0) for row in results["cl_drd"]["iterations"].values())
     results["standard_steps"] = steps
     if "standard" not in results:
-        results["standard"] = job.stage("standard", _standard_distillation, root, root / "cl_drd", cl_cfg, cfg,
-                                        steps)
+        results["standard"] = job.stage("standard", _standard_distillation, folder, cl_cfg, cfg, steps)
         job.save()
     if cfg.dkmr2:
-        books_folder = root / "dkmr2_books"
-        for doc in books:
-            path = books_folder / doc.id
-            if not path.is_file():
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(doc.text, encoding="utf-8")
-        dkmr2_cfg = dataclasses.replace(pipeline_config, corpus=str(books_folder))
-        results["dkmr2"] = job.stage("dkmr2", run_pipeline, str(root / "dkmr2"), dkmr2_cfg)
+        _write_books(books, folder.dkmr2_books)
+        dkmr2_cfg = dataclasses.replace(pipeline_config, corpus=str(folder.dkmr2_books))
+        results["dkmr2"] = job.stage("dkmr2", run_pipeline, str(folder.dkmr2), dkmr2_cfg)
         job.save()
     results["targets"] = targets(results)
     table = table_markdown(results)
-    (root / TABLE_FILE).write_text(table, encoding="utf-8")
+    folder.table.write_text(table, encoding="utf-8")
     results = job.finish()
     print(table)
     for name, target in results["targets"].items():

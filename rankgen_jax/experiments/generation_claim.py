@@ -13,7 +13,6 @@ share of time spent re-ranking.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import gin
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.eval.generation_metrics import MauveSettings
 from rankgen_jax.experiments.generation_sweep import run_generation_sweep
+from rankgen_jax.experiments.job_folder import JobFolder
 from rankgen_jax.experiments.negatives_claim import ClaimFolder
 from rankgen_jax.experiments.stages import log, starting_checkpoint
 from rankgen_jax.lm.generation import RerankerSpec
@@ -60,36 +60,48 @@ class GenerationClaimConfig:
                 raise RankgenError(f"GenerationClaimConfig.{name} must be at least 1, got {getattr(self, name)}")
 
 
+class GenerationClaimFolder(JobFolder):
+    """Where generation-claim keeps its outputs under `workdir`: a generation sweep per re-ranker, the table."""
+
+    def sweep(self, reranker: str) -> Path:
+        """The sweep re-ranked by `reranker` (experiments/generation_sweep.py's SweepFolder)."""
+        return self.root / reranker
+
+    @property
+    def table(self) -> Path:
+        return self.root / TABLE_FILE
+
+
 def run_generation_claim(workdir: str, progress: bool = True) -> dict:
     """One generation sweep per re-ranker, then the combined table; returns results.json's content."""
     cfg = GenerationClaimConfig()
     claim = ClaimFolder(cfg.claim_dir)
-    prefixes, ranker = claim.prefixes("eval"), claim.root / cfg.ranker
+    prefixes, ranker = claim.prefixes("eval"), claim.model(cfg.ranker).root
     for path, what in ((prefixes, "held-out prefixes"), (ranker, "trained ranker")):
         if not path.exists():
             raise RankgenError(f"{path}: no {what}; run `rankgen-jax negatives-claim --workdir {claim}` first "
                                "(or set GenerationClaimConfig.claim_dir)")
-    root = Path(workdir)
-    root.mkdir(parents=True, exist_ok=True)
+    folder = GenerationClaimFolder(workdir)
+    folder.root.mkdir(parents=True, exist_ok=True)
     started = time.time()
     models = {"trained": str(ranker), "perplexity": None}
     if "zero_shot" in cfg.rerankers:
-        models["zero_shot"] = str(starting_checkpoint(cfg.init_checkpoint, cfg.init_from_hf, root))
+        models["zero_shot"] = str(starting_checkpoint(cfg.init_checkpoint, cfg.init_from_hf, folder))
     rows = {}
     for name in cfg.rerankers:
         log("generation-claim", f"generation sweep re-ranked by {name}")
         began = time.time()
         reranker = RerankerSpec("perplexity" if name == "perplexity" else "rankgen", models[name])
         mauve = MauveSettings(cfg.mauve_model, "continuation") if cfg.mauve_model else None
-        sweep = run_generation_sweep(cfg.grid, cfg.lm, str(prefixes), str(root / name), reranker=reranker,
+        sweep = run_generation_sweep(cfg.grid, cfg.lm, str(prefixes), str(folder.sweep(name)), reranker=reranker,
                                      mauve=mauve, device=cfg.device, prefix_batch=cfg.prefix_batch,
                                      max_batch_rows=cfg.max_batch_rows, progress=progress)
         rows[name] = {"rows": sweep["rows"], "seconds": time.time() - began}
     results = {"rerankers": rows, "ranker": str(ranker), "prefixes": str(prefixes), "grid": cfg.grid,
                "seconds": time.time() - started}
     results["table"] = table_markdown(rows)
-    (root / TABLE_FILE).write_text(results["table"], encoding="utf-8")
-    (root / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    folder.table.write_text(results["table"], encoding="utf-8")
+    folder.write_results(results)
     print(results["table"], flush=True)
     return results
 

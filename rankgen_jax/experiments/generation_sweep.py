@@ -38,6 +38,7 @@ from rankgen_jax.errors import RankgenError
 from rankgen_jax.eval.generation_metrics import MAUVE_SEED, MauveSettings, generation_metrics, mauve_report
 from rankgen_jax.lm.generation import (MAX_NEW_TOKENS, Decoding, RerankerSpec, SearchSettings, make_reranker,
                                        read_prefix_records, write_generations)
+from rankgen_jax.experiments.job_folder import JobFolder
 from rankgen_jax.lm.scoring import load_causal_lm
 from rankgen_jax.train.gin_parsing import read_grid_file
 
@@ -111,6 +112,25 @@ def grid_configs(grid: dict) -> list[GenerationConfig]:
     return configs
 
 
+class SweepFolder(JobFolder):
+    """Where a sweep keeps its outputs under `workdir`: per configuration, each seed's generations and the
+    metrics; then the grid's table (Markdown) and its rows (JSON)."""
+
+    def generations(self, config: str, seed: int) -> Path:
+        return self.root / config / f"seed{seed}.jsonl"
+
+    def metrics(self, config: str) -> Path:
+        return self.root / config / "metrics.json"
+
+    @property
+    def table(self) -> Path:
+        return self.root / "generation_grid.md"
+
+    @property
+    def rows(self) -> Path:
+        return self.root / "generation_grid.json"
+
+
 def _finished(path: Path, count: int) -> bool:
     """Whether a seed's file holds all `count` records (a killed run leaves a .partial file instead)."""
     if not path.is_file():
@@ -137,10 +157,10 @@ def run_generation_sweep(grid_path: str, lm_path: str, input_path: str, workdir:
         raise RankgenError(f"input {input_path}: every record needs a string {reference_field!r} for MAUVE")
     if not records:
         raise RankgenError(f"input {input_path}: no record with a prefix")
-    root = Path(workdir)
+    folder = SweepFolder(workdir)
     configs = grid_configs(grid)
     print(f"generation-sweep: {len(configs)} configurations x {len(grid['seeds'])} seeds on {len(records)} "
-          f"prefixes ({bad} bad lines skipped) -> {root}", file=sys.stderr)
+          f"prefixes ({bad} bad lines skipped) -> {folder}", file=sys.stderr)
     lm = load_causal_lm(lm_path, device)
     scorer = make_reranker(reranker, lm)
     # The generating LM doubles as MAUVE's feature model when named for both (one load, not two).
@@ -148,11 +168,10 @@ def run_generation_sweep(grid_path: str, lm_path: str, input_path: str, workdir:
     decoding = Decoding("nucleus", top_p=grid["top_p"])
     rows = {}
     for config in configs:
-        folder = root / config.name
-        folder.mkdir(parents=True, exist_ok=True)
         runs = []
         for seed in grid["seeds"]:
-            path = folder / f"seed{seed}.jsonl"
+            path = folder.generations(config.name, seed)
+            path.parent.mkdir(parents=True, exist_ok=True)
             if not _finished(path, len(records)):
                 partial = path.with_name(path.name + ".partial")
                 print(f"[generation-sweep] {config.name} seed {seed}", file=sys.stderr, flush=True)
@@ -166,13 +185,13 @@ def run_generation_sweep(grid_path: str, lm_path: str, input_path: str, workdir:
                                   progress=progress)
                 partial.replace(path)
             runs.append([json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()])
-        row = config_metrics(config, runs, [str(folder / f"seed{s}.jsonl") for s in grid["seeds"]], mauve,
+        row = config_metrics(config, runs, [str(folder.generations(config.name, s)) for s in grid["seeds"]], mauve,
                              feature_lm, grid["mauve_seeds"])
-        (folder / "metrics.json").write_text(json.dumps(row, indent=2) + "\n", encoding="utf-8")
+        folder.metrics(config.name).write_text(json.dumps(row, indent=2) + "\n", encoding="utf-8")
         rows[config.name] = row
     table = markdown_table(rows)
-    (root / "generation_grid.md").write_text(table, encoding="utf-8")
-    (root / "generation_grid.json").write_text(json.dumps({"grid": grid, "input": input_path, "prefixes": len(records),
+    folder.table.write_text(table, encoding="utf-8")
+    folder.rows.write_text(json.dumps({"grid": grid, "input": input_path, "prefixes": len(records),
                                                            "rows": rows}, indent=2) + "\n", encoding="utf-8")
     print(table)
     return {"configs": len(configs), "rows": rows}

@@ -32,6 +32,7 @@ import gin
 import numpy as np
 
 from rankgen_jax.checkpoints.native import require_vocab_path
+from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.data.jsonl import read_jsonl, write_jsonl
 from rankgen_jax.data.mpts import MPTS_RELEASED_PERSPECTIVES, read_mpts
 from rankgen_jax.data.source_configs import DataConfig, PairsData
@@ -40,7 +41,7 @@ from rankgen_jax.eval.perspective_metrics import METRICS, bootstrap_se, resample
 from rankgen_jax.experiments.perspective_eval import (PairPredictions, choose_thresholds, predict_all_similar,
                                                       predict_majority, predict_model, predict_thresholded,
                                                       zero_shot_cosines)
-from rankgen_jax.experiments.perspectives import MODELS, matching_model_config
+from rankgen_jax.experiments.perspectives import MODELS, PairsFolder, matching_model_config
 from rankgen_jax.experiments.stages import StageRun, aligned_table, is_done, log, mark_done, starting_checkpoint
 from rankgen_jax.inference.encoder import load_model
 from rankgen_jax.resources import MPTS_DIR
@@ -120,11 +121,28 @@ class MptsConfig:
         return self.bi_encoder_length if model == "bi_encoder" else self.cross_encoder_length
 
 
+class MptsFolder(PairsFolder):
+    """PairsFolder's layout (pairs "train", "select", "test"), with the perspectives read, each single-perspective
+    model's training pairs, and each table row's predictions."""
+
+    @property
+    def perspectives(self) -> Path:
+        return self.data / "perspectives.jsonl"
+
+    def single_perspective_pairs(self, perspective: str) -> Path:
+        """The training pairs with only `perspective`'s label."""
+        return self.data / f"train_pairs_{perspective}.jsonl"
+
+    def predictions(self, row: str) -> Path:
+        """A table row's prediction and probability for each test pair and perspective."""
+        return self.root / "predictions" / f"{row}.jsonl"
+
+
 # --- 1. data -------------------------------------------------------------------------------
 
 
-def build_data(cfg: MptsConfig, out: Path) -> dict:
-    """out/{train,select,test}_pairs.jsonl and out/perspectives.json; returns their statistics."""
+def build_data(cfg: MptsConfig, folder: MptsFolder) -> dict:
+    """The folder's pairs ("train", "select", "test") and perspectives; returns their statistics."""
     source = read_mpts(cfg.train_file, cfg.perspectives)
     test = read_mpts(cfg.test_file, source.perspectives)
     order = np.random.default_rng(cfg.seed).permutation(len(source.records))
@@ -135,8 +153,8 @@ def build_data(cfg: MptsConfig, out: Path) -> dict:
         raise RankgenError(f"{cfg.train_file}: {len(parts['train'])} pairs left to train on, fewer than one batch "
                            f"of {cfg.batch_size}")
     for name, records in parts.items():
-        write_jsonl(out / f"{name}_pairs.jsonl", records)
-    write_jsonl(out / "perspectives.jsonl", [{"perspectives": list(source.perspectives)}])
+        write_jsonl(folder.pairs(name), records)
+    write_jsonl(folder.perspectives, [{"perspectives": list(source.perspectives)}])
     texts = {name: {t for r in records for t in (r["a"], r["b"])} for name, records in parts.items()}
     stats = {"perspectives": list(source.perspectives),
              "pairs": {name: len(records) for name, records in parts.items()},
@@ -151,8 +169,8 @@ def build_data(cfg: MptsConfig, out: Path) -> dict:
     return stats
 
 
-def _perspectives(root: Path) -> tuple[str, ...]:
-    return tuple(read_jsonl(root / "data" / "perspectives.jsonl")[0]["perspectives"])
+def _perspectives(folder: MptsFolder) -> tuple[str, ...]:
+    return tuple(read_jsonl(folder.perspectives)[0]["perspectives"])
 
 
 def _only(records: list[dict], index: int) -> list[dict]:
@@ -175,7 +193,7 @@ def optimizer_config(cfg: MptsConfig, total_steps: int) -> OptimizerConfig:
                            eps=cfg.adam_eps, clip_grad_norm=cfg.clip_grad_norm)
 
 
-def train_epochs(cfg: MptsConfig, workdir: Path, init: Path, model: str, train_file: Path,
+def train_epochs(cfg: MptsConfig, workdir: RunFolder, init: Path, model: str, train_file: Path,
                  num_perspectives: int) -> dict:
     """`epochs` epochs through the shared trainer, a checkpoint kept at the end of every epoch."""
     per_epoch = steps_per_epoch(cfg, len(read_jsonl(train_file)))
@@ -186,7 +204,7 @@ def train_epochs(cfg: MptsConfig, workdir: Path, init: Path, model: str, train_f
     data = DataConfig(PairsData(vocab=require_vocab_path(init), train_file=str(train_file)), batch_size=cfg.batch_size, prefix_length=cfg.length(model), seed=cfg.seed)
     loss = LossConfig(name="multi_perspective_bce", tau=cfg.tau) if model == "bi_encoder" else \
         LossConfig(name="sigmoid_bce")
-    metrics = train(str(workdir), trainer=trainer, data=data, loss=loss, optimizer=optimizer_config(cfg, total),
+    metrics = train(workdir, trainer=trainer, data=data, loss=loss, optimizer=optimizer_config(cfg, total),
                     model_config=_model_config(cfg, model, num_perspectives))
     return {"steps": int(metrics.get("steps", 0)), "steps_per_epoch": per_epoch,
             "seconds": float(metrics.get("seconds", 0.0)), "train_loss": float(metrics.get("loss", float("nan")))}
@@ -197,20 +215,22 @@ def _model_config(cfg: MptsConfig, model: str, num_perspectives: int):
     return matching_model_config(model, pooling, num_perspectives, cfg.cross_encoder_projection)
 
 
-def choose_epoch(cfg: MptsConfig, workdir: Path, model: str, select: list[dict], perspectives, per_epoch: int) -> dict:
+def choose_epoch(cfg: MptsConfig, workdir: RunFolder, model: str, select: list[dict], perspectives,
+                 per_epoch: int) -> dict:
     """Each epoch's W.Avg metrics on the held-out pairs; the first best F1 is kept (the released code's strict >)."""
     scores = []
     for epoch in range(1, cfg.epochs + 1):
         predictions = predict_checkpoint(cfg, workdir, model, select, perspectives, epoch * per_epoch)
         scores.append({**predictions.metrics()["w_avg"], "share_predicted_similar":
                        float(predictions.predictions_NxP.mean())})
-        _log(f"{workdir.name} epoch {epoch}: held-out W.Avg F1 {scores[-1]['f1']:.4f}, AUC {scores[-1]['auc']:.4f}")
+        _log(f"{workdir.root.name} epoch {epoch}: held-out W.Avg F1 {scores[-1]['f1']:.4f}, "
+             f"AUC {scores[-1]['auc']:.4f}")
     best = int(np.argmax([s["f1"] for s in scores])) + 1
     return {"select_w_avg_f1": [s["f1"] for s in scores], "select_w_avg": scores, "epoch": best,
             "step": best * per_epoch}
 
 
-def predict_checkpoint(cfg: MptsConfig, workdir: Path, model: str, records: list[dict], perspectives,
+def predict_checkpoint(cfg: MptsConfig, workdir: RunFolder, model: str, records: list[dict], perspectives,
                        step: int) -> PairPredictions:
     """The predictions of `model`'s checkpoint at `step` for these pairs."""
     return predict_model(load_model(str(workdir), _model_kind(model), step=step), records, perspectives,
@@ -224,15 +244,15 @@ def _model_kind(model: str) -> str:
 # --- driver and table ------------------------------------------------------------------------
 
 
-def _save_predictions(root: Path, row: str, predictions: PairPredictions) -> dict:
-    write_jsonl(root / "predictions" / f"{row}.jsonl", predictions.rows())
+def _save_predictions(folder: MptsFolder, row: str, predictions: PairPredictions) -> dict:
+    write_jsonl(folder.predictions(row), predictions.rows())
     return predictions.metrics()
 
 
-def _load_predictions(root: Path, row: str, records: list[dict], perspectives) -> PairPredictions:
-    rows = read_jsonl(root / "predictions" / f"{row}.jsonl")
+def _load_predictions(folder: MptsFolder, row: str, records: list[dict], perspectives) -> PairPredictions:
+    rows = read_jsonl(folder.predictions(row))
     if [r["id"] for r in rows] != [r["id"] for r in records]:
-        raise RankgenError(f"{root / 'predictions' / (row + '.jsonl')}: its pairs are not the test pairs")
+        raise RankgenError(f"{folder.predictions(row)}: its pairs are not the test pairs")
     probs = np.asarray([[r[p]["probability"] for p in perspectives] for r in rows])
     predicted = np.asarray([[r[p]["prediction"] for p in perspectives] for r in rows])
     return PairPredictions(records, tuple(perspectives), probs, probs, predicted)
@@ -241,20 +261,20 @@ def _load_predictions(root: Path, row: str, records: list[dict], perspectives) -
 def run_mpts(workdir: str, cfg: MptsConfig | None = None) -> dict:
     """Run (or resume) every stage; returns the results, also in workdir/results.json."""
     cfg = cfg or MptsConfig()
-    run = StageRun(workdir, "mpts")
-    root, results = run.root, run.results
-    data = root / "data"
-    if not (data / "perspectives.jsonl").is_file():
-        results["data"] = run.stage("data", build_data, cfg, data)
-    perspectives = _perspectives(root)
-    train_records, select, test = (read_jsonl(data / f"{n}_pairs.jsonl") for n in ("train", "select", "test"))
-    init = starting_checkpoint(cfg.init_checkpoint, cfg.init_from_hf, root, "MptsConfig.init_checkpoint")
+    folder = MptsFolder(workdir)
+    run = StageRun(folder, "mpts")
+    results = run.results
+    if not folder.perspectives.is_file():
+        results["data"] = run.stage("data", build_data, cfg, folder)
+    perspectives = _perspectives(folder)
+    train_records, select, test = (read_jsonl(folder.pairs(n)) for n in ("train", "select", "test"))
+    init = starting_checkpoint(cfg.init_checkpoint, cfg.init_from_hf, folder, "MptsConfig.init_checkpoint")
     table = results.setdefault("table", {})
     selection = results.setdefault("selection", {})
     training = results.setdefault("training", {})
 
     def evaluate(row: str, predict) -> None:
-        run.evaluate(table, row, lambda: _save_predictions(root, row, predict()),
+        run.evaluate(table, row, lambda: _save_predictions(folder, row, predict()),
                      describe=lambda m: f"W.Avg F1 {m['w_avg']['f1']:.4f}")
 
     evaluate("majority", lambda: predict_majority(train_records, test, perspectives))
@@ -272,10 +292,10 @@ def run_mpts(workdir: str, cfg: MptsConfig | None = None) -> dict:
     jobs = [(m, m, perspectives, None) for m in cfg.models]
     jobs += [(f"single_{p}", "cross_encoder", (p,), perspectives.index(p)) for p in cfg.single_perspective]
     for row, model, names, column in jobs:
-        workdir_model = root / row
-        train_file = data / "train_pairs.jsonl"
+        workdir_model = folder.model(row)
+        train_file = folder.pairs("train")
         if column is not None:
-            train_file = write_jsonl(data / f"train_pairs_{names[0]}.jsonl", _only(train_records, column))
+            train_file = write_jsonl(folder.single_perspective_pairs(names[0]), _only(train_records, column))
         if not is_done(workdir_model):
             training[row] = run.timed(f"train_{row}", train_epochs, cfg, workdir_model, init, model, train_file,
                                       len(names))
@@ -288,17 +308,17 @@ def run_mpts(workdir: str, cfg: MptsConfig | None = None) -> dict:
             run.save()
         rows = test if column is None else _only(test, column)
         evaluate(row, lambda: predict_checkpoint(cfg, workdir_model, model, rows, names, selection[row]["step"]))
-    results["summary"] = summarise(cfg, root, test, perspectives, [r for r, *_ in jobs])
+    results["summary"] = summarise(cfg, folder, test, perspectives, [r for r, *_ in jobs])
     run.finish()
     print(format_table(results["summary"]))
     return results
 
 
-def summarise(cfg: MptsConfig, root: Path, test: list[dict], perspectives, models: list[str]) -> dict:
+def summarise(cfg: MptsConfig, folder: MptsFolder, test: list[dict], perspectives, models: list[str]) -> dict:
     """W.Avg metrics of every row with bootstrap SEs over the test pairs; paired differences from the baselines;
     each single-perspective model against the multi-perspective cross encoder on its perspective."""
     counts_RxN = resample_counts(len(test), cfg.bootstrap_resamples, cfg.seed)
-    loaded = {row: _load_predictions(root, row, test, perspectives)
+    loaded = {row: _load_predictions(folder, row, test, perspectives)
               for row in (*BASELINES, *[m for m in models if not m.startswith("single_")])}
     labels = loaded["majority"].labels_NxP
     summary: dict = {"rows": {}, "single_perspective": {}, "n": len(test), "resamples": cfg.bootstrap_resamples}
@@ -314,7 +334,7 @@ def summarise(cfg: MptsConfig, root: Path, test: list[dict], perspectives, model
     for row in (m for m in models if m.startswith("single_") and "cross_encoder" in loaded):
         name = row[len("single_"):]
         column = perspectives.index(name)
-        single = _load_predictions(root, row, [{**r, "labels": [r["labels"][column]]} for r in test], (name,))
+        single = _load_predictions(folder, row, [{**r, "labels": [r["labels"][column]]} for r in test], (name,))
         multi_NxP = loaded["cross_encoder"].predictions_NxP[:, [column]]
         single_f1 = single.metrics()["w_avg"]["f1"]
         multi_f1 = loaded["cross_encoder"].metrics()["per_perspective"][name]["f1"]

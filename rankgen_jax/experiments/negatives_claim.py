@@ -36,7 +36,8 @@ from rankgen_jax.data.sentences import word_count
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.eval.suffix_comparison import accuracy_and_se, paired_gain, top1_wins
 from rankgen_jax.experiments.demo import held_out_suffix_sets, score_at_prefix_lengths
-from rankgen_jax.experiments.stages import is_done, log, mark_done, read_results, starting_checkpoint, write_results
+from rankgen_jax.experiments.job_folder import JobFolder
+from rankgen_jax.experiments.stages import is_done, log, mark_done, starting_checkpoint
 from rankgen_jax.lm.generative_negatives import NegativeSampling, generate_negatives
 from rankgen_jax.pretrained import GEMMA
 from rankgen_jax.retrieval.sparse import unigram_overlap_scores
@@ -49,14 +50,8 @@ KINDS = ("inbook", "machine")
 TABLE_FILE = "negatives_table.md"
 
 
-class ClaimFolder:
+class ClaimFolder(JobFolder):
     """Where negatives-claim keeps each of its outputs under `workdir` (generation-claim reads two of them)."""
-
-    def __init__(self, workdir: str | Path):
-        self.root = Path(workdir)
-
-    def __str__(self) -> str:
-        return str(self.root)
 
     def prefixes(self, split: str) -> Path:
         """The prefixes the LM continues: "train" (whole document groups) or "eval" (the held-out items')."""
@@ -79,7 +74,7 @@ class ClaimFolder:
 
     def ranker(self, name: str) -> RunFolder:
         """The training run of the ranker trained on `name` negatives (one of RANKERS)."""
-        return RunFolder.at(self.root / f"ranker_{name}")
+        return self.model(f"ranker_{name}")
 
     @property
     def table(self) -> Path:
@@ -177,7 +172,7 @@ def run_negatives_claim(workdir: str) -> dict:
     folder = ClaimFolder(workdir)
     root = folder.root
     root.mkdir(parents=True, exist_ok=True)
-    results = read_results(root)
+    results = folder.read_results()
     started = time.time()
 
     if not folder.prefixes("train").is_file():
@@ -195,9 +190,9 @@ def run_negatives_claim(workdir: str) -> dict:
             log("negatives-claim", f"sampling {out} with {cfg.lm}")
             results[f"negatives_{out}"] = generate_negatives(cfg.lm, str(folder.prefixes(split)), str(path), sampling,
                                                              device=cfg.lm_device)
-            write_results(root, results)
+            folder.write_results(results)
 
-    init = starting_checkpoint(cfg.init_checkpoint, cfg.init_from_hf, root)
+    init = starting_checkpoint(cfg.init_checkpoint, cfg.init_from_hf, folder)
     trainer = dataclasses.replace(trainer, init_checkpoint=str(init), num_steps=cfg.steps, max_minutes=0.0)
     triples = str(folder.train_triples)
     datas = {"inbook": data,
@@ -209,7 +204,7 @@ def run_negatives_claim(workdir: str) -> dict:
             log("negatives-claim", f"training the {name} ranker, {cfg.steps} steps")
             results[f"train_{name}"] = train(run, trainer=trainer, data=datas[name])
             mark_done(run)
-            write_results(root, results)
+            folder.write_results(results)
 
     by_kind = _items_by_kind(folder)
     scores = results.setdefault("wins", {})
@@ -231,7 +226,7 @@ def run_negatives_claim(workdir: str) -> dict:
             part = lists[start: start + len(by_kind[kind])]
             start += len(by_kind[kind])
             scores[name][kind] = {"all": _wins(part), "vs1": _wins(part, 2)}
-        write_results(root, results)
+        folder.write_results(results)
     triples_read = read_jsonl(folder.train_triples)
     results["lengths"] = {"train_gold_words": float(np.mean([word_count(r["continuation"]) for r in triples_read])),
                           "train_generated_words": float(np.mean([word_count(r["generative_negative"])
@@ -239,7 +234,7 @@ def run_negatives_claim(workdir: str) -> dict:
     results["table"] = table_markdown(results)
     folder.table.write_text(results["table"], encoding="utf-8")
     results["seconds"] = results.get("seconds", 0.0) + time.time() - started
-    write_results(root, results)
+    folder.write_results(results)
     print(results["table"], flush=True)
     return results
 

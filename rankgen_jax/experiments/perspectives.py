@@ -42,6 +42,7 @@ from rankgen_jax.experiments.perspective_eval import (choose_thresholds, predict
 from rankgen_jax.experiments.perspective_pairs import (PERSPECTIVES, PERSPECTIVES_DIR, build_passages, label_rates,
                                                        load_works, sample_pairs)
 from rankgen_jax.checkpoints.native import require_vocab_path
+from rankgen_jax.experiments.job_folder import JobFolder
 from rankgen_jax.experiments.stages import (StageRun, aligned_table, is_done, log, mark_done,
                                             starting_checkpoint)
 from rankgen_jax.inference.encoder import LoadedModel, load_model
@@ -103,11 +104,23 @@ class PerspectivesConfig:
     seed: int = 0
 
 
+class PairsFolder(JobFolder):
+    """Where a pairs job (this one, experiments/mpts.py) keeps its outputs under `workdir`: data/<split>_pairs.jsonl
+    and a training run per model."""
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    def pairs(self, split: str) -> Path:
+        return self.data / f"{split}_pairs.jsonl"
+
+
 # --- 1. data -------------------------------------------------------------------------------
 
 
-def build_pair_data(cfg: PerspectivesConfig, out: Path) -> dict:
-    """Train and eval pairs (out/train_pairs.jsonl, out/eval_pairs.jsonl) and their statistics."""
+def build_pair_data(cfg: PerspectivesConfig, folder: PairsFolder) -> dict:
+    """Train and eval pairs (the folder's pairs("train") and pairs("eval")) and their statistics."""
     works = load_works(cfg.works_file)
     train, held = build_passages(works, cfg.min_words, cfg.max_words, cfg.eval_fraction)
     stats = {"works": len(works), "train_passages": train.count(), "eval_passages": held.count(),
@@ -115,7 +128,7 @@ def build_pair_data(cfg: PerspectivesConfig, out: Path) -> dict:
     for split, part, count, stream in (("train", train, cfg.num_train_pairs, 0), ("eval", held, cfg.num_eval_pairs, 1)):
         records = sample_pairs(part, count, np.random.default_rng([cfg.seed, stream]), cfg.same_work_share,
                                cfg.same_author_share)
-        write_jsonl(out / f"{split}_pairs.jsonl", records)
+        write_jsonl(folder.pairs(split), records)
         stats[f"{split}_pairs"] = len(records)
         stats[f"{split}_label_rates"] = label_rates(records)
     _log(f"{len(works)} works: {stats['train_passages']} training and {stats['eval_passages']} held-out passages; "
@@ -164,11 +177,13 @@ def _trainer_config(cfg: PerspectivesConfig, init: Path, name: str) -> TrainerCo
                          seed=cfg.seed, encoder_overrides={"dropout_rate": 0.0})
 
 
-def train_model(cfg: PerspectivesConfig, root: Path, init: Path, name: str) -> dict:
+def train_model(cfg: PerspectivesConfig, folder: PairsFolder, init: Path, name: str) -> dict:
     """One model on the training pairs through the shared trainer (resumes from its checkpoint)."""
-    data = DataConfig(PairsData(vocab=require_vocab_path(init), train_file=str(root / "data" / "train_pairs.jsonl"), eval_file=str(root / "data" / "eval_pairs.jsonl")), batch_size=cfg.batch_size, prefix_length=_pair_length(cfg, name), seed=cfg.seed)
+    pairs = PairsData(vocab=require_vocab_path(init), train_file=str(folder.pairs("train")),
+                      eval_file=str(folder.pairs("eval")))
+    data = DataConfig(pairs, batch_size=cfg.batch_size, prefix_length=_pair_length(cfg, name), seed=cfg.seed)
     optimizer = OptimizerConfig(name="adamw", learning_rate=cfg.learning_rate, warmup_steps=10, weight_decay=0.01)
-    metrics = train(str(root / name), trainer=_trainer_config(cfg, init, name), model_config=model_configs(cfg)[name],
+    metrics = train(folder.model(name), trainer=_trainer_config(cfg, init, name), model_config=model_configs(cfg)[name],
                     data=data, loss=_loss(cfg, name), optimizer=optimizer)
     return {"steps": int(metrics.get("steps", 0)), "seconds": float(metrics.get("seconds", 0.0)),
             "train_loss": float(metrics.get("loss", float("nan")))}
@@ -213,17 +228,17 @@ def _describe(row: dict) -> str:
 def run_perspectives(workdir: str, cfg: PerspectivesConfig | None = None) -> dict:
     """Run (or resume) every stage and evaluate; returns the results, also in workdir/results.json."""
     cfg = cfg or PerspectivesConfig()
-    run = StageRun(workdir, "perspectives")
-    root, results = run.root, run.results
+    folder = PairsFolder(workdir)
+    run = StageRun(folder, "perspectives")
+    results = run.results
     table = results.setdefault("table", {})
     training = results.setdefault("training", {})
 
-    data = root / "data"
-    if not (data / "train_pairs.jsonl").is_file() or not (data / "eval_pairs.jsonl").is_file():
-        results["data"] = run.timed("data", build_pair_data, cfg, data)
+    if not folder.pairs("train").is_file() or not folder.pairs("eval").is_file():
+        results["data"] = run.timed("data", build_pair_data, cfg, folder)
         run.save()
-    train_records, eval_records = read_jsonl(data / "train_pairs.jsonl"), read_jsonl(data / "eval_pairs.jsonl")
-    init = starting_checkpoint(cfg.init_checkpoint, cfg.init_from_hf, root, "PerspectivesConfig.init_checkpoint")
+    train_records, eval_records = read_jsonl(folder.pairs("train")), read_jsonl(folder.pairs("eval"))
+    init = starting_checkpoint(cfg.init_checkpoint, cfg.init_from_hf, folder, "PerspectivesConfig.init_checkpoint")
 
     run.evaluate(table, "majority", lambda: predict_majority(train_records, eval_records, PERSPECTIVES).metrics(),
                  describe=_describe)
@@ -231,12 +246,13 @@ def run_perspectives(workdir: str, cfg: PerspectivesConfig | None = None) -> dic
     for name in MODELS:
         run.evaluate(table, f"{name}_step0", lambda n=name: _evaluate(cfg, initial_model(cfg, init, n), n, eval_records),
                      describe=_describe)
-        if not is_done(root / name):
-            training[name] = run.timed(f"train_{name}", train_model, cfg, root, init, name)
-            mark_done(root / name)
+        if not is_done(folder.model(name)):
+            training[name] = run.timed(f"train_{name}", train_model, cfg, folder, init, name)
+            mark_done(folder.model(name))
             run.save()
         kind = model_configs(cfg)[name].kind
-        run.evaluate(table, name, lambda n=name: _evaluate(cfg, load_model(str(root / n), kind), n, eval_records),
+        run.evaluate(table, name, lambda n=name: _evaluate(cfg, load_model(str(folder.model(n)), kind), n,
+                                                           eval_records),
                      describe=_describe)
     results["table"] = {row: table[row] for row in ROWS if row in table}
     run.finish()

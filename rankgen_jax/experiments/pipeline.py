@@ -47,6 +47,7 @@ import numpy as np
 from tqdm import tqdm
 
 from rankgen_jax.checkpoints import native
+from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.data.documents import require_documents
 from rankgen_jax.data.example_source import build_examples
 from rankgen_jax.data.examples import ExampleConfig
@@ -56,13 +57,14 @@ from rankgen_jax.data.vocab import BUNDLED_CORPUS
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.eval.retrieval_metrics import evaluate_run, metric_scores
 from rankgen_jax.checkpoints.native import require_vocab_path
+from rankgen_jax.experiments.job_folder import JobFolder
 from rankgen_jax.experiments.stages import (StageRun, aligned_table, is_done, log, mark_done,
                                             starting_checkpoint)
 from rankgen_jax.inference.encoder import load_model
 from rankgen_jax.data.curriculum import CurriculumStage, curriculum_groups
 from rankgen_jax.models.configs import HeadConfig, ModelConfig
 from rankgen_jax.data.retrieval_files import Passage
-from rankgen_jax.retrieval.dense_index import TextEncoding, index_corpus, search_queries
+from rankgen_jax.retrieval.dense_index import TextEncoding, index_corpus, index_written, search_queries
 from rankgen_jax.retrieval.teacher import load_teacher
 from rankgen_jax.retrieval.sparse import TfidfIndex, keyword_overlap_search
 from rankgen_jax.train.config import LossConfig, TrainerConfig
@@ -193,11 +195,56 @@ class PipelineConfig:
 _log = functools.partial(log, "pipeline")
 
 
+class PipelineFolder(JobFolder):
+    """Where the pipeline keeps each of its outputs under `workdir`: data/ (the corpus, the queries, the pools,
+    each model's training lists), a training run per model (retriever0, ranker0_*, retriever1_*), and
+    indexes/<model>/ for each retriever evaluated."""
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def corpus(self) -> Path:
+        return self.data / "corpus.jsonl"
+
+    def queries(self, split: str) -> Path:
+        """The "train" or "eval" queries, each with its gold passage id and reference text."""
+        return self.data / f"{split}_queries.jsonl"
+
+    def query_texts(self, split: str) -> Path:
+        """The queries as search_queries reads them (id, text)."""
+        return self.data / f"{split}_query_texts.jsonl"
+
+    def pools(self, split: str) -> Path:
+        """Retriever0's candidates per query, scored by the metric."""
+        return self.data / f"pools_{split}.jsonl"
+
+    @property
+    def teacher_pools(self) -> Path:
+        """The training pools with the teacher's scores."""
+        return self.data / "pools_train_teacher.jsonl"
+
+    def training_file(self, model: str, split: str) -> Path:
+        """A model's "train" or "eval" records, as its training run reads them."""
+        return self.data / f"{model}_{split}.jsonl"
+
+    def index(self, model: str) -> Path:
+        """The index of the corpus that `model` encoded."""
+        return self.root / "indexes" / model
+
+    def link_model(self, name: str, model: str) -> None:
+        """`name` as another name of the trained `model` (a relative link, so the folder can move)."""
+        link = self.root / name
+        if not link.exists():
+            link.symlink_to(model)
+
+
 # --- 1. data ------------------------------------------------------------------------------
 
 
-def build_data(cfg: PipelineConfig, out: Path) -> dict:
-    """Queries (train / eval) with their gold passage ids, and the passage corpus; written under out/."""
+def build_data(cfg: PipelineConfig, folder: PipelineFolder) -> dict:
+    """Queries (train / eval) with their gold passage ids, and the passage corpus; written under the folder's data/."""
     docs, stats = require_documents(cfg.corpus)
     docs = sorted(docs, key=lambda d: d.id)
     if not 0 < cfg.holdout_documents < len(docs):
@@ -223,9 +270,9 @@ def build_data(cfg: PipelineConfig, out: Path) -> dict:
                           "gold": passage_id(examples[i].continuation), "doc_id": examples[i].doc_id}
                          for i in chosen]
     corpus = [{"id": pid, "text": text} for text, pid in passages.items()]
-    write_jsonl(out / "corpus.jsonl", corpus)
+    write_jsonl(folder.corpus, corpus)
     for split, queries in splits.items():
-        write_jsonl(out / f"{split}_queries.jsonl", queries)
+        write_jsonl(folder.queries(split), queries)
     _log(f"{stats.summary()}; {len(splits['train'])} training and {len(splits['eval'])} held-out queries; "
          f"corpus of {len(corpus)} passages")
     return {"corpus": len(corpus), "train_queries": len(splits["train"]), "eval_queries": len(splits["eval"])}
@@ -240,7 +287,7 @@ def stage_steps(cfg: PipelineConfig, records: int, batch_size: int, epochs: int)
     return max(1, min(cfg.max_steps, epochs * (records // batch_size)))
 
 
-def _train_stage(cfg: PipelineConfig, workdir: Path, init: str, model_config: ModelConfig, data: DataConfig,
+def _train_stage(cfg: PipelineConfig, workdir: RunFolder, init: str, model_config: ModelConfig, data: DataConfig,
                  loss: LossConfig, learning_rate: float, steps: int, encoder_only: bool = False) -> dict:
     """One training run through the shared trainer (resumes if the workdir has a checkpoint)."""
     trainer = TrainerConfig(num_steps=steps, log_every=5, eval_every=min(25, steps), eval_batches=2,
@@ -248,8 +295,8 @@ def _train_stage(cfg: PipelineConfig, workdir: Path, init: str, model_config: Mo
                             encoder_overrides={"dropout_rate": 0.0}, init_encoder_only=encoder_only)
     optimizer = OptimizerConfig(name="adamw", learning_rate=learning_rate, warmup_steps=min(10, steps - 1),
                                 weight_decay=0.01)
-    _log(f"{workdir.name}: {steps} steps of {data.batch_size}")
-    return train(str(workdir), trainer=trainer, model_config=model_config, data=data, loss=loss, optimizer=optimizer)
+    _log(f"{workdir.root.name}: {steps} steps of {data.batch_size}")
+    return train(workdir, trainer=trainer, model_config=model_config, data=data, loss=loss, optimizer=optimizer)
 
 
 def _list_data(cfg: PipelineConfig, vocab: str, train_file: Path, eval_file: Path, batch_size: int,
@@ -291,19 +338,19 @@ def hard_negative_pools(cfg: PipelineConfig, queries: list[dict], corpus: list[d
     return [[ids[j] for j in row if j >= 0] for row in top_QxK]
 
 
-def train_retriever0(cfg: PipelineConfig, root: Path, init: Path) -> None:
+def train_retriever0(cfg: PipelineConfig, folder: PipelineFolder, init: Path) -> None:
     """Warm-up (DKMR^2 Sec. 3.1): in-batch softmax with one hard negative per query and step, drawn at random from
     its sparse pool (the retrieval source's sampling: Tevatron files whose negatives are the pool)."""
-    corpus = read_jsonl(root / "data" / "corpus.jsonl")
+    corpus = read_jsonl(folder.corpus)
     texts = _texts(corpus)
     files, counts = {}, {}
     for split in ("train", "eval"):
-        queries = read_jsonl(root / "data" / f"{split}_queries.jsonl")
+        queries = read_jsonl(folder.queries(split))
         records = [{"query_id": q["qid"], "query": q["query"],
                     "positive_passages": [{"docid": q["gold"], "title": "", "text": q["reference"]}],
                     "negative_passages": [{"docid": d, "title": "", "text": texts[d]} for d in pool]}
                    for q, pool in zip(queries, hard_negative_pools(cfg, queries, corpus))]
-        files[split] = write_jsonl(root / "data" / f"retriever0_{split}.jsonl", records)
+        files[split] = write_jsonl(folder.training_file("retriever0", split), records)
         counts[split] = len(records)
     data = DataConfig(
         RetrievalData(
@@ -322,30 +369,31 @@ def train_retriever0(cfg: PipelineConfig, root: Path, init: Path) -> None:
     loss = LossConfig(name="in_batch_softmax", logit_scale=cfg.retriever0_logit_scale)
     two_towers = cfg.retriever_towers == "two_towers_cls"
     steps = stage_steps(cfg, counts["train"], cfg.retriever_batch_size, cfg.retriever_epochs)
-    _train_stage(cfg, root / "retriever0", str(init), TWO_TOWERS_CLS if two_towers else ModelConfig(), data, loss,
-                 cfg.retriever_learning_rate, steps, encoder_only=two_towers)
+    model_config = TWO_TOWERS_CLS if two_towers else ModelConfig()
+    _train_stage(cfg, folder.model("retriever0"), str(init), model_config, data, loss, cfg.retriever_learning_rate,
+                 steps, encoder_only=two_towers)
 
 
-def build_pools(cfg: PipelineConfig, root: Path) -> None:
+def build_pools(cfg: PipelineConfig, folder: PipelineFolder) -> None:
     """Retriever0's top pool per training (and eval) query, the gold put in, each scored by the metric."""
-    corpus = read_jsonl(root / "data" / "corpus.jsonl")
+    corpus = read_jsonl(folder.corpus)
     texts = _texts(corpus)
-    index_dir = root / "indexes" / "retriever0"
-    if not (index_dir / "index.faiss").is_file():
+    index_dir = folder.index("retriever0")
+    if not index_written(index_dir):
         index_corpus(
-            str(root / "retriever0"),
-            str(root / "data" / "corpus.jsonl"),
+            str(folder.model("retriever0")),
+            str(folder.corpus),
             str(index_dir),
             encoding=TextEncoding("suffix", max_length=cfg.candidate_length),
             overwrite=True,
         )
     for split in ("train", "eval"):
-        queries = read_jsonl(root / "data" / f"{split}_queries.jsonl")
-        query_file = write_jsonl(root / "data" / f"{split}_query_texts.jsonl",
+        queries = read_jsonl(folder.queries(split))
+        query_file = write_jsonl(folder.query_texts(split),
                                   [{"id": q["qid"], "text": q["query"]} for q in queries])
         depth = cfg.pool_size if split == "train" else max(cfg.rerank_depth, 10)
         results = search_queries(
-            str(root / "retriever0"),
+            str(folder.model("retriever0")),
             str(index_dir),
             str(query_file),
             depth,
@@ -361,7 +409,7 @@ def build_pools(cfg: PipelineConfig, root: Path) -> None:
             pools.append({"qid": q["qid"], "query": q["query"], "ids": ids, "candidates": candidates,
                           "labels": [float(x) for x in labels], "gold": q["gold"],
                           "retriever_scores": [float(s) for s in result["scores"]]})
-        write_jsonl(root / "data" / f"pools_{split}.jsonl", pools)
+        write_jsonl(folder.pools(split), pools)
 
 
 def _ranker_lists(pools: list[dict], size: int, binary: bool) -> list[dict]:
@@ -375,45 +423,45 @@ def _ranker_lists(pools: list[dict], size: int, binary: bool) -> list[dict]:
     return records
 
 
-def train_rankers(cfg: PipelineConfig, root: Path, init: Path) -> None:
+def train_rankers(cfg: PipelineConfig, folder: PipelineFolder, init: Path) -> None:
     """Ranker0: cross encoders on the metric's lists: its order (ListMLE), its full scores (KL) or the gold (BCE)."""
-    pools = read_jsonl(root / "data" / "pools_train.jsonl")
+    pools = read_jsonl(folder.pools("train"))
     ranker_config = ModelConfig(head=HeadConfig(pooling="first", projection_dim=0), kind="cross_encoder")
     for ranker, name in zip(cfg.rankers, cfg.ranker_names):
         loss_name, binary = RANKER_LOSSES[ranker]
-        if native.is_checkpoint_dir(root / name) and is_done(root / name):
+        if native.is_checkpoint_dir(folder.model(name)) and is_done(folder.model(name)):
             continue
         lists = _ranker_lists(pools, cfg.ranker_list_size, binary)
         if ranker == "kl":
             lists = [{**r, "teacher_scores": [x / cfg.full_score_scale for x in r["labels"]]} for r in lists]
         train_part, eval_part = _split_lists(lists, cfg.ranker_batch_size)
-        train_file = write_jsonl(root / "data" / f"{name}_train.jsonl", train_part)
-        eval_file = write_jsonl(root / "data" / f"{name}_eval.jsonl", eval_part)
+        train_file = write_jsonl(folder.training_file(name, "train"), train_part)
+        eval_file = write_jsonl(folder.training_file(name, "eval"), eval_part)
         data = _list_data(
             cfg, require_vocab_path(init), train_file, eval_file, cfg.ranker_batch_size, cfg.ranker_list_size
         )
         # BLEU is 0..100: ListMLE only uses its order, so no rescaling is needed.
-        _train_stage(cfg, root / name, str(init), ranker_config, data, LossConfig(name=loss_name),
+        _train_stage(cfg, folder.model(name), str(init), ranker_config, data, LossConfig(name=loss_name),
                      cfg.ranker_learning_rate, stage_steps(cfg, len(train_part), cfg.ranker_batch_size,
                                                            cfg.ranker_epochs))
-        mark_done(root / name)
+        mark_done(folder.model(name))
 
 
-def teacher_scores(cfg: PipelineConfig, root: Path) -> Path:
+def teacher_scores(cfg: PipelineConfig, folder: PipelineFolder) -> Path:
     """The teacher's scores of every training pool (the teacher of KL and the curriculum): the first ranker's, or
     PipelineConfig.teacher's."""
-    out = root / "data" / "pools_train_teacher.jsonl"
+    out = folder.teacher_pools
     if out.is_file():
         return out
-    pools = read_jsonl(root / "data" / "pools_train.jsonl")
+    pools = read_jsonl(folder.pools("train"))
     started = time.time()
     if cfg.teacher:
         teacher = load_teacher(cfg.teacher, cfg.query_length, cfg.candidate_length, cfg.teacher_batch_size,
-                               corpus=str(root / "data" / "corpus.jsonl"))
+                               corpus=str(folder.corpus))
         scores = teacher.score([p["qid"] for p in pools], [p["query"] for p in pools],
                                [[Passage(i, c) for i, c in zip(p["ids"], p["candidates"])] for p in pools])
     else:
-        ranker = load_model(str(root / cfg.ranker_names[0]), kind="cross_encoder")
+        ranker = load_model(str(folder.model(cfg.ranker_names[0])), kind="cross_encoder")
         scores = ranker.score_pairs([p["query"] for p in pools], [p["candidates"] for p in pools],
                                     cfg.query_length, cfg.candidate_length, cfg.teacher_batch_size)
     _log(f"teacher scored {sum(len(p['candidates']) for p in pools)} pairs in {time.time() - started:.0f} s")
@@ -429,22 +477,22 @@ def _split_lists(records: list[dict], batch_size: int) -> tuple[list[dict], list
     return records[:-held], records[-held:]
 
 
-def train_retrievers1(cfg: PipelineConfig, root: Path) -> None:
+def train_retrievers1(cfg: PipelineConfig, folder: PipelineFolder) -> None:
     """Retriever1 from Retriever0: KL from the ranker, CL-DRD curriculum, and directly from the metric."""
-    pools = read_jsonl(teacher_scores(cfg, root))
-    vocab = require_vocab_path(root / "retriever0")
-    start = str(root / "retriever0")
+    pools = read_jsonl(teacher_scores(cfg, folder))
+    vocab = require_vocab_path(folder.model("retriever0"))
+    start = str(folder.model("retriever0"))
 
     def run(name: str, records: list[dict], loss: LossConfig, init: str, epochs: int) -> None:
-        if is_done(root / name):
+        if is_done(folder.model(name)):
             return
         train_part, eval_part = _split_lists(records, cfg.distill_batch_size)
-        data = _list_data(cfg, vocab, write_jsonl(root / "data" / f"{name}_train.jsonl", train_part),
-                          write_jsonl(root / "data" / f"{name}_eval.jsonl", eval_part), cfg.distill_batch_size,
+        data = _list_data(cfg, vocab, write_jsonl(folder.training_file(name, "train"), train_part),
+                          write_jsonl(folder.training_file(name, "eval"), eval_part), cfg.distill_batch_size,
                           cfg.pool_size)
-        _train_stage(cfg, root / name, init, ModelConfig(), data, loss, cfg.retriever_learning_rate,
+        _train_stage(cfg, folder.model(name), init, ModelConfig(), data, loss, cfg.retriever_learning_rate,
                      stage_steps(cfg, len(train_part), cfg.distill_batch_size, epochs))
-        mark_done(root / name)
+        mark_done(folder.model(name))
 
     if "retriever1_kl" in cfg.retrievers1:
         kl_lists = [{"query": p["query"], "candidates": p["candidates"], "teacher_scores": p["teacher_scores"]}
@@ -460,7 +508,7 @@ def train_retrievers1(cfg: PipelineConfig, root: Path) -> None:
     # The fixed-pool curriculum: each stage continues from the previous one, distill_epochs each (its three
     # stages together train three times as long as the KL and metric retrievers).
     rng = np.random.default_rng(cfg.seed)
-    previous = start
+    previous, last = start, ""
     for number, (k, groups) in enumerate(cfg.curriculum, start=1):
         # The fixed pool's next ranks are group 2 whole (K' = N_h): see PipelineConfig.curriculum.
         stage = CurriculumStage(k=k, k_prime=groups[1], n_hard=groups[1], n_rest=groups[2])
@@ -471,10 +519,8 @@ def train_retrievers1(cfg: PipelineConfig, root: Path) -> None:
                           "labels": [float(x) for x in labels]})
         name = f"retriever1_cldrd_stage{number}"
         run(name, lists, LossConfig(name="lambdarank_mrr"), previous, cfg.distill_epochs)
-        previous = str(root / name)
-    final = root / "retriever1_cldrd"
-    if not final.exists():
-        final.symlink_to(Path(previous).name)
+        previous, last = str(folder.model(name)), name
+    folder.link_model("retriever1_cldrd", last)
 
 
 # --- evaluation ---------------------------------------------------------------------------
@@ -501,47 +547,47 @@ def _ranking_metrics(queries: list[dict], ranked: list[list[str]], texts: dict[s
     return out
 
 
-def evaluate_retriever(cfg: PipelineConfig, root: Path, model: str, name: str) -> dict:
+def evaluate_retriever(cfg: PipelineConfig, folder: PipelineFolder, model: str, name: str) -> dict:
     """Search the whole corpus with the held-out queries."""
-    index_dir = root / "indexes" / name
-    if not (index_dir / "index.faiss").is_file():
+    index_dir = folder.index(name)
+    if not index_written(index_dir):
         index_corpus(
             model,
-            str(root / "data" / "corpus.jsonl"),
+            str(folder.corpus),
             str(index_dir),
             encoding=TextEncoding("suffix", max_length=cfg.candidate_length),
             overwrite=True,
         )
-    queries = read_jsonl(root / "data" / "eval_queries.jsonl")
+    queries = read_jsonl(folder.queries("eval"))
     results = search_queries(
         model,
         str(index_dir),
-        str(root / "data" / "eval_query_texts.jsonl"),
+        str(folder.query_texts("eval")),
         10,
         encoding=TextEncoding("prefix", max_length=cfg.query_length),
     )
-    texts = _texts(read_jsonl(root / "data" / "corpus.jsonl"))
+    texts = _texts(read_jsonl(folder.corpus))
     return _ranking_metrics(queries, [list(r["ids"]) for r in results], texts)
 
 
-def evaluate_tfidf(root: Path) -> dict:
-    corpus = read_jsonl(root / "data" / "corpus.jsonl")
+def evaluate_tfidf(folder: PipelineFolder) -> dict:
+    corpus = read_jsonl(folder.corpus)
     ids = [p["id"] for p in corpus]
-    queries = read_jsonl(root / "data" / "eval_queries.jsonl")
+    queries = read_jsonl(folder.queries("eval"))
     _, top_QxK = TfidfIndex([p["text"] for p in corpus]).search([q["query"] for q in queries], 10)
     return _ranking_metrics(queries, [[ids[j] for j in row] for row in top_QxK], _texts(corpus))
 
 
-def evaluate_ranker(cfg: PipelineConfig, root: Path, name: str) -> dict:
+def evaluate_ranker(cfg: PipelineConfig, folder: PipelineFolder, name: str) -> dict:
     """Re-rank Retriever0's top rerank_depth candidates of each held-out query."""
-    pools = read_jsonl(root / "data" / "pools_eval.jsonl")
-    queries = {q["qid"]: q for q in read_jsonl(root / "data" / "eval_queries.jsonl")}
+    pools = read_jsonl(folder.pools("eval"))
+    queries = {q["qid"]: q for q in read_jsonl(folder.queries("eval"))}
     depth = cfg.rerank_depth
-    ranker = load_model(str(root / name), kind="cross_encoder")
+    ranker = load_model(str(folder.model(name)), kind="cross_encoder")
     scores = ranker.score_pairs([p["query"] for p in pools], [p["candidates"][:depth] for p in pools],
                                 cfg.query_length, cfg.candidate_length, cfg.teacher_batch_size)
     ranked = [[p["ids"][i] for i in np.argsort(-s, kind="stable")] for p, s in zip(pools, scores)]
-    texts = _texts(read_jsonl(root / "data" / "corpus.jsonl"))
+    texts = _texts(read_jsonl(folder.corpus))
     return _ranking_metrics([queries[p["qid"]] for p in pools], ranked, texts)
 
 
@@ -551,32 +597,34 @@ def evaluate_ranker(cfg: PipelineConfig, root: Path, name: str) -> dict:
 def run_pipeline(workdir: str, cfg: PipelineConfig | None = None) -> dict:
     """Run (or resume) every stage and evaluate; returns the results table, also in workdir/results.json."""
     cfg = cfg or PipelineConfig()
-    run = StageRun(workdir, "pipeline")
-    root, results = run.root, run.results
-    if not (root / "data" / "corpus.jsonl").is_file():
-        run.stage("data", lambda: results.update(data=build_data(cfg, root / "data")))
-    init = starting_checkpoint(cfg.init_checkpoint, cfg.init_from_hf, root, "PipelineConfig.init_checkpoint")
-    if not is_done(root / "retriever0"):
-        run.stage("retriever0", train_retriever0, cfg, root, init)
-        mark_done(root / "retriever0")
-    if not (root / "data" / "pools_eval.jsonl").is_file():
-        run.stage("pools", build_pools, cfg, root)
-    run.stage("rankers", train_rankers, cfg, root, init)
-    run.stage("retrievers1", train_retrievers1, cfg, root)
+    folder = PipelineFolder(workdir)
+    run = StageRun(folder, "pipeline")
+    results = run.results
+    if not folder.corpus.is_file():
+        run.stage("data", lambda: results.update(data=build_data(cfg, folder)))
+    init = starting_checkpoint(cfg.init_checkpoint, cfg.init_from_hf, folder, "PipelineConfig.init_checkpoint")
+    if not is_done(folder.model("retriever0")):
+        run.stage("retriever0", train_retriever0, cfg, folder, init)
+        mark_done(folder.model("retriever0"))
+    if not folder.pools("eval").is_file():
+        run.stage("pools", build_pools, cfg, folder)
+    run.stage("rankers", train_rankers, cfg, folder, init)
+    run.stage("retrievers1", train_retrievers1, cfg, folder)
 
     table = results.setdefault("table", {})
 
     def shown(row: dict) -> str:
         return ", ".join(f"{c} {row[c]:.3f}" for c in TABLE_COLUMNS if c != "n")
 
-    run.evaluate(table, "tfidf", evaluate_tfidf, root, describe=shown)
-    run.evaluate(table, "zero_shot", evaluate_retriever, cfg, root, str(init), "zero_shot", describe=shown)
-    run.evaluate(table, "retriever0", evaluate_retriever, cfg, root, str(root / "retriever0"), "retriever0",
+    run.evaluate(table, "tfidf", evaluate_tfidf, folder, describe=shown)
+    run.evaluate(table, "zero_shot", evaluate_retriever, cfg, folder, str(init), "zero_shot", describe=shown)
+    run.evaluate(table, "retriever0", evaluate_retriever, cfg, folder, str(folder.model("retriever0")), "retriever0",
                  describe=shown)
     for name in cfg.ranker_names:
-        run.evaluate(table, name, evaluate_ranker, cfg, root, name, describe=shown)
+        run.evaluate(table, name, evaluate_ranker, cfg, folder, name, describe=shown)
     for name in cfg.retrievers1:
-        run.evaluate(table, name, evaluate_retriever, cfg, root, str((root / name).resolve()), name, describe=shown)
+        run.evaluate(table, name, evaluate_retriever, cfg, folder, str(RunFolder.resolved(folder.model(name))), name,
+                     describe=shown)
     run.finish()
     print(format_table(table))
     return results

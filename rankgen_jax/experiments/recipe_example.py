@@ -40,6 +40,7 @@ import numpy as np
 
 from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.errors import RankgenError
+from rankgen_jax.experiments.job_folder import JobFolder
 from rankgen_jax.experiments.stages import StageRun, is_done, mark_done
 from rankgen_jax.resources import BUNDLED_CORPUS
 
@@ -67,88 +68,129 @@ class RecipeExampleConfig:
     train_bindings: tuple[str, ...] = ()
 
 
-def _copy_documents(root: Path, config: RecipeExampleConfig) -> dict:
+# split-data's file of the negatives' half (data/seqio/split_data.py's PREFIX_FILE); not imported, as that module
+# imports seqio, which the recipe loads only in the stage that splits.
+SPLIT_PREFIX_FILE = "prefixes.jsonl"
+
+
+class RecipeFolder(JobFolder):
+    """Where the recipe keeps each of its outputs under `workdir`: the documents it copied, split-data's and
+    generate-negatives' outputs per split, the tiny LM, the training run (train), the held-out items, the table."""
+
+    def documents(self, split: str) -> Path:
+        """The "train" or "validation" documents, one file each."""
+        return self.root / "documents" / split
+
+    def split_data(self, split: str) -> Path:
+        """split-data's output folder for a split."""
+        return self.root / ("split" if split == "train" else f"split_{split}")
+
+    def prefixes(self, split: str) -> Path:
+        """The prefixes split-data left for the negatives (the LM continues them)."""
+        return self.split_data(split) / SPLIT_PREFIX_FILE
+
+    def negatives(self, split: str) -> Path:
+        """generate-negatives' output for a split's prefixes."""
+        return self.root / ("negatives.jsonl" if split == "train" else f"negatives_{split}.jsonl")
+
+    @property
+    def lm(self) -> Path:
+        """The tiny GPT-2 (an HF folder) that writes the negatives."""
+        return self.root / "lm"
+
+    def lm_built(self) -> bool:
+        return (self.lm / "config.json").is_file()
+
+    @property
+    def suffix_items(self) -> Path:
+        """The held-out suffix identification items with their mined hard negatives."""
+        return self.root / "suffix_items.jsonl"
+
+    @property
+    def table(self) -> Path:
+        return self.root / TABLE_FILE
+
+
+def _copy_documents(folder: RecipeFolder, config: RecipeExampleConfig) -> dict:
     counts = {}
     for split, names in (("train", config.train_documents), ("validation", config.validation_documents)):
-        folder = root / "documents" / split
-        folder.mkdir(parents=True, exist_ok=True)
+        documents = folder.documents(split)
+        documents.mkdir(parents=True, exist_ok=True)
         for name in names:
             source = Path(BUNDLED_CORPUS) / name
             if not source.is_file():
                 raise RankgenError(f"{name}: not a document of the bundled corpus ({BUNDLED_CORPUS})")
-            shutil.copyfile(source, folder / Path(name).name)
+            shutil.copyfile(source, documents / Path(name).name)
         counts[split] = len(names)
     return counts
 
 
-def _paths(root: Path) -> list[str]:
+def _paths(folder: RecipeFolder) -> list[str]:
     """The gin bindings that point the recipe's folder tasks at this run's files."""
-    docs = root / "documents"
-    return [f"rankgen_data_paths.folder = '{docs / 'train'}'",
-            f"rankgen_data_paths.validation = {{'folder': '{docs / 'validation'}'}}",
-            f"rankgen_data_paths.generative_jsonl = {{'folder': '{root / 'negatives.jsonl'}'}}",
-            f"rankgen_data_paths.validation_generative_jsonl = {{'folder': '{root / 'negatives_validation.jsonl'}'}}"]
+    return [f"rankgen_data_paths.folder = '{folder.documents('train')}'",
+            f"rankgen_data_paths.validation = {{'folder': '{folder.documents('validation')}'}}",
+            f"rankgen_data_paths.generative_jsonl = {{'folder': '{folder.negatives('train')}'}}",
+            f"rankgen_data_paths.validation_generative_jsonl = {{'folder': '{folder.negatives('validation')}'}}"]
 
 
-def _split(root: Path) -> dict:
+def _split(folder: RecipeFolder) -> dict:
     from rankgen_jax.data.seqio.split_data import split_task_data
     from rankgen_jax.experiments.gin_runs import gin_config
 
-    with gin_config([RECIPE_GIN], _paths(root)):
-        train = split_task_data("rankgen_folder_inbook", str(root / "split"))
-        validation = split_task_data("rankgen_folder_inbook", str(root / "split_validation"), "validation",
+    with gin_config([RECIPE_GIN], _paths(folder)):
+        train = split_task_data("rankgen_folder_inbook", str(folder.split_data("train")))
+        validation = split_task_data("rankgen_folder_inbook", str(folder.split_data("validation")), "validation",
                                      lm_half=False)
     return {"train": train, "validation": validation}
 
 
-def _negatives(root: Path, config: RecipeExampleConfig) -> dict:
+def _negatives(folder: RecipeFolder, config: RecipeExampleConfig) -> dict:
     from rankgen_jax.lm.generative_negatives import NegativeSampling, generate_negatives
 
     out = {}
-    for split, folder, name in (("train", "split", "negatives.jsonl"),
-                                ("validation", "split_validation", "negatives_validation.jsonl")):
-        stats = generate_negatives(str(root / "lm"), str(root / folder / "prefixes.jsonl"), str(root / name),
+    for split in ("train", "validation"):
+        stats = generate_negatives(str(folder.lm), str(folder.prefixes(split)), str(folder.negatives(split)),
                                    NegativeSampling(batch_size=config.negatives_batch_size,
                                                     max_new_tokens=config.max_new_tokens,
                                                     max_prompt_tokens=config.max_prompt_tokens, seed=config.seed),
                                    progress=False)
-        records = [json.loads(line) for line in (root / name).read_text(encoding="utf-8").splitlines()]
+        records = [json.loads(line) for line in folder.negatives(split).read_text(encoding="utf-8").splitlines()]
         stats["gold_words"] = float(np.mean([len(r["continuation"].split()) for r in records]))
         stats["negative_words"] = float(np.mean([r["generative_negative_words"] for r in records]))
         out[split] = stats
     return out
 
 
-def _train(root: Path, config: RecipeExampleConfig) -> dict:
+def _train(folder: RecipeFolder, config: RecipeExampleConfig) -> dict:
     from rankgen_jax.experiments.gin_runs import train_from_gin
 
-    workdir = root / "train"
-    result = train_from_gin([RECIPE_GIN], _paths(root) + list(config.train_bindings), str(workdir))
+    workdir = folder.model("train")
+    result = train_from_gin([RECIPE_GIN], _paths(folder) + list(config.train_bindings), str(workdir))
     mark_done(workdir)
     return result
 
 
-def _metrics(workdir: Path) -> dict:
+def _metrics(workdir: RunFolder) -> dict:
     """First and last training loss and the last held-out loss and accuracy of a training workdir."""
-    records = [json.loads(line) for line in RunFolder.at(workdir).metrics.read_text().splitlines()]
+    records = [json.loads(line) for line in workdir.metrics.read_text().splitlines()]
     train_losses = [(r["step"], r["train/loss"]) for r in records if "train/loss" in r]
     evals = [r for r in records if "eval/loss" in r]
     return {"steps": max(r["step"] for r in records), "first_train_loss": train_losses[0],
             "last_train_loss": train_losses[-1], "eval": {k: v for k, v in evals[-1].items()} if evals else {}}
 
 
-def _suffix_identification(root: Path, config: RecipeExampleConfig) -> dict:
+def _suffix_identification(folder: RecipeFolder, config: RecipeExampleConfig) -> dict:
     from rankgen_jax.eval.hard_negatives import HardNegativeConfig, mine_hard_negatives
     from rankgen_jax.eval.ranking import score_file
     from rankgen_jax.inference.encoder import load_model
     from rankgen_jax.lm.scoring import load_causal_lm
 
-    items = root / "suffix_items.jsonl"
-    mined = mine_hard_negatives(str(root / "train"), str(root / "documents" / "validation"), str(items),
+    items = folder.suffix_items
+    mined = mine_hard_negatives(str(folder.model("train")), str(folder.documents("validation")), str(items),
                                 HardNegativeConfig(negatives=config.hard_negatives,
                                                    items_per_document=config.items_per_document, seed=config.seed),
                                 progress=False)
-    model, lm = load_model(str(root / "train")), load_causal_lm(str(root / "lm"))
+    model, lm = load_model(str(folder.model("train"))), load_causal_lm(str(folder.lm))
     scores = {name: score_file(model, str(items), method=name, lm=lm) for name in SCORERS}
     return {"mined": mined, "scores": {k: {m: v[m] for m in ("n", "accuracy", "pairwise_accuracy")}
                                        for k, v in scores.items()}}
@@ -191,22 +233,23 @@ def run_recipe_example(workdir: str, config: RecipeExampleConfig = RecipeExample
     """Run (or resume) the CPU-sized recipe in workdir; returns results.json's contents."""
     from rankgen_jax.testing import build_tiny_gpt2
 
-    job = StageRun(workdir, "recipe-example")
-    root, results = job.root, job.results
+    folder = RecipeFolder(workdir)
+    job = StageRun(folder, "recipe-example")
+    results = job.results
     if "documents" not in results:
-        results["documents"] = job.stage("documents", _copy_documents, root, config)
+        results["documents"] = job.stage("documents", _copy_documents, folder, config)
     if "split" not in results:
-        results["split"] = job.stage("split", _split, root)
-    if not (root / "lm" / "config.json").is_file():
-        job.stage("lm", build_tiny_gpt2, root / "lm", config.seed, 400, config.lm_positions)
+        results["split"] = job.stage("split", _split, folder)
+    if not folder.lm_built():
+        job.stage("lm", build_tiny_gpt2, folder.lm, config.seed, 400, config.lm_positions)
     if "negatives" not in results:
-        results["negatives"] = job.stage("negatives", _negatives, root, config)
-    if not is_done(root / "train"):
-        job.stage("train", _train, root, config)
-    results["train"] = _metrics(root / "train")
+        results["negatives"] = job.stage("negatives", _negatives, folder, config)
+    if not is_done(folder.model("train")):
+        job.stage("train", _train, folder, config)
+    results["train"] = _metrics(folder.model("train"))
     if "suffix" not in results:
-        results["suffix"] = job.stage("suffix", _suffix_identification, root, config)
-    (root / TABLE_FILE).write_text(table_markdown(results), encoding="utf-8")
+        results["suffix"] = job.stage("suffix", _suffix_identification, folder, config)
+    folder.table.write_text(table_markdown(results), encoding="utf-8")
     results = job.finish()
-    print((root / TABLE_FILE).read_text(encoding="utf-8"))
+    print(folder.table.read_text(encoding="utf-8"))
     return results

@@ -13,14 +13,16 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.data.beir_books import BooksCollectionConfig, build_books_collection
 from rankgen_jax.data.documents import Document, require_documents
 from rankgen_jax.data.source_configs import DataConfig, RetrievalData
 from rankgen_jax.eval.retrieval_metrics import evaluate_files
 from rankgen_jax.pretrained import MINILM
+from rankgen_jax.experiments.job_folder import JobFolder
 from rankgen_jax.experiments.stages import StageRun, aligned_table, is_done, mark_done, starting_checkpoint
 from rankgen_jax.resources import BUNDLED_CORPUS
-from rankgen_jax.retrieval.dense_index import TextEncoding, index_corpus, search_queries
+from rankgen_jax.retrieval.dense_index import TextEncoding, index_corpus, index_written, search_queries
 from rankgen_jax.retrieval.mining import NegativePicking, TrainingQuerySource, mine_negatives
 from rankgen_jax.train.config import LossConfig, TrainerConfig
 from rankgen_jax.train.loop import train
@@ -30,6 +32,34 @@ MEASURES = ("nDCG@10", "RR@10", "R@100")
 MODELS = ("zero_shot", "in_batch", "hard_negatives")
 NUM_SHARDS = 2
 TABLE_FILE = "retrieval_table.md"
+
+
+class RetrievalExampleFolder(JobFolder):
+    """Where the example keeps each of its outputs under `workdir`: the BEIR collection, the mined negatives, the
+    two training runs (train_in_batch, train_hard_negatives), and per evaluated model its index shards and run."""
+
+    @property
+    def beir(self) -> Path:
+        return self.root / "beir"
+
+    def mined(self, split: str) -> Path:
+        """The BM25 negatives mined for a split's queries."""
+        return self.root / f"bm25_negatives_{split}.jsonl"
+
+    def index(self, model: str) -> Path:
+        """The folder of the shards of the index `model` made (index_shard)."""
+        return self.root / model / "index"
+
+    def index_shard(self, model: str, shard: int) -> Path:
+        return self.index(model) / f"shard{shard}"
+
+    def run_file(self, model: str) -> Path:
+        """`model`'s TREC run on the test queries."""
+        return self.root / model / "test.trec"
+
+    @property
+    def table(self) -> Path:
+        return self.root / TABLE_FILE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,23 +83,24 @@ class RetrievalExampleConfig:
     encode_batch_size: int = 64
 
 
-def _train(workdir: Path, init: Path, config: RetrievalExampleConfig, data: DataConfig) -> None:
+def _train(workdir: RunFolder, init: Path, config: RetrievalExampleConfig, data: DataConfig) -> None:
     if is_done(workdir):
         return
     trainer = TrainerConfig(num_steps=config.train_steps, log_every=10, eval_every=0,
                             checkpoint_every=config.train_steps, init_checkpoint=str(init), async_checkpoints=False)
     optimizer = OptimizerConfig(name="adamw", learning_rate=config.learning_rate, warmup_steps=5, weight_decay=0.01)
-    train(str(workdir), trainer=trainer, data=data, loss=LossConfig(name="in_batch_softmax",
+    train(workdir, trainer=trainer, data=data, loss=LossConfig(name="in_batch_softmax",
                                                                      logit_scale=config.logit_scale),
           optimizer=optimizer)
     mark_done(workdir)
 
 
-def _index_search_evaluate(model: str, beir: Path, root: Path, config: RetrievalExampleConfig) -> dict:
-    index_root = root / "index"
+def _index_search_evaluate(model: str, folder: RetrievalExampleFolder, name: str,
+                           config: RetrievalExampleConfig) -> dict:
+    beir = folder.beir
     for shard in range(NUM_SHARDS):
-        out = index_root / f"shard{shard}"
-        if not (out / "index_config.json").is_file():
+        out = folder.index_shard(name, shard)
+        if not index_written(out):
             index_corpus(
                 model,
                 str(beir),
@@ -80,10 +111,10 @@ def _index_search_evaluate(model: str, beir: Path, root: Path, config: Retrieval
                 overwrite=True,
                 progress=False,
             )
-    run = root / "test.trec"
+    run = folder.run_file(name)
     search_queries(
         model,
-        str(index_root),
+        str(folder.index(name)),
         str(beir),
         config.k,
         encoding=TextEncoding("prefix", batch_size=config.encode_batch_size),
@@ -118,21 +149,21 @@ def run_retrieval_example(workdir: str, config: RetrievalExampleConfig = Retriev
                           corpus: str | Path | None = None) -> dict:
     """Run (or resume) the example in workdir on `corpus` (default: bundled_books()); returns results.json's
     contents."""
-    job = StageRun(workdir, "retrieval-example")
-    root, results = job.root, job.results
-    beir = root / "beir"
+    folder = RetrievalExampleFolder(workdir)
+    job = StageRun(folder, "retrieval-example")
+    results, beir = job.results, folder.beir
     if "collection" not in results:
         results["collection"] = job.stage("collection", build_books_collection,
                                           bundled_books() if corpus is None else corpus, beir, config.collection)
-    init = starting_checkpoint(config.init_checkpoint, config.init_from_hf, root)
+    init = starting_checkpoint(config.init_checkpoint, config.init_from_hf, folder)
     shared = dict(batch_size=config.batch_size, prefix_length=config.prefix_length)
     reading = dict(continuation_length=config.continuation_length, prefix_keep="end", split="train",
                    eval_split="test")
-    job.stage("train_in_batch", _train, root / "train_in_batch", init, config,
+    job.stage("train_in_batch", _train, folder.model("train_in_batch"), init, config,
               DataConfig(RetrievalData(**reading, retrieval_corpus=str(beir), hard_negatives=0), **shared))
     mined = {}
     for split in ("train", "test"):
-        mined[split] = root / f"bm25_negatives_{split}.jsonl"
+        mined[split] = folder.mined(split)
         if f"mining_{split}" not in results:
             results[f"mining_{split}"] = job.stage(
                 f"mine_{split}",
@@ -148,16 +179,16 @@ def run_retrieval_example(workdir: str, config: RetrievalExampleConfig = Retriev
             )
     hard = DataConfig(RetrievalData(**reading, train_file=str(mined["train"]), eval_file=str(mined["test"]),
                                     qrels=str(beir), hard_negatives=config.hard_negatives), **shared)
-    job.stage("train_hard_negatives", _train, root / "train_hard_negatives", init, config, hard)
-    models = {"zero_shot": str(init), "in_batch": str(root / "train_in_batch"),
-              "hard_negatives": str(root / "train_hard_negatives")}
+    job.stage("train_hard_negatives", _train, folder.model("train_hard_negatives"), init, config, hard)
+    models = {"zero_shot": str(init), "in_batch": str(folder.model("train_in_batch")),
+              "hard_negatives": str(folder.model("train_hard_negatives"))}
     table = results.setdefault("test", {})
     for name, model in models.items():
-        job.evaluate(table, name, _index_search_evaluate, model, beir, root / name, config,
+        job.evaluate(table, name, _index_search_evaluate, model, folder, name, config,
                      describe=lambda r: ", ".join(f"{m} {r[m]:.3f}" for m in MEASURES))
-    (root / TABLE_FILE).write_text(table_markdown(results), encoding="utf-8")
+    folder.table.write_text(table_markdown(results), encoding="utf-8")
     results = job.finish()
     print(aligned_table({n: [table[n][m] for m in MEASURES] for n in MODELS}, MEASURES, name_width=16))
     print(f"(test split: {results['collection']['test_queries']} queries over {results['collection']['passages']} "
-          f"passages; {root / TABLE_FILE})")
+          f"passages; {folder.table})")
     return results

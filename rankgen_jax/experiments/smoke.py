@@ -21,7 +21,9 @@ from transformers import AutoModel
 
 from rankgen_jax.checkpoints import native
 from rankgen_jax.checkpoints.convert import export_hf
+from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.data.vocab import BUNDLED_CORPUS, Vocabulary, corpus_lines, train_vocab
+from rankgen_jax.experiments.job_folder import JobFolder
 from rankgen_jax.models.configs import RANKGEN_HEAD, ModelConfig, t5_config
 from rankgen_jax.models.factory import build_model, init_params
 
@@ -40,21 +42,43 @@ def prefix_continuation_pairs(lines: list[str], n: int, prefix_lines: int = 6, c
 MAX_ABS_DIFF = 1e-4
 
 
+class SmokeFolder(JobFolder):
+    """Where the smoke run keeps its outputs under `out`: the vocabulary, the checkpoint, its HF export, the
+    summary."""
+
+    @property
+    def vocab(self) -> Path:
+        return self.root / "spiece.model"
+
+    @property
+    def checkpoint(self) -> RunFolder:
+        return self.model("checkpoint")
+
+    @property
+    def hf(self) -> Path:
+        return self.root / "hf"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "smoke.json"
+
+
 def run(out: Path, num_pairs: int = 16) -> dict:
     """The smoke run into `out`; its summary (also out/smoke.json), with "ok": PyTorch reproduced the vectors."""
     started = time.time()
-    out.mkdir(parents=True, exist_ok=True)
+    folder = SmokeFolder(out)
+    folder.root.mkdir(parents=True, exist_ok=True)
     print(f"[1/4] training a 1000-piece SentencePiece vocabulary on {BUNDLED_CORPUS}", flush=True)
-    vocab = Vocabulary(train_vocab(corpus_lines(max_lines=20000), out / "spiece.model", vocab_size=1000))
+    vocab = Vocabulary(train_vocab(corpus_lines(max_lines=20000), folder.vocab, vocab_size=1000))
 
     print("[2/4] random-init tiny T5 1.1 RankGen dual encoder -> rankgen_jax checkpoint", flush=True)
     config = ModelConfig(encoder=t5_config("tiny", vocab_size=1024), head=RANKGEN_HEAD)
     params = init_params(config, seed=0)
-    native.save_params(out / "checkpoint", config, params, vocab=vocab.path, overwrite=True)
+    native.save_params(folder.checkpoint, config, params, vocab=vocab.path, overwrite=True)
 
     print("[3/4] export to the RankGen HuggingFace format and reload with transformers", flush=True)
-    export_hf(str(out / "checkpoint"), str(out / "hf"), fmt="rankgen", overwrite=True)
-    hf_model = AutoModel.from_pretrained(str(out / "hf"), trust_remote_code=True).eval()
+    export_hf(str(folder.checkpoint), str(folder.hf), fmt="rankgen", overwrite=True)
+    hf_model = AutoModel.from_pretrained(str(folder.hf), trust_remote_code=True).eval()
 
     print(f"[4/4] encoding {num_pairs} prefix/continuation pairs from Persuasion with JAX and PyTorch", flush=True)
     book = (BUNDLED_CORPUS / "austen" / "persuasion.txt").read_text(encoding="utf-8")
@@ -82,5 +106,5 @@ def run(out: Path, num_pairs: int = 16) -> dict:
         "seconds": round(time.time() - started, 1),
     }
     summary["ok"] = summary["max_abs_diff_jax_vs_torch"] < MAX_ABS_DIFF
-    (out / "smoke.json").write_text(json.dumps(summary, indent=2) + "\n")
+    folder.summary.write_text(json.dumps(summary, indent=2) + "\n")
     return summary

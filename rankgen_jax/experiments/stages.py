@@ -9,7 +9,6 @@ saved after every stage, so a rerun resumes where the last one stopped.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -20,20 +19,22 @@ from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.checkpoints import native
 from rankgen_jax.checkpoints.convert import import_checkpoint
 from rankgen_jax.errors import RankgenError
+from rankgen_jax.experiments.job_folder import JobFolder
 from rankgen_jax.pretrained import MODEL_IDS, resolve_model
 
-RESULTS_FILE = "results.json"
 DONE_MARKER = "stage_done"
 
 
-def starting_checkpoint(init_checkpoint: str, init_from_hf: str, root: Path, what: str = "init_checkpoint") -> Path:
-    """The checkpoint a job starts from: init_checkpoint as given, or init_from_hf imported once into root/init."""
+def starting_checkpoint(init_checkpoint: str, init_from_hf: str, folder: JobFolder,
+                        what: str = "init_checkpoint") -> Path:
+    """The checkpoint a job starts from: init_checkpoint as given, or init_from_hf imported once into the job's
+    folder."""
     if init_checkpoint:
         if not native.is_checkpoint_dir(init_checkpoint):
             raise RankgenError(f"{what}={init_checkpoint!r} is not a rankgen_jax checkpoint "
                                "(make one with `rankgen-jax import`)")
         return Path(init_checkpoint)
-    init = root / "init"
+    init = folder.init
     if not native.is_checkpoint_dir(init):
         print(f"[job] importing {init_from_hf} -> {init}", file=sys.stderr, flush=True)
         import_checkpoint("hf", resolve_model(init_from_hf), str(init), overwrite=True,
@@ -55,32 +56,22 @@ def mark_done(workdir: Path) -> None:
     RunFolder.at(workdir).file(DONE_MARKER).write_text("done\n")
 
 
-def read_results(root: Path) -> dict:
-    """root/results.json, or {} before the first stage."""
-    path = root / RESULTS_FILE
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-
-
-def write_results(root: Path, results: dict) -> None:
-    (root / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-
-
 class StageRun:
-    """A resumable job's workdir: its results (results.json), the seconds of each stage, its log lines."""
+    """A resumable job in its folder: its results (results.json), the seconds of each stage, its log lines."""
 
-    def __init__(self, workdir: str | Path, tag: str):
-        self.root = Path(workdir)
-        self.root.mkdir(parents=True, exist_ok=True)
+    def __init__(self, folder: JobFolder, tag: str):
+        self.folder = folder
+        folder.root.mkdir(parents=True, exist_ok=True)
         self.tag = tag
         self.started = time.time()
-        self.results = read_results(self.root)
+        self.results = folder.read_results()
         self.seconds = self.results.setdefault("seconds", {})
 
     def log(self, message: str) -> None:
         log(self.tag, message)
 
     def save(self) -> None:
-        write_results(self.root, self.results)
+        self.folder.write_results(self.results)
 
     def timed(self, name: str, fn: Callable, *args) -> Any:
         """fn(*args), its seconds added to results["seconds"][name] (a resumed stage adds to its earlier time)."""

@@ -32,6 +32,7 @@ import numpy as np
 from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.experiments.ablations import write_report
+from rankgen_jax.experiments.demo_folder import DemoFolder
 from rankgen_jax.experiments.gin_runs import train_from_gin
 from rankgen_jax.train.gin_parsing import read_grid_file
 from rankgen_jax.train.metric_writers import read_metrics
@@ -102,6 +103,10 @@ def expand_grid(grid: dict) -> list[dict]:
     return runs
 
 
+# Written in a run's folder once it trained to the end: a rerun of the sweep skips it.
+SWEEP_DONE_FILE = "sweep_done"
+
+
 def run_workdir(workdir: str, run: dict) -> str:
     """The folder of one run under the sweep's workdir (which may be a gs:// URL: joined as a string)."""
     return f"{str(workdir).rstrip('/')}/{run['name']}"
@@ -126,7 +131,6 @@ def run_sweep(grid_path: str, workdir: str, tpu_name: str = "", tpu_args: list[s
     if report_dir and tpu_name:
         raise RankgenError("`report_dir` needs the runs' results here; with a `tpu_name` they run elsewhere",
                            names=("report_dir", "tpu_name"))
-    root = Path(workdir)
     runs = expand_grid(grid)
     print(f"{len(runs)} runs from {grid_path}", file=sys.stderr)
     for run in runs:
@@ -136,7 +140,7 @@ def run_sweep(grid_path: str, workdir: str, tpu_name: str = "", tpu_args: list[s
                       *(tpu_args or []), "--", *argv[1:]]
             print(shlex.join(launch))
             continue
-        done = root / run["name"] / "sweep_done"
+        done = RunFolder.at(run_workdir(workdir, run)).file(SWEEP_DONE_FILE)
         if done.is_file():
             print(f"[sweep] {run['name']}: done earlier", file=sys.stderr)
             continue
@@ -171,8 +175,7 @@ def _last(records: list[dict], prefix: str) -> dict:
 
 def collect(workdir: str) -> dict:
     """A run's final numbers: held-out suffix identification (main job) if present, else the last eval metrics."""
-    root = Path(workdir)
-    results = root / "results.json"
+    results = DemoFolder(workdir).results_file
     if results.is_file():
         data = json.loads(results.read_text())
         row = {f"{k}": v for k, v in data.get("fine_tuned", {}).items() if k != "n"}
@@ -180,7 +183,7 @@ def collect(workdir: str) -> dict:
         train = data.get("train", {})
         row.update(steps=train.get("steps"), train_loss=train.get("loss"))
         return {k: v for k, v in row.items() if v is not None}
-    metrics = RunFolder.at(root).metrics
+    metrics = RunFolder.at(workdir).metrics
     if not metrics.is_file():
         raise RankgenError(f"{workdir}: no results.json or metrics.jsonl (not a training workdir?)")
     records = read_metrics(metrics)

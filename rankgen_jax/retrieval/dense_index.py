@@ -43,6 +43,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
@@ -618,6 +619,11 @@ def index_corpus(
     }
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return config
+
+
+def index_written(index_dir: str | os.PathLike) -> bool:
+    """Whether index_corpus finished index_dir (it writes the config file last), so a resumed job may skip it."""
+    return (Path(index_dir) / CONFIG_FILE).is_file()
 
 
 def _read_json(path: Path) -> Any:
