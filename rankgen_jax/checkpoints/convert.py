@@ -298,7 +298,8 @@ def export_hf(checkpoint: str, out: str, fmt: str = "rankgen", overwrite: bool =
         library="sentence-transformers" if (Path(out) / "modules.json").is_file() else "transformers",
         st_limits=tuple(limits), step=exported_step,
         provenance=native.load_provenance(checkpoint), operative_gin=operative, results=results,
-        results_path=results_path))
+        results_path=results_path,
+        retrieval=None if native.is_remote(checkpoint) else model_card.retrieval_facts(checkpoint, exported_step)))
     return model_config
 
 

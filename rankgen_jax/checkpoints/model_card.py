@@ -22,7 +22,7 @@ import huggingface_hub
 import yaml
 
 from rankgen_jax.checkpoints import native
-from rankgen_jax.checkpoints.run_folder import JOB_RESULTS_FILE
+from rankgen_jax.checkpoints.run_folder import JOB_RESULTS_FILE, RETRIEVAL_METRIC_PREFIX, RunFolder, resolve
 from rankgen_jax.data.conventions import InputConventions
 from rankgen_jax.data.source_configs import MOVED_DATA_FIELDS
 from rankgen_jax.models.configs import ModelConfig
@@ -54,7 +54,8 @@ class CardFacts:
     say about the conventions; step: the exported step; provenance: the
     checkpoint's provenance.json; operative_gin / results: a training
     workdir's operative gin config and the job's held-out results (None when
-    absent).
+    absent); retrieval: the retrieval measures taken during training
+    (retrieval_facts).
     """
 
     model_config: ModelConfig
@@ -67,6 +68,7 @@ class CardFacts:
     operative_gin: str | None = None
     results: dict | None = None
     results_path: str = ""
+    retrieval: dict | None = None
 
 
 def training_facts(checkpoint: str, step: int | None = None) -> tuple[str | None, dict | None, str]:
@@ -88,7 +90,50 @@ def training_facts(checkpoint: str, step: int | None = None) -> tuple[str | None
     return operative, (results if isinstance(results, dict) else None), results_path
 
 
-def front_matter(facts: CardFacts) -> dict:
+def retrieval_facts(checkpoint: str, step: int | None) -> dict | None:
+    """The retrieval measures a run took during training (train/retrieval_eval.py), for a training workdir or its
+    best/ folder: {"exported": the exported step's row or None, "last": the last row, "best": best.json or None,
+    "best_row": the best step's row or None}, each row {"step", "values": {"set/measure": value}}; None when the
+    run measured none."""
+    folder = RunFolder.at(checkpoint)
+    parent = RunFolder.at(Path(checkpoint).resolve().parent)
+    run = parent if resolve(parent.best) == resolve(folder) else folder
+    if not run.metrics.is_file():
+        return None
+    rows = []
+    for line in run.metrics.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line being written
+        values = {k[len(RETRIEVAL_METRIC_PREFIX):]: v for k, v in record.items()
+                  if k.startswith(RETRIEVAL_METRIC_PREFIX) and k.count("/") == 2}
+        if values:
+            rows.append({"step": int(record["step"]), "values": values})
+    if not rows:
+        return None
+    best = json.loads(run.best_record.read_text(encoding="utf-8")) if run.best_record.is_file() else None
+    exported = next((r for r in reversed(rows) if r["step"] == step), None)
+    best_row = next((r for r in reversed(rows) if best and r["step"] == best["step"]), None)
+    return {"exported": exported, "last": rows[-1], "best": best, "best_row": best_row}
+
+
+def _eval_results(facts: CardFacts) -> list:
+    """The exported step's retrieval measures as the hub's model-index results."""
+    row = (facts.retrieval or {}).get("exported")
+    if not row:
+        return []
+    out = []
+    for name, value in row["values"].items():
+        dataset, measure = name.rsplit("/", 1)
+        split = dataset.rsplit("@", 1)[-1]
+        out.append(huggingface_hub.EvalResult(task_type="text-retrieval", dataset_type=dataset, dataset_name=dataset,
+                                              dataset_split=split, metric_type=measure, metric_value=float(value),
+                                              metric_name=f"{measure} ({dataset}, step {row['step']})"))
+    return out
+
+
+def front_matter(facts: CardFacts, model_name: str = "") -> dict:
     """The hub metadata: library, pipeline tag, license and base model when known, tags."""
     config = facts.model_config
     if config.kind == "cross_encoder":
@@ -111,11 +156,37 @@ def front_matter(facts: CardFacts) -> dict:
     if base:
         meta["base_model"] = base
     meta["tags"] = tags
+    results = _eval_results(facts)
+    if results and model_name:
+        meta["model_name"], meta["eval_results"] = model_name, results
     return meta
 
 
 def _render_front_matter(meta: dict) -> str:
     return "---\n" + huggingface_hub.ModelCardData(**meta).to_yaml() + "\n---\n"
+
+
+def _retrieval_section(facts: CardFacts) -> list[str]:
+    retrieval = facts.retrieval
+    if not retrieval:
+        return []
+    columns = [("this export", retrieval["exported"]), ("last measured", retrieval["last"])]
+    best = retrieval["best"]
+    lines = ["## Retrieval measured during training", "",
+             "Measured by the training run itself (`RetrievalEvalConfig`; trec_eval's definitions, the whole "
+             "set's corpus ranked by the training state on the training mesh):", "",
+             "| set | measure | " + " | ".join(f"{label} (step {row['step']})" for label, row in columns if row)
+             + (f" | best {best['metric'].rsplit('/', 1)[-1]} (step {best['step']})" if best else "") + " |",
+             "| --- | --- |" + " ---: |" * (sum(1 for _, row in columns if row) + bool(best))]
+    best_row = retrieval["best_row"] or {}
+    for name in retrieval["last"]["values"]:
+        dataset, measure = name.rsplit("/", 1)
+        cells = [f"{row['values'][name]:.4f}" if name in row["values"] else "" for _, row in columns if row]
+        if best:
+            value = best["value"] if name == best["metric"] else best_row.get("values", {}).get(name)
+            cells.append("" if value is None else f"{value:.4f}")
+        lines.append(f"| {dataset} | {measure} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def _architecture(config: ModelConfig) -> list[str]:
@@ -341,11 +412,12 @@ def _training(facts: CardFacts) -> list[str]:
 
 def render_card(facts: CardFacts, title: str) -> str:
     """The whole README.md of an export."""
-    sections = [_render_front_matter(front_matter(facts)), f"# {title}", "",
+    sections = [_render_front_matter(front_matter(facts, title)), f"# {title}", "",
                 "Exported by rankgen-jax (`rankgen-jax export-hf`): " + facts.layout + ".", "",
                 "## Model", "", *_architecture(facts.model_config), "",
                 "## Inputs", "", *_conventions(facts), "",
                 "## Usage", "", *_usage(facts), "",
+                *_retrieval_section(facts),
                 "## Provenance and training", "", *_training(facts), ""]
     return "\n".join(sections)
 

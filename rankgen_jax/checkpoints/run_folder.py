@@ -45,6 +45,8 @@ OPERATIVE_CONFIGS_DIR = "operative_configs"
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 PROFILE_DIR = "profile"
+# metrics.jsonl's names of the retrieval measures taken during training: retrieval/<set>/<measure>.
+RETRIEVAL_METRIC_PREFIX = "retrieval/"
 BEST_DIR = "best"
 BEST_RECORD_FILE = "best.json"
 RETRIEVAL_SETS_DIR = "retrieval_sets"

@@ -11,7 +11,6 @@ corpus holds the passages of every split (BEIR's layout: one corpus, qrels per s
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Sequence
 
@@ -19,6 +18,7 @@ import numpy as np
 
 from rankgen_jax.data.documents import Document, require_documents
 from rankgen_jax.data.examples import ExampleConfig, make_examples
+from rankgen_jax.data.retrieval_files import write_beir
 from rankgen_jax.errors import RankgenError
 
 
@@ -60,20 +60,6 @@ def _book_examples(doc: Document, config: BooksCollectionConfig):
     return examples
 
 
-def _write_lines(path: Path, records) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for record in records:
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
-    tmp.replace(path)
-
-
-def _write_qrels(path: Path, pairs: Sequence[tuple[str, str]]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{p}\t1\n" for q, p in pairs), encoding="utf-8")
-    tmp.replace(path)
-
-
 def build_books_collection(documents: Sequence[Document] | str | Path, out_dir: str | Path,
                            config: BooksCollectionConfig = BooksCollectionConfig()) -> dict:
     """Write the BEIR folder out_dir (corpus.jsonl, queries.jsonl, qrels/train.tsv, qrels/test.tsv); returns its
@@ -88,7 +74,6 @@ def build_books_collection(documents: Sequence[Document] | str | Path, out_dir: 
     if len(set(slugs)) != len(slugs):
         raise RankgenError(f"two books give the same id part: {slugs}")
     out = Path(out_dir)
-    (out / "qrels").mkdir(parents=True, exist_ok=True)
     corpus, queries, qrels = [], [], {"train": [], "test": []}
     split_of = {d.id: "test" for d in books[len(books) - config.test_books :]}
     split_of.update({d.id: "dev" for d in books[len(books) - config.test_books - config.dev_books :
@@ -105,10 +90,7 @@ def build_books_collection(documents: Sequence[Document] | str | Path, out_dir: 
             corpus.append({"_id": passage_id, "title": book_title(doc.id), "text": example.continuation})
             queries.append({"_id": f"q-{passage_id}", "text": example.prefix})
             qrels[split].append((f"q-{passage_id}", passage_id))
-    _write_lines(out / "corpus.jsonl", corpus)
-    _write_lines(out / "queries.jsonl", queries)
-    for split, pairs in qrels.items():
-        _write_qrels(out / "qrels" / f"{split}.tsv", pairs)
+    write_beir(out, corpus, queries, {split: [(q, p, 1) for q, p in pairs] for split, pairs in qrels.items()})
     summary = {"folder": str(out), "passages": len(corpus), "train_queries": len(qrels["train"]),
                "test_queries": len(qrels["test"]),
                "train_books": [book_slug(d.id) for d in books if d.id not in split_of],

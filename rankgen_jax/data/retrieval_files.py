@@ -536,6 +536,27 @@ def check_qrels(qrels: Qrels, passage_ids: Mapping | set | None = None, query_id
     return Qrels(qrels.path, labels, lines)
 
 
+def _write_whole(path: Path, lines: Iterable[str]) -> None:
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w", encoding="utf-8") as f:
+        f.writelines(lines)
+    partial.replace(path)
+
+
+def write_beir(folder: str | Path, corpus: Iterable[Mapping], queries: Iterable[Mapping],
+               qrels: Mapping[str, Iterable[tuple[str, str, int]]]) -> Path:
+    """A BEIR folder: corpus.jsonl ({"_id", "title", "text"}), queries.jsonl ({"_id", "text"}) and, per split,
+    qrels/<split>.tsv of (query id, passage id, label); each file written whole (renamed into place)."""
+    out = Path(folder)
+    (out / "qrels").mkdir(parents=True, exist_ok=True)
+    _write_whole(out / BEIR_CORPUS, (json.dumps(dict(r), ensure_ascii=False) + "\n" for r in corpus))
+    _write_whole(out / BEIR_QUERIES, (json.dumps(dict(r), ensure_ascii=False) + "\n" for r in queries))
+    for split, judged in qrels.items():
+        rows = ["\t".join(BEIR_QRELS_HEADER) + "\n"] + [f"{q}\t{d}\t{int(label)}\n" for q, d, label in judged]
+        _write_whole(out / "qrels" / f"{split}.tsv", rows)
+    return out
+
+
 def read_beir(folder: str | Path, split: str | None = None, on_missing: str = "skip") -> BeirData:
     """A BEIR folder's corpus, the queries its split judges, and that split's qrels (checked against both).
 

@@ -26,6 +26,8 @@ from rankgen_jax.retrieval.dense_index import TextEncoding, index_corpus, index_
 from rankgen_jax.retrieval.mining import NegativePicking, TrainingQuerySource, mine_negatives
 from rankgen_jax.train.config import LossConfig, TrainerConfig
 from rankgen_jax.train.loop import train
+from rankgen_jax.train.metric_writers import read_metrics
+from rankgen_jax.train.retrieval_eval import METRIC_PREFIX, RetrievalEvalConfig
 from rankgen_jax.train.optimizers import OptimizerConfig
 
 MEASURES = ("nDCG@10", "RR@10", "R@100")
@@ -69,7 +71,7 @@ class RetrievalExampleConfig:
 
     init_from_hf: str = MINILM
     init_checkpoint: str = ""
-    collection: BooksCollectionConfig = BooksCollectionConfig()
+    collection: BooksCollectionConfig = BooksCollectionConfig(dev_books=1)
     train_steps: int = 60
     batch_size: int = 16
     hard_negatives: int = 1
@@ -81,18 +83,30 @@ class RetrievalExampleConfig:
     logit_scale: float = 20.0
     k: int = 100
     encode_batch_size: int = 64
+    # Every this many steps both trained models are measured on the dev book's queries during training
+    # (train/retrieval_eval.py); 0, or a collection without dev books, measures nothing.
+    eval_every: int = 20
 
 
-def _train(workdir: RunFolder, init: Path, config: RetrievalExampleConfig, data: DataConfig) -> None:
+def _train(workdir: RunFolder, init: Path, config: RetrievalExampleConfig, data: DataConfig,
+           dev: RetrievalEvalConfig) -> dict:
     if is_done(workdir):
-        return
-    trainer = TrainerConfig(num_steps=config.train_steps, log_every=10, eval_every=0,
+        return {}
+    trainer = TrainerConfig(num_steps=config.train_steps, log_every=10, eval_every=config.eval_every if dev.sets else 0,
                             checkpoint_every=config.train_steps, init_checkpoint=str(init), async_checkpoints=False)
     optimizer = OptimizerConfig(name="adamw", learning_rate=config.learning_rate, warmup_steps=5, weight_decay=0.01)
-    train(workdir, trainer=trainer, data=data, loss=LossConfig(name="in_batch_softmax",
-                                                                     logit_scale=config.logit_scale),
-          optimizer=optimizer)
+    metrics = train(workdir, trainer=trainer, data=data, loss=LossConfig(name="in_batch_softmax",
+                                                                         logit_scale=config.logit_scale),
+                    optimizer=optimizer, retrieval=dev)
     mark_done(workdir)
+    return metrics
+
+
+def dev_curve(workdir: RunFolder) -> dict:
+    """The dev measures logged during training, by step, and the seconds they took."""
+    rows = [r for r in read_metrics(workdir.metrics) if any(k.startswith(METRIC_PREFIX) for k in r)]
+    return {int(r["step"]): {k[len(METRIC_PREFIX):]: v for k, v in r.items() if k.startswith(METRIC_PREFIX)}
+            for r in rows}
 
 
 def _index_search_evaluate(model: str, folder: RetrievalExampleFolder, name: str,
@@ -132,6 +146,20 @@ def table_markdown(results: dict) -> str:
         if name in results.get("test", {}):
             row = results["test"][name]
             lines.append(f"| {name} | " + " | ".join(f"{row[m]:.3f}" for m in MEASURES) + " |")
+    curves = results.get("dev_curve", {})
+    if curves:
+        steps = sorted({int(step) for curve in curves.values() for step in curve})
+        lines += ["", "Dev nDCG@10 measured during training (the dev book's queries, the whole corpus):", "",
+                  "| model | " + " | ".join(f"step {step}" for step in steps) + " |",
+                  "| --- |" + " ---: |" * len(steps)]
+        for name, curve in curves.items():
+            by_step = {int(step): values for step, values in curve.items()}
+            cells = [next(v for k, v in by_step[step].items() if k.endswith("/nDCG@10")) if step in by_step
+                     else None for step in steps]
+            lines.append(f"| {name} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in cells) + " |")
+    for name, cost in results.get("dev_eval_cost", {}).items():
+        lines.append(f"\n{name}: {cost['evaluations']} dev evaluations took {cost['seconds']:.1f} s, "
+                     f"{cost['share']:.1%} of its {cost['train_seconds']:.0f} s of training.")
     return "\n".join(lines) + "\n"
 
 
@@ -157,12 +185,18 @@ def run_retrieval_example(workdir: str, config: RetrievalExampleConfig = Retriev
                                           bundled_books() if corpus is None else corpus, beir, config.collection)
     init = starting_checkpoint(config.init_checkpoint, config.init_from_hf, folder)
     shared = dict(batch_size=config.batch_size, prefix_length=config.prefix_length)
+    dev = RetrievalEvalConfig(sets=(f"{beir}@dev",) if config.eval_every and config.collection.dev_books else (),
+                              encode_batch_size=config.encode_batch_size)
+    # The held-out loss, logged beside the dev measures, is the dev split's too: nothing in training reads test.
+    held_out = "dev" if dev.sets else "test"
     reading = dict(continuation_length=config.continuation_length, prefix_keep="end", split="train",
-                   eval_split="test")
-    job.stage("train_in_batch", _train, folder.model("train_in_batch"), init, config,
-              DataConfig(RetrievalData(**reading, retrieval_corpus=str(beir), hard_negatives=0), **shared))
+                   eval_split=held_out)
+    trained = {}
+    trained["in_batch"] = job.stage("train_in_batch", _train, folder.model("train_in_batch"), init, config,
+                                    DataConfig(RetrievalData(**reading, retrieval_corpus=str(beir), hard_negatives=0),
+                                               **shared), dev)
     mined = {}
-    for split in ("train", "test"):
+    for split in ("train", held_out):
         mined[split] = folder.mined(split)
         if f"mining_{split}" not in results:
             results[f"mining_{split}"] = job.stage(
@@ -177,9 +211,20 @@ def run_retrieval_example(workdir: str, config: RetrievalExampleConfig = Retriev
                 str(mined[split]),
                 split,
             )
-    hard = DataConfig(RetrievalData(**reading, train_file=str(mined["train"]), eval_file=str(mined["test"]),
+    hard = DataConfig(RetrievalData(**reading, train_file=str(mined["train"]), eval_file=str(mined[held_out]),
                                     qrels=str(beir), hard_negatives=config.hard_negatives), **shared)
-    job.stage("train_hard_negatives", _train, folder.model("train_hard_negatives"), init, config, hard)
+    trained["hard_negatives"] = job.stage("train_hard_negatives", _train, folder.model("train_hard_negatives"), init,
+                                          config, hard, dev)
+    if dev.sets:
+        for name in ("in_batch", "hard_negatives"):
+            curve = dev_curve(folder.model(f"train_{name}"))
+            results.setdefault("dev_curve", {})[name] = curve
+            seconds = trained[name].get("seconds")
+            if seconds:  # this run trained it (not an earlier one): the evaluation's cost
+                spent = sum(row["seconds"] for row in curve.values())
+                results.setdefault("dev_eval_cost", {})[name] = {
+                    "evaluations": len(curve), "seconds": spent, "train_seconds": seconds,
+                    "share": spent / seconds}
     models = {"zero_shot": str(init), "in_batch": str(folder.model("train_in_batch")),
               "hard_negatives": str(folder.model("train_hard_negatives"))}
     table = results.setdefault("test", {})

@@ -172,7 +172,9 @@ def _tower_fn(config: ModelConfig, tower: str, mesh: Mesh | None = None) -> Call
     """The jitted vectors function of one tower; cached on the (hashable) config, so models with
     the same config (a checkpoint and its HF export, a model loaded twice) share compiled code.
 
-    With a mesh, rows are split over its data axes and the parameters replicated.
+    With a mesh, the rows come split over its data axes (encode places them) and the parameters keep the sharding
+    they have on it (replicated by place_on, or a training state's own), which jit reads off the arrays; every
+    host reads the vectors back whole.
     """
     model = build_model(config)
 
@@ -181,8 +183,13 @@ def _tower_fn(config: ModelConfig, tower: str, mesh: Mesh | None = None) -> Call
 
     if mesh is None:
         return jax.jit(apply)
-    rows = batch_sharding(mesh)
-    return jax.jit(apply, in_shardings=(replicated(mesh), rows, rows), out_shardings=rows)
+    return jax.jit(apply, out_shardings=replicated(mesh))
+
+
+def _rows_on(mesh: Mesh, rows_BxL: np.ndarray) -> jax.Array:
+    """A host batch (the same on every host) split over the mesh's data axes."""
+    sharding = batch_sharding(mesh)
+    return jax.make_array_from_callback(rows_BxL.shape, sharding, lambda index: rows_BxL[index])
 
 
 @dataclasses.dataclass
@@ -297,14 +304,15 @@ class LoadedModel:
         return [ids if len(ids) <= limit else ids[: limit - 1] + ids[-1:] for ids in sequences]
 
     def place_on(self, mesh: Mesh) -> None:
-        """Replicate the parameters over `mesh` (once; the single-device copy is then released).
+        """Replicate the parameters over `mesh` (once; the single-device copy is then released). Parameters
+        already on the mesh's devices (a training state's, sharded as training holds them) stay as they are.
 
         Later calls without a mesh still give the same vectors, computed on every device of the mesh.
         """
-        want = replicated(mesh)
-        leaf = jax.tree_util.tree_leaves(self.params)[0]
-        if not (isinstance(leaf, jax.Array) and leaf.sharding.is_equivalent_to(want, leaf.ndim)):
-            self.params = jax.device_put(self.params, want)
+        devices = set(mesh.devices.flat)
+        leaves = jax.tree_util.tree_leaves(self.params)
+        if not all(isinstance(leaf, jax.Array) and leaf.sharding.device_set == devices for leaf in leaves):
+            self.params = jax.device_put(self.params, replicated(mesh))
 
     def encode(
         self, texts: Sequence[str], side: str | None = None, max_length: int | None = None, batch_size: int | None = 64,
@@ -389,6 +397,8 @@ class LoadedModel:
             mask_BxL = np.arange(length)[None, :] < np.concatenate(
                 [lengths_N[rows], np.zeros(num_rows - len(rows), np.int64)])[:, None]
             self.compiled_shapes.add((tower, num_rows, length))
+            if mesh is not None:
+                ids_BxL, mask_BxL = _rows_on(mesh, ids_BxL), _rows_on(mesh, mask_BxL)
             pending.append((rows, fn(self.params, ids_BxL, mask_BxL)))
             # Reading back the oldest batch overlaps with the device running the newer ones.
             if len(pending) > IN_FLIGHT_BATCHES:

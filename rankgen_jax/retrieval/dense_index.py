@@ -151,13 +151,15 @@ class IndexSpec:
 @dataclasses.dataclass(frozen=True)
 class TextEncoding:
     """How texts go through a dual encoder: the tower (`encode_side`: "prefix" for queries, "suffix" for
-    passages), texts per encoder call, a token limit (None: the model's input conventions), and input conventions
-    on top of the model's own (see inference.encoder.load_model)."""
+    passages), texts per encoder call, a token limit (None: the model's input conventions), input conventions
+    on top of the model's own (see inference.encoder.load_model), and a jax Mesh to split every batch over (None:
+    one device)."""
 
     encode_side: str
     batch_size: int = 64
     max_length: int | None = None
     conventions: dict | None = None
+    mesh: Any = None
 
 
 def new_faiss_index(dim: int, num_vectors: int, spec: IndexSpec = IndexSpec(), train_rows: int | None = None):
@@ -384,8 +386,9 @@ class LoadedIndex:
 
 
 def encode_all(model, texts: list[str], side: str, max_length: int | None, batch_size: int, progress: bool,
-                desc: str) -> np.ndarray:
-    """Vectors [N, D] of texts, encoded a chunk at a time under a progress bar (rate and ETA) on stderr."""
+                desc: str, mesh=None) -> np.ndarray:
+    """Vectors [N, D] of texts, encoded a chunk at a time under a progress bar (rate and ETA) on stderr; with a
+    mesh, every batch is split over its data axes."""
     vectors_NxD = np.zeros((len(texts), model.dim), np.float32)
     chunk = batch_size * ENCODE_CHUNK_BATCHES
     with tqdm(total=len(texts), unit="text", desc=desc, file=sys.stderr, dynamic_ncols=True,
@@ -393,7 +396,8 @@ def encode_all(model, texts: list[str], side: str, max_length: int | None, batch
         for start in range(0, len(texts), chunk):
             part = texts[start : start + chunk]
             vectors_NxD[start : start + len(part)] = model.encode(
-                part, side=side, max_length=max_length, batch_size=batch_size, bucket_step=ENCODE_BUCKET_STEP)
+                part, side=side, max_length=max_length, batch_size=batch_size, bucket_step=ENCODE_BUCKET_STEP,
+                mesh=mesh)
             bar.update(len(part))
     return vectors_NxD
 
@@ -491,8 +495,8 @@ def _npy_header(file, rows: int, dim: int) -> None:
                "shape": (rows, dim)})
 
 
-def encode_shard(model, scan: CorpusScan, out: Path, shard_index: int, num_shards: int, encode_side: str,
-                 max_length: int | None, batch_size: int, title_join: str | None, progress: bool) -> int:
+def encode_shard(model, scan: CorpusScan, out: Path, shard_index: int, num_shards: int, encoding: TextEncoding,
+                 title_join: str | None, progress: bool) -> int:
     """Encode a shard's passages into out/vectors.npy and out/ids.json, a chunk at a time; returns its row count.
 
     Memory holds one chunk of texts and vectors: each chunk's vectors are
@@ -500,7 +504,7 @@ def encode_shard(model, scan: CorpusScan, out: Path, shard_index: int, num_shard
     scan gives) and its ids to the JSON list.
     """
     rows = len(shard_positions(shard_index, num_shards, scan.count))
-    chunk_size = batch_size * ENCODE_CHUNK_BATCHES
+    chunk_size = encoding.batch_size * ENCODE_CHUNK_BATCHES
     written = 0
     with (open(out / VECTORS_FILE, "wb") as vectors_file, open(out / IDS_FILE, "w", encoding="utf-8") as ids_file,
           tqdm(total=rows, unit="text", desc=f"index shard {shard_index}/{num_shards}", file=sys.stderr,
@@ -512,8 +516,8 @@ def encode_shard(model, scan: CorpusScan, out: Path, shard_index: int, num_shard
 
         def flush() -> None:
             nonlocal written
-            vectors_NxD = model.encode(texts, side=encode_side, max_length=max_length, batch_size=batch_size,
-                                       bucket_step=ENCODE_BUCKET_STEP)
+            vectors_NxD = encode_all(model, texts, encoding.encode_side, encoding.max_length, encoding.batch_size,
+                                     False, "", encoding.mesh)
             vectors_file.write(np.ascontiguousarray(vectors_NxD, dtype="<f4").tobytes())
             ids_file.write(("," if written else "") + ",".join(json.dumps(i, ensure_ascii=False) for i in ids))
             written += len(ids)
@@ -594,7 +598,7 @@ def index_corpus(
     # The config goes first and comes back last: a run that dies mid-write
     # leaves a folder load_index refuses, never an old config over new files.
     (out / CONFIG_FILE).unlink(missing_ok=True)
-    count = encode_shard(model, scan, out, shard_index, num_shards, encode_side, max_length, batch_size, title_join,
+    count = encode_shard(model, scan, out, shard_index, num_shards, encoding, title_join,
                          progress)
     built, settings = build_faiss_index_from_file(out / VECTORS_FILE, spec)
     faiss.write_index(built, str(out / INDEX_FILE))
@@ -772,6 +776,17 @@ def _search_with_ties(index, queries_QxD: np.ndarray, k: int) -> list[tuple[np.n
     return results
 
 
+def rank_flat(passages_PxD: Any, queries_QxD: Any, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each query's (passage rows, scores) of its k best, by an exact (flat) index of passages_PxD held in memory,
+    best first, equal scores by row: what `search` returns for one flat index of the same vectors."""
+    index = build_faiss_index(passages_PxD, "flat")
+    ranked = []
+    for scores_K, rows_K in _search_with_ties(index, _as_matrix(queries_QxD, "queries"), int(k)):
+        order = np.lexsort((rows_K, -scores_K))[: int(k)]
+        ranked.append((rows_K[order], scores_K[order]))
+    return ranked
+
+
 def search_shards(shards: Sequence[tuple[str, dict[str, Any]]], queries_QxD: Any,
                   k: int) -> list[tuple[list[str], list[float]]]:
     """(ids, scores) of each query's top k over the shards of one corpus (check_shards' list), best first.
@@ -859,7 +874,7 @@ def search_queries(
     if built_with and Path(built_with) != Path(model.source).resolve():
         # Same size vectors from another model are silently meaningless; say so, but allow moved folders.
         print(f"note: {where} was built with {built_with}, searching with {model.source}", file=sys.stderr)
-    vectors_QxD = encode_all(model, queries, encode_side, max_length, batch_size, progress, "queries")
+    vectors_QxD = encode_all(model, queries, encode_side, max_length, batch_size, progress, "queries", encoding.mesh)
     results = [{"query_id": query_id, "query": query, "ids": ids, "scores": scores}
                for query_id, query, (ids, scores) in zip(query_ids, queries, search_shards(shards, vectors_QxD, k))]
     if out_path is not None:

@@ -52,6 +52,7 @@ from rankgen_jax.train.config import LossConfig, TrainerConfig, check_divisible
 from rankgen_jax.train.metric_writers import MetricWriter
 from rankgen_jax.train.optimizers import (DECAYING_SCHEDULES, OptimizerConfig, make_optimizer,
                                          nonfinite_counts, schedule_for_run)
+from rankgen_jax.train.retrieval_eval import METRIC_PREFIX, RetrievalEvalConfig, RetrievalEvaluator
 from rankgen_jax.train.state import TrainState
 from rankgen_jax.train.step import StepOptions
 
@@ -63,16 +64,21 @@ def train(
     data: DataConfig | None = None,
     loss: LossConfig | None = None,
     optimizer: OptimizerConfig | None = None,
+    retrieval: RetrievalEvalConfig | None = None,
 ) -> dict:
     """Train (or resume) in workdir; returns the last logged train metrics, with "preempted" set when SIGTERM
     stopped training before its end (the state is saved: rerunning resumes). Configs default to gin's.
 
     workdir: the run's folder (a RunFolder, or its path); every file of the run is one of its paths.
+    retrieval: the retrieval sets measured every eval_every steps (train/retrieval_eval.py).
     """
     # Gin's encoder bindings count against an init checkpoint's encoder only when the model config is gin's.
     encoder_bindings = gin_parsing.encoder_bindings() if model_config is None else ()
     trainer, model_config = trainer or TrainerConfig(), model_config or ModelConfig()
     data, loss, optimizer = data or DataConfig(), loss or LossConfig(), optimizer or OptimizerConfig()
+    retrieval = retrieval or RetrievalEvalConfig()
+    if retrieval.sets and not trainer.eval_every:
+        raise RankgenError("RetrievalEvalConfig.sets are measured every TrainerConfig.eval_every steps: set it")
     # One spelling of the workdir for every file of the run: the OS's (a symlink then `..` resolves as opening a
     # file would), and "gs://b/run" stays a URL (pathlib would make it "gs:/b/run").
     folder = RunFolder.resolved(workdir)
@@ -113,11 +119,19 @@ def train(
         # None chosen: tokenise with the checkpoint's own tokenizer.
         data = data.with_source(vocab=vocab)
     missing = missing_eval_data(data)
-    if missing and trainer.eval_every:
+    if missing and trainer.eval_every and not retrieval.sets:
         raise RankgenError(f"TrainerConfig.eval_every={trainer.eval_every} evaluates on held-out data, which this data "
                            f"config does not name: give {missing}, or set TrainerConfig.eval_every=0")
     train_source, eval_source = make_sources(data, layout)
     _check_vocab_fits(data, train_source, model_config)
+    data_vocab = data.source.tokenizer_path() if data.source.kind in TEXT_SOURCES else (
+        vocab or getattr(train_source, "vocab_path", None))
+    evaluator = None
+    if retrieval.sets:
+        # Before anything compiles: the sets read, the nano ones built.
+        evaluator = RetrievalEvaluator(retrieval, folder, model_config, data_vocab,
+                                       training_conventions(data, layout), mesh)
+        print(f"retrieval evaluation every {trainer.eval_every} steps: {evaluator.describe()}", file=sys.stderr)
 
     gin_parsing.check_bindings_used()  # every configurable of the run has been called by now
 
@@ -144,9 +158,7 @@ def train(
                 state = state.replace(params=partitioning.device_put_tree(init_params, setup.shardings.params))
             if jax.process_index() == 0:  # one writer on shared storage
                 # A seqio task's tokenizer when the run starts from scratch: the model then reads text as it learned.
-                saved_vocab = data.source.tokenizer_path() if data.source.kind in TEXT_SOURCES else (
-                    vocab or getattr(train_source, "vocab_path", None))
-                native.save_model_config(folder, model_config, saved_vocab)
+                native.save_model_config(folder, model_config, data_vocab)
                 provenance = training_provenance(trainer)
                 if provenance:
                     native.save_provenance(folder, provenance)
@@ -159,8 +171,9 @@ def train(
             # How the data read text is how the model reads it; a run from before this record gets it on resume.
             native.save_input_conventions(folder, training_conventions(data, layout))
         put = functools.partial(put_batch, sharding=setup.batch_sharding, batch_size=data.batch_size)
-        feed = _BatchFeed(train_source, eval_source, put, data_start)
-        return _loop(trainer, optimizer, folder, manager, setup, state, start, feed, stopping.StopVote(mesh))
+        feed = _BatchFeed(train_source, eval_source if not missing else None, put, data_start)
+        return _loop(trainer, optimizer, folder, manager, setup, state, start, feed, stopping.StopVote(mesh),
+                     evaluator)
 
 
 def training_provenance(trainer: TrainerConfig) -> dict:
@@ -204,7 +217,7 @@ class _BatchFeed:
 
 
 def _loop(trainer, optimizer: OptimizerConfig, workdir, manager, setup, state, start, feed: _BatchFeed,
-          vote: stopping.StopVote):
+          vote: stopping.StopVote, evaluator: RetrievalEvaluator | None = None):
     """Steps start..num_steps: log, evaluate and save on their schedules; stop early on SIGTERM or the time budget."""
     train_source, eval_source, put, data_start = feed.train_source, feed.eval_source, feed.put, feed.data_start
     step_fn, eval_fn = setup.train_step, setup.eval_step
@@ -225,9 +238,18 @@ def _loop(trainer, optimizer: OptimizerConfig, workdir, manager, setup, state, s
         print(f"note: the {optimizer.schedule} learning-rate schedule ends at step {optimizer.total_steps}; the time "
               "budget may stop the run before that, and does not shorten the schedule", file=sys.stderr)
     started = time.time()
+
+    def evaluate(step: int) -> None:
+        if eval_source is not None:
+            writer.write_scalars(step, _evaluate(eval_fn, state, eval_source, put, trainer.eval_batches), prefix="eval/")
+        if evaluator is not None:
+            measured = evaluator.measure(state.params)
+            writer.write_scalars(step, measured, prefix=METRIC_PREFIX)
+            evaluator.keep_if_best(step, measured, state.params)
+
     if trainer.eval_every and start == 0:
         # The starting point (e.g. a pretrained encoder zero-shot) is the first point of the eval curve.
-        writer.write_scalars(0, _evaluate(eval_fn, state, eval_source, put, trainer.eval_batches), prefix="eval/")
+        evaluate(0)
     try:
         batches = prefetch_batches(train_source, data_start, data_start + trainer.num_steps - start, put)
         for step, batch in zip(range(start, trainer.num_steps), batches):
@@ -249,7 +271,7 @@ def _loop(trainer, optimizer: OptimizerConfig, workdir, manager, setup, state, s
                 pending = []
                 _stop_if_diverged(state, optimizer, manager, workdir, next_batch_index=data_start + done - start)
             if trainer.eval_every and (done % trainer.eval_every == 0 or is_last):
-                writer.write_scalars(done, _evaluate(eval_fn, state, eval_source, put, trainer.eval_batches), prefix="eval/")
+                evaluate(done)
             if done % trainer.checkpoint_every == 0 or is_last or sigterm:
                 checkpointing.save(manager, state, next_batch_index=data_start + done - start)
             if by_time:
@@ -281,6 +303,11 @@ def _loop(trainer, optimizer: OptimizerConfig, workdir, manager, setup, state, s
         preemption.restore()
     last["seconds"] = time.time() - started
     last["steps"] = float(int(state.step))
+    if evaluator is not None:
+        last["retrieval_eval_seconds"] = evaluator.seconds
+        share = evaluator.seconds / last["seconds"] if last["seconds"] > 0 else 0.0
+        print(f"retrieval evaluation: {evaluator.evaluations} runs, {evaluator.seconds:.1f} s, {share:.1%} of the "
+              "run's time", file=sys.stderr)
     return last
 
 
