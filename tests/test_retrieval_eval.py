@@ -131,13 +131,14 @@ def _settings(root, init):
 
     beir = root / "beir"
     evaluation = RetrievalEvalConfig(sets=(f"{beir}@test", f"nano:{beir}@test"), keep_best="nDCG@10",
-                                     nano_queries=5, nano_distractors=3, encode_batch_size=16)
+                                     nano_queries=5, nano_distractors=3, encode_batch_size=16, dims=(8,))
     trainer = TrainerConfig(num_steps=4, log_every=2, eval_every=2, checkpoint_every=2, keep_checkpoints=3,
                             init_checkpoint=init, async_checkpoints=False)
     data = DataConfig(RetrievalData(retrieval_corpus=str(beir), split="train", continuation_length=32,
                                     hard_negatives=0), batch_size=8, prefix_length=32)
-    return trainer, data, LossConfig(name="in_batch_softmax"), OptimizerConfig(name="adamw", learning_rate=1e-3), \
-        evaluation
+    # The tiny model's 32 dimensions, and their first 8 trained to work alone (Matryoshka).
+    loss = LossConfig(name="in_batch_softmax", matryoshka_dims=(32, 8))
+    return trainer, data, loss, OptimizerConfig(name="adamw", learning_rate=1e-3), evaluation
 
 
 @pytest.fixture(scope="module")
@@ -184,6 +185,17 @@ def test_in_training_measures_equal_evaluate_on_the_saved_models_run(trained):
             expected = evaluate_files(str(run_file), str(folder), ["nDCG@10", "RR@10", "R@100"], split="test")
             for measure in ("nDCG@10", "RR@10", "R@100"):
                 assert rows[step][f"retrieval/{name}/{measure}"] == pytest.approx(expected[measure], abs=1e-6)
+        # The first 8 dimensions, as `index` and `search` with --truncate_dim 8 rank them.
+        name, folder = "beir@test", sets["beir@test"]
+        index = root / f"index_{step}_{name}_dim8"
+        index_corpus(model, str(folder), str(index),
+                     encoding=TextEncoding("suffix", batch_size=16, mesh=mesh, truncate_dim=8), progress=False)
+        run_file = root / f"run_{step}_{name}_dim8.trec"
+        search_queries(model, str(index), str(folder), 100,
+                       encoding=TextEncoding("prefix", batch_size=16, mesh=mesh, truncate_dim=8), split="test",
+                       out_path=str(run_file), out_format="trec", progress=False)
+        expected = evaluate_files(str(run_file), str(folder), ["nDCG@10"], split="test")
+        assert rows[step][f"retrieval/{name}/dim8/nDCG@10"] == pytest.approx(expected["nDCG@10"], abs=1e-6)
     # The nano set: its 5 queries, each query's relevant passage and 3 BM25 distractors (some shared).
     nano = read_beir(sets["nano-beir@test"], split="test")
     assert len(nano.queries) == 5 and 5 < len(nano.passages) <= 20
@@ -252,3 +264,4 @@ def test_an_exports_card_carries_the_measures_the_run_took(trained, tmp_path):
         assert results[("beir@test", "nDCG@10")] == pytest.approx(value)
         assert results[("nano-beir@test", "RR@10")] == pytest.approx(rows[step]["retrieval/nano-beir@test/RR@10"])
         assert f"best nDCG@10 (step {record['step']})" in text
+        assert "Trained with a Matryoshka loss on the first 32, 8 dimensions" in text

@@ -12,11 +12,11 @@ import pytest
 
 from rankgen_jax.data.beir_books import BooksCollectionConfig, build_books_collection
 from rankgen_jax.data.retrieval_files import read_beir, read_passages, read_qrels, read_run
-from rankgen_jax.experiments.retrieval_example import MEASURES, MODELS, NUM_SHARDS, TABLE_FILE, \
+from rankgen_jax.experiments.retrieval_example import MATRYOSHKA_MODEL, MEASURES, MODELS, NUM_SHARDS, TABLE_FILE, \
     RetrievalExampleConfig, bundled_books, run_retrieval_example
 from rankgen_jax.testing import build_tiny_rankgen
 
-TINY_COLLECTION = BooksCollectionConfig(passages_per_book=12, prefix_words=48, max_continuation_words=40)
+TINY_COLLECTION = BooksCollectionConfig(passages_per_book=12, prefix_words=48, max_continuation_words=40, dev_books=1)
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +24,7 @@ def example(tmp_path_factory, spiece_model):
     root = tmp_path_factory.mktemp("retrieval_example")
     checkpoint = build_tiny_rankgen(root / "tiny_ckpt", spiece_model)
     config = RetrievalExampleConfig(init_checkpoint=checkpoint, collection=TINY_COLLECTION, train_steps=3,
+                                    eval_every=2, matryoshka_dims=(32, 16, 8),
                                     batch_size=8, prefix_length=32, continuation_length=32, learning_rate=1e-3,
                                     logit_scale=1.0, mined_negatives=3, mining_depth="2-20")
     workdir = root / "work"
@@ -102,9 +103,22 @@ def test_shards_runs_and_measures(example, model):
     assert ours["queries"] == len(by_query) and read_qrels(beir, split="test").labels.keys() == by_query.keys()
 
 
-def test_table_has_the_three_models(example):
+def test_table_has_the_four_models_the_dev_curves_and_the_dimensions(example):
     workdir, results = example
-    table = (workdir / TABLE_FILE).read_text().splitlines()
-    assert table[0] == "| model | nDCG@10 | RR@10 | R@100 |"
-    assert [row.split("|")[1].strip() for row in table[2:]] == list(MODELS)
-    assert json.loads((workdir / "results.json").read_text())["test"].keys() == set(MODELS)
+    table = (workdir / TABLE_FILE).read_text().split("\n\n")
+    rows = table[0].splitlines()
+    assert rows[0] == "| model | nDCG@10 | RR@10 | R@100 |"
+    assert [row.split("|")[1].strip() for row in rows[2:]] == [*MODELS, MATRYOSHKA_MODEL]
+    saved = json.loads((workdir / "results.json").read_text())
+    assert saved["test"].keys() == {*MODELS, MATRYOSHKA_MODEL}
+    # Measured on the dev book during training, at steps 0, 2 and the last; nothing read the test split.
+    for name in ("in_batch", "hard_negatives", MATRYOSHKA_MODEL):
+        assert sorted(map(int, saved["dev_curve"][name])) == [0, 2, 3]
+        assert saved["dev_eval_cost"][name]["evaluations"] == 3 and 0 < saved["dev_eval_cost"][name]["share"] < 1
+    assert all(not key.startswith("retrieval/") or "@dev/" in key
+               for line in (workdir / "train_in_batch" / "metrics.jsonl").read_text().splitlines()
+               for key in json.loads(line))
+    assert saved["dimensions"].keys() == {"zero_shot", "in_batch", MATRYOSHKA_MODEL}
+    assert all(list(row) == ["32", "16", "8"] and all(0 <= v <= 1 for v in row.values())
+               for row in saved["dimensions"].values())
+    assert "| model | d = 32 | d = 16 | d = 8 |" in (workdir / TABLE_FILE).read_text()

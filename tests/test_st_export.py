@@ -194,3 +194,37 @@ def test_an_export_over_an_older_one_leaves_no_stale_modules(tmp_path):
     assert not any(p.name.startswith(("query_", "document_")) for p in (tmp_path / "hf").iterdir())
     assert not (tmp_path / "hf" / "router_config.json").exists()
     shutil.rmtree(tmp_path / "hf")
+
+
+@pytest.mark.parametrize("head", [MEAN_L2, HeadConfig(pooling="first")], ids=["normalising", "rankgen-head"])
+def test_truncate_dim_is_read_back_by_sentence_transformers(tmp_path, spiece_model, head):
+    """`export-hf --truncate_dim 8`: the library's vectors are the first 8 dimensions, and it ranks them as
+    `search --truncate_dim 8` does (cosine of the cut for a normalising head, else its dot product)."""
+    from rankgen_jax.inference.encoder import truncate_vectors
+
+    config = ModelConfig(encoder=T5_TINY, head=head)
+    conventions = InputConventions(prefix_length=32, suffix_length=32, truncation="clean")
+    native.save_params(tmp_path / "ckpt", config, random_params(config, 4), vocab=spiece_model,
+                       conventions=conventions)
+    assert main(["export-hf", "--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf"), "--format",
+                 "t5-encoder", "--truncate_dim", "8"]) == 0
+    model = _st(tmp_path / "hf")
+    assert model.truncate_dim == 8
+    rows = SHORT
+    got = model.encode([TEXTS[r] for r in rows], prompt_name="document", convert_to_numpy=True)
+    full = load_model(str(tmp_path / "ckpt")).encode([TEXTS[r] for r in rows], "suffix")
+    assert got.shape == (len(rows), 8)
+    np.testing.assert_allclose(got, full[:, :8], atol=TOLERANCE)  # the library cuts, and normalises nothing again
+    ours = truncate_vectors(full, 8, load_model(str(tmp_path / "ckpt")).normalizes)
+    want = ours @ ours.T
+    np.testing.assert_allclose(model.similarity(got, got).numpy(), want, atol=1e-4)
+    assert "keeps each vector's first 8 dimensions" in (tmp_path / "hf" / "README.md").read_text()
+
+
+def test_truncate_dim_needs_sentence_transformers_files_and_a_dimension_the_model_has(tmp_path, spiece_model):
+    config = ModelConfig(encoder=T5_TINY, head=MEAN_L2)
+    native.save_params(tmp_path / "ckpt", config, random_params(config, 4), vocab=spiece_model)
+    with pytest.raises(Exception, match="no sentence-transformers files"):
+        export_hf(str(tmp_path / "ckpt"), str(tmp_path / "hf"), truncate_dim=8)  # the RankGen format
+    with pytest.raises(Exception, match=r"must be in 1\.\.16"):
+        export_hf(str(tmp_path / "ckpt"), str(tmp_path / "hf2"), fmt="t5-encoder", truncate_dim=17)

@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from rankgen_jax.checkpoints import model_card, native
+from rankgen_jax.checkpoints import export_check, model_card, native
 from rankgen_jax.checkpoints.hf import bert as hf_bert
 from rankgen_jax.checkpoints.hf import common
 from rankgen_jax.checkpoints.hf import ranker as hf_ranker
@@ -23,6 +23,7 @@ from rankgen_jax.checkpoints.hf import t5 as hf_t5
 from rankgen_jax.checkpoints.hf.common import is_ranker_config, read_json
 from rankgen_jax.checkpoints.t5x import load_t5x_checkpoint
 from rankgen_jax.data.conventions import CONVENTIONS_FILE, InputConventions, default_conventions
+from rankgen_jax.data.text import load_text_encoder
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.configs import HeadConfig, ModelConfig
 from rankgen_jax.models.factory import check_params_match, to_canonical_layout
@@ -221,11 +222,21 @@ def uses_router(config: ModelConfig, fmt: str) -> bool:
             and config.head.pooling in st_layout.ST_MODE_OF_POOLING and config.num_scores == 1)
 
 
+def _st_head(config: ModelConfig) -> bool:
+    """A dual encoder's head that sentence-transformers' modules express."""
+    return config.kind == "dual_encoder" and config.head.pooling in st_layout.ST_MODE_OF_POOLING and \
+        config.num_scores == 1
+
+
+def writes_sentence_transformers(config: ModelConfig, fmt: str) -> bool:
+    """Whether export_hf writes sentence-transformers files for this model and `fmt`."""
+    return _st_head(config) and hf_layout(config, fmt) in ("bert", "t5-encoder")
+
+
 def export_layout(config: ModelConfig, fmt: str) -> str:
     """What export_hf writes for this model and `fmt`, in words (the CLI prints it)."""
     hf_format = hf_layout(config, fmt)
-    st_head = (config.kind == "dual_encoder" and config.head.pooling in st_layout.ST_MODE_OF_POOLING
-               and config.num_scores == 1)
+    st_head = _st_head(config)
     if hf_format == "sequence-classification":
         layout = f"{hf_ranker.SEQUENCE_CLASSIFICATION_ARCHITECTURES[config.encoder.variant]}, no remote code"
     elif hf_format == "ranker":
@@ -245,7 +256,7 @@ def export_layout(config: ModelConfig, fmt: str) -> str:
 
 
 def export_hf(checkpoint: str, out: str, fmt: str = "rankgen", overwrite: bool = False,
-              step: int | None = None) -> ModelConfig:
+              step: int | None = None, truncate_dim: int | None = None) -> ModelConfig:
     """Write a checkpoint's parameters as a HuggingFace folder (safetensors); returns the model's config.
 
     T5: `fmt` picks the RankGen or the plain T5EncoderModel layout (with the
@@ -258,17 +269,21 @@ def export_hf(checkpoint: str, out: str, fmt: str = "rankgen", overwrite: bool =
     Bert/RobertaForSequenceClassification head write that class; other cross
     encoders (either backbone) write the ranker format (modeling_ranker.py, raw scores from AutoModel);
     `t5-encoder` writes a T5 ranker's encoder alone. Every export records the
-    input conventions (input_conventions.json).
+    input conventions (input_conventions.json). truncate_dim (sentence-transformers
+    exports): the vectors' first dimensions the library keeps (a Matryoshka-trained model's cut).
     """
     if fmt not in EXPORT_FORMATS:
         raise RankgenError(f"unknown export format {fmt!r}: expected one of {EXPORT_FORMATS}")
     _refuse_non_empty(out, overwrite)
+    export_check.clear_failed(out)
     model_config, params = native.restore_params(checkpoint, step)
     params = to_canonical_layout(params)
     check_params_match(params, model_config, where=checkpoint)
     if native.vocab_path(checkpoint) is None:
         _note(f"note: {checkpoint} has no vocabulary; the exported folder will have no tokenizer files")
     conventions = native.load_input_conventions(checkpoint) or default_conventions(model_config.kind)
+    if truncate_dim is not None:
+        _check_truncate_dim(model_config, fmt, truncate_dim, out)
     # A cross encoder has one encoder whatever shared_towers says.
     if uses_router(model_config, fmt):
         limits = _export_router(checkpoint, model_config, params, out, fmt, overwrite, conventions)
@@ -289,6 +304,9 @@ def export_hf(checkpoint: str, out: str, fmt: str = "rankgen", overwrite: bool =
         record.unlink(missing_ok=True)  # a bare encoder reads no text by itself; an older export's record is stale
     else:
         record.write_text(conventions.to_json(), encoding="utf-8")
+    if truncate_dim is not None:
+        _write_truncate_dim(Path(out), model_config, truncate_dim)
+    check = _check_export(checkpoint, out, model_config, params, conventions, fmt)
     exported_step = native.latest_step(checkpoint) if step is None else step
     operative, results, results_path = (model_card.training_facts(checkpoint, exported_step)
                                         if not native.is_remote(checkpoint) else (None, None, ""))
@@ -299,8 +317,56 @@ def export_hf(checkpoint: str, out: str, fmt: str = "rankgen", overwrite: bool =
         st_limits=tuple(limits), step=exported_step,
         provenance=native.load_provenance(checkpoint), operative_gin=operative, results=results,
         results_path=results_path,
-        retrieval=None if native.is_remote(checkpoint) else model_card.retrieval_facts(checkpoint, exported_step)))
+        retrieval=None if native.is_remote(checkpoint) else model_card.retrieval_facts(checkpoint, exported_step),
+        truncate_dim=truncate_dim,
+        trained_dims=() if native.is_remote(checkpoint) else model_card.trained_dims(checkpoint),
+        export_check=check.describe()))
     return model_config
+
+
+def check_export(checkpoint: str, out: str, fmt: str = "rankgen", step: int | None = None) -> export_check.ExportCheck:
+    """Check an exported folder against the checkpoint step it was exported from, as export_hf does when it writes
+    it (checkpoints/export_check.py): raises, and marks the folder, when they differ."""
+    config, params = native.restore_params(checkpoint, step)
+    conventions = native.load_input_conventions(checkpoint) or default_conventions(config.kind)
+    return _check_export(checkpoint, out, config, to_canonical_layout(params), conventions, fmt)
+
+
+def _check_export(checkpoint: str, out: str, config: ModelConfig, params: dict, conventions: InputConventions,
+                  fmt: str) -> export_check.ExportCheck:
+    """The written folder against the exported parameters (export_check.py); raises when they differ."""
+    vocab = native.vocab_path(checkpoint)
+    try:
+        text = None if vocab is None else load_text_encoder(vocab)
+    except RankgenError:
+        text = None  # tokenizer files rankgen-jax does not read (a vocab.txt alone)
+    if text is None:
+        return export_check.ExportCheck("", note="the checkpoint has no tokenizer rankgen-jax reads the probe texts "
+                                                 "with")
+    model = export_check.ExportedModel(config, params, text, conventions)
+    return export_check.verify_export(out, model, hf_layout(config, fmt),
+                                      writes_sentence_transformers(config, fmt) or uses_router(config, fmt))
+
+
+def _check_truncate_dim(config: ModelConfig, fmt: str, dim: int, out: str) -> None:
+    if not writes_sentence_transformers(config, fmt):
+        raise RankgenError(f"`truncate_dim` is a sentence-transformers setting, and this export ({out}: "
+                           f"{export_layout(config, fmt)}) has no sentence-transformers files", names=("truncate_dim",))
+    full = config.head.output_dim(config.encoder.d_model)
+    if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= full:
+        raise RankgenError(f"`truncate_dim` must be in 1..{full} (the model's dimension), got {dim!r}",
+                           names=("truncate_dim",))
+
+
+def _write_truncate_dim(out: Path, config: ModelConfig, dim: int) -> None:
+    """sentence-transformers' truncate_dim in the export's config; cosine similarity for a normalising head, whose
+    cut vectors are no longer unit length (then the library ranks as `search --truncate_dim` does)."""
+    settings = out / "config_sentence_transformers.json"
+    written = json.loads(settings.read_text(encoding="utf-8"))
+    written["truncate_dim"] = dim
+    if config.head.l2_normalize:
+        written["similarity_fn_name"] = "cosine"
+    settings.write_text(json.dumps(written, indent=2) + "\n", encoding="utf-8")
 
 
 def _record_pair_length(out: Path, length: int) -> None:

@@ -55,7 +55,8 @@ class CardFacts:
     checkpoint's provenance.json; operative_gin / results: a training
     workdir's operative gin config and the job's held-out results (None when
     absent); retrieval: the retrieval measures taken during training
-    (retrieval_facts).
+    (retrieval_facts); truncate_dim: the dimensions the export keeps; trained_dims:
+    the run's Matryoshka dimensions (trained_dims); export_check: what the export's check compared, in words.
     """
 
     model_config: ModelConfig
@@ -69,6 +70,9 @@ class CardFacts:
     results: dict | None = None
     results_path: str = ""
     retrieval: dict | None = None
+    truncate_dim: int | None = None
+    trained_dims: tuple[int, ...] = ()
+    export_check: str = ""
 
 
 def training_facts(checkpoint: str, step: int | None = None) -> tuple[str | None, dict | None, str]:
@@ -90,14 +94,31 @@ def training_facts(checkpoint: str, step: int | None = None) -> tuple[str | None
     return operative, (results if isinstance(results, dict) else None), results_path
 
 
+def _training_run(checkpoint: str) -> RunFolder:
+    """The training run a checkpoint folder is: itself, or the run around it when it is that run's best/ folder."""
+    folder = RunFolder.at(checkpoint)
+    parent = RunFolder.at(Path(checkpoint).resolve().parent)
+    return parent if resolve(parent.best) == resolve(folder) else folder
+
+
+def trained_dims(checkpoint: str) -> tuple[int, ...]:
+    """The Matryoshka dimensions a training run's loss trained (run_config.json; () for none or no run)."""
+    run = _training_run(checkpoint)
+    if not run.run_config.is_file():
+        return ()
+    try:
+        loss = json.loads(run.run_config.read_text(encoding="utf-8")).get("loss", {})
+    except json.JSONDecodeError:
+        return ()
+    return tuple(int(d) for d in loss.get("matryoshka_dims") or ())
+
+
 def retrieval_facts(checkpoint: str, step: int | None) -> dict | None:
     """The retrieval measures a run took during training (train/retrieval_eval.py), for a training workdir or its
     best/ folder: {"exported": the exported step's row or None, "last": the last row, "best": best.json or None,
     "best_row": the best step's row or None}, each row {"step", "values": {"set/measure": value}}; None when the
     run measured none."""
-    folder = RunFolder.at(checkpoint)
-    parent = RunFolder.at(Path(checkpoint).resolve().parent)
-    run = parent if resolve(parent.best) == resolve(folder) else folder
+    run = _training_run(checkpoint)
     if not run.metrics.is_file():
         return None
     rows = []
@@ -164,6 +185,18 @@ def front_matter(facts: CardFacts, model_name: str = "") -> dict:
 
 def _render_front_matter(meta: dict) -> str:
     return "---\n" + huggingface_hub.ModelCardData(**meta).to_yaml() + "\n---\n"
+
+
+def _dimensions(facts: CardFacts) -> list[str]:
+    """The Matryoshka dimensions the run trained (its operative gin) and the export's truncate_dim."""
+    lines = []
+    if facts.trained_dims:
+        lines.append(f"Trained with a Matryoshka loss on the first {', '.join(map(str, facts.trained_dims))} "
+                     "dimensions (each cut trained to work alone; `LossConfig.matryoshka_dims`).")
+    if facts.truncate_dim:
+        lines.append(f"This export keeps each vector's first {facts.truncate_dim} dimensions (`truncate_dim` in "
+                     "config_sentence_transformers.json).")
+    return lines
 
 
 def _retrieval_section(facts: CardFacts) -> list[str]:
@@ -414,9 +447,10 @@ def render_card(facts: CardFacts, title: str) -> str:
     """The whole README.md of an export."""
     sections = [_render_front_matter(front_matter(facts, title)), f"# {title}", "",
                 "Exported by rankgen-jax (`rankgen-jax export-hf`): " + facts.layout + ".", "",
-                "## Model", "", *_architecture(facts.model_config), "",
+                "## Model", "", *_architecture(facts.model_config), *_dimensions(facts), "",
                 "## Inputs", "", *_conventions(facts), "",
-                "## Usage", "", *_usage(facts), "",
+                "## Usage", "", *_usage(facts), *([
+                    "", facts.export_check] if facts.export_check else []), "",
                 *_retrieval_section(facts),
                 "## Provenance and training", "", *_training(facts), ""]
     return "\n".join(sections)

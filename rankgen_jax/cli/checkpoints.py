@@ -62,6 +62,9 @@ def add_export(subparsers) -> None:
     p.add_argument("--out", required=True, help="HF folder to write")
     p.add_argument("--format", choices=["rankgen", "t5-encoder"], default="rankgen", help="default: rankgen")
     p.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
+    p.add_argument("--truncate_dim", type=int,
+                   help="sentence-transformers exports: keep each vector's first N dimensions (a Matryoshka-trained "
+                   "model's)")
     p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out")
     p.set_defaults(run=_run_export, flag_of={"fmt": "--format"})
 
@@ -70,7 +73,8 @@ def _run_export(args) -> None:
     # Imports jax, which must start after main() sets XLA's flags.
     from rankgen_jax.checkpoints.convert import describe_model, export_hf, export_layout
 
-    config = export_hf(args.checkpoint, args.out, fmt=args.format, overwrite=args.overwrite, step=args.step)
+    config = export_hf(args.checkpoint, args.out, fmt=args.format, overwrite=args.overwrite, step=args.step,
+                       truncate_dim=args.truncate_dim)
     print(f"exported the {describe_model(config)} in {args.checkpoint} to {args.out} ({export_layout(config, args.format)})")
 
 

@@ -133,6 +133,10 @@ def _title_join(args) -> str | None:
     return None if args.no_title else args.title_join
 
 
+TRUNCATE_HELP = ("keep each vector's first N dimensions (a Matryoshka-trained model's; normalised again when the "
+                 "model's head normalises)")
+
+
 def add_index(subparsers) -> None:
     p = subparsers.add_parser("index", help="encode a corpus into a FAISS index",
                               description="Encode passages (MS MARCO / TREC TSV, JSON lines, or a BEIR folder) with a "
@@ -160,6 +164,7 @@ def add_index(subparsers) -> None:
                      help="the encoding side of the passages: their marker, length and tower (default: suffix)")
     p.add_argument("--max_length", type=int, help="tokens per passage (default: the encoding side's)")
     p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--truncate_dim", type=int, help=TRUNCATE_HELP)
     p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out")
     _add_title_flags(p, "what joins a passage's title to its text: title + SEP + text (default: a space)",
                      "drop titles: encode the text alone")
@@ -173,7 +178,8 @@ def _run_index(args) -> None:
         args.model, args.corpus, args.out,
         IndexSpec(index_type=args.index_type, nprobe=args.nprobe, index_factory=args.index_factory,
                   train_sample=args.train_sample, train_seed=args.train_seed),
-        TextEncoding(args.encode_side, args.batch_size, args.max_length, convention_args(args)),
+        TextEncoding(args.encode_side, args.batch_size, args.max_length, convention_args(args),
+                     truncate_dim=args.truncate_dim),
         title_join=_title_join(args), num_shards=args.num_shards, shard_index=args.shard_index,
         overwrite=args.overwrite, progress=not args.no_progress)
     what = config.get("index_factory") or config["index_type"]
@@ -202,6 +208,7 @@ def add_search(subparsers) -> None:
     p.add_argument("--run_tag", default=DEFAULT_RUN_TAG, help=f"a TREC run's tag column (default {DEFAULT_RUN_TAG})")
     add_renamed_flag(p, "--encode_side", "--encode_kind", choices=ENCODE_SIDES, default="prefix",
                      help="the encoding side of the queries (default: prefix)")
+    p.add_argument("--truncate_dim", type=int, help=TRUNCATE_HELP + "; the index's own")
     p.add_argument("--no_progress", action="store_true", help="no progress bar")
     add_convention_flags(p)
     p.set_defaults(run=_run_search, flag_of={"out_format": "--format"})
@@ -209,7 +216,8 @@ def add_search(subparsers) -> None:
 
 def _run_search(args) -> None:
     results = search_queries(args.model, args.index, args.queries, args.k,
-                             TextEncoding(args.encode_side, conventions=convention_args(args)), split=args.split,
+                             TextEncoding(args.encode_side, conventions=convention_args(args),
+                                          truncate_dim=args.truncate_dim), split=args.split,
                              out_path=args.output, out_format=args.format, run_tag=args.run_tag,
                              progress=not args.no_progress)
     if not args.output:

@@ -18,6 +18,7 @@ from rankgen_jax.data.beir_books import BooksCollectionConfig, build_books_colle
 from rankgen_jax.data.documents import Document, require_documents
 from rankgen_jax.data.source_configs import DataConfig, RetrievalData
 from rankgen_jax.eval.retrieval_metrics import evaluate_files
+from rankgen_jax.inference.encoder import load_model
 from rankgen_jax.pretrained import MINILM
 from rankgen_jax.experiments.job_folder import JobFolder
 from rankgen_jax.experiments.stages import StageRun, aligned_table, is_done, mark_done, starting_checkpoint
@@ -27,11 +28,13 @@ from rankgen_jax.retrieval.mining import NegativePicking, TrainingQuerySource, m
 from rankgen_jax.train.config import LossConfig, TrainerConfig
 from rankgen_jax.train.loop import train
 from rankgen_jax.train.metric_writers import read_metrics
-from rankgen_jax.train.retrieval_eval import METRIC_PREFIX, RetrievalEvalConfig
+from rankgen_jax.train.retrieval_eval import METRIC_PREFIX, EvalSet, RetrievalEvalConfig
 from rankgen_jax.train.optimizers import OptimizerConfig
 
 MEASURES = ("nDCG@10", "RR@10", "R@100")
 MODELS = ("zero_shot", "in_batch", "hard_negatives")
+# The third trained model, with a Matryoshka loss (RetrievalExampleConfig.matryoshka_dims).
+MATRYOSHKA_MODEL = "in_batch_matryoshka"
 NUM_SHARDS = 2
 TABLE_FILE = "retrieval_table.md"
 
@@ -86,20 +89,31 @@ class RetrievalExampleConfig:
     # Every this many steps both trained models are measured on the dev book's queries during training
     # (train/retrieval_eval.py); 0, or a collection without dev books, measures nothing.
     eval_every: int = 20
+    # A third model, trained as the in-batch one but with a Matryoshka loss on these first dimensions (MiniLM's
+    # 384, then halves), and every model's test nDCG@10 with its vectors cut to each; () trains no third model.
+    matryoshka_dims: tuple[int, ...] = (384, 192, 96, 48, 24)
 
 
 def _train(workdir: RunFolder, init: Path, config: RetrievalExampleConfig, data: DataConfig,
-           dev: RetrievalEvalConfig) -> dict:
+           dev: RetrievalEvalConfig, matryoshka_dims: tuple[int, ...] = ()) -> dict:
     if is_done(workdir):
         return {}
     trainer = TrainerConfig(num_steps=config.train_steps, log_every=10, eval_every=config.eval_every if dev.sets else 0,
                             checkpoint_every=config.train_steps, init_checkpoint=str(init), async_checkpoints=False)
     optimizer = OptimizerConfig(name="adamw", learning_rate=config.learning_rate, warmup_steps=5, weight_decay=0.01)
-    metrics = train(workdir, trainer=trainer, data=data, loss=LossConfig(name="in_batch_softmax",
-                                                                         logit_scale=config.logit_scale),
-                    optimizer=optimizer, retrieval=dev)
+    loss = LossConfig(name="in_batch_softmax", logit_scale=config.logit_scale, matryoshka_dims=matryoshka_dims)
+    metrics = train(workdir, trainer=trainer, data=data, loss=loss, optimizer=optimizer, retrieval=dev)
     mark_done(workdir)
     return metrics
+
+
+def _by_dimension(model: str, beir: Path, config: RetrievalExampleConfig) -> dict[str, float]:
+    """Test nDCG@10 with the vectors cut to each of matryoshka_dims (the first: the model's whole vector)."""
+    full, *cuts = config.matryoshka_dims
+    measured = EvalSet.from_beir(beir, "test", "test").measure(
+        load_model(model), RetrievalEvalConfig(measures=("nDCG@10",), dims=tuple(cuts),
+                                               encode_batch_size=config.encode_batch_size))
+    return {str(full): measured["test/nDCG@10"], **{str(d): measured[f"test/dim{d}/nDCG@10"] for d in cuts}}
 
 
 def dev_curve(workdir: RunFolder) -> dict:
@@ -142,7 +156,7 @@ def _index_search_evaluate(model: str, folder: RetrievalExampleFolder, name: str
 
 def table_markdown(results: dict) -> str:
     lines = ["| model | " + " | ".join(MEASURES) + " |", "| --- |" + " ---: |" * len(MEASURES)]
-    for name in MODELS:
+    for name in (*MODELS, MATRYOSHKA_MODEL):
         if name in results.get("test", {}):
             row = results["test"][name]
             lines.append(f"| {name} | " + " | ".join(f"{row[m]:.3f}" for m in MEASURES) + " |")
@@ -157,6 +171,12 @@ def table_markdown(results: dict) -> str:
             cells = [next(v for k, v in by_step[step].items() if k.endswith("/nDCG@10")) if step in by_step
                      else None for step in steps]
             lines.append(f"| {name} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in cells) + " |")
+    by_dim = results.get("dimensions", {})
+    if by_dim:
+        dims = list(next(iter(by_dim.values())))
+        lines += ["", "Test nDCG@10 with each vector cut to its first d dimensions (d = the whole vector first):", "",
+                  "| model | " + " | ".join(f"d = {d}" for d in dims) + " |", "| --- |" + " ---: |" * len(dims)]
+        lines += [f"| {name} | " + " | ".join(f"{row[d]:.3f}" for d in dims) + " |" for name, row in by_dim.items()]
     for name, cost in results.get("dev_eval_cost", {}).items():
         lines.append(f"\n{name}: {cost['evaluations']} dev evaluations took {cost['seconds']:.1f} s, "
                      f"{cost['share']:.1%} of its {cost['train_seconds']:.0f} s of training.")
@@ -192,9 +212,9 @@ def run_retrieval_example(workdir: str, config: RetrievalExampleConfig = Retriev
     reading = dict(continuation_length=config.continuation_length, prefix_keep="end", split="train",
                    eval_split=held_out)
     trained = {}
-    trained["in_batch"] = job.stage("train_in_batch", _train, folder.model("train_in_batch"), init, config,
-                                    DataConfig(RetrievalData(**reading, retrieval_corpus=str(beir), hard_negatives=0),
-                                               **shared), dev)
+    in_batch = DataConfig(RetrievalData(**reading, retrieval_corpus=str(beir), hard_negatives=0), **shared)
+    trained["in_batch"] = job.stage("train_in_batch", _train, folder.model("train_in_batch"), init, config, in_batch,
+                                    dev)
     mined = {}
     for split in ("train", held_out):
         mined[split] = folder.mined(split)
@@ -215,8 +235,12 @@ def run_retrieval_example(workdir: str, config: RetrievalExampleConfig = Retriev
                                     qrels=str(beir), hard_negatives=config.hard_negatives), **shared)
     trained["hard_negatives"] = job.stage("train_hard_negatives", _train, folder.model("train_hard_negatives"), init,
                                           config, hard, dev)
+    if config.matryoshka_dims:
+        trained["in_batch_matryoshka"] = job.stage(
+            "train_in_batch_matryoshka", _train, folder.model("train_in_batch_matryoshka"), init, config, in_batch,
+            dev, config.matryoshka_dims)
     if dev.sets:
-        for name in ("in_batch", "hard_negatives"):
+        for name in trained:
             curve = dev_curve(folder.model(f"train_{name}"))
             results.setdefault("dev_curve", {})[name] = curve
             seconds = trained[name].get("seconds")
@@ -225,15 +249,19 @@ def run_retrieval_example(workdir: str, config: RetrievalExampleConfig = Retriev
                 results.setdefault("dev_eval_cost", {})[name] = {
                     "evaluations": len(curve), "seconds": spent, "train_seconds": seconds,
                     "share": spent / seconds}
-    models = {"zero_shot": str(init), "in_batch": str(folder.model("train_in_batch")),
-              "hard_negatives": str(folder.model("train_hard_negatives"))}
+    models = {"zero_shot": str(init), **{name: str(folder.model(f"train_{name}")) for name in trained}}
     table = results.setdefault("test", {})
     for name, model in models.items():
         job.evaluate(table, name, _index_search_evaluate, model, folder, name, config,
                      describe=lambda r: ", ".join(f"{m} {r[m]:.3f}" for m in MEASURES))
+    if config.matryoshka_dims:
+        by_dim = results.setdefault("dimensions", {})
+        for name in ("zero_shot", "in_batch", "in_batch_matryoshka"):
+            job.evaluate(by_dim, name, _by_dimension, models[name], beir, config,
+                         describe=lambda r: ", ".join(f"{d}: {v:.3f}" for d, v in r.items()))
     folder.table.write_text(table_markdown(results), encoding="utf-8")
     results = job.finish()
-    print(aligned_table({n: [table[n][m] for m in MEASURES] for n in MODELS}, MEASURES, name_width=16))
+    print(aligned_table({n: [table[n][m] for m in MEASURES] for n in models}, MEASURES, name_width=20))
     print(f"(test split: {results['collection']['test_queries']} queries over {results['collection']['passages']} "
           f"passages; {folder.table})")
     return results

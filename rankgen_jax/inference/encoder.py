@@ -192,6 +192,20 @@ def _rows_on(mesh: Mesh, rows_BxL: np.ndarray) -> jax.Array:
     return jax.make_array_from_callback(rows_BxL.shape, sharding, lambda index: rows_BxL[index])
 
 
+def truncate_vectors(vectors_NxD: np.ndarray, dim: int | None, normalize: bool) -> np.ndarray:
+    """Each vector's first `dim` components (None: all), normalised again when `normalize` (a head that normalises
+    its vectors: the cut then ranks by cosine by inner product, as a Matryoshka loss trained it)."""
+    if dim is None:
+        return vectors_NxD
+    if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= vectors_NxD.shape[-1]:
+        raise RankgenError(f"`truncate_dim` must be in 1..{vectors_NxD.shape[-1]} (the model's dimension), got {dim!r}",
+                           names=("truncate_dim",))
+    cut = vectors_NxD[..., :dim]
+    if not normalize:
+        return cut
+    return (cut / np.maximum(np.linalg.norm(cut, axis=-1, keepdims=True), 1e-12)).astype(cut.dtype)
+
+
 @dataclasses.dataclass
 class LoadedModel:
     """A dual encoder ready for inference: its config, parameters (on device) and tokenizer.
@@ -246,6 +260,11 @@ class LoadedModel:
     def dim(self) -> int:
         """Length of the vectors `encode` returns."""
         return self.config.head.output_dim(self.config.encoder.d_model)
+
+    @property
+    def normalizes(self) -> bool:
+        """Whether the head L2-normalises the vectors (then cut vectors are normalised again)."""
+        return bool(self.config.head is not None and self.config.head.l2_normalize)
 
     @property
     def vector_shape(self) -> tuple[int, ...]:

@@ -152,14 +152,16 @@ class IndexSpec:
 class TextEncoding:
     """How texts go through a dual encoder: the tower (`encode_side`: "prefix" for queries, "suffix" for
     passages), texts per encoder call, a token limit (None: the model's input conventions), input conventions
-    on top of the model's own (see inference.encoder.load_model), and a jax Mesh to split every batch over (None:
-    one device)."""
+    on top of the model's own (see inference.encoder.load_model), a jax Mesh to split every batch over (None:
+    one device), and the vectors' first dimensions to keep (None: all; a Matryoshka-trained model's cut,
+    inference.encoder.truncate_vectors)."""
 
     encode_side: str
     batch_size: int = 64
     max_length: int | None = None
     conventions: dict | None = None
     mesh: Any = None
+    truncate_dim: int | None = None
 
 
 def new_faiss_index(dim: int, num_vectors: int, spec: IndexSpec = IndexSpec(), train_rows: int | None = None):
@@ -386,18 +388,20 @@ class LoadedIndex:
 
 
 def encode_all(model, texts: list[str], side: str, max_length: int | None, batch_size: int, progress: bool,
-                desc: str, mesh=None) -> np.ndarray:
+                desc: str, mesh=None, truncate_dim: int | None = None) -> np.ndarray:
     """Vectors [N, D] of texts, encoded a chunk at a time under a progress bar (rate and ETA) on stderr; with a
-    mesh, every batch is split over its data axes."""
-    vectors_NxD = np.zeros((len(texts), model.dim), np.float32)
+    mesh, every batch is split over its data axes; with truncate_dim, their first dimensions (truncate_vectors)."""
+    from rankgen_jax.inference.encoder import truncate_vectors
+
+    vectors_NxD = np.zeros((len(texts), truncate_dim or model.dim), np.float32)
     chunk = batch_size * ENCODE_CHUNK_BATCHES
     with tqdm(total=len(texts), unit="text", desc=desc, file=sys.stderr, dynamic_ncols=True,
               disable=not progress) as bar:
         for start in range(0, len(texts), chunk):
             part = texts[start : start + chunk]
-            vectors_NxD[start : start + len(part)] = model.encode(
+            vectors_NxD[start : start + len(part)] = truncate_vectors(model.encode(
                 part, side=side, max_length=max_length, batch_size=batch_size, bucket_step=ENCODE_BUCKET_STEP,
-                mesh=mesh)
+                mesh=mesh), truncate_dim, model.normalizes)
             bar.update(len(part))
     return vectors_NxD
 
@@ -509,7 +513,7 @@ def encode_shard(model, scan: CorpusScan, out: Path, shard_index: int, num_shard
     with (open(out / VECTORS_FILE, "wb") as vectors_file, open(out / IDS_FILE, "w", encoding="utf-8") as ids_file,
           tqdm(total=rows, unit="text", desc=f"index shard {shard_index}/{num_shards}", file=sys.stderr,
                dynamic_ncols=True, disable=not progress) as bar):
-        _npy_header(vectors_file, rows, model.dim)
+        _npy_header(vectors_file, rows, encoding.truncate_dim or model.dim)
         ids_file.write("[")
         ids: list[str] = []
         texts: list[str] = []
@@ -517,7 +521,7 @@ def encode_shard(model, scan: CorpusScan, out: Path, shard_index: int, num_shard
         def flush() -> None:
             nonlocal written
             vectors_NxD = encode_all(model, texts, encoding.encode_side, encoding.max_length, encoding.batch_size,
-                                     False, "", encoding.mesh)
+                                     False, "", encoding.mesh, encoding.truncate_dim)
             vectors_file.write(np.ascontiguousarray(vectors_NxD, dtype="<f4").tobytes())
             ids_file.write(("," if written else "") + ",".join(json.dumps(i, ensure_ascii=False) for i in ids))
             written += len(ids)
@@ -607,7 +611,8 @@ def index_corpus(
         "model": str(Path(model.source).resolve()),
         "corpus": str(Path(scan.path).resolve()),
         "metric": "inner_product",
-        "dim": int(model.dim),
+        "dim": int(encoding.truncate_dim or model.dim),
+        "truncate_dim": encoding.truncate_dim,
         "count": count,
         "encode_side": encode_side,
         "max_length": max_length,
@@ -867,14 +872,18 @@ def search_queries(
     if built_conventions is not None and built_conventions != model.conventions.to_dict():
         print(f"note: {where} was built with other input conventions ({built_conventions}); the queries are read "
               "with those above", file=sys.stderr)
-    if model.dim != built["dim"]:
+    if built.get("truncate_dim") != encoding.truncate_dim:
+        raise RankgenError(f"{where} holds vectors cut to {built.get('truncate_dim') or 'no'} dimensions; search with "
+                           f"the same `truncate_dim` (now {encoding.truncate_dim})", names=("truncate_dim",))
+    if (encoding.truncate_dim or model.dim) != built["dim"]:
         raise RankgenError(f"{model.source}: the model gives {model.dim}-dimensional vectors but the index in "
                            f"{where} holds {built['dim']}-dimensional ones (built with {built.get('model')})")
     built_with = built.get("model")
     if built_with and Path(built_with) != Path(model.source).resolve():
         # Same size vectors from another model are silently meaningless; say so, but allow moved folders.
         print(f"note: {where} was built with {built_with}, searching with {model.source}", file=sys.stderr)
-    vectors_QxD = encode_all(model, queries, encode_side, max_length, batch_size, progress, "queries", encoding.mesh)
+    vectors_QxD = encode_all(model, queries, encode_side, max_length, batch_size, progress, "queries", encoding.mesh,
+                             encoding.truncate_dim)
     results = [{"query_id": query_id, "query": query, "ids": ids, "scores": scores}
                for query_id, query, (ids, scores) in zip(query_ids, queries, search_shards(shards, vectors_QxD, k))]
     if out_path is not None:

@@ -342,7 +342,7 @@ def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAU
     from rankgen_jax.train.optimizers import OptimizerConfig, make_optimizer, schedule_for_run
     from rankgen_jax.train.step import StepOptions
     from rankgen_jax.train.compiled import build_step_functions
-    from rankgen_jax.train.config import LossConfig, TrainerConfig, check_divisible
+    from rankgen_jax.train.config import LossConfig, TrainerConfig, check_divisible, matryoshka_for
     from rankgen_jax.train import gin_parsing
     from rankgen_jax.models.flops import train_step_model_flops
 
@@ -358,7 +358,7 @@ def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAU
     rules = partitioning.rules_by_name(trainer.axis_rules)
     check_divisible(data.batch_size, partitioning.data_parallel_size(mesh), trainer)
     options = StepOptions(loss.name, tuple(sorted(loss.options().items())), trainer.num_chunks, trainer.accum_steps,
-                          towers=layout.towers)
+                          towers=layout.towers, matryoshka=matryoshka_for(loss, model_config))
     tx, schedule = make_optimizer(schedule_for_run(optimizer, trainer.num_steps))
     loss_params = losses.init_loss_params(loss.name, **loss.options())
     setup = build_step_functions(model_config, options, tx, schedule, loss_params, mesh, rules, trainer.seed)

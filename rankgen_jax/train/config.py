@@ -8,7 +8,8 @@ import gin
 
 from rankgen_jax.errors import RankgenError, check_field_types
 from rankgen_jax.losses import registry as losses
-from rankgen_jax.models.configs import BertConfig, T5Config
+from rankgen_jax.losses.matryoshka import Matryoshka
+from rankgen_jax.models.configs import BertConfig, ModelConfig, T5Config
 
 
 @gin.configurable
@@ -90,14 +91,52 @@ class LossConfig:
     # lambdarank_mrr's student ranks: "list" (its ranking of each list at the step) or "retrieval"
     # (batch["student_ranks"], from the list the student retrieved).
     rank_source: str = "list"
+    # Matryoshka representation learning (losses/matryoshka.py): the loss also on each vector's first d
+    # dimensions for each d here (largest first, the model's own dimension included if it is to be trained),
+    # weighted by matryoshka_weights (() = 1 each). () trains the full vectors only.
+    matryoshka_dims: tuple[int, ...] = ()
+    matryoshka_weights: tuple[float, ...] = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "matryoshka_dims", tuple(self.matryoshka_dims))
+        object.__setattr__(self, "matryoshka_weights", tuple(float(w) for w in self.matryoshka_weights))
         check_field_types(self)
+        if self.matryoshka_weights and not self.matryoshka_dims:
+            raise RankgenError("LossConfig.matryoshka_weights weigh matryoshka_dims, which are not given")
+        if self.matryoshka_dims:
+            self.matryoshka(normalize=False)
+
+    def matryoshka(self, normalize: bool) -> Matryoshka | None:
+        """The Matryoshka wrapping of the loss (None without matryoshka_dims); `normalize`: the model's head
+        normalises its vectors."""
+        if not self.matryoshka_dims:
+            return None
+        weights = self.matryoshka_weights or (1.0,) * len(self.matryoshka_dims)
+        try:
+            return Matryoshka(self.matryoshka_dims, weights, normalize)
+        except RankgenError as e:
+            raise RankgenError(f"LossConfig.matryoshka_dims / matryoshka_weights: {e}") from None
 
     def options(self) -> dict:
         every = {k: v for k, v in dataclasses.asdict(self).items() if k != "name"}
         accepted = losses.loss_option_names(self.name)
         return {k: v for k, v in every.items() if k in accepted}
+
+
+def matryoshka_for(loss: LossConfig, model_config: ModelConfig) -> Matryoshka | None:
+    """The loss's Matryoshka wrapping for this model (None without LossConfig.matryoshka_dims), checked before
+    anything compiles: a dual encoder with one vector per text, dimensions it has."""
+    spec = loss.matryoshka(normalize=bool(model_config.head is not None and model_config.head.l2_normalize))
+    if spec is None:
+        return None
+    if model_config.kind != "dual_encoder" or model_config.num_scores != 1:
+        raise RankgenError(f"LossConfig.matryoshka_dims cut a dual encoder's vectors; this run trains a "
+                           f"{model_config.kind}" + (f" with {model_config.num_scores} vectors per text"
+                                                     if model_config.num_scores != 1 else ""))
+    dim = model_config.head.output_dim(model_config.encoder.d_model)
+    if spec.dims[0] > dim:
+        raise RankgenError(f"LossConfig.matryoshka_dims {list(spec.dims)}: the model's vectors have {dim} dimensions")
+    return spec
 
 
 def check_divisible(batch_size: int, data_axis: int, trainer: TrainerConfig) -> None:

@@ -48,7 +48,7 @@ from rankgen_jax.runtime import partitioning
 from rankgen_jax.runtime.process import initialize_distributed
 from rankgen_jax.train import checkpointing, gin_parsing, run_record, stopping
 from rankgen_jax.train.compiled import build_step_functions, put_batch
-from rankgen_jax.train.config import LossConfig, TrainerConfig, check_divisible
+from rankgen_jax.train.config import LossConfig, TrainerConfig, check_divisible, matryoshka_for
 from rankgen_jax.train.metric_writers import MetricWriter
 from rankgen_jax.train.optimizers import (DECAYING_SCHEDULES, OptimizerConfig, make_optimizer,
                                          nonfinite_counts, schedule_for_run)
@@ -111,7 +111,7 @@ def train(
     # The model kind and the batch form its loss reads fix what a batch holds (models.batch_layout).
     layout = BatchLayout(model_config.kind, losses.batch_form(loss.name))
     options = StepOptions(loss.name, tuple(sorted(loss.options().items())), trainer.num_chunks, trainer.accum_steps,
-                          towers=layout.towers)
+                          towers=layout.towers, matryoshka=matryoshka_for(loss, model_config))
     optimizer = schedule_for_run(optimizer, trainer.num_steps)
     tx, schedule = make_optimizer(optimizer)
     loss_params = losses.init_loss_params(loss.name, **loss.options())

@@ -44,7 +44,7 @@ from rankgen_jax.data.retrieval_files import DEFAULT_TITLE_JOIN, read_beir
 from rankgen_jax.data.text import load_text_encoder
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.eval.retrieval_metrics import evaluate_run, parse_measures
-from rankgen_jax.inference.encoder import LoadedModel
+from rankgen_jax.inference.encoder import LoadedModel, truncate_vectors
 from rankgen_jax.models.configs import ModelConfig
 from rankgen_jax.retrieval.dense_index import encode_all, rank_flat
 from rankgen_jax.retrieval.nano import NanoSpec, build_nano_set
@@ -65,6 +65,8 @@ class RetrievalEvalConfig:
     depth: passages ranked per query (at least the measures' deepest cut-off).
     keep_best: "" (keep none), a measure of the first set, or "SET/MEASURE" with SET a set's name (metric names).
     encode_batch_size: texts per encoded batch (a multiple of the mesh's data-parallel size is best).
+    dims: also measure the vectors cut to each of these first dimensions ("SET/dim<d>/MEASURE"; a Matryoshka
+      model's, inference.encoder.truncate_vectors).
     nano_queries: queries sampled for each nano set (all the split's when fewer).
     nano_distractors: BM25 passages kept per sampled query in a nano set.
     seed: the nano sets' query sample.
@@ -75,6 +77,7 @@ class RetrievalEvalConfig:
     depth: int = 100
     keep_best: str = ""
     encode_batch_size: int = 64
+    dims: tuple[int, ...] = ()
     nano_queries: int = 50
     nano_distractors: int = 50
     seed: int = 0
@@ -82,6 +85,9 @@ class RetrievalEvalConfig:
     def __post_init__(self):
         object.__setattr__(self, "sets", tuple(self.sets))
         object.__setattr__(self, "measures", tuple(self.measures))
+        object.__setattr__(self, "dims", tuple(self.dims))
+        if any(d < 1 for d in self.dims):
+            raise RankgenError(f"RetrievalEvalConfig.dims must be positive, got {self.dims}")
         for spec in self.sets:
             parse_set(spec)
         if len(set(map(set_name, self.sets))) != len(self.sets):
@@ -125,7 +131,10 @@ def set_name(spec: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class _EvalSet:
+class EvalSet:
+    """One retrieval set read whole: its passages and queries (titles joined as `index` and `search` join them)
+    and the qrels of its split."""
+
     name: str
     passage_ids: list[str]
     passages: list[str]
@@ -133,8 +142,30 @@ class _EvalSet:
     queries: list[str]
     qrels: dict[str, dict[str, int]]
 
+    @classmethod
+    def from_beir(cls, folder: str | Path, split: str, name: str) -> EvalSet:
+        beir = read_beir(folder, split=split)
+        qrels = {q: dict(labels) for q, labels in beir.qrels.labels.items()}
+        return cls(name, list(beir.passages.ids), beir.passages.joined(DEFAULT_TITLE_JOIN), list(beir.queries.ids),
+                   beir.queries.joined(DEFAULT_TITLE_JOIN), qrels)
 
-def _load_set(spec: str, folder: RunFolder, config: RetrievalEvalConfig) -> _EvalSet:
+    def measure(self, model: LoadedModel, config: RetrievalEvalConfig, mesh=None) -> dict[str, float]:
+        """{"NAME/MEASURE": mean, and "NAME/dim<d>/MEASURE" for each of config.dims} of a model's retrieval, its
+        texts batched as `index` and `search` batch them (the same texts, the same vectors)."""
+        size = config.encode_batch_size
+        passages_PxD = encode_all(model, self.passages, "suffix", None, size, False, "passages", mesh)
+        queries_QxD = encode_all(model, self.queries, "prefix", None, size, False, "queries", mesh)
+        out = {}
+        for dim in (None, *config.dims):
+            prefix = self.name if dim is None else f"{self.name}/dim{dim}"
+            cut = [truncate_vectors(v, dim, model.normalizes) for v in (queries_QxD, passages_PxD)]
+            run = ranked_run(self.query_ids, self.passage_ids, *cut, config.depth)
+            measured = evaluate_run(run, self.qrels, list(config.measures))
+            out.update({f"{prefix}/{m}": float(measured[m]) for m in config.measures})
+        return out
+
+
+def _load_set(spec: str, folder: RunFolder, config: RetrievalEvalConfig) -> EvalSet:
     nano, source, split = parse_set(spec)
     name = set_name(spec)
     if nano:
@@ -143,10 +174,7 @@ def _load_set(spec: str, folder: RunFolder, config: RetrievalEvalConfig) -> _Eva
             build_nano_set(source, split, out, NanoSpec(config.nano_queries, config.nano_distractors, config.seed))
         _wait_for_nano(out)
         source = out
-    beir = read_beir(source, split=split)
-    qrels = {q: dict(labels) for q, labels in beir.qrels.labels.items()}
-    return _EvalSet(name, list(beir.passages.ids), beir.passages.joined(DEFAULT_TITLE_JOIN), list(beir.queries.ids),
-                    beir.queries.joined(DEFAULT_TITLE_JOIN), qrels)
+    return EvalSet.from_beir(source, split, name)
 
 
 def _wait_for_nano(out: Path) -> None:
@@ -175,6 +203,9 @@ class RetrievalEvaluator:
                                f"{model_config.kind}")
         if not vocab:
             raise RankgenError("RetrievalEvalConfig.sets are read as text, and this run has no tokenizer")
+        dim = model_config.head.output_dim(model_config.encoder.d_model)
+        if config.dims and max(config.dims) > dim:
+            raise RankgenError(f"RetrievalEvalConfig.dims {list(config.dims)}: the model's vectors have {dim}")
         self.config, self.mesh = config, mesh
         self.model_config, self.conventions = model_config, conventions
         self.text = load_text_encoder(vocab)
@@ -205,13 +236,7 @@ class RetrievalEvaluator:
                             conventions=self.conventions, conventions_origin="the run's data")
         out: dict[str, float] = {}
         for s in self.sets:
-            # Batched as `index` and `search` batch them: the same texts, the same vectors.
-            size = self.config.encode_batch_size
-            passages_PxD = encode_all(model, s.passages, "suffix", None, size, False, "passages", self.mesh)
-            queries_QxD = encode_all(model, s.queries, "prefix", None, size, False, "queries", self.mesh)
-            run = ranked_run(s.query_ids, s.passage_ids, queries_QxD, passages_PxD, self.config.depth)
-            measured = evaluate_run(run, s.qrels, list(self.config.measures))
-            out.update({f"{s.name}/{m}": float(measured[m]) for m in self.config.measures})
+            out.update(s.measure(model, self.config, self.mesh))
         out["seconds"] = time.time() - started
         self.seconds += out["seconds"]
         self.evaluations += 1

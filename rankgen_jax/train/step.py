@@ -27,6 +27,7 @@ import optax
 
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.losses import registry as losses
+from rankgen_jax.losses.matryoshka import Matryoshka, matryoshka_loss
 from rankgen_jax.models import batch_layout
 from rankgen_jax.models.batch_layout import Tower
 from rankgen_jax.train.state import TrainState
@@ -45,6 +46,7 @@ class StepOptions:
     num_chunks: int = 1
     accum_steps: int = 1
     towers: tuple[Tower, ...] = batch_layout.DEFAULT_TOWERS
+    matryoshka: Matryoshka | None = None
 
     def __post_init__(self):
         if not self.towers:
@@ -146,7 +148,10 @@ def _embed_batch(model: nn.Module, params, options: StepOptions, batch: dict, rn
 
 
 def _loss(options: StepOptions, outputs, batch, loss_params):
-    return losses.get_loss(options.loss_name)(outputs, batch, loss_params, **dict(options.loss_options))
+    loss_fn = losses.get_loss(options.loss_name)
+    if options.matryoshka is not None:
+        loss_fn = matryoshka_loss(loss_fn, options.matryoshka)
+    return loss_fn(outputs, batch, loss_params, **dict(options.loss_options))
 
 
 def _split(x: jax.Array, n: int) -> jax.Array:

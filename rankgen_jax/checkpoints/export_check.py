@@ -1,0 +1,217 @@
+"""An export checked as it is written: probe texts through the JAX model, and through the exported folder loaded
+the way its users load it; a difference beyond the tolerance fails the export and leaves the folder unusable.
+
+The loader is the layout's: sentence-transformers' `SentenceTransformer(folder)` where the export has its files
+(the folder's own tokenizer, prompts and truncate_dim then take part), `AutoModel.from_pretrained(folder,
+trust_remote_code=True)` for the RankGen and ranker formats and `AutoModelForSequenceClassification` for a
+sequence-classification ranker, these fed the token ids rankgen-jax reads the probes as. A dual encoder's
+probes go through both sides (query and document), a ranker's as pairs. A bare encoder (no head) and a T5
+ranker's encoder alone are not compared. The difference is the largest absolute one, divided by the largest
+JAX entry where that is over 1 (unnormalised vectors reach ~10 and fp32 rounding grows with them).
+
+A failed export has every weight file renamed `*.safetensors.unverified`, so no loader picks it up silently,
+and EXPORT_CHECK_FAILED.txt saying what differed. Without torch and transformers nothing is compared, and the
+model card says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+from pathlib import Path
+
+import numpy as np
+
+from rankgen_jax.data.conventions import InputConventions
+from rankgen_jax.data.text import TextEncoder, encode_pair_truncated, pad_batch
+from rankgen_jax.errors import RankgenError
+from rankgen_jax.models.configs import ModelConfig
+from rankgen_jax.models.factory import build_model, to_model_layout
+
+# Short enough that no input convention or sentence-transformers length cuts them.
+PROBES = ("The river rose after three days of rain.", "She read the letter again by candle light.",
+          "Numbers 1234 and 56, and punctuation: yes!", "Ünïcode café, naïve façade.",
+          "He would come back from the sea", "a", "The old house stood silent on the moor while the wind blew.")
+TOLERANCE = 1e-4
+FAILED_MARKER = "EXPORT_CHECK_FAILED.txt"
+UNVERIFIED_SUFFIX = ".unverified"
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportedModel:
+    """The exported parameters as the JAX model reads them: config, parameters (canonical layout), tokenizer and
+    input conventions. Probes are short: read whole on both sides, with the side's marker."""
+
+    config: ModelConfig
+    params: dict
+    text: TextEncoder
+    conventions: InputConventions
+
+    def input_ids(self, side: str) -> list[list[int]]:
+        marker = self.conventions.prefix_marker if side == "prefix" else self.conventions.suffix_marker
+        return [self.text.add_special(self.text.tokenize(marker + probe)) for probe in self.probes()]
+
+    def probes(self) -> list[str]:
+        """The probes that no side's length limit cuts (the shortest always)."""
+        limit = min(self.conventions.prefix_length, self.conventions.suffix_length)
+        markers = (self.conventions.prefix_marker, self.conventions.suffix_marker)
+        fits = [p for p in PROBES if all(len(self.text.add_special(self.text.tokenize(m + p))) <= limit
+                                         for m in markers)]
+        return fits or [min(PROBES, key=len)]
+
+    def vectors(self, side: str) -> np.ndarray:
+        ids = self.input_ids(side)
+        lengths = np.array([len(row) for row in ids])
+        ids_BxL = pad_batch(ids, int(lengths.max()), self.text.pad_id)
+        mask_BxL = np.arange(ids_BxL.shape[1])[None, :] < lengths[:, None]
+        tower = "query" if self.config.shared_towers or side == "prefix" else "document"
+        model = build_model(self.config)
+        return np.asarray(model.apply({"params": to_model_layout(self.params, self.config)}, ids_BxL, mask_BxL,
+                                      tower=tower), np.float32)
+
+    def pairs(self) -> list[tuple[list[int], list[int]]]:
+        """(ids, token types) of each probe paired with the next, cut as the ranker reads pairs (within the
+        encoder's positions)."""
+        first, second = self.conventions.prefix_length, self.conventions.suffix_length
+        positions = getattr(self.config.encoder, "max_position_embeddings", None)
+        if positions is not None and first + second > positions - self.config.encoder.position_offset:
+            room = positions - self.config.encoder.position_offset
+            first = min(first, room // 2)
+            second = room - first
+        probes = list(PROBES)
+        return [encode_pair_truncated(self.text, q, c, first, second, self.conventions.prefix_keep)
+                for q, c in zip(probes, probes[1:] + probes[:1])]
+
+    def pair_scores(self) -> np.ndarray:
+        model, params = build_model(self.config), to_model_layout(self.params, self.config)
+        scores = []
+        for ids, types in self.pairs():
+            mask = np.ones((1, len(ids)), bool)
+            scores.append(np.asarray(model.apply({"params": params}, np.array([ids], np.int32), mask,
+                                                 np.array([types], np.int32)), np.float32)[0])
+        return np.asarray(scores, np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportCheck:
+    """loader: how the folder was loaded ("" when not compared, with `note` saying why); difference: the largest
+    (relative) difference found."""
+
+    loader: str
+    difference: float = math.nan
+    tolerance: float = TOLERANCE
+    note: str = ""
+
+    def describe(self) -> str:
+        if not self.loader:
+            return f"Not checked when exported: {self.note}."
+        return (f"Checked when exported: probe texts through rankgen-jax (JAX) and through "
+                f"`{self.loader}`: largest difference {self.difference:.1e} (tolerance {self.tolerance:.0e}).")
+
+
+def _relative_difference(jax_values: np.ndarray, torch_values: np.ndarray) -> float:
+    jax_values, torch_values = np.asarray(jax_values, np.float64), np.asarray(torch_values, np.float64)
+    if jax_values.shape != torch_values.shape or not np.all(np.isfinite(torch_values)):
+        return math.inf
+    return float(np.abs(jax_values - torch_values).max()) / max(1.0, float(np.abs(jax_values).max()))
+
+
+def _sentence_transformers(out: Path, model: ExportedModel) -> tuple[str, list[tuple[str, np.ndarray, np.ndarray]]]:
+    import sentence_transformers
+
+    st_model = sentence_transformers.SentenceTransformer(str(out), device="cpu")
+    compared = []
+    for side, prompt in (("prefix", "query"), ("suffix", "document")):
+        named = {"prompt_name": prompt} if prompt in (st_model.prompts or {}) else {}
+        got = st_model.encode(model.probes(), convert_to_numpy=True, task=prompt, **named)
+        compared.append((f"{side} vectors", model.vectors(side)[:, : st_model.truncate_dim], got))
+    return "SentenceTransformer(folder)", compared
+
+
+def _remote_code_vectors(folder: Path, ids: list[list[int]]) -> np.ndarray:
+    import torch
+    import transformers
+
+    torch_model = transformers.AutoModel.from_pretrained(str(folder), trust_remote_code=True).eval()
+    with torch.no_grad():
+        return np.stack([torch_model(input_ids=torch.tensor([row])).numpy()[0] for row in ids])
+
+
+def _rankgen_format(out: Path, model: ExportedModel) -> tuple[str, list[tuple[str, np.ndarray, np.ndarray]]]:
+    compared = []
+    for side, tower in (("prefix", "query"), ("suffix", "document")):
+        folder = out if model.config.shared_towers else out / f"{tower}_encoder"
+        compared.append((f"{side} vectors", model.vectors(side), _remote_code_vectors(folder, model.input_ids(side))))
+    return "AutoModel.from_pretrained(folder, trust_remote_code=True)", compared
+
+
+def _ranker(out: Path, model: ExportedModel,
+            sequence_classification: bool) -> tuple[str, list[tuple[str, np.ndarray, np.ndarray]]]:
+    import torch
+    import transformers
+
+    want = model.pair_scores()
+    if sequence_classification:
+        loader = "AutoModelForSequenceClassification.from_pretrained(folder)"
+        torch_model = transformers.AutoModelForSequenceClassification.from_pretrained(str(out)).eval()
+    else:
+        loader = "AutoModel.from_pretrained(folder, trust_remote_code=True)"
+        torch_model = transformers.AutoModel.from_pretrained(str(out), trust_remote_code=True).eval()
+    got = []
+    with torch.no_grad():
+        for ids, types in model.pairs():
+            inputs = {"input_ids": torch.tensor([ids])}
+            if model.config.encoder_type == "bert" and model.config.encoder.variant != "distilbert":
+                inputs["token_type_ids"] = torch.tensor([types])
+            output = torch_model(**inputs)
+            scores = output.logits if sequence_classification else output
+            scores = scores.numpy()[0]
+            got.append(scores[0] if sequence_classification and model.config.num_scores == 1 else scores)
+    return loader, [("pair scores", want, np.asarray(got, np.float32))]
+
+
+def verify_export(out: str | Path, model: ExportedModel, layout: str, sentence_transformers_files: bool) -> ExportCheck:
+    """Compare the export in `out` with `model` (what was exported); layout: convert.hf_layout's.
+
+    Returns what was compared; a difference over TOLERANCE marks the folder (see the module docstring) and
+    raises a RankgenError naming it.
+    """
+    out = Path(out)
+    if model.config.kind == "encoder" or (model.config.kind == "cross_encoder" and layout not in (
+            "ranker", "sequence-classification")):
+        return ExportCheck("", note="a bare encoder's export has no head to compare")
+    if model.config.kind == "dual_encoder" and not sentence_transformers_files and layout != "rankgen":
+        return ExportCheck("", note=f"the {layout} layout without sentence-transformers files has no head to compare")
+    if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
+        return ExportCheck("", note="torch and transformers are not installed (`pip install rankgen-jax[torch]`)")
+    if model.config.kind == "cross_encoder":
+        loader, compared = _ranker(out, model, layout == "sequence-classification")
+    elif sentence_transformers_files:
+        loader, compared = _sentence_transformers(out, model)
+    else:
+        loader, compared = _rankgen_format(out, model)
+    differences = {what: _relative_difference(want, got) for what, want, got in compared}
+    worst = max(differences.values())
+    if worst > TOLERANCE:
+        report = "; ".join(f"{what}: {diff:.2e}" for what, diff in differences.items())
+        _mark_failed(out, f"{loader} gives other values than the JAX model for the probe texts ({report}; tolerance "
+                          f"{TOLERANCE:.0e}).\n")
+        raise RankgenError(f"{out}: the export, loaded with {loader}, differs from the JAX model by {worst:.2e} "
+                           f"(tolerance {TOLERANCE:.0e}; {report}); its weights are renamed *{UNVERIFIED_SUFFIX} "
+                           f"and {FAILED_MARKER} says why")
+    return ExportCheck(loader, worst)
+
+
+def _mark_failed(out: Path, why: str) -> None:
+    for weights in out.rglob("*.safetensors"):
+        weights.rename(weights.with_name(weights.name + UNVERIFIED_SUFFIX))
+    (out / FAILED_MARKER).write_text("This export failed its check and is not to be used: " + why, encoding="utf-8")
+
+
+def clear_failed(out: str | Path) -> None:
+    """Remove an earlier failed export's marker and unverified weights (an export over it starts clean)."""
+    out = Path(out)
+    (out / FAILED_MARKER).unlink(missing_ok=True)
+    for stale in out.rglob(f"*.safetensors{UNVERIFIED_SUFFIX}"):
+        stale.unlink()
