@@ -13,13 +13,16 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
+
 from rankgen_jax.checkpoints.run_folder import RunFolder
 from rankgen_jax.data.beir_books import BooksCollectionConfig, build_books_collection
 from rankgen_jax.data.documents import Document, require_documents
 from rankgen_jax.data.source_configs import DataConfig, RetrievalData
-from rankgen_jax.eval.retrieval_metrics import evaluate_files
+from rankgen_jax.eval.retrieval_metrics import evaluate_files, evaluate_run
 from rankgen_jax.inference.encoder import load_model
 from rankgen_jax.pretrained import MINILM
+from rankgen_jax.experiments.ablations import paired_difference
 from rankgen_jax.experiments.job_folder import JobFolder
 from rankgen_jax.experiments.stages import StageRun, aligned_table, is_done, mark_done, starting_checkpoint
 from rankgen_jax.resources import BUNDLED_CORPUS
@@ -107,13 +110,20 @@ def _train(workdir: RunFolder, init: Path, config: RetrievalExampleConfig, data:
     return metrics
 
 
-def _by_dimension(model: str, beir: Path, config: RetrievalExampleConfig) -> dict[str, float]:
-    """Test nDCG@10 with the vectors cut to each of matryoshka_dims (the first: the model's whole vector)."""
+def _by_dimension(model: str, beir: Path, config: RetrievalExampleConfig) -> dict[str, dict]:
+    """Test nDCG@10 with the vectors cut to each of matryoshka_dims (the first: the model's whole vector):
+    {dimension: {"mean", "per_query": {qid: value}}}."""
     full, *cuts = config.matryoshka_dims
-    measured = EvalSet.from_beir(beir, "test", "test").measure(
-        load_model(model), RetrievalEvalConfig(measures=("nDCG@10",), dims=tuple(cuts),
-                                               encode_batch_size=config.encode_batch_size))
-    return {str(full): measured["test/nDCG@10"], **{str(d): measured[f"test/dim{d}/nDCG@10"] for d in cuts}}
+    test = EvalSet.from_beir(beir, "test", "test")
+    runs = test.runs(load_model(model), RetrievalEvalConfig(measures=("nDCG@10",), dims=tuple(cuts),
+                                                            encode_batch_size=config.encode_batch_size))
+    out = {}
+    for dim, run in runs.items():
+        measured = evaluate_run(run, test.qrels, ["nDCG@10"], per_query=True)
+        out[str(dim or full)] = {"mean": measured["nDCG@10"],
+                                 "per_query": {q: v["nDCG@10"] for q, v in measured["per_query"].items()}}
+    return out
+
 
 
 def dev_curve(workdir: RunFolder) -> dict:
@@ -174,9 +184,20 @@ def table_markdown(results: dict) -> str:
     by_dim = results.get("dimensions", {})
     if by_dim:
         dims = list(next(iter(by_dim.values())))
-        lines += ["", "Test nDCG@10 with each vector cut to its first d dimensions (d = the whole vector first):", "",
+        lines += ["", "Test nDCG@10 with each vector cut to its first d dimensions (d = the whole vector first); "
+                  "the Matryoshka model's paired difference from the in-batch one, ± its standard error over the "
+                  "test queries:", "",
                   "| model | " + " | ".join(f"d = {d}" for d in dims) + " |", "| --- |" + " ---: |" * len(dims)]
-        lines += [f"| {name} | " + " | ".join(f"{row[d]:.3f}" for d in dims) + " |" for name, row in by_dim.items()]
+        lines += [f"| {name} | " + " | ".join(f"{row[d]['mean']:.3f}" for d in dims) + " |"
+                  for name, row in by_dim.items()]
+        if MATRYOSHKA_MODEL in by_dim and "in_batch" in by_dim:
+            cells = []
+            for d in dims:
+                ours, base = by_dim[MATRYOSHKA_MODEL][d]["per_query"], by_dim["in_batch"][d]["per_query"]
+                queries = sorted(ours)  # both: every test query
+                cells.append("{:+.3f} ± {:.3f}".format(*paired_difference(np.array([ours[q] for q in queries]),
+                                                                          np.array([base[q] for q in queries]))))
+            lines.append(f"| {MATRYOSHKA_MODEL} - in_batch | " + " | ".join(cells) + " |")
     for name, cost in results.get("dev_eval_cost", {}).items():
         lines.append(f"\n{name}: {cost['evaluations']} dev evaluations took {cost['seconds']:.1f} s, "
                      f"{cost['share']:.1%} of its {cost['train_seconds']:.0f} s of training.")
@@ -258,7 +279,7 @@ def run_retrieval_example(workdir: str, config: RetrievalExampleConfig = Retriev
         by_dim = results.setdefault("dimensions", {})
         for name in ("zero_shot", "in_batch", "in_batch_matryoshka"):
             job.evaluate(by_dim, name, _by_dimension, models[name], beir, config,
-                         describe=lambda r: ", ".join(f"{d}: {v:.3f}" for d, v in r.items()))
+                         describe=lambda r: ", ".join(f"{d}: {v['mean']:.3f}" for d, v in r.items()))
     folder.table.write_text(table_markdown(results), encoding="utf-8")
     results = job.finish()
     print(aligned_table({n: [table[n][m] for m in MEASURES] for n in models}, MEASURES, name_width=20))

@@ -149,17 +149,23 @@ class EvalSet:
         return cls(name, list(beir.passages.ids), beir.passages.joined(DEFAULT_TITLE_JOIN), list(beir.queries.ids),
                    beir.queries.joined(DEFAULT_TITLE_JOIN), qrels)
 
-    def measure(self, model: LoadedModel, config: RetrievalEvalConfig, mesh=None) -> dict[str, float]:
-        """{"NAME/MEASURE": mean, and "NAME/dim<d>/MEASURE" for each of config.dims} of a model's retrieval, its
-        texts batched as `index` and `search` batch them (the same texts, the same vectors)."""
+    def runs(self, model: LoadedModel, config: RetrievalEvalConfig, mesh=None) -> dict[int | None, dict]:
+        """The model's run of the set (None) and of its vectors cut to each of config.dims, its texts batched as
+        `index` and `search` batch them (the same texts, the same vectors)."""
         size = config.encode_batch_size
         passages_PxD = encode_all(model, self.passages, "suffix", None, size, False, "passages", mesh)
         queries_QxD = encode_all(model, self.queries, "prefix", None, size, False, "queries", mesh)
-        out = {}
+        runs = {}
         for dim in (None, *config.dims):
-            prefix = self.name if dim is None else f"{self.name}/dim{dim}"
             cut = [truncate_vectors(v, dim, model.normalizes) for v in (queries_QxD, passages_PxD)]
-            run = ranked_run(self.query_ids, self.passage_ids, *cut, config.depth)
+            runs[dim] = ranked_run(self.query_ids, self.passage_ids, *cut, config.depth)
+        return runs
+
+    def measure(self, model: LoadedModel, config: RetrievalEvalConfig, mesh=None) -> dict[str, float]:
+        """{"NAME/MEASURE": mean, and "NAME/dim<d>/MEASURE" for each of config.dims} of the model's runs."""
+        out = {}
+        for dim, run in self.runs(model, config, mesh).items():
+            prefix = self.name if dim is None else f"{self.name}/dim{dim}"
             measured = evaluate_run(run, self.qrels, list(config.measures))
             out.update({f"{prefix}/{m}": float(measured[m]) for m in config.measures})
         return out
