@@ -267,8 +267,66 @@ def test_compile_exits_with_an_error_when_buffers_exceed_hbm(monkeypatch, tmp_pa
     assert main(["compile", "--topology", "v3-128", "--gin_file", "models/t5_1_1_tiny.gin", "--json", str(out)]) == 2
     captured = capsys.readouterr()
     assert "DOES NOT FIT" in captured.out
-    assert captured.err.startswith("error: per-device memory 17.00 GiB") and captured.err.count("\n") == 1
+    assert captured.err.startswith("error: does not fit v3:8x8 with mesh") and captured.err.count("\n") == 1
+    assert "per-device memory 17.00 GiB" in captured.err and "compile --plan" in captured.err
     assert json.loads(out.read_text())["memory"]["fits"] is False
+
+
+def test_a_step_the_compiler_refuses_still_gets_its_report_and_what_to_change(monkeypatch, tmp_path):
+    refused = {key: value for key, value in _report().items() if key not in ("params", "memory", "timing")}
+    refused.update(error="RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+                         "temporaries (16.87G) exceeds available HBM (15.48G).",
+                   memory={"fits": False, "hbm_bytes": 16 * GIB, "needed_bytes": aot._needed_bytes(
+                       "temporaries (16.87G) exceeds available HBM (15.48G)")})
+    refused["encoder"] = {**refused["encoder"], "remat": False}
+    monkeypatch.setattr(aot, "compile_train_step", lambda *a, **k: refused)
+    out = tmp_path / "report.json"
+    with pytest.raises(RankgenError) as caught:
+        aot.run_compile("v3-128", json_out=str(out))
+    message = str(caught.value)
+    assert "global batch 1536, num_chunks 12, remat False, axis_rules 'fsdp'" in message
+    assert "raise TrainerConfig.num_chunks" in message and "remat = True" in message and "axis_rules = 'fsdp'" not in \
+        message.split("To fit it:")[1]
+    assert json.loads(out.read_text())["memory"]["needed_bytes"] == int(16.87 * GIB)
+
+
+def test_plan_settings_try_gins_own_first_then_each_group_by_chunks():
+    groups = aot.plan_settings(aot.StepSetting(4, True, "fsdp"), chunks=(1, 2, 4, 8))
+    assert [(g[0].axis_rules, g[0].remat) for g in groups] == [("fsdp", True), ("fsdp", False), ("standard", True),
+                                                              ("standard", False)]
+    assert [s.num_chunks for s in groups[0]] == [4, 8] and [s.num_chunks for s in groups[1]] == [1, 2, 4, 8]
+
+
+def test_the_plan_picks_the_fewest_flops_of_the_first_fits(monkeypatch, tmp_path, capsys):
+    """Each group stops at its first setting that fits; of those the fewest FLOPs (XLA's) wins."""
+    compiled = []
+
+    def fake_compile(topology, utilizations=(), setting=None, **_):
+        compiled.append(setting)
+        if setting.num_chunks < (2 if setting.axis_rules == "fsdp" else 4):
+            return {**_report(fits=False), "error": "RESOURCE_EXHAUSTED: too big", "memory": {
+                "fits": False, "hbm_bytes": 16 * GIB, "needed_bytes": None}}
+        flops = 1e11 * setting.num_chunks + (5e10 if setting.remat else 0)
+        return {**_report(), "compiler_flops_per_device": flops, "num_chunks": setting.num_chunks}
+
+    monkeypatch.setattr(aot, "compile_train_step", fake_compile)
+    parse_gin(TINY_GIN, ["TrainerConfig.num_chunks=1", "t5_config.remat=False", "TrainerConfig.axis_rules='standard'"])
+    out = tmp_path / "plan.json"
+    plan = aot.run_plan("v3-8", json_out=str(out))
+    assert [(s.axis_rules, s.remat, s.num_chunks) for s in compiled] == [
+        ("standard", False, 1), ("standard", False, 2), ("standard", False, 4), ("standard", True, 1),
+        ("standard", True, 2), ("standard", True, 4), ("fsdp", False, 1), ("fsdp", False, 2),
+        ("fsdp", True, 1), ("fsdp", True, 2)]
+    assert plan["chosen"]["setting"] == {"num_chunks": 2, "remat": False, "axis_rules": "fsdp"}
+    assert plan["bindings"] == ["TrainerConfig.num_chunks = 2", "TrainerConfig.axis_rules = 'fsdp'"]
+    assert "--gin.TrainerConfig.axis_rules='fsdp'" in capsys.readouterr().out
+    assert json.loads(out.read_text())["chosen"]["setting"]["axis_rules"] == "fsdp"
+    monkeypatch.setattr(aot, "compile_train_step", lambda *a, **k: {**_report(fits=False), "error": "too big",
+                                                                      "memory": {"fits": False, "hbm_bytes": 1,
+                                                                                 "needed_bytes": None}})
+    with pytest.raises(RankgenError, match="no setting tried fits v3-8"):
+        aot.run_plan("v3-8", json_out=str(out))
+    assert json.loads(out.read_text())["chosen"] is None
 
 
 # --- with libtpu: real compiles for TPU topologies -----------------------------------------
@@ -342,3 +400,18 @@ def test_paper_configs_fit_their_topologies(gin_file, topology, batch_size, mesh
     report = aot.compile_train_step(topology)
     assert report["mesh"] == mesh and report["batch"]["query_ids"] == [batch_size, 512]
     assert report["memory"]["fits"] and report["flops_per_device"] > 1e13
+
+
+@needs_libtpu
+def test_a_plan_fits_a_step_that_does_not_fit_as_configured(tmp_path):
+    """A tiny T5 with a batch too large for a v3 core: as configured the compiler refuses it; the plan (standard
+    rules, no remat, chunks 1, 4, 16) finds the chunks that fit, and that setting compiles and fits."""
+    parse_gin(TINY_GIN, ["DataConfig.source=@RandomData()", "DataConfig.batch_size=16384",
+                         "DataConfig.prefix_length=512", "RandomData.continuation_length=128"])
+    groups = [[aot.StepSetting(c, False, "standard") for c in (1, 4, 16)]]
+    plan = aot.plan_train_step("v3-8", groups)
+    assert plan["candidates"][0]["setting"]["num_chunks"] == 1 and not plan["candidates"][0]["fits"]
+    chosen = plan["chosen"]
+    assert chosen is not None and chosen["setting"]["num_chunks"] > 1
+    assert plan["report"]["memory"]["fits"] and plan["report"]["num_chunks"] == chosen["setting"]["num_chunks"]
+    assert plan["bindings"][0] == f"TrainerConfig.num_chunks = {chosen['setting']['num_chunks']}"

@@ -4,10 +4,13 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.experiments.gin_runs import DEMO_GIN, gin_config, train_from_gin
 from rankgen_jax.experiments.sweep import report, run_sweep
-from rankgen_jax.tpu.aot import AOT_VENV_HINT, DEFAULT_UTILIZATIONS, run_compile
+from rankgen_jax.runtime.process import native_stderr_captured
+from rankgen_jax.tpu.aot import AOT_VENV_HINT, DEFAULT_UTILIZATIONS, run_compile, run_plan
 
 # The commands whose run is configured with gin: they take --gin.Name.param=value bindings (args.gin_bindings).
 GIN_COMMANDS = ("train", "pipeline", "cl-drd", "distillation-demo", "perspectives", "mpts", "negatives-claim",
@@ -326,7 +329,11 @@ def add_compile(subparsers) -> None:
                    help="accelerator type (v3-128, v4-64, v5litepod-16) or chip grid (v3:8x8, v4:4x4x4, v5e:16x16)")
     p.add_argument("--gin_file", action="append", default=[], required=True,
                    help="gin file (repeatable; also looked up in gin_configs/); --gin.Name.param=value bindings apply")
-    p.add_argument("--json", help="also write the report to this JSON file")
+    p.add_argument("--json", help="also write the report to this JSON file (also when the step does not fit)")
+    p.add_argument("--plan", action="store_true",
+                   help="search the settings that keep the model and the global batch (GradCache chunks, remat, FSDP "
+                   "or standard axis rules), compiling each group up to its first that fits, and pick the one with "
+                   "the fewest FLOPs per device by XLA's cost analysis; prints its gin bindings")
     p.add_argument("--utilization", type=float, nargs="+", default=list(DEFAULT_UTILIZATIONS),
                    help="fractions of peak FLOP/s to convert FLOPs into step times (default: 0.4 0.6)")
     p.add_argument("--hlo_out", help="write the compiled (optimized, per-device) HLO text here")
@@ -337,6 +344,12 @@ def add_compile(subparsers) -> None:
 
 
 def _run_compile(args) -> dict:
-    with gin_config(args.gin_file, args.gin_bindings):
+    with contextlib.ExitStack() as stack:
+        # Parsing gin loads the seqio tasks' TensorFlow, whose C++ start-up lines (CUDA probes, oneDNN notes) would
+        # come before the answer; they are shown only if parsing fails.
+        with native_stderr_captured():
+            stack.enter_context(gin_config(args.gin_file, args.gin_bindings))
+        if args.plan:
+            return run_plan(args.topology, json_out=args.json, utilizations=args.utilization)
         return run_compile(args.topology, args.utilization, hlo_out=args.hlo_out, json_out=args.json,
                            step_seconds=args.step_seconds)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import tempfile
 
 from rankgen_jax.errors import RankgenError
 
@@ -69,3 +71,24 @@ def initialize_distributed(mode: str = "auto", environ=None) -> bool:
     jax.distributed.initialize()
     print(f"joined the multi-host job as process {jax.process_index()} of {jax.process_count()}", file=sys.stderr)
     return True
+
+
+@contextlib.contextmanager
+def native_stderr_captured():
+    """The process's stderr (file descriptor 2, where C++ libraries write) into a temporary file for the block: the
+    start-up lines TensorFlow's C++ prints on import (CUDA probes, oneDNN notes) stay off the console. Shown after
+    all when the block raises."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            captured.seek(0)
+            sys.stderr.write(captured.read().decode("utf-8", "replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)

@@ -293,12 +293,56 @@ def _model_config(trainer, gin_model, encoder_bindings=()):
     return model_config_from_checkpoint(saved, trainer, gin_model, encoder_bindings)
 
 
+@dataclasses.dataclass(frozen=True)
+class StepSetting:
+    """The settings that change a step's memory but keep its model and global batch: GradCache chunks, the
+    encoder's rematerialisation and the axis rules (FSDP shards parameters and optimizer state too)."""
+
+    num_chunks: int
+    remat: bool
+    axis_rules: str
+
+
+def setting_bindings(setting: StepSetting, trainer, model_config) -> list[str]:
+    """The gin bindings that select `setting` in a run configured as (trainer, model_config) are: remat through
+    the trainer's encoder_overrides where the run has them (its other overrides kept), else the encoder's config."""
+    lines = [f"TrainerConfig.num_chunks = {setting.num_chunks}", f"TrainerConfig.axis_rules = '{setting.axis_rules}'"]
+    if setting.remat != model_config.encoder.remat:
+        if trainer.init_checkpoint or trainer.encoder_overrides:
+            lines.append(f"TrainerConfig.encoder_overrides = {dict(trainer.encoder_overrides) | {'remat': setting.remat}}")
+        else:
+            lines.append(f"{'t5_config' if model_config.encoder_type == 't5' else 'BertConfig'}.remat = {setting.remat}")
+    return lines
+
+
+def fit_advice(report: dict[str, Any]) -> list[str]:
+    """What to change when a step does not fit, in the order it is worth trying (what the report already has
+    left out)."""
+    advice = ["raise TrainerConfig.num_chunks (GradCache: the same global batch, its activations a chunk at a time)"]
+    if not report["encoder"]["remat"]:
+        advice.append("set the encoder's remat = True (recompute activations in the backward pass)")
+    if report["axis_rules"] != "fsdp":
+        advice.append("TrainerConfig.axis_rules = 'fsdp' (shard parameters and optimizer state over the data axis too)")
+    return advice + ["or let `rankgen-jax compile --plan` try them"]
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     for line in text.splitlines():
         if "RESOURCE_EXHAUSTED" in line:
             return line.strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+_SIZE = re.compile(r"\(([\d.]+)([KMGT])\) exceeds")
+
+
+def _needed_bytes(message: str) -> int | None:
+    """The size a RESOURCE_EXHAUSTED message says the program needs ("... (16.87G) exceeds available HBM ...")."""
+    found = _SIZE.search(message)
+    if not found:
+        return None
+    return int(float(found.group(1)) * 1024 ** ("KMGT".index(found.group(2)) + 1))
 
 
 def _memory_report(stats, hbm_bytes: float) -> dict[str, Any]:
@@ -317,11 +361,14 @@ def _memory_report(stats, hbm_bytes: float) -> dict[str, Any]:
 
 
 def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAULT_UTILIZATIONS,
-                       hlo_out: str | None = None, step_seconds: float | None = None) -> dict[str, Any]:
+                       hlo_out: str | None = None, step_seconds: float | None = None,
+                       setting: StepSetting | None = None) -> dict[str, Any]:
     """Compile the train step of the parsed gin config (as `train` reads it) for a TPU topology; returns the report.
 
     step_seconds: a step time (measured, or a paper's: 100k steps in 2 days is 1.728 s) to turn into the
-    model FLOPs utilization (MFU) and the compiled program's utilization it implies.
+    model FLOPs utilization (MFU) and the compiled program's utilization it implies. setting: other chunks,
+    remat or axis rules than gin's. A step the compiler refuses for memory gives a report with "error" (the
+    compiler's line) and memory["fits"] False.
     """
     topology = parse_topology(topology_name)
     for u in utilizations:
@@ -348,6 +395,10 @@ def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAU
 
     trainer, data, loss, optimizer = TrainerConfig(), DataConfig(), LossConfig(), OptimizerConfig()
     model_config = _model_config(trainer, ModelConfig(), gin_parsing.encoder_bindings())
+    if setting is not None:
+        trainer = dataclasses.replace(trainer, num_chunks=setting.num_chunks, axis_rules=setting.axis_rules)
+        model_config = dataclasses.replace(model_config,
+                                           encoder=dataclasses.replace(model_config.encoder, remat=setting.remat))
     losses.check_model_kind(loss.name, model_config.kind)
     layout = BatchLayout(model_config.kind, losses.batch_form(loss.name))
     shapes = batch_shapes(data, layout)
@@ -366,6 +417,27 @@ def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAU
     state = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                    setup.abstract_state, setup.shardings)
     batch = {k: jax.ShapeDtypeStruct(s, "int32", sharding=setup.batch_sharding) for k, s in shapes.items()}
+    n = len(devices)
+    hbm, peak, per_chip = device_specs(topology, n)
+    encoder = model_config.encoder
+    tried = {
+        "topology": topology.libtpu_name,
+        "requested": topology.requested,
+        "accelerator_type": topology.accelerator_type,
+        "device_kind": devices[0].device_kind,
+        "devices": n,
+        "chips": topology.chips,
+        "devices_per_chip": per_chip,
+        "hosts": len({d.process_index for d in devices}),
+        "mesh": dict(mesh.shape),
+        "axis_rules": trainer.axis_rules,
+        "num_chunks": trainer.num_chunks,
+        "accum_steps": trainer.accum_steps,
+        "encoder": {k: getattr(encoder, k) for k in ("d_model", "num_layers", "dtype", "remat", "scan_layers")},
+        "batch": {k: list(s) for k, s in shapes.items()},
+        "loss": loss.name,
+        "optimizer": optimizer.name,
+    }
     started = time.time()
     with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
         traced = setup.train_step.trace(state, batch)
@@ -373,20 +445,18 @@ def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAU
         try:
             compiled = lowered.compile()
         except jax.errors.JaxRuntimeError as e:
-            if "RESOURCE_EXHAUSTED" in str(e):
-                raise RankgenError(f"does not fit {topology.libtpu_name}: {_first_line(e)}") from None
-            raise
+            if "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            return {**tried, "error": _first_line(e), "compile_seconds": time.time() - started,
+                    "memory": {"fits": False, "hbm_bytes": int(hbm), "needed_bytes": _needed_bytes(str(e))}}
     compile_seconds = time.time() - started
     if hlo_out:
         Path(hlo_out).write_text(compiled.as_text(), encoding="utf-8")
 
-    n = len(devices)
-    hbm, peak, per_chip = device_specs(topology, n)
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     flops = jaxpr_matmul_flops(traced.jaxpr.jaxpr) / n
     params = sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(setup.abstract_state.params))
-    encoder = model_config.encoder
     steps = trainer.num_steps
     model_flops = train_step_model_flops(encoder, shapes, model_config.head.output_dim(encoder.d_model)) / n
     timings = {}
@@ -402,23 +472,8 @@ def compile_train_step(topology_name: str, utilizations: Sequence[float] = DEFAU
                    "compiled_utilization": implied_utilization(flops, peak, step_seconds),
                    "days": days_for_steps(step_seconds, steps)}
     return {
-        "topology": topology.libtpu_name,
-        "requested": topology.requested,
-        "accelerator_type": topology.accelerator_type,
-        "device_kind": devices[0].device_kind,
-        "devices": n,
-        "chips": topology.chips,
-        "devices_per_chip": per_chip,
-        "hosts": len({d.process_index for d in devices}),
-        "mesh": dict(mesh.shape),
-        "axis_rules": trainer.axis_rules,
-        "num_chunks": trainer.num_chunks,
-        "accum_steps": trainer.accum_steps,
-        "encoder": {k: getattr(encoder, k) for k in ("d_model", "num_layers", "dtype", "remat", "scan_layers")},
+        **tried,
         "params": int(params),
-        "batch": {k: list(s) for k, s in shapes.items()},
-        "loss": loss.name,
-        "optimizer": optimizer.name,
         "memory": _memory_report(compiled.memory_analysis(), hbm),
         "flops_per_device": float(flops),
         "model_flops_per_device": float(model_flops),
@@ -435,18 +490,27 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
-def format_report(r: dict[str, Any]) -> str:
-    """The report as a few readable lines."""
-    m = r["memory"]
+def _setting_lines(r: dict[str, Any]) -> list[str]:
     mesh = " x ".join(f"{k} {v}" for k, v in r["mesh"].items())
     e = r["encoder"]
-    lines = [
+    params = f"; {r['params'] / 1e6:.0f}M params" if "params" in r else ""
+    return [
         f"topology {r['topology']} ({r['accelerator_type']}): {r['devices']} {r['device_kind']} devices, "
         f"{r['chips']} chips, {r['hosts']} hosts",
         f"mesh {mesh}, rules {r['axis_rules']}, num_chunks {r['num_chunks']}, accum_steps {r['accum_steps']}; "
         f"encoder d_model {e['d_model']} x {e['num_layers']} layers, {e['dtype']}, remat {e['remat']}, "
-        f"scan_layers {e['scan_layers']}; {r['params'] / 1e6:.0f}M params",
+        f"scan_layers {e['scan_layers']}{params}",
         "batch " + ", ".join(f"{k} {'x'.join(map(str, s))}" for k, s in r["batch"].items()),
+    ]
+
+
+def format_report(r: dict[str, Any]) -> str:
+    """The report as a few readable lines."""
+    m = r["memory"]
+    if "error" in r:
+        return "\n".join(_setting_lines(r) + [f"DOES NOT FIT {_gib(m['hbm_bytes'])} of HBM per device: {r['error']}"])
+    lines = [
+        *_setting_lines(r),
         f"memory per device: argument {_gib(m['argument_bytes'])} + output {_gib(m['output_bytes'])} "
         f"- alias {_gib(m['alias_bytes'])} + temp {_gib(m['temp_bytes'])} = {_gib(m['total_bytes'])} "
         f"(+ code {_gib(m['generated_code_bytes'])}) of {_gib(m['hbm_bytes'])} HBM: "
@@ -481,8 +545,98 @@ def run_compile(topology: str, utilizations: Sequence[float] = DEFAULT_UTILIZATI
         Path(json_out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     memory = report["memory"]
     if not memory["fits"]:
-        # The compiler checks its own peak estimate; the sum of every buffer can still exceed the chip.
-        need = memory["total_bytes"] + memory["generated_code_bytes"]
-        raise RankgenError(f"per-device memory {_gib(need)} (argument + output - alias + temp + code) exceeds the "
-                           f"{_gib(memory['hbm_bytes'])} of HBM of a {report['device_kind']} device")
+        tried = (f"mesh {report['mesh']}, global batch {next(iter(report['batch'].values()))[0]}, num_chunks "
+                 f"{report['num_chunks']}, remat {report['encoder']['remat']}, axis_rules '{report['axis_rules']}'")
+        if "error" in report:
+            # The compiler refused: its own peak estimate is over the chip's memory.
+            what = f"the compiler: {report['error'].rstrip('.')}"
+        else:
+            # The compiler accepted it, but the sum of every buffer is still over the chip's memory.
+            need = memory["total_bytes"] + memory["generated_code_bytes"]
+            what = (f"per-device memory {_gib(need)} (argument + output - alias + temp + code) exceeds the "
+                    f"{_gib(memory['hbm_bytes'])} of HBM of a {report['device_kind']} device")
+        raise RankgenError(f"does not fit {report['topology']} with {tried}: {what}. To fit it: "
+                           + "; ".join(fit_advice(report)))
     return report
+
+
+def plan_settings(base: StepSetting, rules: Sequence[str] = ("standard", "fsdp"), remat: Sequence[bool] = (False, True),
+                  chunks: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -> list[list[StepSetting]]:
+    """The settings a plan tries, in groups of one axis rules and remat each, by chunks from the fewest: gin's own
+    setting first (its group first, from its chunks)."""
+    groups = []
+    for rule in dict.fromkeys([base.axis_rules, *rules]):
+        for re_materialise in dict.fromkeys([base.remat, *remat]):
+            first = base.num_chunks if (rule, re_materialise) == (base.axis_rules, base.remat) else 1
+            groups.append([StepSetting(c, re_materialise, rule) for c in sorted({*chunks, first}) if c >= first])
+    return groups
+
+
+def plan_train_step(topology: str, groups: list[list[StepSetting]] | None = None,
+                    utilizations: Sequence[float] = DEFAULT_UTILIZATIONS) -> dict[str, Any]:
+    """Compile the settings of `groups` (default: plan_settings of gin's) until each group's first that fits; pick,
+    of those that fit, the one XLA's cost analysis gives the fewest FLOPs per device (then the least memory).
+
+    Returns {"candidates": [{"setting", "fits", "total_bytes" | "error", "compiler_flops_per_device", ...}],
+    "chosen": the chosen candidate or None, "bindings": its gin bindings, "report": its compile report}."""
+    from rankgen_jax.models.configs import ModelConfig
+    from rankgen_jax.train import gin_parsing
+    from rankgen_jax.train.config import TrainerConfig
+
+    trainer = TrainerConfig()
+    model_config = _model_config(trainer, ModelConfig(), gin_parsing.encoder_bindings())
+    if groups is None:
+        groups = plan_settings(StepSetting(trainer.num_chunks, model_config.encoder.remat, trainer.axis_rules))
+    candidates, reports = [], {}
+    for group in groups:
+        for setting in group:
+            try:
+                report = compile_train_step(topology, utilizations, setting=setting)
+            except RankgenError as e:  # a chunk count the batch does not split into
+                candidates.append({"setting": dataclasses.asdict(setting), "fits": False, "error": str(e)})
+                continue
+            fits = report["memory"]["fits"]
+            entry = {"setting": dataclasses.asdict(setting), "fits": fits, "compile_seconds": report["compile_seconds"]}
+            if "error" in report:
+                entry.update(error=report["error"], needed_bytes=report["memory"]["needed_bytes"])
+            else:
+                entry.update(total_bytes=report["memory"]["total_bytes"] + report["memory"]["generated_code_bytes"],
+                             compiler_flops_per_device=report["compiler_flops_per_device"],
+                             flops_per_device=report["flops_per_device"])
+            candidates.append(entry)
+            print(f"plan: {_describe_setting(setting)}: " + (
+                f"fits, {_gib(entry['total_bytes'])}, {entry['compiler_flops_per_device']:.4g} FLOPs per device"
+                if fits else f"does not fit ({entry.get('error') or _gib(entry['total_bytes'])})"),
+                file=sys.stderr, flush=True)
+            if fits:
+                reports[setting] = report
+                break
+    fitting = [c for c in candidates if c["fits"]]
+    chosen = min(fitting, key=lambda c: (c["compiler_flops_per_device"], c["total_bytes"])) if fitting else None
+    setting = StepSetting(**chosen["setting"]) if chosen else None
+    return {"topology": topology, "candidates": candidates, "chosen": chosen,
+            "bindings": setting_bindings(setting, trainer, model_config) if setting else None,
+            "report": reports[setting] if setting else None}
+
+
+def _describe_setting(setting: StepSetting) -> str:
+    return f"num_chunks {setting.num_chunks}, remat {setting.remat}, axis_rules '{setting.axis_rules}'"
+
+
+def run_plan(topology: str, json_out: str | None = None,
+             utilizations: Sequence[float] = DEFAULT_UTILIZATIONS) -> dict[str, Any]:
+    """What `rankgen-jax compile --plan` does: plan_train_step, the chosen setting's report and its gin bindings;
+    RankgenError when nothing tried fits."""
+    plan = plan_train_step(topology, utilizations=utilizations)
+    if json_out:
+        Path(json_out).write_text(json.dumps(plan, indent=2) + "\n", encoding="utf-8")
+    if plan["chosen"] is None:
+        raise RankgenError(f"no setting tried fits {topology} (chunks, remat and axis rules; "
+                           f"{len(plan['candidates'])} compiles): a larger topology, a smaller global batch or "
+                           "shorter inputs")
+    setting = StepSetting(**plan["chosen"]["setting"])
+    print(format_report(plan["report"]))
+    print(f"chosen: {_describe_setting(setting)}, the fewest FLOPs per device (XLA's cost analysis) of the "
+          f"{sum(c['fits'] for c in plan['candidates'])} that fit; bind:\n  "
+          + "\n  ".join(f"--gin.{b.replace(' = ', '=')}" for b in plan["bindings"]))
+    return plan
