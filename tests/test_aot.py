@@ -298,7 +298,7 @@ def test_plan_settings_try_gins_own_first_then_each_group_by_chunks():
 
 
 def test_the_plan_picks_the_fewest_flops_of_the_first_fits(monkeypatch, tmp_path, capsys):
-    """Each group stops at its first setting that fits; of those the fewest FLOPs (XLA's) wins."""
+    """Each group stops at its first setting that fits; of those the fewest compiled FLOPs (loops counted) wins."""
     compiled = []
 
     def fake_compile(topology, utilizations=(), setting=None, **_):
@@ -307,7 +307,9 @@ def test_the_plan_picks_the_fewest_flops_of_the_first_fits(monkeypatch, tmp_path
             return {**_report(fits=False), "error": "RESOURCE_EXHAUSTED: too big", "memory": {
                 "fits": False, "hbm_bytes": 16 * GIB, "needed_bytes": None}}
         flops = 1e11 * setting.num_chunks + (5e10 if setting.remat else 0)
-        return {**_report(), "compiler_flops_per_device": flops, "num_chunks": setting.num_chunks}
+        # XLA's figure counts a loop body once: it must not decide (here it would pick the most chunks).
+        return {**_report(), "flops_per_device": flops, "compiler_flops_per_device": flops / setting.num_chunks ** 2,
+                "num_chunks": setting.num_chunks}
 
     monkeypatch.setattr(aot, "compile_train_step", fake_compile)
     parse_gin(TINY_GIN, ["TrainerConfig.num_chunks=1", "t5_config.remat=False", "TrainerConfig.axis_rules='standard'"])
@@ -402,13 +404,14 @@ def test_paper_configs_fit_their_topologies(gin_file, topology, batch_size, mesh
     assert report["memory"]["fits"] and report["flops_per_device"] > 1e13
 
 
+@pytest.mark.slow  # two compiles of a large batch: about 2 minutes on 2 cores
 @needs_libtpu
 def test_a_plan_fits_a_step_that_does_not_fit_as_configured(tmp_path):
     """A tiny T5 with a batch too large for a v3 core: as configured the compiler refuses it; the plan (standard
-    rules, no remat, chunks 1, 4, 16) finds the chunks that fit, and that setting compiles and fits."""
+    rules, no remat, chunks 1 then 16) finds the chunks that fit, and that setting compiles and fits."""
     parse_gin(TINY_GIN, ["DataConfig.source=@RandomData()", "DataConfig.batch_size=16384",
                          "DataConfig.prefix_length=512", "RandomData.continuation_length=128"])
-    groups = [[aot.StepSetting(c, False, "standard") for c in (1, 4, 16)]]
+    groups = [[aot.StepSetting(c, False, "standard") for c in (1, 16)]]
     plan = aot.plan_train_step("v3-8", groups)
     assert plan["candidates"][0]["setting"]["num_chunks"] == 1 and not plan["candidates"][0]["fits"]
     chosen = plan["chosen"]

@@ -575,7 +575,11 @@ def plan_settings(base: StepSetting, rules: Sequence[str] = ("standard", "fsdp")
 def plan_train_step(topology: str, groups: list[list[StepSetting]] | None = None,
                     utilizations: Sequence[float] = DEFAULT_UTILIZATIONS) -> dict[str, Any]:
     """Compile the settings of `groups` (default: plan_settings of gin's) until each group's first that fits; pick,
-    of those that fit, the one XLA's cost analysis gives the fewest FLOPs per device (then the least memory).
+    of those that fit, the one whose compiled step does the fewest FLOPs per device (then the least memory).
+
+    The FLOPs are the compiled program's matmuls with every loop iteration counted (flops_per_device: remat's
+    and GradCache's re-forwards included). XLA's own cost analysis counts a loop body once, so it would favour
+    more GradCache chunks (a loop over them) and scanned layers, by about their count.
 
     Returns {"candidates": [{"setting", "fits", "total_bytes" | "error", "compiler_flops_per_device", ...}],
     "chosen": the chosen candidate or None, "bindings": its gin bindings, "report": its compile report}."""
@@ -605,14 +609,14 @@ def plan_train_step(topology: str, groups: list[list[StepSetting]] | None = None
                              flops_per_device=report["flops_per_device"])
             candidates.append(entry)
             print(f"plan: {_describe_setting(setting)}: " + (
-                f"fits, {_gib(entry['total_bytes'])}, {entry['compiler_flops_per_device']:.4g} FLOPs per device"
+                f"fits, {_gib(entry['total_bytes'])}, {entry['flops_per_device']:.4g} FLOPs per device"
                 if fits else f"does not fit ({entry.get('error') or _gib(entry['total_bytes'])})"),
                 file=sys.stderr, flush=True)
             if fits:
                 reports[setting] = report
                 break
     fitting = [c for c in candidates if c["fits"]]
-    chosen = min(fitting, key=lambda c: (c["compiler_flops_per_device"], c["total_bytes"])) if fitting else None
+    chosen = min(fitting, key=lambda c: (c["flops_per_device"], c["total_bytes"])) if fitting else None
     setting = StepSetting(**chosen["setting"]) if chosen else None
     return {"topology": topology, "candidates": candidates, "chosen": chosen,
             "bindings": setting_bindings(setting, trainer, model_config) if setting else None,
@@ -636,7 +640,7 @@ def run_plan(topology: str, json_out: str | None = None,
                            "shorter inputs")
     setting = StepSetting(**plan["chosen"]["setting"])
     print(format_report(plan["report"]))
-    print(f"chosen: {_describe_setting(setting)}, the fewest FLOPs per device (XLA's cost analysis) of the "
+    print(f"chosen: {_describe_setting(setting)}, the fewest FLOPs per device (compiled, loops counted) of the "
           f"{sum(c['fits'] for c in plan['candidates'])} that fit; bind:\n  "
           + "\n  ".join(f"--gin.{b.replace(' = ', '=')}" for b in plan["bindings"]))
     return plan
