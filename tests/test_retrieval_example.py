@@ -115,10 +115,15 @@ def test_table_has_the_four_models_the_dev_curves_and_the_dimensions(example):
     for name in ("in_batch", "hard_negatives", MATRYOSHKA_MODEL):
         assert sorted(map(int, saved["dev_curve"][name])) == [0, 2, 3]
         assert saved["dev_eval_cost"][name]["evaluations"] == 3 and 0 < saved["dev_eval_cost"][name]["share"] < 1
-    assert all(not key.startswith("retrieval/") or "@dev/" in key
+    assert all(not key.startswith("retrieval/") or "@dev/" in key or key == "retrieval/seconds"
                for line in (workdir / "train_in_batch" / "metrics.jsonl").read_text().splitlines()
                for key in json.loads(line))
     assert saved["dimensions"].keys() == {"zero_shot", "in_batch", MATRYOSHKA_MODEL}
-    assert all(list(row) == ["32", "16", "8"] and all(0 <= v <= 1 for v in row.values())
-               for row in saved["dimensions"].values())
+    for row in saved["dimensions"].values():
+        assert list(row) == ["32", "16", "8"]
+        assert all(0 <= cut["mean"] <= 1 and len(cut["per_query"]) == saved["collection"]["test_queries"]
+                   for cut in row.values())
+    # The whole vector's mean is the per-query values' mean.
+    whole = saved["dimensions"]["in_batch"]["32"]
+    assert whole["mean"] == pytest.approx(sum(whole["per_query"].values()) / len(whole["per_query"]))
     assert "| model | d = 32 | d = 16 | d = 8 |" in (workdir / TABLE_FILE).read_text()
