@@ -115,3 +115,16 @@ def test_what_cannot_be_compared_is_said(tmp_path, spiece_model):
     assert "Not checked when exported: a bare encoder's export has no head to compare." in \
         (tmp_path / "hf" / "README.md").read_text()
     assert np.isnan(check_export(str(tmp_path / "ckpt"), str(tmp_path / "hf"), "t5-encoder").difference)
+
+
+def test_a_folder_whose_remote_code_is_not_the_packages_is_not_loaded(tmp_path, spiece_model):
+    """check_export on a folder it did not just write: remote code that came with it never runs."""
+    checkpoint = _checkpoint(tmp_path, spiece_model, ModelConfig(encoder=T5_TINY))
+    out = tmp_path / "hf"
+    export_hf(checkpoint, str(out))
+    marker = tmp_path / "ran"
+    modeling = out / "modeling_rankgen.py"
+    modeling.write_text(f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n" + modeling.read_text())
+    with pytest.raises(RankgenError, match="not rankgen-jax's own modeling_rankgen.py"):
+        check_export(checkpoint, str(out))
+    assert not marker.exists()

@@ -129,11 +129,31 @@ def _sentence_transformers(out: Path, model: ExportedModel) -> tuple[str, list[t
     return "SentenceTransformer(folder)", compared
 
 
-def _remote_code_vectors(folder: Path, ids: list[list[int]]) -> np.ndarray:
-    import torch
+# The modeling files an export carries: the package's own, which remote code must be before it runs.
+PACKAGED_MODELING = Path(__file__).resolve().parent / "hf"
+
+
+def _require_own_modeling_code(folder: Path) -> None:
+    """trust_remote_code runs the folder's modeling_*.py: only when each is byte for byte the package's own (as
+    export_hf writes them), so that checking a folder never runs code that came with it."""
+    for modeling in folder.glob("modeling_*.py"):
+        own = PACKAGED_MODELING / modeling.name
+        if not own.is_file() or own.read_bytes() != modeling.read_bytes():
+            raise RankgenError(f"{modeling}: not rankgen-jax's own {modeling.name}; the check does not load a folder "
+                               "whose remote code it did not write")
+
+
+def _remote_code_model(folder: Path, auto_class: str = "AutoModel"):
     import transformers
 
-    torch_model = transformers.AutoModel.from_pretrained(str(folder), trust_remote_code=True).eval()
+    _require_own_modeling_code(folder)
+    return getattr(transformers, auto_class).from_pretrained(str(folder), trust_remote_code=True).eval()
+
+
+def _remote_code_vectors(folder: Path, ids: list[list[int]]) -> np.ndarray:
+    import torch
+
+    torch_model = _remote_code_model(folder)
     with torch.no_grad():
         return np.stack([torch_model(input_ids=torch.tensor([row])).numpy()[0] for row in ids])
 
@@ -157,7 +177,7 @@ def _ranker(out: Path, model: ExportedModel,
         torch_model = transformers.AutoModelForSequenceClassification.from_pretrained(str(out)).eval()
     else:
         loader = "AutoModel.from_pretrained(folder, trust_remote_code=True)"
-        torch_model = transformers.AutoModel.from_pretrained(str(out), trust_remote_code=True).eval()
+        torch_model = _remote_code_model(out)
     got = []
     with torch.no_grad():
         for ids, types in model.pairs():
