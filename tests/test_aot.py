@@ -373,8 +373,12 @@ def test_config_that_does_not_fit_fails_with_the_compilers_message():
     parse_gin(TINY_GIN, TINY_BINDINGS + ["DataConfig.batch_size=16384", "DataConfig.prefix_length=512",
                                          "t5_config.d_model=1024", "t5_config.d_ff=4096", "t5_config.remat=False",
                                          "TrainerConfig.num_chunks=1", "TrainerConfig.axis_rules='standard'"])
-    with pytest.raises(RankgenError, match=r"does not fit v3:2x2: RESOURCE_EXHAUSTED: .*HBM") as error:
-        aot.compile_train_step("v3-8")
+    report = aot.compile_train_step("v3-8")
+    assert report["error"].startswith("RESOURCE_EXHAUSTED") and "HBM" in report["error"]
+    assert report["memory"]["fits"] is False and report["memory"]["needed_bytes"] > 16 * GIB
+    with pytest.raises(RankgenError, match=r"does not fit v3:2x2 with mesh .*: the compiler: RESOURCE_EXHAUSTED: "
+                                           r".*HBM.*To fit it: raise TrainerConfig.num_chunks") as error:
+        aot.run_compile("v3-8")
     assert "\n" not in str(error.value)
 
 
