@@ -150,19 +150,21 @@ def _remote_code_model(folder: Path, auto_class: str = "AutoModel"):
     return getattr(transformers, auto_class).from_pretrained(str(folder), trust_remote_code=True).eval()
 
 
-def _remote_code_vectors(folder: Path, ids: list[list[int]]) -> np.ndarray:
+def _remote_code_vectors(torch_model, ids: list[list[int]]) -> np.ndarray:
     import torch
 
-    torch_model = _remote_code_model(folder)
     with torch.no_grad():
         return np.stack([torch_model(input_ids=torch.tensor([row])).numpy()[0] for row in ids])
 
 
 def _rankgen_format(out: Path, model: ExportedModel) -> tuple[str, list[tuple[str, np.ndarray, np.ndarray]]]:
-    compared = []
+    compared, loaded = [], {}
     for side, tower in (("prefix", "query"), ("suffix", "document")):
         folder = out if model.config.shared_towers else out / f"{tower}_encoder"
-        compared.append((f"{side} vectors", model.vectors(side), _remote_code_vectors(folder, model.input_ids(side))))
+        if folder not in loaded:  # shared towers: one folder, loaded once
+            loaded[folder] = _remote_code_model(folder)
+        compared.append((f"{side} vectors", model.vectors(side), _remote_code_vectors(loaded[folder],
+                                                                                      model.input_ids(side))))
     return "AutoModel.from_pretrained(folder, trust_remote_code=True)", compared
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rankgen_jax.checkpoints.run_folder import RunFolder
+from rankgen_jax.checkpoints.run_folder import RETRIEVAL_METRIC_PREFIX, RunFolder
 from rankgen_jax.data.beir_books import BooksCollectionConfig, build_books_collection
 from rankgen_jax.data.documents import Document, require_documents
 from rankgen_jax.data.source_configs import DataConfig, RetrievalData
@@ -31,7 +31,7 @@ from rankgen_jax.retrieval.mining import NegativePicking, TrainingQuerySource, m
 from rankgen_jax.train.config import LossConfig, TrainerConfig
 from rankgen_jax.train.loop import train
 from rankgen_jax.train.metric_writers import read_metrics
-from rankgen_jax.train.retrieval_eval import METRIC_PREFIX, EvalSet, RetrievalEvalConfig
+from rankgen_jax.train.retrieval_eval import EvalSet, RetrievalEvalConfig
 from rankgen_jax.train.optimizers import OptimizerConfig
 
 MEASURES = ("nDCG@10", "RR@10", "R@100")
@@ -128,8 +128,8 @@ def _by_dimension(model: str, beir: Path, config: RetrievalExampleConfig) -> dic
 
 def dev_curve(workdir: RunFolder) -> dict:
     """The dev measures logged during training, by step, and the seconds they took."""
-    rows = [r for r in read_metrics(workdir.metrics) if any(k.startswith(METRIC_PREFIX) for k in r)]
-    return {int(r["step"]): {k[len(METRIC_PREFIX):]: v for k, v in r.items() if k.startswith(METRIC_PREFIX)}
+    rows = [r for r in read_metrics(workdir.metrics) if any(k.startswith(RETRIEVAL_METRIC_PREFIX) for k in r)]
+    return {int(r["step"]): {k[len(RETRIEVAL_METRIC_PREFIX):]: v for k, v in r.items() if k.startswith(RETRIEVAL_METRIC_PREFIX)}
             for r in rows}
 
 

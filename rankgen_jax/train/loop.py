@@ -37,7 +37,7 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from rankgen_jax.checkpoints import native
-from rankgen_jax.checkpoints.run_folder import RunFolder
+from rankgen_jax.checkpoints.run_folder import RETRIEVAL_METRIC_PREFIX, RunFolder
 from rankgen_jax.data.source_configs import TEXT_SOURCES, DataConfig
 from rankgen_jax.data.sources import BatchSource, make_sources, missing_eval_data, training_conventions
 from rankgen_jax.errors import RankgenError
@@ -52,7 +52,7 @@ from rankgen_jax.train.config import LossConfig, TrainerConfig, check_divisible,
 from rankgen_jax.train.metric_writers import MetricWriter
 from rankgen_jax.train.optimizers import (DECAYING_SCHEDULES, OptimizerConfig, make_optimizer,
                                          nonfinite_counts, schedule_for_run)
-from rankgen_jax.train.retrieval_eval import METRIC_PREFIX, RetrievalEvalConfig, RetrievalEvaluator
+from rankgen_jax.train.retrieval_eval import RetrievalEvalConfig, RetrievalEvaluator
 from rankgen_jax.train.state import TrainState
 from rankgen_jax.train.step import StepOptions
 
@@ -171,7 +171,7 @@ def train(
             # How the data read text is how the model reads it; a run from before this record gets it on resume.
             native.save_input_conventions(folder, training_conventions(data, layout))
         put = functools.partial(put_batch, sharding=setup.batch_sharding, batch_size=data.batch_size)
-        feed = _BatchFeed(train_source, eval_source if not missing else None, put, data_start)
+        feed = _BatchFeed(train_source, eval_source, put, data_start)
         return _loop(trainer, optimizer, folder, manager, setup, state, start, feed, stopping.StopVote(mesh),
                      evaluator)
 
@@ -244,7 +244,7 @@ def _loop(trainer, optimizer: OptimizerConfig, workdir, manager, setup, state, s
             writer.write_scalars(step, _evaluate(eval_fn, state, eval_source, put, trainer.eval_batches), prefix="eval/")
         if evaluator is not None:
             measured = evaluator.measure(state.params)
-            writer.write_scalars(step, measured, prefix=METRIC_PREFIX)
+            writer.write_scalars(step, measured, prefix=RETRIEVAL_METRIC_PREFIX)
             evaluator.keep_if_best(step, measured, state.params)
 
     if trainer.eval_every and start == 0:

@@ -51,7 +51,6 @@ from rankgen_jax.retrieval.nano import NanoSpec, build_nano_set
 from rankgen_jax.train.metric_writers import read_metrics
 
 NANO_PREFIX = "nano:"
-METRIC_PREFIX = RETRIEVAL_METRIC_PREFIX
 
 
 @gin.configurable
@@ -275,9 +274,9 @@ class _BestKeeper:
         if saved is not None and saved != record["step"]:
             # Killed between saving the parameters and recording them: the metrics log has the value.
             rows = [r for r in read_metrics(self.folder.metrics) if r["step"] == saved
-                    and f"{METRIC_PREFIX}{self.metric}" in r]
+                    and f"{RETRIEVAL_METRIC_PREFIX}{self.metric}" in r]
             if rows:
-                record = {**record, "step": saved, "value": rows[-1][f"{METRIC_PREFIX}{self.metric}"]}
+                record = {**record, "step": saved, "value": rows[-1][f"{RETRIEVAL_METRIC_PREFIX}{self.metric}"]}
         return record
 
     def offer(self, step: int, measured: dict[str, float], params) -> None:
