@@ -3,6 +3,7 @@ a dropped or altered tensor) is refused and left unusable, and the measured diff
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -90,9 +91,8 @@ def test_a_corrupted_sentence_transformers_export_is_refused(tmp_path, spiece_mo
     assert "suffix vectors" in _assert_refused(checkpoint, out, "t5-encoder")
 
 
-def test_a_corrupted_ranker_export_is_refused(tmp_path):
-    encoder = BertConfig(vocab_size=64, d_model=32, d_ff=64, num_layers=1, num_heads=2, max_position_embeddings=64)
-    config = ModelConfig(encoder=encoder, head=HeadConfig(pooling="mean", projection_dim=8), kind="cross_encoder")
+def _bert_checkpoint(tmp_path, config: ModelConfig) -> str:
+    """A tiny BERT-family checkpoint with a word-piece tokenizer rankgen-jax reads."""
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(59))]) + "\n")
     from tokenizers import BertWordPieceTokenizer
@@ -101,20 +101,66 @@ def test_a_corrupted_ranker_export_is_refused(tmp_path):
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     native.save_params(tmp_path / "ckpt", config, random_params(config, 6), vocab=str(tmp_path / "tokenizer.json"),
                        conventions=CONVENTIONS)
+    return str(tmp_path / "ckpt")
+
+
+BERT_TINY = BertConfig(vocab_size=64, d_model=32, d_ff=64, num_layers=1, num_heads=2, max_position_embeddings=64)
+
+
+def test_a_corrupted_ranker_export_is_refused(tmp_path):
+    checkpoint = _bert_checkpoint(tmp_path, ModelConfig(encoder=BERT_TINY, head=HeadConfig(pooling="mean", projection_dim=8),
+                                                        kind="cross_encoder"))
     out = tmp_path / "hf"
-    export_hf(str(tmp_path / "ckpt"), str(out))
+    export_hf(checkpoint, str(out))
     assert "Checked when exported" in (out / "README.md").read_text()
     _edit_tensors(out / "model.safetensors", lambda t: t.pop("score.bias"))
-    assert "pair scores" in _assert_refused(str(tmp_path / "ckpt"), out)
+    assert "pair scores" in _assert_refused(checkpoint, out)
 
 
-def test_what_cannot_be_compared_is_said(tmp_path, spiece_model):
-    encoder_only = ModelConfig(encoder=T5_TINY, head=None, kind="encoder")
-    native.save_params(tmp_path / "ckpt", encoder_only, random_params(encoder_only, 5), vocab=spiece_model)
-    export_hf(str(tmp_path / "ckpt"), str(tmp_path / "hf"), fmt="t5-encoder")
-    assert "Not checked when exported: a bare encoder's export has no head to compare." in \
+def test_a_bfloat16_model_is_checked_at_float32(tmp_path, spiece_model):
+    """A model trained with bfloat16 activations: its export holds the weights, which loaders run in float32, so
+    the check compares at float32 (a bfloat16 forward differs by ~1e-2 and would refuse every such export)."""
+    bf16 = dataclasses.replace(T5_TINY, dtype="bfloat16")
+    checkpoint = _checkpoint(tmp_path, spiece_model, ModelConfig(encoder=bf16))
+    export_hf(checkpoint, str(tmp_path / "hf"))
+    assert check_export(checkpoint, str(tmp_path / "hf")).difference <= TOLERANCE
+    _edit_tensors(tmp_path / "hf" / "model.safetensors", lambda t: t.update(
+        {(name := _first_tensor(t, "projection")): t[name] * 1.01}))
+    _assert_refused(checkpoint, tmp_path / "hf")
+
+
+@pytest.mark.parametrize("model", ["bare T5", "T5 ranker's encoder", "bare BERT", "two-tower T5, perspectives"])
+def test_an_encoder_alone_is_checked_by_its_hidden_states(tmp_path, spiece_model, model):
+    if model == "bare BERT":
+        checkpoint = _bert_checkpoint(tmp_path, ModelConfig(encoder=BERT_TINY, head=None, kind="encoder"))
+        fmt, loader, tensor = "rankgen", "AutoModel", "attention.output.dense.weight"
+    else:
+        config = {"bare T5": ModelConfig(encoder=T5_TINY, head=None, kind="encoder"),
+                  "T5 ranker's encoder": ModelConfig(encoder=T5_TINY, head=HeadConfig(pooling="mean"),
+                                                     kind="cross_encoder"),
+                  # Several perspectives: a head sentence-transformers cannot express, so the towers go alone.
+                  "two-tower T5, perspectives": ModelConfig(encoder=T5_TINY, head=MEAN_L2, shared_towers=False,
+                                                            num_scores=2)}[model]
+        checkpoint = _checkpoint(tmp_path, spiece_model, config)
+        fmt, loader, tensor = "t5-encoder", "T5EncoderModel", "SelfAttention.o.weight"
+    out = tmp_path / "hf"
+    export_hf(checkpoint, str(out), fmt=fmt)
+    assert f"`{loader}.from_pretrained(folder), the encoder's last hidden states`" in (out / "README.md").read_text()
+    assert check_export(checkpoint, str(out), fmt).difference <= TOLERANCE
+    weights = sorted(out.rglob("model.safetensors"))[-1]
+    _edit_tensors(weights, lambda t: t.update({(name := _first_tensor(t, tensor)): t[name] * 1.01}))
+    assert "last hidden states" in _assert_refused(checkpoint, out, fmt)
+
+
+def test_what_cannot_be_compared_is_said(tmp_path):
+    """A checkpoint without a tokenizer rankgen-jax reads: no probe texts, so nothing compared, and the card
+    says so."""
+    config = ModelConfig(encoder=T5_TINY)
+    native.save_params(tmp_path / "ckpt", config, random_params(config, 5))
+    export_hf(str(tmp_path / "ckpt"), str(tmp_path / "hf"))
+    assert "Not checked when exported: the checkpoint has no tokenizer rankgen-jax reads the probe texts with." in \
         (tmp_path / "hf" / "README.md").read_text()
-    assert np.isnan(check_export(str(tmp_path / "ckpt"), str(tmp_path / "hf"), "t5-encoder").difference)
+    assert np.isnan(check_export(str(tmp_path / "ckpt"), str(tmp_path / "hf")).difference)
 
 
 def test_a_folder_whose_remote_code_is_not_the_packages_is_not_loaded(tmp_path, spiece_model):

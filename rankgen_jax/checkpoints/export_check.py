@@ -5,9 +5,14 @@ The loader is the layout's: sentence-transformers' `SentenceTransformer(folder)`
 (the folder's own tokenizer, prompts and truncate_dim then take part), `AutoModel.from_pretrained(folder,
 trust_remote_code=True)` for the RankGen and ranker formats and `AutoModelForSequenceClassification` for a
 sequence-classification ranker, these fed the token ids rankgen-jax reads the probes as. A dual encoder's
-probes go through both sides (query and document), a ranker's as pairs. A bare encoder (no head) and a T5
-ranker's encoder alone are not compared. The difference is the largest absolute one, divided by the largest
-JAX entry where that is over 1 (unnormalised vectors reach ~10 and fp32 rounding grows with them).
+probes go through both sides (query and document), a ranker's as pairs. An export of the encoder alone (a
+bare encoder, a T5 ranker's encoder, a head sentence-transformers cannot express) is compared by its last
+hidden states, loaded as `T5EncoderModel` or the BERT family's `AutoModel`. The difference is the largest
+absolute one, divided by the largest JAX entry where that is over 1 (unnormalised vectors reach ~10 and fp32
+rounding grows with them).
+
+The JAX side runs in float32 at full matmul precision whatever the model's activation dtype: the export holds
+the weights, which its loaders run in float32, and a bfloat16 forward differs from that by ~1e-2.
 
 A failed export has every weight file renamed `*.safetensors.unverified`, so no loader picks it up silently,
 and EXPORT_CHECK_FAILED.txt saying what differed. Without torch and transformers nothing is compared, and the
@@ -21,6 +26,7 @@ import importlib.util
 import math
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from rankgen_jax.data.conventions import InputConventions
@@ -28,6 +34,7 @@ from rankgen_jax.data.text import TextEncoder, encode_pair_truncated, pad_batch
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.models.configs import ModelConfig
 from rankgen_jax.models.factory import build_model, to_model_layout
+from rankgen_jax.models.heads import build_backbone
 
 # Short enough that no input convention or sentence-transformers length cuts them.
 PROBES = ("The river rose after three days of rain.", "She read the letter again by candle light.",
@@ -48,6 +55,13 @@ class ExportedModel:
     text: TextEncoder
     conventions: InputConventions
 
+    def _float32(self) -> ModelConfig:
+        return dataclasses.replace(self.config, encoder=dataclasses.replace(self.config.encoder, dtype="float32"))
+
+    def _apply(self, module, params: dict, *args, **kwargs):
+        with jax.default_matmul_precision("highest"):
+            return module.apply({"params": to_model_layout(params, self.config)}, *args, **kwargs)
+
     def input_ids(self, side: str) -> list[list[int]]:
         marker = self.conventions.prefix_marker if side == "prefix" else self.conventions.suffix_marker
         return [self.text.add_special(self.text.tokenize(marker + probe)) for probe in self.probes()]
@@ -66,9 +80,23 @@ class ExportedModel:
         ids_BxL = pad_batch(ids, int(lengths.max()), self.text.pad_id)
         mask_BxL = np.arange(ids_BxL.shape[1])[None, :] < lengths[:, None]
         tower = "query" if self.config.shared_towers or side == "prefix" else "document"
-        model = build_model(self.config)
-        return np.asarray(model.apply({"params": to_model_layout(self.params, self.config)}, ids_BxL, mask_BxL,
-                                      tower=tower), np.float32)
+        return np.asarray(self._apply(build_model(self._float32()), self.params, ids_BxL, mask_BxL, tower=tower),
+                          np.float32)
+
+    def probe_ids(self) -> list[list[int]]:
+        """Each probe as the encoder alone reads it: no side's marker, special tokens added."""
+        return [self.text.add_special(self.text.tokenize(probe)) for probe in PROBES]
+
+    def hidden_states(self, params: dict) -> np.ndarray:
+        """The encoder's last hidden states of every probe's tokens, rows concatenated [T, D]; `params` hold the
+        encoder (a head's parameters beside it are not read)."""
+        ids = self.probe_ids()
+        lengths = np.array([len(row) for row in ids])
+        ids_BxL = pad_batch(ids, int(lengths.max()), self.text.pad_id)
+        mask_BxL = np.arange(ids_BxL.shape[1])[None, :] < lengths[:, None]
+        output = self._apply(build_backbone(self._float32().encoder), params, ids_BxL, mask_BxL)
+        states_BxLxD = np.asarray(output.last_hidden_state, np.float32)
+        return np.concatenate([states_BxLxD[row, :length] for row, length in enumerate(lengths)])
 
     def pairs(self) -> list[tuple[list[int], list[int]]]:
         """(ids, token types) of each probe paired with the next, cut as the ranker reads pairs (within the
@@ -84,11 +112,11 @@ class ExportedModel:
                 for q, c in zip(probes, probes[1:] + probes[:1])]
 
     def pair_scores(self) -> np.ndarray:
-        model, params = build_model(self.config), to_model_layout(self.params, self.config)
+        model = build_model(self._float32())
         scores = []
         for ids, types in self.pairs():
             mask = np.ones((1, len(ids)), bool)
-            scores.append(np.asarray(model.apply({"params": params}, np.array([ids], np.int32), mask,
+            scores.append(np.asarray(self._apply(model, self.params, np.array([ids], np.int32), mask,
                                                  np.array([types], np.int32)), np.float32)[0])
         return np.asarray(scores, np.float32)
 
@@ -193,6 +221,29 @@ def _ranker(out: Path, model: ExportedModel,
     return loader, [("pair scores", want, np.asarray(got, np.float32))]
 
 
+def _encoder_alone(out: Path, model: ExportedModel,
+                   layout: str) -> tuple[str, list[tuple[str, np.ndarray, np.ndarray]]]:
+    """The encoder's last hidden states, for an export that holds the encoder alone (each tower's folder for a
+    two-tower model)."""
+    import torch
+    import transformers
+
+    loader = "T5EncoderModel" if layout == "t5-encoder" else "AutoModel"
+    if model.config.kind == "dual_encoder" and not model.config.shared_towers:
+        folders = [(f"{tower} encoder", out / f"{tower}_encoder", model.params[f"{tower}_tower"])
+                   for tower in ("query", "document")]
+    else:
+        folders = [("encoder", out, model.params)]
+    compared = []
+    for what, folder, params in folders:
+        torch_model = getattr(transformers, loader).from_pretrained(str(folder)).eval()
+        with torch.no_grad():
+            got = np.concatenate([torch_model(input_ids=torch.tensor([row])).last_hidden_state.numpy()[0]
+                                  for row in model.probe_ids()])
+        compared.append((f"{what} last hidden states", model.hidden_states(params), got))
+    return f"{loader}.from_pretrained(folder), the encoder's last hidden states", compared
+
+
 def verify_export(out: str | Path, model: ExportedModel, layout: str, sentence_transformers_files: bool) -> ExportCheck:
     """Compare the export in `out` with `model` (what was exported); layout: convert.hf_layout's.
 
@@ -200,14 +251,11 @@ def verify_export(out: str | Path, model: ExportedModel, layout: str, sentence_t
     raises a RankgenError naming it.
     """
     out = Path(out)
-    if model.config.kind == "encoder" or (model.config.kind == "cross_encoder" and layout not in (
-            "ranker", "sequence-classification")):
-        return ExportCheck("", note="a bare encoder's export has no head to compare")
-    if model.config.kind == "dual_encoder" and not sentence_transformers_files and layout != "rankgen":
-        return ExportCheck("", note=f"the {layout} layout without sentence-transformers files has no head to compare")
     if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
         return ExportCheck("", note="torch and transformers are not installed (`pip install rankgen-jax[torch]`)")
-    if model.config.kind == "cross_encoder":
+    if layout in ("t5-encoder", "bert") and not sentence_transformers_files:
+        loader, compared = _encoder_alone(out, model, layout)
+    elif model.config.kind == "cross_encoder":
         loader, compared = _ranker(out, model, layout == "sequence-classification")
     elif sentence_transformers_files:
         loader, compared = _sentence_transformers(out, model)
