@@ -13,7 +13,7 @@ from test_inference import SHARED
 from rankgen_jax.checkpoints import native
 from rankgen_jax.data.beir_books import BooksCollectionConfig, build_books_collection
 from rankgen_jax.data.curriculum import CurriculumStage, curriculum_groups
-from rankgen_jax.data.retrieval_files import read_queries
+from rankgen_jax.data.retrieval_files import read_beir, read_queries
 from rankgen_jax.data.vocab import BUNDLED_CORPUS
 from rankgen_jax.data.documents import require_documents
 from rankgen_jax.errors import RankgenError
@@ -43,7 +43,7 @@ def config(setup, **overrides) -> cl_drd.ClDrdConfig:
     fields = dict(corpus=str(setup / "beir"), student=str(setup / "student"), teacher=str(setup / "teacher"),
                   stages=STAGES, depth=10, epochs=(2, 1), learning_rates=(1e-3, 1e-3), warmup_steps=1, batch_size=8,
                   query_length=24, passage_length=24, teacher_query_length=24, teacher_passage_length=24,
-                  eval_depth=20, report_splits=("test",), encode_batch_size=16, query_batch=5, num_shards=2)
+                  eval_depth=100, report_splits=("test",), encode_batch_size=16, query_batch=5, num_shards=2)
     fields.update(overrides)
     return cl_drd.ClDrdConfig(**fields)
 
@@ -197,6 +197,10 @@ def test_config_errors():
         cl_drd.ClDrdConfig(rank_source="corpus")
     with pytest.raises(RankgenError, match="select_metric"):
         cl_drd.ClDrdConfig(select_metric="AP")
+    with pytest.raises(RankgenError, match=r"eval_depth=20 ranks fewer passages than the measures read \(100\)"):
+        cl_drd.ClDrdConfig(eval_depth=20)
+    with pytest.raises(RankgenError, match="watch_every"):
+        cl_drd.ClDrdConfig(watch_every=-1)
     with pytest.raises(RankgenError, match="not both"):
         cl_drd.ClDrdConfig(select_holdout=5, select_queries="q.jsonl")
     assert cl_drd.ClDrdConfig().rank_source == "list"
@@ -251,6 +255,45 @@ def test_model_selection_never_reads_the_reported_queries(setup, uninterrupted):
     assert not (setup / "run_refused" / "data").exists()
 
 
+def test_watching_measures_the_selection_queries_and_changes_no_result(setup, uninterrupted):
+    """watch_every: each student's training measures a nano set of the dev (selection) queries, never of test; its
+    last measures equal index + search + evaluate of the saved student; and the student is the unwatched one."""
+    from rankgen_jax.eval.retrieval_metrics import evaluate_files
+    from rankgen_jax.retrieval.dense_index import TextEncoding, index_corpus, search_queries
+    from rankgen_jax.runtime import partitioning
+
+    workdir, _ = uninterrupted
+    watched = setup / "run_watched"
+    # Iteration 1 alone: its stage, epochs and rate are the unwatched run's iteration 1.
+    results = cl_drd.run_cl_drd(str(watched), config(setup, stages=STAGES[:1], epochs=(2,), learning_rates=(1e-3,),
+                                                     watch_every=1, watch_queries=4, watch_distractors=3))
+    nano = read_beir(watched / "data" / "nano", split="dev")
+    dev, test = (set(read_queries(setup / "beir", split=split).ids) for split in ("dev", "test"))
+    assert len(nano.queries) == 4 and set(nano.queries.ids) <= dev and not set(nano.queries.ids) & test
+    training = results["iterations"]["1"]["training"]
+    assert training["watch_seconds_this_run"] > 0
+    student = watched / "iter1" / "student"
+    rows = {r["step"]: r for r in map(json.loads, (student / "metrics.jsonl").read_text().splitlines())
+            if "retrieval/nano@dev/RR@10" in r}
+    assert sorted(rows) == list(range(training["steps"] + 1))
+    model, mesh = load_model(str(student)), partitioning.make_mesh(-1, 1)
+    index_corpus(model, str(watched / "data" / "nano"), str(setup / "watched_index"),
+                 encoding=TextEncoding("suffix", batch_size=16, mesh=mesh), progress=False)
+    search_queries(model, str(setup / "watched_index"), str(watched / "data" / "nano"), 100,
+                   encoding=TextEncoding("prefix", batch_size=16, mesh=mesh), split="dev",
+                   out_path=str(setup / "watched.trec"), out_format="trec", progress=False)
+    expected = evaluate_files(str(setup / "watched.trec"), str(watched / "data" / "nano"), ["nDCG@10", "RR@10", "R@100"],
+                              split="dev")
+    for measure in ("nDCG@10", "RR@10", "R@100"):
+        assert rows[training["steps"]][f"retrieval/nano@dev/{measure}"] == pytest.approx(expected[measure], abs=1e-6)
+    # Watching changes no result: the student is, to the bit, the unwatched run's.
+    digests = [native.tree_digest(native.restore_params(run / "iter1" / "student")[1]) for run in (watched, workdir)]
+    assert digests[0] == digests[1]
+    with pytest.raises(RankgenError, match="watch_every needs selection queries"):
+        cl_drd.run_cl_drd(str(setup / "run_unwatchable"), config(setup, select_split="none", watch_every=1))
+    assert not (setup / "run_unwatchable" / "data").exists()
+
+
 def test_held_out_training_queries_select(setup):
     """select_holdout: training queries drawn out of training into the selection set (MS MARCO's way, whose
     dev.small is what the paper reports)."""
@@ -263,6 +306,12 @@ def test_held_out_training_queries_select(setup):
     assert len(held) == 3 and not held & trained
     assert {line.split()[0] for line in qrels.read_text().splitlines()} == held
     assert job.selection_set().name == cl_drd.HOLDOUT
+    # Watching the held-out queries: their nano set, from the files the job wrote.
+    watching = cl_drd.Job(job.root, config(setup, select_holdout=3, watch_every=1, watch_queries=2,
+                                           watch_distractors=2))
+    assert watching.watched_set().sets == (f"{watching.watch_folder}@{cl_drd.HOLDOUT}",)
+    nano = read_beir(watching.watch_folder, split=cl_drd.HOLDOUT)
+    assert len(nano.queries) == 2 and set(nano.queries.ids) <= held
     with pytest.raises(RankgenError, match="leaves fewer than one batch"):
         cl_drd.Job(setup / "run_holdout2", config(setup, select_holdout=9)).prepare_data()
 

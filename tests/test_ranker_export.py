@@ -65,9 +65,9 @@ def make_params():
     def make(config: ModelConfig, seed: int = 0) -> dict:
         rng = np.random.default_rng(seed)
         if config.encoder not in backbones:
-            initial = jax.tree.map(np.asarray, init_params(config, seed))
+            initial = jax.tree_util.tree_map(np.asarray, init_params(config, seed))
             # Noise makes zero biases and unit norms distinguishable from their defaults.
-            backbones[config.encoder] = {k: jax.tree.map(lambda x: x + 0.05 * rng.standard_normal(x.shape).astype(
+            backbones[config.encoder] = {k: jax.tree_util.tree_map(lambda x: x + 0.05 * rng.standard_normal(x.shape).astype(
                 np.float32), v) for k, v in initial.items() if k not in HEAD_KEYS}
         shapes = nn.unbox(abstract_variables(config))["params"]
         params = dict(backbones[config.encoder])

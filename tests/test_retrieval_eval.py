@@ -55,6 +55,27 @@ def test_a_nano_set_is_the_sampled_queries_their_judged_passages_and_bm25_distra
         build_nano_set(beir, "test", tmp_path / "nano", NanoSpec(queries=5, distractors=3, seed=5))
 
 
+def test_a_nano_set_of_separate_files_is_the_folders_and_joins_titles_as_asked(tmp_path):
+    """Passages, queries and qrels as files of their own (CL-DRD's held-out selection queries) give the set the
+    BEIR folder gives; a title_join other than the default is applied as the set is written."""
+    beir = _small_beir(tmp_path / "beir")
+    spec = NanoSpec(queries=4, distractors=3, seed=5)
+    build_nano_set(beir, "test", tmp_path / "folder", spec)
+    files = dict(queries=beir / "queries.jsonl", qrels=beir / "qrels" / "test.tsv")
+    summary = build_nano_set(beir / "corpus.jsonl", "test", tmp_path / "files", spec, **files)
+    assert summary["queries_file"] == str(files["queries"].resolve()) and summary["queries"] == 4
+    by_folder, by_files = (read_beir(tmp_path / name, split="test") for name in ("folder", "files"))
+    assert by_files.passages.ids == by_folder.passages.ids and by_files.queries.ids == by_folder.queries.ids
+    assert by_files.qrels.labels == by_folder.qrels.labels
+    # Titles: joined into the text with the job's title_join, none left for a reader to join again.
+    titled = [{"_id": f"p{i}", "title": f"T{i}", "text": f"body {i}"} for i in range(6)]
+    write_beir(tmp_path / "titled", titled, [{"_id": "q0", "text": "body"}], {"test": [("q0", "p0", 1)]})
+    build_nano_set(tmp_path / "titled", "test", tmp_path / "joined", NanoSpec(queries=1, distractors=2),
+                   title_join=" :: ")
+    joined = read_beir(tmp_path / "joined", split="test").passages
+    assert joined.titles == [""] * len(joined) and joined.texts[joined.rows["p0"]] == "T0 :: body 0"
+
+
 def test_the_run_ranks_by_inner_product_as_search_does():
     rng = np.random.default_rng(0)
     queries_QxD, passages_PxD = rng.normal(size=(3, 4)), rng.normal(size=(9, 4))

@@ -62,6 +62,12 @@ class ExportedModel:
         with jax.default_matmul_precision("highest"):
             return module.apply({"params": to_model_layout(params, self.config)}, *args, **kwargs)
 
+    def _padded(self, ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ids [B, L] padded, their mask, each row's length)."""
+        lengths = np.array([len(row) for row in ids])
+        ids_BxL = pad_batch(ids, int(lengths.max()), self.text.pad_id)
+        return ids_BxL, np.arange(ids_BxL.shape[1])[None, :] < lengths[:, None], lengths
+
     def input_ids(self, side: str) -> list[list[int]]:
         marker = self.conventions.prefix_marker if side == "prefix" else self.conventions.suffix_marker
         return [self.text.add_special(self.text.tokenize(marker + probe)) for probe in self.probes()]
@@ -75,10 +81,7 @@ class ExportedModel:
         return fits or [min(PROBES, key=len)]
 
     def vectors(self, side: str) -> np.ndarray:
-        ids = self.input_ids(side)
-        lengths = np.array([len(row) for row in ids])
-        ids_BxL = pad_batch(ids, int(lengths.max()), self.text.pad_id)
-        mask_BxL = np.arange(ids_BxL.shape[1])[None, :] < lengths[:, None]
+        ids_BxL, mask_BxL, _ = self._padded(self.input_ids(side))
         tower = "query" if self.config.shared_towers or side == "prefix" else "document"
         return np.asarray(self._apply(build_model(self._float32()), self.params, ids_BxL, mask_BxL, tower=tower),
                           np.float32)
@@ -90,10 +93,7 @@ class ExportedModel:
     def hidden_states(self, params: dict) -> np.ndarray:
         """The encoder's last hidden states of every probe's tokens, rows concatenated [T, D]; `params` hold the
         encoder (a head's parameters beside it are not read)."""
-        ids = self.probe_ids()
-        lengths = np.array([len(row) for row in ids])
-        ids_BxL = pad_batch(ids, int(lengths.max()), self.text.pad_id)
-        mask_BxL = np.arange(ids_BxL.shape[1])[None, :] < lengths[:, None]
+        ids_BxL, mask_BxL, lengths = self._padded(self.probe_ids())
         output = self._apply(build_backbone(self._float32().encoder), params, ids_BxL, mask_BxL)
         states_BxLxD = np.asarray(output.last_hidden_state, np.float32)
         return np.concatenate([states_BxLxD[row, :length] for row, length in enumerate(lengths)])

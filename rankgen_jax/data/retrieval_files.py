@@ -564,13 +564,20 @@ def read_beir(folder: str | Path, split: str | None = None, on_missing: str = "s
     counted (on_missing="skip"), or a RankgenError (on_missing="error"); a
     judged query missing from queries.jsonl is always a RankgenError.
     """
-    folder = Path(folder)
-    passages = read_texts(_beir_file(folder, BEIR_CORPUS), what="passage")
-    queries = read_texts(_beir_file(folder, BEIR_QUERIES), what="query")
-    qrels = read_qrels(folder, split=split)
-    check_qrels(qrels, query_ids=queries.rows)
-    qrels = check_qrels(qrels, passage_ids=passages.rows, on_missing=on_missing)
-    return BeirData(passages, queries.subset(qrels.labels), qrels)
+    return read_judged(folder, folder, folder, split, on_missing)
+
+
+def read_judged(passages: str | Path, queries: str | Path, qrels: str | Path, split: str | None = None,
+                on_missing: str = "skip") -> BeirData:
+    """Passages, the queries the qrels judge, and the qrels, each a file or a BEIR folder (whose queries and qrels
+    are read at `split`), checked against each other as read_beir checks a folder."""
+    passage_file = read_passages(passages)
+    query_file = read_texts(_beir_file(Path(queries), BEIR_QUERIES) if Path(queries).is_dir() else queries,
+                            what="query")
+    judged = read_qrels(qrels, split=split if Path(qrels).is_dir() else None)
+    check_qrels(judged, query_ids=query_file.rows)
+    judged = check_qrels(judged, passage_ids=passage_file.rows, on_missing=on_missing)
+    return BeirData(passage_file, query_file.subset(judged.labels), judged)
 
 
 # ---------------------------------------------------------------------------

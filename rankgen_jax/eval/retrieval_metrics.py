@@ -80,6 +80,14 @@ def parse_measures(measures: str | Sequence[str]) -> dict[str, "ir_measures.Meas
     return parsed
 
 
+def check_run_depth(depth: int, measures: Sequence[str], where: str) -> None:
+    """A run of `depth` passages per query can be measured at every cut-off of `measures`; RankgenError naming
+    `where` (the depth's setting) when one reads deeper."""
+    cutoffs = [m["cutoff"] for m in parse_measures(list(measures)).values() if "cutoff" in m.params]
+    if cutoffs and max(cutoffs) > depth:
+        raise RankgenError(f"{where}={depth} ranks fewer passages than the measures read ({max(cutoffs)})")
+
+
 def _labels(qrels) -> dict[str, dict[str, int]]:
     """qid -> {docid: int label} with string ids; RankgenError for labels that are not integers."""
     if isinstance(qrels, Qrels):

@@ -41,6 +41,14 @@ choose. Without selection queries the last iteration is the result.
 stop_when_no_gain stops at the first iteration whose selection measure is not
 above the best before it.
 
+Watching (watch_every > 0, an addition to the paper's procedure that changes no
+result): each student's training measures retrieval every watch_every steps,
+and at its start and end, on the training mesh (train/retrieval_eval.py), on a
+nano set of the selection queries (retrieval/nano.py: watch_queries of them,
+their judged passages and watch_distractors BM25 distractors each, written once
+as data/nano), never of the reported ones. It keeps no checkpoint: the
+iteration's end is what Algorithm 1 keeps, chosen by the full evaluation.
+
 Resuming: every stage's output is written whole or marked done, and is
 skipped when there; training resumes from its last checkpoint (the trainer's
 batches are a function of the step), the teacher's scoring from its last
@@ -78,13 +86,15 @@ from rankgen_jax.data.retrieval_files import (DEFAULT_TITLE_JOIN, Passage, is_be
                                               read_queries, read_training_queries)
 from rankgen_jax.data.source_configs import DataConfig, ListsData
 from rankgen_jax.errors import RankgenError, check_field_types
-from rankgen_jax.eval.retrieval_metrics import evaluate_files
+from rankgen_jax.eval.retrieval_metrics import check_run_depth, evaluate_files
 from rankgen_jax.experiments.job_folder import JobFolder
 from rankgen_jax.experiments.stages import DONE_MARKER, StageRun, is_done, log, mark_done, starting_checkpoint
 from rankgen_jax.retrieval.dense_index import CONFIG_FILE, IndexSpec, TextEncoding, index_corpus, search_queries
 from rankgen_jax.retrieval import teacher as teachers
+from rankgen_jax.retrieval.nano import NanoSpec, build_nano_set
 from rankgen_jax.train.config import LossConfig, TrainerConfig
 from rankgen_jax.train.loop import train
+from rankgen_jax.train.retrieval_eval import RetrievalEvalConfig
 from rankgen_jax.train.optimizers import OptimizerConfig
 
 if TYPE_CHECKING:
@@ -153,7 +163,11 @@ class ClDrdConfig:
     index_factory: a FAISS factory string for each index shard ("": exact, flat).
     encode_batch_size / query_batch: texts per encoding batch; queries per teacher-scoring batch.
     checkpoint_every: training steps between checkpoints.
-    seed: the draws of N_h and N_s, select_holdout and training.
+    watch_every: > 0: each student's training measures `measures` on a nano set of the selection queries every
+      this many steps, and at its start and end (changing no result); 0: not at all.
+    watch_queries: how many selection queries the nano set samples (all when fewer).
+    watch_distractors: BM25 distractors the nano set keeps per sampled query.
+    seed: the draws of N_h and N_s, select_holdout, training and the nano set's queries.
     """
 
     corpus: str = ""
@@ -200,6 +214,9 @@ class ClDrdConfig:
     encode_batch_size: int = 64
     query_batch: int = 64
     checkpoint_every: int = 1000
+    watch_every: int = 0
+    watch_queries: int = 50
+    watch_distractors: int = 50
     seed: int = 0
 
     def __post_init__(self):
@@ -222,12 +239,16 @@ class ClDrdConfig:
         if self.markers and len(self.markers) != 2:
             raise RankgenError(f"ClDrdConfig.markers must be () or (query marker, passage marker), got "
                                f"{self.markers!r}")
+        check_run_depth(self.eval_depth, self.measures, "ClDrdConfig.eval_depth")
         if self.select_metric not in self.measures:
             raise RankgenError(f"ClDrdConfig.select_metric={self.select_metric!r} is not among measures "
                                f"{self.measures}")
         for name in ("batch_size", "num_shards", "depth", "eval_depth", "query_batch", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise RankgenError(f"ClDrdConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.watch_every < 0 or self.watch_queries < 1 or self.watch_distractors < 0:
+            raise RankgenError(f"ClDrdConfig: watch_every and watch_distractors must be >= 0 and watch_queries >= 1, "
+                               f"got {self.watch_every}, {self.watch_distractors} and {self.watch_queries}")
         if self.select_holdout < 0:
             raise RankgenError(f"ClDrdConfig.select_holdout must be >= 0, got {self.select_holdout}")
         if self.select_holdout and (self.select_queries or self.select_qrels):
@@ -336,6 +357,11 @@ class Job(JobFolder):
     def select_files(self) -> tuple[Path, Path]:
         """The held-out training queries (select_holdout) and their qrels."""
         return self.data / "select_queries.jsonl", self.data / "select_qrels.tsv"
+
+    @property
+    def watch_folder(self) -> Path:
+        """The nano set of the selection queries each student's training measures (watch_every)."""
+        return self.data / "nano"
 
     def queries_shard(self, i: int) -> Path:
         return self.data / f"train_queries.shard{i}of{self.cfg.num_shards}.jsonl"
@@ -457,6 +483,17 @@ class Job(JobFolder):
 
     def train_query_ids(self) -> list[str]:
         return [r["id"] for r in read_jsonl(self.train_queries)]
+
+    def watched_set(self) -> RetrievalEvalConfig:
+        """What each student's training measures (watch_every): the nano set of the selection queries, read from
+        the corpus as the job reads it (title_join), built once."""
+        cfg, selection = self.cfg, self.selection_set()
+        _require_selection(selection, "watch_every", "the reported queries are never read during training")
+        build_nano_set(cfg.corpus, selection.name, self.watch_folder,
+                       NanoSpec(cfg.watch_queries, cfg.watch_distractors, cfg.seed), queries=selection.queries,
+                       qrels=selection.qrels, title_join=cfg.title_join)
+        return RetrievalEvalConfig(sets=(f"{self.watch_folder}@{selection.name}",), measures=cfg.measures,
+                                   depth=cfg.eval_depth, encode_batch_size=cfg.encode_batch_size)
 
     # --- sharded stages ----------------------------------------------------------------------
 
@@ -581,7 +618,6 @@ class Job(JobFolder):
         data = DataConfig(
             ListsData(
                 train_file=str(lists),
-                eval_file=str(lists),
                 continuation_length=cfg.passage_length,
                 list_size=cfg.curriculum[t - 1].list_size,
                 prefix_keep=cfg.query_keep,
@@ -596,17 +632,19 @@ class Job(JobFolder):
         optimizer = OptimizerConfig(name="adamw", learning_rate=cfg.learning_rates[t - 1], schedule="linear",
                                     warmup_steps=warmup, total_steps=steps, weight_decay=cfg.weight_decay,
                                     clip_grad_norm=cfg.clip_grad_norm)
-        trainer = TrainerConfig(num_steps=steps, log_every=max(1, min(50, steps // 10)), eval_every=0,
+        trainer = TrainerConfig(num_steps=steps, log_every=max(1, min(50, steps // 10)), eval_every=cfg.watch_every,
                                 checkpoint_every=min(cfg.checkpoint_every, steps), keep_checkpoints=2,
                                 init_checkpoint=str(self.student(t - 1)), seed=cfg.seed + t, async_checkpoints=False)
         started = time.time()
         metrics = train(workdir, trainer=trainer, data=data,
                         loss=LossConfig(name="lambdarank_mrr", rank_source=cfg.rank_source,
-                                        logit_scale=cfg.logit_scale), optimizer=optimizer)
+                                        logit_scale=cfg.logit_scale), optimizer=optimizer,
+                        retrieval=self.watched_set() if cfg.watch_every else None)
         if metrics.get("preempted"):
             raise RankgenError(f"{workdir}: training was stopped before its end (SIGTERM); rerun to resume")
         mark_done(workdir)
-        return {**info, "train_seconds_this_run": time.time() - started, "final_loss": metrics.get("loss")}
+        watched = {"watch_seconds_this_run": metrics["retrieval_eval_seconds"]} if cfg.watch_every else {}
+        return {**info, "train_seconds_this_run": time.time() - started, "final_loss": metrics.get("loss"), **watched}
 
     def _student_markers(self, t: int) -> tuple[str, str]:
         conventions = self.loaded_student(t).conventions
@@ -735,6 +773,12 @@ def choose_iteration(iterations: dict, metric: str, selected: bool) -> dict:
     return chosen
 
 
+def _require_selection(selection: QuerySet | None, setting: str, why: str) -> None:
+    if selection is None:
+        raise RankgenError(f"ClDrdConfig.{setting} needs selection queries (a dev split of the BEIR folder, "
+                           f"select_queries, or select_holdout): {why}")
+
+
 def run_cl_drd(workdir: str, cfg: ClDrdConfig | None = None) -> dict:
     """Run (or resume) CL-DRD in workdir; returns results.json's contents (the per-iteration table too)."""
     cfg = cfg or ClDrdConfig()
@@ -746,9 +790,10 @@ def run_cl_drd(workdir: str, cfg: ClDrdConfig | None = None) -> dict:
         raise RankgenError("ClDrdConfig.corpus is required (passages, or a BEIR folder)")
     # Before anything runs: refuses selection queries that are also reported.
     selection = job.selection_set()
-    if cfg.stop_when_no_gain and selection is None:
-        raise RankgenError("ClDrdConfig.stop_when_no_gain needs selection queries (a dev split of the BEIR folder, "
-                           "select_queries, or select_holdout): the reported queries never stop the job")
+    if cfg.stop_when_no_gain:
+        _require_selection(selection, "stop_when_no_gain", "the reported queries never stop the job")
+    if cfg.watch_every:
+        _require_selection(selection, "watch_every", "the reported queries are never read during training")
     if "data" not in results:
         results["data"] = run.stage("data", job.prepare_data)
     if not cfg.student:

@@ -7,6 +7,11 @@ are the ones a retriever has to rank below the judged ones. The result is a
 BEIR folder of its own (corpus.jsonl, queries.jsonl, qrels/<split>.tsv) with
 nano.json recording the source and the settings. It is written once: a later
 call with the same source and settings reuses it, with others is refused.
+
+The source may also be passages with queries and qrels in files of their own
+(CL-DRD's selection queries held out of MS MARCO's training queries), and a
+title_join other than the default joins each title into its text as the set
+is written, so that any reader sees the passages as the source's reader does.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rankgen_jax.data.retrieval_files import DEFAULT_TITLE_JOIN, read_beir, write_beir
+from rankgen_jax.data.retrieval_files import DEFAULT_TITLE_JOIN, join_title, read_judged, write_beir
 from rankgen_jax.errors import RankgenError
 from rankgen_jax.retrieval.bm25 import Bm25Retriever
 
@@ -39,15 +44,26 @@ class NanoSpec:
                                f"{self.distractors}")
 
 
-def _record(source: str | Path, split: str, spec: NanoSpec) -> dict:
-    return {"source": str(Path(source).resolve()), "split": split, **dataclasses.asdict(spec)}
+def _record(source: str | Path, split: str, spec: NanoSpec, queries: str | Path | None,
+            qrels: str | Path | None, title_join: str | None) -> dict:
+    record = {"source": str(Path(source).resolve()), "split": split, **dataclasses.asdict(spec)}
+    # Recorded only when given, so that a set written before these options reads as the same set.
+    record.update({name: str(Path(path).resolve()) for name, path in (("queries_file", queries),
+                                                                       ("qrels_file", qrels)) if path is not None})
+    if title_join != DEFAULT_TITLE_JOIN:
+        record["title_join"] = title_join
+    return record
 
 
 def build_nano_set(source: str | Path, split: str, out_dir: str | Path, spec: NanoSpec = NanoSpec(),
-                   progress: bool = False) -> dict:
-    """Write (or reuse) the nano set of `source` at `split` in out_dir; returns nano.json's content with the counts."""
+                   progress: bool = False, queries: str | Path | None = None, qrels: str | Path | None = None,
+                   title_join: str | None = DEFAULT_TITLE_JOIN) -> dict:
+    """Write (or reuse) the nano set of `source` at `split` in out_dir; returns nano.json's content with the counts.
+
+    queries / qrels: files (or BEIR folders, read at split) of their own; default the source, a BEIR folder.
+    The set's qrels are written as `split` either way."""
     out = Path(out_dir)
-    wanted = _record(source, split, spec)
+    wanted = _record(source, split, spec, queries, qrels, title_join)
     record_path = out / NANO_RECORD
     if record_path.is_file():
         found = json.loads(record_path.read_text(encoding="utf-8"))
@@ -55,7 +71,7 @@ def build_nano_set(source: str | Path, split: str, out_dir: str | Path, spec: Na
             raise RankgenError(f"{out}: holds the nano set of {found.get('source')} at {found.get('split')!r} "
                                f"({found}); choose another folder for {wanted}")
         return found
-    beir = read_beir(source, split=split)
+    beir = read_judged(source, queries or source, qrels or source, split)
     judged = [q for q in beir.queries.ids if beir.qrels.relevant(q)]
     if not judged:
         raise RankgenError(f"{source}: split {split!r} judges no passage of the corpus relevant to any query")
@@ -65,16 +81,18 @@ def build_nano_set(source: str | Path, split: str, out_dir: str | Path, spec: Na
     keep = {d for q in query_ids for d in beir.qrels.labels[q]}
     if spec.distractors:
         passages = beir.passages
-        retriever = Bm25Retriever(passages.joined(DEFAULT_TITLE_JOIN), passages.ids, progress=progress)
+        retriever = Bm25Retriever(passages.joined(title_join), passages.ids, progress=progress)
         texts = [beir.queries.texts[beir.queries.rows[q]] for q in query_ids]
         for ranked in retriever.rank(texts, spec.distractors):
             keep.update(passages.ids[row] for row, _ in ranked)
-    corpus = [{"_id": pid, "title": title, "text": text}
+    joined = title_join != DEFAULT_TITLE_JOIN
+    corpus = [{"_id": pid, "title": "", "text": join_title(title, text, title_join)} if joined else
+              {"_id": pid, "title": title, "text": text}
               for pid, title, text in zip(beir.passages.ids, beir.passages.titles, beir.passages.texts) if pid in keep]
-    queries = [{"_id": q, "text": beir.queries.texts[beir.queries.rows[q]]} for q in query_ids]
-    qrels = [(q, d, label) for q in query_ids for d, label in beir.qrels.labels[q].items()]
-    write_beir(out, corpus, queries, {split: qrels})
-    summary = {**wanted, "corpus": len(corpus), "query_count": len(queries), "judgements": len(qrels)}
+    query_records = [{"_id": q, "text": beir.queries.texts[beir.queries.rows[q]]} for q in query_ids]
+    judgements = [(q, d, label) for q in query_ids for d, label in beir.qrels.labels[q].items()]
+    write_beir(out, corpus, query_records, {split: judgements})
+    summary = {**wanted, "corpus": len(corpus), "query_count": len(query_records), "judgements": len(judgements)}
     # Last: a folder without it is an unfinished one, built again.
     record_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary

@@ -43,7 +43,7 @@ from rankgen_jax.data.conventions import InputConventions
 from rankgen_jax.data.retrieval_files import DEFAULT_TITLE_JOIN, read_beir
 from rankgen_jax.data.text import load_text_encoder
 from rankgen_jax.errors import RankgenError
-from rankgen_jax.eval.retrieval_metrics import evaluate_run, parse_measures
+from rankgen_jax.eval.retrieval_metrics import check_run_depth, evaluate_run
 from rankgen_jax.inference.encoder import LoadedModel, truncate_vectors
 from rankgen_jax.models.configs import ModelConfig
 from rankgen_jax.retrieval.dense_index import encode_all, rank_flat
@@ -93,10 +93,7 @@ class RetrievalEvalConfig:
             raise RankgenError(f"RetrievalEvalConfig.sets names a set twice: {self.sets}")
         if self.depth < 1 or self.encode_batch_size < 1:
             raise RankgenError("RetrievalEvalConfig.depth and encode_batch_size must be >= 1")
-        cutoffs = [m["cutoff"] for m in parse_measures(list(self.measures)).values() if "cutoff" in m.params]
-        if cutoffs and max(cutoffs) > self.depth:
-            raise RankgenError(f"RetrievalEvalConfig.depth={self.depth} ranks fewer passages than the measures "
-                               f"read ({max(cutoffs)})")
+        check_run_depth(self.depth, self.measures, "RetrievalEvalConfig.depth")
         if self.keep_best:
             if not self.sets:
                 raise RankgenError("RetrievalEvalConfig.keep_best needs a set to measure (RetrievalEvalConfig.sets)")
