@@ -233,6 +233,9 @@ class RetrievalEvaluator:
 
     def measure(self, params) -> dict[str, float]:
         """{"SET/MEASURE": mean, ..., "seconds": time taken} of these parameters."""
+        # Training steps are dispatched ahead of the device: the clock starts once they are done, or their time
+        # would be counted as the evaluation's (as much as log_every steps' worth).
+        jax.block_until_ready(params)
         started = time.time()
         model = LoadedModel(config=self.model_config, params=params, text=self.text, source="the training state",
                             conventions=self.conventions, conventions_origin="the run's data")
