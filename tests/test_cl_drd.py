@@ -378,3 +378,13 @@ def test_pi_is_the_current_students_ranking_at_each_step(uninterrupted):
     np.testing.assert_allclose(float(loss), want, rtol=1e-4)
     frozen, _ = ref_lambdarank(scores, batch, student_ranks=batch["student_ranks"])
     assert abs(frozen - want) > 1e-4, "the frozen retrieval ranks would give another loss on these lists"
+
+
+def test_paired_difference_over_queries():
+    """Mean and standard error of per-query differences (NumPy reference); one query has no standard error."""
+    a = {"per_query": {"q1": {"RR@10": 0.5}, "q2": {"RR@10": 1.0}, "q3": {"RR@10": 0.0}}}
+    b = {"per_query": {"q3": {"RR@10": 0.25}, "q1": {"RR@10": 0.5}, "q2": {"RR@10": 0.2}, "q4": {"RR@10": 1.0}}}
+    d = np.array([0.0, 0.8, -0.25])
+    assert cl_drd.paired_difference(a, b, "RR@10") == pytest.approx((d.mean(), d.std(ddof=1) / np.sqrt(3)))
+    mean, se = cl_drd.paired_difference({"per_query": {"q1": {"RR@10": 0.5}}}, b, "RR@10")
+    assert mean == 0.0 and np.isnan(se)

@@ -24,6 +24,7 @@ import yaml
 from rankgen_jax.checkpoints import native
 from rankgen_jax.checkpoints.run_folder import JOB_RESULTS_FILE, RETRIEVAL_METRIC_PREFIX, RunFolder, resolve
 from rankgen_jax.data.conventions import InputConventions
+from rankgen_jax.data.jsonl import collect_jsonl
 from rankgen_jax.data.source_configs import MOVED_DATA_FIELDS
 from rankgen_jax.models.configs import ModelConfig
 from rankgen_jax.resources import BUNDLED_CORPUS, DEMO_VOCAB, GIN_CONFIGS_DIR
@@ -122,11 +123,8 @@ def retrieval_facts(checkpoint: str, step: int | None) -> dict | None:
     if not run.metrics.is_file():
         return None
     rows = []
-    for line in run.metrics.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line being written
+    records, _ = collect_jsonl(run.metrics)  # a line being written, or one a killed run left, is skipped
+    for record in records:
         values = {k[len(RETRIEVAL_METRIC_PREFIX):]: v for k, v in record.items()
                   if k.startswith(RETRIEVAL_METRIC_PREFIX) and k.count("/") == 2}
         if values:

@@ -87,6 +87,7 @@ from rankgen_jax.data.retrieval_files import (DEFAULT_TITLE_JOIN, Passage, is_be
 from rankgen_jax.data.source_configs import DataConfig, ListsData
 from rankgen_jax.errors import RankgenError, check_field_types
 from rankgen_jax.eval.retrieval_metrics import check_run_depth, evaluate_files
+from rankgen_jax.experiments import ablations
 from rankgen_jax.experiments.job_folder import JobFolder
 from rankgen_jax.experiments.stages import DONE_MARKER, StageRun, is_done, log, mark_done, starting_checkpoint
 from rankgen_jax.retrieval.dense_index import CONFIG_FILE, IndexSpec, TextEncoding, index_corpus, search_queries
@@ -709,10 +710,13 @@ def _write_qrels(path: Path, judged) -> None:
 
 
 def paired_difference(a: dict, b: dict, measure: str) -> tuple[float, float]:
-    """(mean of a - b, its standard error) over the queries of a (both evaluated on the same qrels)."""
-    diffs = np.array([a["per_query"][q][measure] - b["per_query"][q][measure] for q in a["per_query"]], np.float64)
-    se = float(diffs.std(ddof=1) / math.sqrt(len(diffs))) if len(diffs) > 1 else float("nan")
-    return float(diffs.mean()), se
+    """(mean of a - b, its standard error) over the queries of a (both evaluated on the same qrels); the error is
+    NaN for a single query."""
+    queries = list(a["per_query"])
+    run_N, baseline_N = (np.array([m["per_query"][q][measure] for q in queries], np.float64) for m in (a, b))
+    if len(queries) < 2:
+        return float(np.mean(run_N - baseline_N)), float("nan")
+    return ablations.paired_difference(run_N, baseline_N)
 
 
 def with_standard_errors(measured: dict, measures) -> dict:
