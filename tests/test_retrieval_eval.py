@@ -67,6 +67,12 @@ def test_a_nano_set_of_separate_files_is_the_folders_and_joins_titles_as_asked(t
     by_folder, by_files = (read_beir(tmp_path / name, split="test") for name in ("folder", "files"))
     assert by_files.passages.ids == by_folder.passages.ids and by_files.queries.ids == by_folder.queries.ids
     assert by_files.qrels.labels == by_folder.qrels.labels
+    # Reused only when built the same way: without the files, or dropping titles, is another set.
+    assert build_nano_set(beir / "corpus.jsonl", "test", tmp_path / "files", spec, **files) == summary
+    with pytest.raises(RankgenError, match="choose another folder"):
+        build_nano_set(beir / "corpus.jsonl", "test", tmp_path / "files", spec)
+    with pytest.raises(RankgenError, match="choose another folder"):
+        build_nano_set(beir, "test", tmp_path / "folder", spec, title_join=None)
     # Titles: joined into the text with the job's title_join, none left for a reader to join again.
     titled = [{"_id": f"p{i}", "title": f"T{i}", "text": f"body {i}"} for i in range(6)]
     write_beir(tmp_path / "titled", titled, [{"_id": "q0", "text": "body"}], {"test": [("q0", "p0", 1)]})

@@ -27,6 +27,8 @@ from rankgen_jax.errors import RankgenError
 from rankgen_jax.retrieval.bm25 import Bm25Retriever
 
 NANO_RECORD = "nano.json"
+# What nano.json holds only when the set was built with it: a set built otherwise is another set.
+OPTIONAL_RECORD = ("queries_file", "qrels_file", "title_join")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +69,8 @@ def build_nano_set(source: str | Path, split: str, out_dir: str | Path, spec: Na
     record_path = out / NANO_RECORD
     if record_path.is_file():
         found = json.loads(record_path.read_text(encoding="utf-8"))
-        if {k: found.get(k) for k in wanted} != wanted:
+        keys, absent = {*wanted, *OPTIONAL_RECORD}, object()  # an absent title_join differs from None's
+        if any(found.get(k, absent) != wanted.get(k, absent) for k in keys):
             raise RankgenError(f"{out}: holds the nano set of {found.get('source')} at {found.get('split')!r} "
                                f"({found}); choose another folder for {wanted}")
         return found
