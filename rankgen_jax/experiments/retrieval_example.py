@@ -129,8 +129,8 @@ def _by_dimension(model: str, beir: Path, config: RetrievalExampleConfig) -> dic
 def dev_curve(workdir: RunFolder) -> dict:
     """The dev measures logged during training, by step, and the seconds they took."""
     rows = [r for r in read_metrics(workdir.metrics) if any(k.startswith(RETRIEVAL_METRIC_PREFIX) for k in r)]
-    return {int(r["step"]): {k[len(RETRIEVAL_METRIC_PREFIX):]: v for k, v in r.items() if k.startswith(RETRIEVAL_METRIC_PREFIX)}
-            for r in rows}
+    cut = len(RETRIEVAL_METRIC_PREFIX)
+    return {int(r["step"]): {k[cut:]: v for k, v in r.items() if k.startswith(RETRIEVAL_METRIC_PREFIX)} for r in rows}
 
 
 def _index_search_evaluate(model: str, folder: RetrievalExampleFolder, name: str,
